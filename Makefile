@@ -1,0 +1,39 @@
+# gpulease: two set-up commands.
+#   make run   install into .venv and node_modules, then run the embedded hub
+#   make test  the same install, then lint and the whole test suite
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+# The official configurable-http-proxy is installed with npm inside the project.
+export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
+
+.PHONY: install run test lint bench clean
+
+install: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit("gpulease needs Python 3.11 or newer") if sys.version_info < (3, 11) else None'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+node_modules/.installed: package.json
+	npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+run: install
+	$(BIN)/gpulease up $(ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+test: install lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python bench/spawn.py
+
+clean:
+	rm -rf $(VENV) node_modules

@@ -1,0 +1,174 @@
+"""gpulease's own database: tables, engine, migrations.
+
+gpulease keeps its state (profiles, device assignments, local accounts, and
+later the billing ledger) in its own database, separate from JupyterHub's, so
+that it can live on PostgreSQL in the cluster shape (`billing_db_url`) and so
+that its schema evolves through its own Alembic migrations.
+
+Times are stored as naive UTC datetimes (both SQLite and PostgreSQL then
+compare them the same way); `utcnow()` is the one clock used for them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    text,
+)
+from sqlalchemy.engine import Engine
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# Profiles as admins define them. `spec` is the profile as in the profiles
+# file (JSON text, prices as decimal strings) so that export/apply round-trips.
+profiles = Table(
+    "profiles",
+    metadata,
+    Column("slug", String(63), primary_key=True),
+    Column("spec", Text, nullable=False),
+    Column("enabled", Boolean, nullable=False, default=True),
+    Column("created_at", DateTime, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
+)
+
+# Small key/value facts, e.g. the hash of the profiles file last applied.
+settings = Table(
+    "settings",
+    metadata,
+    Column("key", String(128), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+# Who holds which device. A row is open while `released_at` is NULL; the
+# partial unique index makes it impossible for two open rows to name the same
+# device, whatever the isolation level of the database.
+assignments = Table(
+    "assignments",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("device_uuid", String(128), nullable=False),
+    Column("node", String(253), nullable=False),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("profile_slug", String(63), nullable=False),
+    Column("claimed_at", DateTime, nullable=False),
+    Column("released_at", DateTime, nullable=True),
+    Column("release_reason", String(64), nullable=True),
+)
+Index(
+    "uq_assignments_open_device",
+    assignments.c.device_uuid,
+    unique=True,
+    sqlite_where=assignments.c.released_at.is_(None),
+    postgresql_where=assignments.c.released_at.is_(None),
+)
+Index("ix_assignments_holder", assignments.c.user_name, assignments.c.server_name)
+
+# Local accounts of the embedded shape: argon2id hashes, never a password.
+local_accounts = Table(
+    "local_accounts",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("password_hash", Text, nullable=False),
+    Column("created_at", DateTime, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
+)
+
+# Per-user preferences: the default profile for empty-body starts.
+user_prefs = Table(
+    "user_prefs",
+    metadata,
+    Column("user_name", String(255), primary_key=True),
+    Column("default_profile", String(63), nullable=True),
+)
+
+
+def utcnow() -> dt.datetime:
+    """Naive UTC now, as stored in every DateTime column."""
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the hub, the gpulease service and the CLI read while one writes;
+    # busy_timeout makes writers wait for each other instead of failing.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _sqlite_begin_immediate(conn) -> None:
+    # pysqlite's deferred BEGIN lets two writers both read, then one fails to
+    # upgrade its lock; BEGIN IMMEDIATE takes the write lock up front, so a
+    # check-then-insert transaction is serialised.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str, **kwargs) -> Engine:
+    """Create an engine for gpulease's database (SQLite or PostgreSQL)."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30, "isolation_level": None},
+            **kwargs,
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin_immediate)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the database schema to the newest Alembic revision."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        command.upgrade(cfg, "head")
+
+
+def open_database(url: str) -> Engine:
+    """Engine for `url`, migrated to the current schema."""
+    engine = make_engine(url)
+    upgrade(engine)
+    return engine
+
+
+def sqlite_url(path: str | os.PathLike) -> str:
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def ping(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))

@@ -1,0 +1,68 @@
+"""Shared fixtures: gpulease's database on SQLite and, where configured, PostgreSQL.
+
+`GPULEASE_TEST_POSTGRES_URL` names a PostgreSQL server (CI sets it to the
+machine's server). Each test that uses `db_url` gets a database of its own,
+created and dropped on that server, so tests never see each other's rows and
+the shared server is never taken down.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, make_url, text
+
+from gpulease.hub.db import open_database, sqlite_url
+
+POSTGRES_URL = os.environ.get("GPULEASE_TEST_POSTGRES_URL", "")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+DB_KINDS = ["sqlite", "postgres"]
+
+
+def _postgres_or_skip() -> str:
+    if POSTGRES_URL:
+        return POSTGRES_URL
+    if IN_CI:
+        pytest.fail("CI=true but GPULEASE_TEST_POSTGRES_URL is not set: .ci/run must set it")
+    pytest.skip("PostgreSQL tests need GPULEASE_TEST_POSTGRES_URL (e.g. postgresql://postgres@127.0.0.1:5432/test)")
+
+
+def _normalise(url: str) -> str:
+    # SQLAlchemy 2.1 maps plain postgresql:// to psycopg (v3), which we ship.
+    return url
+
+
+@pytest.fixture
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database; dropped after the test."""
+    server = make_url(_normalise(_postgres_or_skip()))
+    name = f"gl_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=DB_KINDS)
+def db_url(request, tmp_path) -> str:
+    """gpulease's database URL, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path / "gpulease.sqlite")
+    return request.getfixturevalue("postgres_database")
+
+
+@pytest.fixture
+def engine(db_url):
+    """An engine on a migrated, empty gpulease database."""
+    eng = open_database(db_url)
+    yield eng
+    eng.dispose()
