@@ -1,7 +1,6 @@
+import pytest
 from sqlalchemy import insert, inspect, select
 from sqlalchemy.exc import IntegrityError
-
-import pytest
 
 from gpulease.hub.db import assignments, utcnow
 

@@ -1,0 +1,1 @@
+"""The gpulease hub service: REST API (and, later, pages) at /services/gpulease/."""

@@ -1,0 +1,222 @@
+"""`gpulease up`: JupyterHub, configured as gpulease's embedded hub.
+
+`GPULeaseHub` is JupyterHub with gpulease's options (state folder, profiles,
+inventory, admin) and defaults laid under the user's config file and command
+line. It prepares the state folder, creates the first-run admin, applies the
+profiles file, checks the inventory, and after JupyterHub has restored its
+servers, reconciles the recorded device assignments with what still runs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+
+from jupyterhub.app import JupyterHub
+from jupyterhub.app import aliases as hub_aliases
+from traitlets import Dict, List, Unicode, default
+
+from gpulease.hub.accounts import ensure_first_admin
+from gpulease.hub.authenticator import LocalAccountsAuthenticator
+from gpulease.hub.catalog import CatalogError
+from gpulease.hub.context import get_context
+from gpulease.hub.hub_config import HubSettings, hub_config, project_chp
+from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
+from gpulease.hub.state import (
+    StateError,
+    prepare_state_dir,
+    read_or_create_secret,
+    write_cli_file,
+)
+from gpulease.spawners.inventory import InventoryError
+from gpulease.spawners.local import LocalGPUSpawner
+
+gpulease_aliases = {
+    **hub_aliases,
+    "state": "GPULeaseHub.state_dir",
+    "profiles": "GPULeaseHub.profiles_file",
+    "inventory": "GPULeaseHub.inventory_file",
+    "catalog": "GPULeaseHub.catalog_file",
+    "admin": "GPULeaseHub.admin_name",
+    "config": "GPULeaseHub.config_file",
+    "f": "GPULeaseHub.config_file",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GPULeaseHub(JupyterHub):
+    """The embedded gpulease hub."""
+
+    name = "gpulease"
+    description = "gpulease: GPU notebooks on JupyterHub, billed per second."
+    aliases = Dict(gpulease_aliases)
+
+    state_dir = Unicode(
+        config=True,
+        help="The state folder: private/ (databases, secrets) and homes/. "
+        "Default: $GPULEASE_STATE, else ./.gpulease",
+    )
+    profiles_file = Unicode(
+        config=True,
+        help="Profiles file (YAML) applied at start when its content changed since last applied. "
+        "Default: the sample profiles shipped with gpulease.",
+    )
+    inventory_file = Unicode(
+        "",
+        config=True,
+        help="Declared inventory file (YAML) for hosts without a GPU, demos and tests. "
+        "Empty: NVML on this host, else the shipped demo inventory.",
+    )
+    catalog_file = Unicode(
+        "", config=True, help="Image catalog (YAML). Empty: the catalog shipped with gpulease."
+    )
+    admin_name = Unicode(
+        "admin",
+        config=True,
+        help="Name of the first-run admin account. Its password is $GPULEASE_ADMIN_PASSWORD "
+        "when set, else generated and printed once.",
+    )
+    billing_db_url = Unicode(
+        "",
+        config=True,
+        help="gpulease's own database (profiles, assignments, accounts, ledger). "
+        "Empty: SQLite in the state folder's private/.",
+    )
+    node_name = Unicode(
+        config=True, help="Name of this host in the inventory. Default: the host name."
+    )
+    admin_groups = List(
+        Unicode(), config=True, help="Hub groups whose members administer gpulease."
+    )
+    auditor_groups = List(
+        Unicode(), config=True, help="Hub groups whose members may read gpulease's records."
+    )
+    config_file = Unicode(
+        "",
+        config=True,
+        help="A JupyterHub config file laid over gpulease's defaults (its settings win).",
+    )
+
+    @default("state_dir")
+    def _default_state_dir(self):
+        return os.environ.get("GPULEASE_STATE") or os.path.abspath(".gpulease")
+
+    @default("profiles_file")
+    def _default_profiles_file(self):
+        return str(SAMPLE_PROFILES)
+
+    @default("node_name")
+    def _default_node_name(self):
+        return socket.gethostname().split(".")[0] or "local"
+
+    @default("classes")
+    def _gpulease_classes(self):
+        return [*super()._load_classes(), LocalGPUSpawner, LocalAccountsAuthenticator]
+
+    def load_config_file(self, *args, **kwargs):
+        """Lay gpulease's defaults under the user's config file and command line."""
+        if self.config_file:
+            super().load_config_file(self.config_file)
+        try:
+            self._prepare()
+        except (StateError, ProfileError, InventoryError, CatalogError, OSError) as e:
+            print(f"gpulease: cannot start: {e}", file=sys.stderr)
+            self.exit(1)
+        base = hub_config(self._settings)
+        base.merge(self.config)
+        self.update_config(base)
+
+    def _prepare(self) -> None:
+        state = prepare_state_dir(self.state_dir)
+        self._state = state
+        db_url = self.billing_db_url or state.gpulease_db_url
+        inventory_file = self.inventory_file
+        ctx = get_context(db_url, inventory_file, self.catalog_file, self.node_name)
+        if ctx.inventory.source == "none" and not inventory_file:
+            from gpulease.spawners.inventory import DEMO_INVENTORY
+
+            inventory_file = str(DEMO_INVENTORY)
+            ctx = get_context(db_url, inventory_file, self.catalog_file, self.node_name)
+        self._ctx = ctx
+        self.log.info("GPU inventory: %s", ctx.inventory.label)
+        applied = ctx.profiles.apply_file_if_changed(self.profiles_file)
+        if applied is not None:
+            self.log.info("Applied profiles file %s: %s", self.profiles_file, applied)
+        self._first_admin_password = ensure_first_admin(
+            ctx.accounts, self.admin_name, os.environ.get("GPULEASE_ADMIN_PASSWORD") or None
+        )
+        cli_token = read_or_create_secret(state.private / "cli_token")
+        self._settings = HubSettings(
+            state=state,
+            db_url=db_url,
+            inventory_file=inventory_file,
+            catalog_file=self.catalog_file,
+            node_name=self.node_name,
+            admin_name=self.admin_name,
+            service_port=_free_port(),
+            cli_token=cli_token,
+            proxy_token=read_or_create_secret(state.private / "proxy_token"),
+            chp_command=project_chp(),
+            admin_groups=tuple(self.admin_groups),
+            auditor_groups=tuple(self.auditor_groups),
+        )
+
+    async def init_spawners(self):
+        await super().init_spawners()
+        ctx = self._ctx
+
+        def running(user: str, server: str) -> bool:
+            orm_user = self.users[user] if user in self.users else None
+            if orm_user is None:
+                return False
+            spawner = orm_user.orm_spawners.get(server)
+            return spawner is not None and spawner.server is not None
+
+        report = ctx.assignments.reconcile(ctx.inventory, running)
+        for device, holder in report.gone:
+            self.log.error(
+                "Device %s, held by %s/%s, is no longer in the inventory (%s); "
+                "it will not be handed out",
+                device, holder.user, holder.server or "(default)", ctx.inventory.label,
+            )
+
+    async def start(self):
+        await super().start()
+        url = self.bind_url.rstrip("/") + "/"
+        write_cli_file(self._state, url.rsplit("/hub/", 1)[0], self._settings.cli_token)
+        self._announce(url)
+
+    def _announce(self, url: str) -> None:
+        lines = [f"gpulease is running at {url}", f"GPU inventory: {self._ctx.inventory.label}"]
+        if self._first_admin_password:
+            lines.append(
+                f"First-run admin: user '{self.admin_name}', password "
+                f"'{self._first_admin_password}' (shown once; change it or keep it safe)"
+            )
+        if not self.ssl_cert and not _is_loopback(self.ip):
+            lines.append(
+                f"WARNING: listening on {self.ip or 'all interfaces'} without TLS: passwords and "
+                "tokens cross the network in clear text. Use --ssl-cert/--ssl-key or a TLS proxy."
+            )
+        banner = "\n".join(lines)
+        print(banner, flush=True)
+        self._first_admin_password = None
+
+
+def _is_loopback(ip: str) -> bool:
+    if ip in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+main = GPULeaseHub.launch_instance

@@ -1,0 +1,146 @@
+"""The `gpulease` command: `up` runs the embedded hub; the rest talk to a hub's REST API."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from gpulease.hub.client import ClientError, HubClient, client_from
+from gpulease.hub.units import load_yaml_file
+
+
+def _yaml_safe(value):
+    """Decimals (exact prices) as strings, so the YAML printed is plain and exact."""
+    if isinstance(value, dict):
+        return {k: _yaml_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_yaml_safe(v) for v in value]
+    if hasattr(value, "as_tuple"):  # decimal.Decimal
+        return str(value)
+    return value
+
+
+def cmd_inventory(client: HubClient, args) -> int:
+    data = client.call("GET", "api/inventory")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"Inventory: {data['label']}")
+    for node in data["nodes"]:
+        print(f"node {node['name']}")
+        for gpu in node["gpus"]:
+            mode = "MIG" if gpu["mig"] else "full card"
+            print(f"  GPU {gpu['index']} {gpu['model']} ({mode}) {gpu['uuid']}")
+            for dev in gpu["devices"]:
+                what = dev["profile"] or "whole GPU"
+                holder = dev["holder"]
+                who = f"held by {holder['user']}/{holder['server'] or '(default)'}" if holder else "free"
+                print(f"    {what:<12} {dev['uuid']}  {who}")
+    for dev in data.get("gone", []):
+        holder = dev["holder"]
+        print(f"  GONE {dev['uuid']} still recorded for {holder['user']}/{holder['server'] or '(default)'}")
+    return 0
+
+
+def cmd_profiles(client: HubClient, args) -> int:
+    if args.action == "list":
+        for p in client.call("GET", "api/profiles")["profiles"]:
+            gpu = p.get("gpu")
+            what = "CPU only" if not gpu else (
+                f"{gpu['model']} {gpu['mig']}" if gpu.get("mig") else f"{gpu.get('count', 1)}× {gpu['model']}"
+            )
+            avail = p["availability"]
+            free = "" if avail["free"] is None else f"{avail['free']}/{avail['total']} free"
+            state = "" if p.get("enabled", True) else " (disabled)"
+            print(f"{p['slug']:<20} {what:<22} {p['price_per_hour']:>10} cr/h  {free}{state}")
+        return 0
+    if args.action == "export":
+        profiles = client.call("GET", "api/profiles")["profiles"]
+        for p in profiles:
+            p.pop("availability", None)
+        print(yaml.safe_dump({"profiles": profiles}, sort_keys=False), end="")
+        return 0
+    # apply
+    try:
+        document = load_yaml_file(args.file)
+    except (OSError, yaml.YAMLError) as e:
+        print(f"gpulease: cannot read {args.file}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(document, dict) or "profiles" not in document:
+        print(f"gpulease: {args.file}: expected a mapping with a 'profiles' list", file=sys.stderr)
+        return 2
+    result = client.call(
+        "PUT", "api/profiles", {"profiles": _yaml_safe(document["profiles"]), "prune": args.prune}
+    )
+    for key in ("created", "updated", "unchanged", "deleted"):
+        if result[key]:
+            print(f"{key}: {', '.join(result[key])}")
+    return 0
+
+
+def cmd_users(client: HubClient, args) -> int:
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass(f"Password for {args.name}: ")
+        if password != getpass.getpass("Again: "):
+            print("gpulease: the passwords differ", file=sys.stderr)
+            return 2
+    result = client.call(
+        "POST", "api/users", {"name": args.name, "password": password, "admin": args.admin}
+    )
+    print(f"created user {result['name']}" + (" (admin)" if result["admin"] else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpulease", description="GPU notebooks on JupyterHub")
+    parser.add_argument("--url", help="hub URL (default: $GPULEASE_URL, else the embedded hub)")
+    parser.add_argument("--token", help="API token (default: $GPULEASE_TOKEN, else the embedded hub's)")
+    parser.add_argument("--state", help="state folder of the embedded hub (default ./.gpulease)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="run the embedded hub (see `gpulease up --help-all`)", add_help=False)
+    inv = sub.add_parser("inventory", help="GPUs and MIG devices, what is free, who holds what")
+    inv.add_argument("--json", action="store_true")
+    prof = sub.add_parser("profiles", help="list, export or apply profiles")
+    prof_sub = prof.add_subparsers(dest="action", required=True)
+    prof_sub.add_parser("list")
+    prof_sub.add_parser("export")
+    apply = prof_sub.add_parser("apply")
+    apply.add_argument("file")
+    apply.add_argument("--prune", action="store_true", help="also delete profiles not in the file")
+    users = sub.add_parser("users", help="local accounts")
+    users_sub = users.add_subparsers(dest="action", required=True)
+    add = users_sub.add_parser("add")
+    add.add_argument("name")
+    add.add_argument("--admin", action="store_true")
+    add.add_argument("--password-stdin", action="store_true")
+    return parser
+
+
+COMMANDS = {"inventory": cmd_inventory, "profiles": cmd_profiles, "users": cmd_users}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "up":
+        from gpulease.hub.app import GPULeaseHub
+
+        GPULeaseHub.launch_instance(argv[1:])
+        return 0
+    args = build_parser().parse_args(argv)
+    try:
+        client = client_from(args.url, args.token, args.state)
+        return COMMANDS[args.command](client, args)
+    except ClientError as e:
+        print(f"gpulease: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""What the hub, its spawners and the gpulease service share in one process.
+
+One `GPULeaseContext` per (database, inventory, catalog) holds the engine and
+the stores built on it, so that every spawner of a hub reuses one connection
+pool and one inventory reading instead of opening its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from sqlalchemy.engine import Engine
+
+from gpulease.hub.accounts import LocalAccountStore
+from gpulease.hub.catalog import Catalog, load_catalog
+from gpulease.hub.db import open_database
+from gpulease.hub.profile_store import ProfileStore
+from gpulease.spawners.assignments import AssignmentStore
+from gpulease.spawners.inventory import Inventory, discover_inventory
+
+log = logging.getLogger("gpulease")
+
+
+@dataclass(eq=False)
+class GPULeaseContext:
+    db_url: str
+    inventory_file: str = ""
+    catalog_file: str = ""
+    node_name: str = "local"
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @cached_property
+    def engine(self) -> Engine:
+        return open_database(self.db_url)
+
+    @cached_property
+    def catalog(self) -> Catalog:
+        return load_catalog(self.catalog_file or None)
+
+    @cached_property
+    def inventory(self) -> Inventory:
+        return discover_inventory(self.inventory_file or None, self.node_name)
+
+    @cached_property
+    def profiles(self) -> ProfileStore:
+        return ProfileStore(self.engine, self.catalog)
+
+    @cached_property
+    def assignments(self) -> AssignmentStore:
+        return AssignmentStore(self.engine)
+
+    @cached_property
+    def accounts(self) -> LocalAccountStore:
+        return LocalAccountStore(self.engine)
+
+
+_contexts: dict[tuple[str, str, str, str], GPULeaseContext] = {}
+_contexts_lock = threading.Lock()
+
+
+def get_context(
+    db_url: str, inventory_file: str = "", catalog_file: str = "", node_name: str = "local"
+) -> GPULeaseContext:
+    key = (db_url, inventory_file, catalog_file, node_name)
+    with _contexts_lock:
+        if key not in _contexts:
+            _contexts[key] = GPULeaseContext(db_url, inventory_file, catalog_file, node_name)
+        return _contexts[key]

@@ -1,0 +1,136 @@
+"""gpulease's JupyterHub configuration, assembled as a plain function.
+
+`hub_config(settings)` returns the traitlets Config that `gpulease up` lays
+under the user's own config file and command line (theirs win). Keeping it a
+pure function means what the embedded hub runs with is testable without a hub.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from traitlets.config import Config
+
+from gpulease.hub.state import StateDir
+
+SERVICE_NAME = "gpulease"
+CLI_SERVICE_NAME = "gpulease-cli"
+ADMIN_SCOPE = "custom:gpulease:admin"
+AUDIT_SCOPE = "custom:gpulease:audit"
+
+CUSTOM_SCOPES = {
+    ADMIN_SCOPE: {
+        "description": "Administer gpulease: profiles, credits, limits, inventory, accounts.",
+        "subscopes": [AUDIT_SCOPE],
+    },
+    AUDIT_SCOPE: {"description": "Read gpulease's usage, inventory and audit log."},
+}
+
+# What the gpulease service itself may do on the hub: create local users,
+# read users and servers, and stop servers with a reason.
+SERVICE_SCOPES = [
+    "admin:users",
+    "list:users",
+    "read:users",
+    "read:groups",
+    "read:servers",
+    "delete:servers",
+    "admin:server_state",
+]
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    state: StateDir
+    db_url: str
+    inventory_file: str
+    catalog_file: str
+    node_name: str
+    admin_name: str
+    service_port: int
+    cli_token: str
+    proxy_token: str
+    chp_command: str | None
+    admin_groups: tuple[str, ...] = ()
+    auditor_groups: tuple[str, ...] = ()
+
+
+def project_chp() -> str | None:
+    """configurable-http-proxy installed by npm inside the project, if there is one."""
+    root = Path(__file__).resolve().parent.parent
+    candidate = root / "node_modules" / ".bin" / "configurable-http-proxy"
+    return str(candidate) if candidate.exists() else None
+
+
+def hub_config(s: HubSettings) -> Config:
+    c = Config()
+    hub = c.JupyterHub
+    hub.ip = "127.0.0.1"
+    hub.port = 8000
+    hub.db_url = s.state.hub_db_url
+    hub.cookie_secret_file = str(s.state.cookie_secret_file)
+    hub.pid_file = ""
+    hub.spawner_class = "gpulease.spawners.local.LocalGPUSpawner"
+    hub.authenticator_class = "gpulease.hub.authenticator.LocalAccountsAuthenticator"
+    hub.allow_named_servers = True
+    hub.cleanup_servers = True
+    hub.custom_scopes = CUSTOM_SCOPES
+    hub.services = [
+        {
+            "name": SERVICE_NAME,
+            "display": True,
+            "url": f"http://127.0.0.1:{s.service_port}",
+            "command": [sys.executable, "-m", "gpulease.hub.service"],
+            "environment": {
+                "GPULEASE_DB_URL": s.db_url,
+                "GPULEASE_INVENTORY_FILE": s.inventory_file,
+                "GPULEASE_CATALOG_FILE": s.catalog_file,
+                "GPULEASE_NODE_NAME": s.node_name,
+                "GPULEASE_SERVICE_PORT": str(s.service_port),
+            },
+            "oauth_no_confirm": True,
+        },
+        {"name": CLI_SERVICE_NAME, "api_token": s.cli_token, "display": False},
+    ]
+    hub.load_roles = [
+        {
+            "name": "gpulease-service",
+            "description": "What the gpulease service does on the hub",
+            "services": [SERVICE_NAME],
+            "scopes": SERVICE_SCOPES,
+        },
+        {
+            "name": "gpulease-admin",
+            "description": "Administer gpulease",
+            "services": [CLI_SERVICE_NAME],
+            "groups": list(s.admin_groups),
+            "scopes": [ADMIN_SCOPE, f"access:services!service={SERVICE_NAME}", "admin:users",
+                       "admin:servers", "list:users", "read:users"],
+        },
+        {
+            "name": "gpulease-auditor",
+            "description": "Read gpulease's usage, inventory and audit log",
+            "groups": list(s.auditor_groups),
+            "scopes": [AUDIT_SCOPE, f"access:services!service={SERVICE_NAME}"],
+        },
+    ]
+
+    proxy = c.ConfigurableHTTPProxy
+    proxy.auth_token = s.proxy_token
+    proxy.pid_file = str(s.state.proxy_pid_file)
+    if s.chp_command:
+        proxy.command = [s.chp_command]
+
+    auth = c.LocalAccountsAuthenticator
+    auth.db_url = s.db_url
+    auth.admin_users = {s.admin_name}
+
+    spawner = c.LocalGPUSpawner
+    spawner.db_url = s.db_url
+    spawner.inventory_file = s.inventory_file
+    spawner.catalog_file = s.catalog_file
+    spawner.node_name = s.node_name
+    spawner.state_dir = str(s.state.root)
+    return c

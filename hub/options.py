@@ -1,0 +1,180 @@
+"""Which profile, image and account a start request gets (pure).
+
+Resolves the `user_options` of a start: validates every key and value, and
+answers refusals with the status and a message that names what is allowed.
+An empty request never lands on a GPU by surprise: it gets the user's default
+profile, else the cheapest CPU-only profile, else a refusal listing choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from gpulease.hub.catalog import Catalog, Image
+from gpulease.hub.profiles import FieldError, Profile, usable_by
+from gpulease.hub.units import format_credits
+
+ALLOWED_KEYS = ("profile", "image", "account")
+
+CHOSEN_BY_REQUEST = "request"
+CHOSEN_BY_DEFAULT = "default profile"
+CHOSEN_BY_CPU_FALLBACK = "cheapest CPU-only profile"
+
+
+@dataclass(frozen=True)
+class ServerChoice:
+    profile: Profile
+    image: Image
+    account: str
+    chosen_by: str
+
+
+class OptionsRefused(Exception):
+    """A start refused before launch: `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str, errors: list[FieldError] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.errors = list(errors or [])
+
+
+def _refuse(status: int, field: str, message: str) -> OptionsRefused:
+    return OptionsRefused(status, message, [FieldError(field, message)])
+
+
+def _listing(profiles: list[Profile]) -> str:
+    if not profiles:
+        return "none: no profile is available to you, ask a hub admin for access"
+    return ", ".join(p.slug + ("" if p.is_cpu_only else " (GPU)") for p in profiles)
+
+
+def _values(options: object) -> dict[str, str]:
+    if options is None:  # no body at all: same as {}
+        return {}
+    if not isinstance(options, dict):
+        raise _refuse(400, "user_options",
+                      f"user_options must be a JSON object with keys {', '.join(ALLOWED_KEYS)}, "
+                      f"got {type(options).__name__}")
+    unknown = sorted(str(key) for key in options if key not in ALLOWED_KEYS)
+    if unknown:
+        raise _refuse(400, unknown[0],
+                      f"unknown user_options key(s) {', '.join(unknown)}; "
+                      f"allowed: {', '.join(ALLOWED_KEYS)}")
+    values: dict[str, str] = {}
+    for key, value in options.items():
+        # A form submission carries each field as a list of one string.
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if not isinstance(value, str):
+            raise _refuse(400, key, f"user_options {key} must be a string, got {value!r}")
+        if value:  # a blank form choice means "the default"
+            values[key] = value
+    return values
+
+
+def _choose_profile(
+    slug: str | None, user_groups: set[str], profiles: list[Profile], default: str | None,
+) -> tuple[Profile, str]:
+    by_slug = {p.slug: p for p in profiles}
+    usable = sorted((p for p in profiles if p.enabled and usable_by(p, user_groups)),
+                    key=lambda p: (p.price_per_hour_ucr, p.slug))
+    if slug is not None:
+        profile = by_slug.get(slug)
+        if profile is None or not profile.enabled:
+            what = "is disabled" if profile is not None else "does not exist"
+            raise _refuse(400, "profile",
+                          f"profile {slug!r} {what}; choose one of: {_listing(usable)}")
+        if not usable_by(profile, user_groups):
+            raise _refuse(403, "profile",
+                          f"profile {slug!r} is only for members of group(s) "
+                          f"{', '.join(profile.groups)}; profiles you may use: {_listing(usable)}")
+        return profile, CHOSEN_BY_REQUEST
+    if default is not None and by_slug.get(default) in usable:
+        return by_slug[default], CHOSEN_BY_DEFAULT
+    cpu_only = [p for p in usable if p.is_cpu_only]
+    if cpu_only:
+        return cpu_only[0], CHOSEN_BY_CPU_FALLBACK
+    if not usable:
+        raise _refuse(403, "profile", "No profile is available to you; ask a hub admin for access")
+    raise _refuse(400, "profile",
+                  "No profile chosen and no CPU-only profile is available to you; "
+                  f"choose one of: {_listing(usable)}")
+
+
+def _choose_image(name: str | None, profile: Profile, catalog: Catalog) -> Image:
+    present = [n for n in profile.images if catalog.get(n) is not None]
+    if name is not None and name not in profile.images:
+        raise _refuse(400, "image",
+                      f"image {name!r} is not offered by profile {profile.slug}; "
+                      f"choose one of: {', '.join(present) or '(none)'}")
+    chosen = name if name is not None else (present[0] if present else None)
+    image = catalog.get(chosen) if chosen is not None else None
+    if image is None:
+        # The catalog was replaced after the profile was written.
+        raise _refuse(400, "image",
+                      f"image {chosen or profile.images[0]!r} of profile {profile.slug} is not "
+                      f"in the image catalog; choose one of: {', '.join(present) or '(none)'}")
+    return image
+
+
+def _choose_account(
+    account: str | None, user: str, user_groups: set[str], group_accounts: Collection[str],
+) -> str:
+    own = f"user:{user}"
+    allowed = [own] + sorted(f"group:{g}" for g in set(group_accounts) & set(user_groups))
+    choices = f"accounts you may charge: {', '.join(allowed)}"
+    if account is None or account == own:
+        return own
+    kind, _, name = account.partition(":")
+    if kind == "user" and name:
+        raise _refuse(403, "account", f"account {account!r} is not yours; {choices}")
+    if kind == "group" and name:
+        if name not in group_accounts:
+            raise _refuse(400, "account", f"unknown account {account}; {choices}")
+        if name not in user_groups:
+            raise _refuse(403, "account", f"you are not a member of group {name}; {choices}")
+        return account
+    raise _refuse(400, "account",
+                  f"account must look like user:NAME or group:NAME, got {account!r}; {choices}")
+
+
+def resolve_user_options(
+    options: object,
+    *,
+    user: str,
+    user_groups: set[str],
+    profiles: list[Profile],
+    catalog: Catalog,
+    default_profile: str | None,
+    group_accounts: Collection[str] = frozenset(),
+) -> ServerChoice:
+    """The profile, image and account of a start, or OptionsRefused(status, message)."""
+    values = _values(options)
+    profile, chosen_by = _choose_profile(
+        values.get("profile"), set(user_groups), profiles, default_profile
+    )
+    image = _choose_image(values.get("image"), profile, catalog)
+    account = _choose_account(values.get("account"), user, set(user_groups), group_accounts)
+    return ServerChoice(profile=profile, image=image, account=account, chosen_by=chosen_by)
+
+
+def price_text(ucr: int) -> str:
+    """Credits with at least 2 decimals and no more than needed: 1_200_000 -> "1.20"."""
+    whole, frac = format_credits(ucr).split(".")
+    return f"{whole}.{frac.rstrip('0').ljust(2, '0')}"
+
+
+def options_summary(choice: ServerChoice) -> str:
+    """One line for logs and progress.
+
+    'profile h200-1g (H200 slice 1g.18gb, 1.20 credits/h), image pytorch'
+    """
+    profile = choice.profile
+    what = profile.gpu.describe() if profile.gpu is not None else "CPU only"
+    text = (f"profile {profile.slug} ({what}, {price_text(profile.price_per_hour_ucr)} "
+            f"credits/h), image {choice.image.name}")
+    if choice.account.startswith("group:"):
+        text += f", account {choice.account}"
+    return text

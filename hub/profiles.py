@@ -1,0 +1,298 @@
+"""Profiles: what a user may start (GPU, CPU, memory, images, price, limits).
+
+Pure: parsing and validation of the profiles file and of API bodies, and the
+file format written back by `gpulease profiles export`. Validation reports
+every problem at once, field by field, so an admin fixes a file in one pass.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+import yaml
+
+from gpulease.hub.catalog import Catalog
+from gpulease.hub.units import (
+    credits_text,
+    format_duration,
+    format_quantity,
+    load_yaml,
+    parse_cpu,
+    parse_credits,
+    parse_duration,
+    parse_quantity,
+)
+from gpulease.spawners.gpu_models import KNOWN_MODELS, valid_mig_profiles
+from gpulease.spawners.placement import DeviceRequest
+
+SAMPLE_PROFILES = Path(__file__).parent / "samples" / "profiles.yaml"
+
+SLUG = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+MAX_GPU_COUNT = 8
+KEYS = ("slug", "display_name", "description", "gpu", "cpu", "memory", "images",
+        "price_per_hour", "min_run", "idle_timeout", "max_runtime", "groups", "enabled")
+GPU_KEYS = ("model", "mig", "count")
+DEFAULTS = {"min_run": "10m", "idle_timeout": "30m", "max_runtime": "0"}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    model: str
+    mig: str | None = None
+    count: int = 1
+
+    def device_request(self) -> DeviceRequest:
+        return DeviceRequest(model=self.model, mig_profile=self.mig, count=self.count)
+
+    def describe(self) -> str:
+        if self.mig:
+            return f"{self.model} slice {self.mig}"
+        return f"{self.count}× {self.model}"
+
+
+@dataclass(frozen=True)
+class Profile:
+    slug: str
+    display_name: str
+    description: str
+    gpu: GpuSpec | None
+    cpu: Decimal
+    memory_bytes: int
+    images: tuple[str, ...]
+    price_per_hour_ucr: int
+    min_run_s: int
+    idle_timeout_s: int
+    max_runtime_s: int
+    groups: tuple[str, ...] = ()
+    enabled: bool = True
+
+    @property
+    def is_cpu_only(self) -> bool:
+        return self.gpu is None
+
+    def to_spec(self) -> dict:
+        """The profile as in the profiles file; JSON-safe (no Decimal, no float)."""
+        spec: dict = {"slug": self.slug, "display_name": self.display_name,
+                      "description": self.description}
+        if self.gpu is not None:
+            more = {"mig": self.gpu.mig} if self.gpu.mig else {"count": self.gpu.count}
+            spec["gpu"] = {"model": self.gpu.model, **more}
+        cpu = self.cpu.normalize()
+        spec["cpu"] = int(cpu) if cpu == cpu.to_integral_value() else format(cpu, "f")
+        spec.update(
+            memory=format_quantity(self.memory_bytes), images=list(self.images),
+            price_per_hour=credits_text(self.price_per_hour_ucr),
+            min_run=format_duration(self.min_run_s),
+            idle_timeout=format_duration(self.idle_timeout_s),
+            max_runtime=format_duration(self.max_runtime_s),
+            groups=list(self.groups), enabled=self.enabled,
+        )
+        return spec
+
+
+@dataclass(frozen=True)
+class FieldError:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class ProfileError(ValueError):
+    def __init__(self, errors: list[FieldError]):
+        self.errors = list(errors)
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return "\n".join(str(error) for error in self.errors)
+
+
+@dataclass
+class _Problems:
+    where: str
+    errors: list[FieldError] = field(default_factory=list)
+
+    def add(self, name: str, message: str) -> None:
+        self.errors.append(FieldError(f"{self.where}: {name}" if self.where else name, message))
+
+
+def _names(values) -> str:
+    return ", ".join(values) or "(none)"
+
+
+def _parse_gpu(value: object, p: _Problems) -> GpuSpec | None:
+    if not isinstance(value, dict):
+        p.add("gpu", f"must be a mapping like {{model: H200, mig: 1g.18gb}}, got {value!r}")
+        return None
+    for key in sorted(str(k) for k in value if k not in GPU_KEYS):
+        p.add(f"gpu.{key}", f"unknown key; allowed: {_names(GPU_KEYS)}")
+    model, mig, count = value.get("model"), value.get("mig"), value.get("count", 1)
+    problems = len(p.errors)
+    model_ok = isinstance(model, str) and model in KNOWN_MODELS
+    if not model_ok:
+        what = "is required" if model is None else f"{model!r} is not a known GPU model"
+        p.add("gpu.model", f"{what}; known models: {_names(KNOWN_MODELS)}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPU_COUNT:
+        p.add("gpu.count", f"must be a whole number from 1 to {MAX_GPU_COUNT}, got {count!r}")
+    if mig is not None:
+        valid = valid_mig_profiles(model) if model_ok else None
+        if not isinstance(mig, str):
+            p.add("gpu.mig", f"must be a MIG profile name like 1g.18gb, got {mig!r}")
+        elif model_ok and valid is None:
+            p.add("gpu.mig", f"{model} has no MIG profiles; omit mig to use whole GPUs")
+        elif valid is not None and mig not in valid:
+            p.add("gpu.mig", f"{mig!r} is not a MIG profile of {model}; valid: {_names(valid)}")
+        if isinstance(count, int) and count > 1:
+            p.add("gpu.count", "a MIG profile gets one slice: use mig or count > 1, not both")
+    return GpuSpec(model, mig, count) if len(p.errors) == problems else None
+
+
+def _parse_images(value: object, catalog: Catalog, check: bool, p: _Problems) -> tuple | None:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        p.add("images", f"must be a non-empty list of image names from the catalog "
+                        f"({_names(catalog.names())}), got {value!r}")
+        return None
+    problems = [f"{n!r} is listed twice" for n in sorted({v for v in value if value.count(v) > 1})]
+    if check:
+        known = _names(catalog.names())
+        problems += [f"{n!r} is not in the image catalog; known: {known}"
+                     for n in value if catalog.get(n) is None]
+    for message in problems:
+        p.add("images", message)
+    return None if problems else tuple(value)
+
+
+def _parse_groups(value: object, p: _Problems) -> tuple[str, ...] | None:
+    if not isinstance(value, list) or not all(isinstance(g, str) and g for g in value):
+        p.add("groups", f"must be a list of group names ([] = everyone), got {value!r}")
+        return None
+    if len(set(value)) != len(value):
+        p.add("groups", "lists a group twice")
+        return None
+    return tuple(value)
+
+
+def _attempt(p: _Problems, name: str, parse, value: object):
+    try:
+        return parse(value)
+    except ValueError as exc:
+        p.add(name, str(exc))
+        return None
+
+
+def _required(p: _Problems, data: dict, name: str, parse, hint: str):
+    if name not in data:
+        p.add(name, f"is required ({hint})")
+        return None
+    return _attempt(p, name, parse, data[name])
+
+
+def parse_profile(
+    data: object, catalog: Catalog, *, slug: str | None = None, where: str = "",
+    check_catalog: bool = True,
+) -> Profile:
+    """Validate one profile (a file entry, or an API body with `slug` from the URL).
+
+    `check_catalog=False` lets a stored profile whose image left the catalog
+    still be read; new and changed profiles are always checked.
+    """
+    p = _Problems(where)
+    if not isinstance(data, dict):
+        p.add("profile", f"must be a mapping of {_names(KEYS)}, got {data!r}")
+        raise ProfileError(p.errors)
+    for key in sorted(str(k) for k in data if k not in KEYS):
+        p.add(key, f"unknown key; allowed: {_names(KEYS)}")
+    given = data.get("slug", slug)
+    if slug is not None and given != slug:
+        p.add("slug", f"{given!r} differs from the profile being written, {slug!r}")
+    if not isinstance(given, str) or not SLUG.fullmatch(given):
+        p.add("slug", "is required: 1-63 lower-case letters, digits and '-', starting and ending"
+                      f" with a letter or digit (got {given!r})")
+    display_name = data.get("display_name")
+    if not isinstance(display_name, str) or not display_name.strip():
+        p.add("display_name", f"is required: a non-empty string (got {display_name!r})")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        p.add("description", f"must be a string, got {description!r}")
+    gpu = data.get("gpu")
+    gpu_spec = _parse_gpu(gpu, p) if gpu is not None else None
+    cpu = _required(p, data, "cpu", parse_cpu, "cores, like 4 or 0.5")
+    if (memory := _required(p, data, "memory", parse_quantity, "a quantity like 32Gi")) == 0:
+        p.add("memory", "must be more than 0")
+    images = _parse_images(data.get("images"), catalog, check_catalog, p)
+    price = _required(p, data, "price_per_hour", parse_credits, 'credits per hour like "1.20"')
+    if price is not None and price < 0:
+        p.add("price_per_hour", f"must not be negative, got {data['price_per_hour']!r}")
+    durations = {
+        name: _attempt(p, name, parse_duration, data.get(name, default))
+        for name, default in DEFAULTS.items()
+    }
+    if durations["max_runtime"] and (durations["min_run"] or 0) > durations["max_runtime"]:
+        p.add("min_run", "is longer than max_runtime: no start could ever run that long")
+    groups = _parse_groups(data.get("groups", []), p)
+    enabled = data.get("enabled", True)
+    if not isinstance(enabled, bool):
+        p.add("enabled", f"must be true or false, got {enabled!r}")
+    if p.errors:
+        raise ProfileError(p.errors)
+    return Profile(
+        slug=given, display_name=display_name, description=description, gpu=gpu_spec, cpu=cpu,
+        memory_bytes=memory, images=images, price_per_hour_ucr=price,
+        min_run_s=durations["min_run"], idle_timeout_s=durations["idle_timeout"],
+        max_runtime_s=durations["max_runtime"], groups=groups, enabled=enabled,
+    )
+
+
+def parse_profiles_document(data: object, catalog: Catalog, source: str) -> list[Profile]:
+    """Every profile of a loaded profiles file; all problems raised together."""
+    top = _Problems(source)
+    if not isinstance(data, dict) or not isinstance(data.get("profiles"), list):
+        top.add("profiles", "the file must be a mapping with a list under 'profiles'")
+        raise ProfileError(top.errors)
+    for key in sorted(str(k) for k in data if k != "profiles"):
+        top.add(key, "unknown top-level key; allowed: profiles")
+    errors, profiles, seen = top.errors, [], {}
+    for index, entry in enumerate(data["profiles"]):
+        slug = entry.get("slug") if isinstance(entry, dict) else None
+        where = f"{source}: " * bool(source) + f"profiles[{index}]"
+        where += f" ({slug})" if isinstance(slug, str) else ""
+        if isinstance(slug, str) and slug in seen:
+            message = f"duplicate slug, also profiles[{seen[slug]}]"
+            errors.append(FieldError(f"{where}: slug", message))
+        elif isinstance(slug, str):
+            seen[slug] = index
+        try:
+            profiles.append(parse_profile(entry, catalog, where=where))
+        except ProfileError as exc:
+            errors.extend(exc.errors)
+    if errors:
+        raise ProfileError(errors)
+    return profiles
+
+
+def parse_profiles_text(text: str, catalog: Catalog, source: str) -> list[Profile]:
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as exc:
+        raise ProfileError([FieldError(source, f"not valid YAML: {exc}")]) from exc
+    return parse_profiles_document(data, catalog, source)
+
+
+def load_profiles_file(path: str | Path, catalog: Catalog) -> list[Profile]:
+    """Read and validate a profiles file; prices stay exact (YAML floats read as Decimal)."""
+    return parse_profiles_text(Path(path).read_text(encoding="utf-8"), catalog, str(path))
+
+
+def dump_profiles(profiles: list[Profile]) -> str:
+    """The profiles file for `profiles` (what `gpulease profiles export` prints)."""
+    specs = {"profiles": [profile.to_spec() for profile in profiles]}
+    return yaml.safe_dump(specs, sort_keys=False, allow_unicode=True)
+
+
+def usable_by(profile: Profile, user_groups: set[str]) -> bool:
+    """Whether a user in `user_groups` may use `profile` (no groups: everyone)."""
+    return not profile.groups or bool(set(profile.groups) & set(user_groups))

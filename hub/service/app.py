@@ -1,0 +1,59 @@
+"""The gpulease service's tornado application, configured from the hub's environment."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler
+from jupyterhub.utils import url_path_join
+from tornado import web
+
+from gpulease.hub.context import get_context
+from gpulease.hub.service import handlers as h
+
+log = logging.getLogger("gpulease.service")
+
+
+def make_app(env: dict[str, str] | None = None) -> web.Application:
+    env = dict(os.environ if env is None else env)
+    prefix = env.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulease/")
+    ctx = get_context(
+        env["GPULEASE_DB_URL"],
+        env.get("GPULEASE_INVENTORY_FILE", ""),
+        env.get("GPULEASE_CATALOG_FILE", ""),
+        env.get("GPULEASE_NODE_NAME", "local"),
+    )
+    args = dict(
+        ctx=ctx,
+        hub_api_url=env.get("JUPYTERHUB_API_URL", ""),
+        hub_api_token=env.get("JUPYTERHUB_API_TOKEN", ""),
+    )
+    routes = [
+        (r"api/inventory", h.InventoryHandler),
+        (r"api/profiles", h.ProfilesHandler),
+        (r"api/profiles/([a-z0-9-]+)", h.ProfileHandler),
+        (r"api/users", h.UsersHandler),
+    ]
+    handlers = [(url_path_join(prefix, path), cls, args) for path, cls in routes]
+    handlers.append((url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler))
+    handlers.append((url_path_join(prefix, "api/.*"), h.NotFoundHandler, args))
+    return web.Application(
+        handlers,
+        cookie_secret=os.urandom(32),
+        xsrf_cookies=False,
+    )
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s %(asctime)s gpulease-service] %(message)s")
+    port = int(os.environ.get("GPULEASE_SERVICE_PORT", "0"))
+    app = make_app()
+
+    async def serve() -> None:
+        app.listen(port, address="127.0.0.1")
+        log.info("gpulease service listening on 127.0.0.1:%d", port)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())

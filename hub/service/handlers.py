@@ -1,0 +1,220 @@
+"""HTTP handlers of the gpulease hub service (`/services/gpulease/`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from gpulease.hub.accounts import AccountError, validate_password, validate_username
+from gpulease.hub.context import GPULeaseContext
+from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE
+from gpulease.hub.profiles import ProfileError, parse_profile, parse_profiles_document, usable_by
+from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.views import inventory_view, profile_view
+from gpulease.hub.units import json_loads
+
+
+class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
+    """JSON in and out; every error in the gpulease error format."""
+
+    def initialize(self, ctx: GPULeaseContext, hub_api_url: str, hub_api_token: str) -> None:
+        self.ctx = ctx
+        self.hub_api_url = hub_api_url.rstrip("/")
+        self.hub_api_token = hub_api_token
+
+    def check_xsrf_cookie(self):
+        # Token-authenticated API calls carry no cookie; browser calls carry
+        # the OAuth cookie and the _xsrf check of HubOAuth.
+        if self.request.headers.get("Authorization"):
+            return None
+        return super().check_xsrf_cookie()
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+
+    # --- who is calling --------------------------------------------------------
+
+    def caller(self) -> dict[str, Any]:
+        model = self.get_current_user()
+        if not model:
+            raise APIError(403, "Authentication required: send a hub API token "
+                                "(Authorization: token ...) or log in to the hub")
+        return model
+
+    def scopes(self) -> set[str]:
+        return set(self.caller().get("scopes") or [])
+
+    def is_admin(self) -> bool:
+        model = self.caller()
+        return bool(model.get("admin")) or ADMIN_SCOPE in self.scopes()
+
+    def is_auditor(self) -> bool:
+        return self.is_admin() or AUDIT_SCOPE in self.scopes()
+
+    def require_admin(self) -> None:
+        if not self.is_admin():
+            raise APIError(403, "This needs a gpulease admin (a hub admin or the "
+                                f"{ADMIN_SCOPE} scope)")
+
+    def require_auditor(self) -> None:
+        if not self.is_auditor():
+            raise APIError(403, f"This needs a gpulease admin or auditor ({AUDIT_SCOPE})")
+
+    # --- bodies and errors ------------------------------------------------------
+
+    def json_body(self) -> Any:
+        if not self.request.body:
+            raise APIError(400, "A JSON body is required")
+        try:
+            return json_loads(self.request.body.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"The body is not valid JSON: {e}") from None
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, APIError):
+            message, errors = exc.message, exc.errors
+        elif isinstance(exc, web.HTTPError) and exc.log_message:
+            message, errors = exc.log_message % exc.args if exc.args else exc.log_message, []
+        elif status_code >= 500:
+            message, errors = "Internal error in the gpulease service; see its log", []
+        else:
+            message, errors = self._reason, []
+        self.finish(json.dumps({"status": status_code, "message": message, "errors": errors}))
+
+    async def hub_api(self, method: str, path: str, body: Any = None) -> Any:
+        request = HTTPRequest(
+            f"{self.hub_api_url}{path}",
+            method=method,
+            headers={"Authorization": f"token {self.hub_api_token}",
+                     "Content-Type": "application/json"},
+            body=json.dumps(body) if body is not None else (None if method == "GET" else ""),
+            allow_nonstandard_methods=True,
+        )
+        response = await AsyncHTTPClient().fetch(request)
+        return json.loads(response.body) if response.body else None
+
+
+class InventoryHandler(BaseAPIHandler):
+    async def get(self):
+        self.require_auditor()
+        held = await asyncio.to_thread(self.ctx.assignments.held)
+        self.write_json(inventory_view(self.ctx.inventory, held))
+
+
+class ProfilesHandler(BaseAPIHandler):
+    async def get(self):
+        model = self.caller()
+        admin = self.is_admin()
+        profiles = await asyncio.to_thread(self.ctx.profiles.list, admin)
+        if not admin:
+            groups = set(model.get("groups") or [])
+            profiles = [p for p in profiles if p.enabled and usable_by(p, groups)]
+        held = set(await asyncio.to_thread(self.ctx.assignments.held))
+        views = [profile_view(p, self.ctx.inventory, held, admin=admin) for p in profiles]
+        self.write_json({"profiles": views})
+
+    async def put(self):
+        """Apply a whole profiles document at once: upsert, and with prune delete the rest."""
+        self.require_admin()
+        body = self.json_body()
+        if not isinstance(body, dict) or set(body) - {"profiles", "prune"}:
+            raise APIError(400, 'The body must be {"profiles": [...], "prune": false}')
+        prune = body.get("prune", False)
+        if not isinstance(prune, bool):
+            raise APIError(400, "prune must be true or false",
+                           [{"field": "prune", "message": "must be a boolean"}])
+        try:
+            profiles = parse_profiles_document(
+                {"profiles": body.get("profiles")}, self.ctx.catalog, "request"
+            )
+        except ProfileError as e:
+            raise APIError(400, "Invalid profiles", _field_errors(e)) from None
+        result = await asyncio.to_thread(self.ctx.profiles.apply, profiles, prune)
+        self.write_json(
+            {"created": result.created, "updated": result.updated,
+             "unchanged": result.unchanged, "deleted": result.deleted}
+        )
+
+
+class ProfileHandler(BaseAPIHandler):
+    async def put(self, slug: str):
+        self.require_admin()
+        body = self.json_body()
+        if isinstance(body, dict) and "slug" in body and body["slug"] != slug:
+            raise APIError(400, f"The body's slug {body['slug']!r} differs from the URL's {slug!r}",
+                           [{"field": "slug", "message": "must be omitted or equal the URL's"}])
+        if isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k != "slug"}
+        try:
+            profile = parse_profile(body, self.ctx.catalog, slug=slug)
+        except ProfileError as e:
+            raise APIError(400, f"Invalid profile {slug}", _field_errors(e)) from None
+        outcome = await asyncio.to_thread(self.ctx.profiles.upsert, profile)
+        self.write_json({"slug": slug, "result": outcome, **profile.to_spec()},
+                        201 if outcome == "created" else 200)
+
+
+class UsersHandler(BaseAPIHandler):
+    async def post(self):
+        """Create a local account and its hub user (admins only)."""
+        self.require_admin()
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise APIError(400, 'The body must be {"name": ..., "password": ..., "admin": false}')
+        unknown = set(body) - {"name", "password", "admin"}
+        if unknown:
+            raise APIError(400, f"Unknown fields: {', '.join(sorted(unknown))}; "
+                                "allowed: name, password, admin")
+        errors = []
+        name, password, admin = body.get("name"), body.get("password"), body.get("admin", False)
+        try:
+            name = validate_username(name if isinstance(name, str) else "")
+        except AccountError as e:
+            errors.append({"field": "name", "message": str(e)})
+        try:
+            validate_password(password if isinstance(password, str) else "", str(name))
+        except AccountError as e:
+            errors.append({"field": "password", "message": str(e)})
+        if not isinstance(admin, bool):
+            errors.append({"field": "admin", "message": "must be true or false"})
+        if errors:
+            raise APIError(400, "Invalid user", errors)
+        try:
+            await asyncio.to_thread(self.ctx.accounts.create, name, password)
+        except AccountError as e:
+            raise APIError(409, str(e), [{"field": "name", "message": str(e)}]) from None
+        try:
+            await self._create_hub_user(name, admin)
+        except HTTPClientError as e:
+            # Nothing half-written: without its hub user the account is useless.
+            await asyncio.to_thread(self.ctx.accounts.delete, name)
+            raise APIError(502, f"The hub refused to create user {name}: {e}") from None
+        self.write_json({"name": name, "admin": admin}, 201)
+
+    async def _create_hub_user(self, name: str, admin: bool) -> None:
+        try:
+            await self.hub_api("POST", f"/users/{name}")
+        except HTTPClientError as e:
+            if e.code != 409:  # a hub user of that name may exist already
+                raise
+        if admin:
+            await self.hub_api("PATCH", f"/users/{name}", {"admin": True})
+
+
+class NotFoundHandler(BaseAPIHandler):
+    def prepare(self):
+        raise APIError(404, f"No such gpulease API path: {self.request.path}")
+
+
+def _field_errors(e: ProfileError) -> list[dict[str, str]]:
+    return [{"field": fe.field, "message": fe.message} for fe in e.errors]

@@ -1,0 +1,77 @@
+"""JSON shapes of the gpulease service's API, as pure functions over plain data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulease.hub.profiles import Profile
+from gpulease.spawners.assignments import Holder
+from gpulease.spawners.inventory import Inventory
+from gpulease.spawners.placement import availability
+
+
+def inventory_view(inventory: Inventory, held: dict[str, Holder]) -> dict[str, Any]:
+    """DESIGN.md's `api/inventory`: devices free, held (by whom) or gone."""
+    present = inventory.device_uuids()
+    nodes = []
+    for node in inventory.nodes:
+        gpus = []
+        for gpu in node.gpus:
+            if gpu.mig_enabled:
+                units = [(d.uuid, d.profile, d.memory_bytes) for d in gpu.mig_devices]
+            else:
+                units = [(gpu.uuid, None, gpu.memory_bytes)]
+            gpus.append(
+                {
+                    "model": gpu.model,
+                    "uuid": gpu.uuid,
+                    "index": gpu.index,
+                    "mig": gpu.mig_enabled,
+                    "memory_bytes": gpu.memory_bytes,
+                    "driver": gpu.driver,
+                    "devices": [_device(uuid, profile, mem, held) for uuid, profile, mem in units],
+                }
+            )
+        nodes.append({"name": node.name, "gpus": gpus})
+    gone = [
+        {**_device(uuid, None, None, held), "state": "gone"}
+        for uuid in sorted(held)
+        if uuid not in present
+    ]
+    return {
+        "source": inventory.source,
+        "label": inventory.label,
+        "nodes": nodes,
+        "gone": gone,
+        "queue": [],
+    }
+
+
+def _device(uuid: str, profile: str | None, memory: int | None, held: dict[str, Holder]):
+    holder = held.get(uuid)
+    return {
+        "uuid": uuid,
+        "profile": profile,
+        "memory_bytes": memory,
+        "state": "held" if holder else "free",
+        "holder": (
+            {"user": holder.user, "server": holder.server, "profile": holder.profile,
+             "since": holder.since.isoformat() + "Z"}
+            if holder
+            else None
+        ),
+    }
+
+
+def profile_view(
+    profile: Profile, inventory: Inventory, held: set[str], *, admin: bool
+) -> dict[str, Any]:
+    spec = {"slug": profile.slug, **profile.to_spec()}
+    if not admin:
+        spec.pop("enabled", None)
+    if profile.gpu is not None:
+        free, total = availability(inventory, held, profile.gpu.device_request())
+    else:
+        free, total = None, None
+    spec["availability"] = {"free": free, "total": total, "queued": 0}
+    return spec

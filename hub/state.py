@@ -1,0 +1,120 @@
+"""The state folder of the embedded hub: layout, permissions, secrets.
+
+    <state>/private/   mode 0700, the hub's account only: databases, cookie
+                       secret, proxy token, the CLI's token and URL
+    <state>/homes/     mode 0755; homes/<user> is that user's home (0700)
+
+The hub refuses to start when `private/` can be read by anyone else: it holds
+what lets a reader forge cookies or rewrite the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class StateError(RuntimeError):
+    """The state folder cannot be used as it is."""
+
+
+@dataclass(frozen=True)
+class StateDir:
+    root: Path
+
+    @property
+    def private(self) -> Path:
+        return self.root / "private"
+
+    @property
+    def homes(self) -> Path:
+        return self.root / "homes"
+
+    @property
+    def hub_db_url(self) -> str:
+        return f"sqlite:///{self.private / 'jupyterhub.sqlite'}"
+
+    @property
+    def gpulease_db_url(self) -> str:
+        return f"sqlite:///{self.private / 'gpulease.sqlite'}"
+
+    @property
+    def cookie_secret_file(self) -> Path:
+        return self.private / "jupyterhub_cookie_secret"
+
+    @property
+    def proxy_pid_file(self) -> Path:
+        return self.private / "proxy.pid"
+
+    @property
+    def cli_file(self) -> Path:
+        return self.private / "cli.json"
+
+    def home_of(self, user: str) -> Path:
+        return self.homes / user
+
+
+def prepare_state_dir(root: str | os.PathLike) -> StateDir:
+    """Create the layout if missing and check who can read `private/`."""
+    state = StateDir(Path(root).resolve())
+    state.root.mkdir(parents=True, exist_ok=True)
+    if not state.private.exists():
+        state.private.mkdir(mode=0o700)
+    check_private(state.private)
+    if not state.homes.exists():
+        state.homes.mkdir(mode=0o755)
+        os.chmod(state.homes, 0o755)
+    return state
+
+
+def check_private(path: Path) -> None:
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise StateError(
+            f"{path} belongs to uid {st.st_uid}, not to the hub's account (uid {os.getuid()})"
+        )
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise StateError(
+            f"{path} is accessible to other accounts (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"it holds the databases and secrets: run `chmod 700 {path}`"
+        )
+
+
+def read_or_create_secret(path: Path, nbytes: int = 32) -> str:
+    """A hex secret kept in `path` (mode 0600), created on first use."""
+    if path.exists():
+        return path.read_text().strip()
+    value = secrets.token_hex(nbytes)
+    write_private(path, value + "\n")
+    return value
+
+
+def write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def write_cli_file(state: StateDir, url: str, token: str) -> None:
+    """Where the CLI finds the embedded hub and its admin token."""
+    write_private(state.cli_file, json.dumps({"url": url, "token": token}) + "\n")
+
+
+def read_cli_file(state: StateDir) -> dict[str, str] | None:
+    try:
+        return json.loads(state.cli_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_home(state: StateDir, user: str) -> Path:
+    """The user's home: shared by all their servers, never deleted on stop."""
+    home = state.home_of(user)
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(home, 0o700)
+    return home

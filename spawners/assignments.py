@@ -1,0 +1,177 @@
+"""Who holds which device: the database adapter around `placement.place`.
+
+A claim reads the open assignments, places, and records the result in ONE
+transaction, serialised across processes (the hub, the gpulease service and
+the CLI all open this database): SQLite takes its write lock up front
+(`make_engine` issues BEGIN IMMEDIATE), PostgreSQL takes a transaction-level
+advisory lock before reading. The partial unique index on open rows is the
+last guard: should two claims still pick the same device, the second fails
+with IntegrityError and is retried from the start.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from gpulease.hub.db import assignments, utcnow
+from gpulease.spawners.inventory import Inventory
+from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, place
+
+log = logging.getLogger(__name__)
+
+# Any fixed 64-bit number, the same in every process: "gpulease assignments".
+ADVISORY_LOCK_KEY = 0x6770_756C_6561_7365 & 0x7FFF_FFFF_FFFF_FFFF
+CLAIM_ATTEMPTS = 5
+
+_open = assignments.c.released_at.is_(None)
+
+
+@dataclass(frozen=True)
+class Holder:
+    user: str
+    server: str
+    profile: str
+    since: dt.datetime
+
+
+@dataclass
+class ReconcileReport:
+    """Open assignments after a reconcile, as (device uuid, holder) pairs.
+
+    `released`: closed now (reason 'server_died', or 'device_gone' for those
+    also in `gone`). `gone`: devices no longer in the inventory, whether their
+    row was released (server stopped) or kept (server still running, so the
+    device is never handed out again while it is held).
+    """
+
+    kept: list[tuple[str, Holder]] = field(default_factory=list)
+    released: list[tuple[str, Holder]] = field(default_factory=list)
+    gone: list[tuple[str, Holder]] = field(default_factory=list)
+
+
+def _holder(row: Any) -> Holder:
+    return Holder(row.user_name, row.server_name, row.profile_slug, row.claimed_at)
+
+
+class AssignmentStore:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def _lock(self, conn: Connection) -> None:
+        # SQLite already holds its write lock (BEGIN IMMEDIATE); PostgreSQL
+        # needs one so that claims do not read the same free devices.
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY})
+
+    def claim(
+        self, user: str, server: str, profile: str, request: DeviceRequest, inventory: Inventory
+    ) -> Placement:
+        """Place `request` and record it; a server's earlier devices are released first."""
+        for attempt in range(1, CLAIM_ATTEMPTS + 1):
+            try:
+                with self.engine.begin() as conn:
+                    self._lock(conn)
+                    now = utcnow()
+                    # A (re)start re-places: what this server held is free for it.
+                    self._release_in(conn, user, server, "restart", now)
+                    held = conn.execute(select(assignments.c.device_uuid).where(_open))
+                    placement = place(request, inventory, set(held.scalars()))
+                    conn.execute(insert(assignments), [
+                        {"device_uuid": d.uuid, "node": d.node, "user_name": user,
+                         "server_name": server, "profile_slug": profile, "claimed_at": now}
+                        for d in placement.devices
+                    ])
+                return placement
+            except IntegrityError as exc:
+                log.warning("claim for %s/%s collided on a device (attempt %d): %s",
+                            user, server, attempt, exc.orig)
+        raise NoFit(503, f"Could not claim {request.describe()}: concurrent claims took the "
+                         f"same devices {CLAIM_ATTEMPTS} times. Try again.")
+
+    @staticmethod
+    def _release_in(conn: Connection, user: str, server: str, reason: str,
+                    now: dt.datetime) -> list[str]:
+        mine = _open & (assignments.c.user_name == user) & (assignments.c.server_name == server)
+        uuids = list(conn.execute(
+            select(assignments.c.device_uuid).where(mine).order_by(assignments.c.id)
+        ).scalars())
+        if uuids:
+            conn.execute(update(assignments).where(mine)
+                         .values(released_at=now, release_reason=reason))
+        return uuids
+
+    def release(self, user: str, server: str, reason: str) -> list[str]:
+        """Release a server's devices; returns them ([] if it held none)."""
+        with self.engine.begin() as conn:
+            return self._release_in(conn, user, server, reason, utcnow())
+
+    def held(self) -> dict[str, Holder]:
+        """Open assignments by device uuid."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(assignments).where(_open).order_by(assignments.c.id))
+            return {row.device_uuid: _holder(row) for row in rows}
+
+    def devices_of(self, user: str, server: str) -> list[str]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(
+                select(assignments.c.device_uuid)
+                .where(_open, assignments.c.user_name == user, assignments.c.server_name == server)
+                .order_by(assignments.c.id)
+            ).scalars())
+
+    def reconcile(
+        self, inventory: Inventory, running: Callable[[str, str], bool]
+    ) -> ReconcileReport:
+        """Match open assignments with the inventory and the servers still running.
+
+        `running(user, server)` is asked outside any transaction (it may be
+        slow); each release then applies only if the row is still open.
+        """
+        with self.engine.connect() as conn:
+            rows = list(conn.execute(select(assignments).where(_open).order_by(assignments.c.id)))
+        present = inventory.device_uuids()
+        alive: dict[tuple[str, str], bool] = {}
+        report = ReconcileReport()
+        to_release: list[tuple[int, str]] = []
+        for row in rows:
+            key = (row.user_name, row.server_name)
+            if key not in alive:
+                alive[key] = running(*key)
+            entry = (row.device_uuid, _holder(row))
+            gone = row.device_uuid not in present
+            if gone:
+                report.gone.append(entry)
+            if alive[key]:
+                report.kept.append(entry)
+            else:
+                report.released.append(entry)
+                to_release.append((row.id, "device_gone" if gone else "server_died"))
+        if to_release:
+            now = utcnow()
+            with self.engine.begin() as conn:
+                for row_id, reason in to_release:
+                    conn.execute(update(assignments)
+                                 .where(_open, assignments.c.id == row_id)
+                                 .values(released_at=now, release_reason=reason))
+        for uuid, holder in report.gone:
+            log.warning("device %s held by %s/%s is no longer in the inventory (%s)",
+                        uuid, holder.user, holder.server, inventory.label)
+        return report
+
+    def history(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The latest assignments, open and closed, newest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(assignments).order_by(assignments.c.id.desc()).limit(limit))
+            return [
+                {"device_uuid": r.device_uuid, "node": r.node, "user": r.user_name,
+                 "server": r.server_name, "profile": r.profile_slug, "claimed_at": r.claimed_at,
+                 "released_at": r.released_at, "release_reason": r.release_reason}
+                for r in rows
+            ]

@@ -1,0 +1,253 @@
+"""LocalGPUSpawner: one local JupyterLab process per server, on its placed devices.
+
+The decisions are made elsewhere, as plain functions: which profile
+(`gpulease.hub.options`), which devices (`gpulease.spawners.placement`, made
+durable by `AssignmentStore`), which command and environment
+(`process_spec`). This class wires them into JupyterHub's spawn path.
+
+A start that gpulease refuses (bad options, a profile the user may not use,
+no capacity) fails with an HTTP error that JupyterHub returns to the start
+request, and the server's saved `user_options` are put back as they were:
+JupyterHub 6.1 saves them before any spawner code runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from jupyterhub import orm
+from jupyterhub.spawner import LocalProcessSpawner
+from sqlalchemy import event
+from sqlalchemy.orm import object_session
+from tornado import web
+from traitlets import Unicode, default
+
+from gpulease.hub.context import GPULeaseContext, get_context
+from gpulease.hub.options import OptionsRefused, ServerChoice, options_summary, resolve_user_options
+from gpulease.hub.profiles import usable_by
+from gpulease.hub.state import StateDir, ensure_home
+from gpulease.spawners.options_form import options_from_form, render_options_form
+from gpulease.spawners.placement import NoFit, availability
+from gpulease.spawners.process_spec import build_process_spec
+
+
+@event.listens_for(orm.Spawner.user_options, "set", active_history=True)
+def _remember_prior_options(target, value, oldvalue, initiator) -> None:
+    """Keep what a server's saved options were before this request replaced them.
+
+    Tagged with the asyncio task that replaced them, so that only a refusal in
+    that same start restores them (an empty-body start replaced nothing).
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    prior = None if oldvalue in (None,) or not isinstance(oldvalue, dict) else dict(oldvalue)
+    target._gpulease_prior_options = (task, prior)
+
+
+async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) -> None:
+    """Spawner.apply_user_options hook: validate and resolve the profile choice."""
+    orm_spawner = spawner.orm_spawner
+    prior = getattr(orm_spawner, "_gpulease_prior_options", None)
+    orm_spawner._gpulease_prior_options = None
+    replaced_now = prior is not None and prior[0] is asyncio.current_task()
+    spawner._options_to_restore = (prior[1],) if replaced_now else None
+    ctx = spawner.gpulease
+    try:
+        choice = await asyncio.to_thread(
+            lambda: resolve_user_options(
+                user_options,
+                user=spawner.user.name,
+                user_groups={g.name for g in spawner.user.groups},
+                profiles=ctx.profiles.list(include_disabled=True),
+                catalog=ctx.catalog,
+                default_profile=ctx.profiles.get_default_profile(spawner.user.name),
+            )
+        )
+    except OptionsRefused as refused:
+        spawner.refuse(refused.status, refused.message)
+    spawner.gpulease_choice = choice
+    spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(choice), choice.chosen_by)
+
+
+class LocalGPUSpawner(LocalProcessSpawner):
+    """Run each server as a local process on the GPU devices placed for it."""
+
+    db_url = Unicode(
+        "",
+        config=True,
+        help="gpulease's database (profiles, device assignments). Set by `gpulease up`.",
+    )
+    inventory_file = Unicode(
+        "",
+        config=True,
+        help="Declared inventory file (YAML) to use instead of NVML; empty: NVML on this host.",
+    )
+    catalog_file = Unicode(
+        "", config=True, help="Image catalog (YAML); empty: the catalog shipped with gpulease."
+    )
+    node_name = Unicode("local", config=True, help="Name of this host in the inventory.")
+    state_dir = Unicode(
+        "",
+        config=True,
+        help="The state folder; homes are its homes/<user> folders, shared by a user's servers.",
+    )
+
+    gpulease_choice: ServerChoice | None = None
+    gpulease_devices: tuple[str, ...] = ()
+    _options_to_restore: tuple[dict | None] | None = None
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return apply_gpulease_options
+
+    @default("options_form")
+    def _default_options_form(self):
+        return LocalGPUSpawner._render_form
+
+    @default("default_url")
+    def _default_default_url(self):
+        return "/lab"
+
+    @property
+    def gpulease(self) -> GPULeaseContext:
+        return get_context(self.db_url, self.inventory_file, self.catalog_file, self.node_name)
+
+    # --- the choice -------------------------------------------------------------
+
+    @staticmethod
+    def _render_form(spawner: LocalGPUSpawner) -> str:
+        ctx = spawner.gpulease
+        groups = {g.name for g in spawner.user.groups}
+        profiles = [p for p in ctx.profiles.list(include_disabled=False) if usable_by(p, groups)]
+        held = set(ctx.assignments.held())
+        avail = {
+            p.slug: availability(ctx.inventory, held, p.gpu.device_request())
+            for p in profiles
+            if p.gpu
+        }
+        saved = (spawner.orm_spawner.user_options or {}).get("profile") if spawner.orm_spawner else None
+        return render_options_form(profiles, avail, saved)
+
+    def options_from_form(self, formdata):
+        return options_from_form(formdata)
+
+    def refuse(self, status: int, message: str):
+        """Fail this start with `status`, restoring the saved options it replaced."""
+        if self._options_to_restore is not None:
+            (previous,) = self._options_to_restore
+            self.orm_spawner.user_options = previous
+            self.user_options = previous or {}
+            session = object_session(self.orm_spawner)
+            if session is not None:
+                session.commit()
+            self._options_to_restore = None
+        raise web.HTTPError(status, message)
+
+    # --- the process ------------------------------------------------------------
+
+    def make_preexec_fn(self, name):
+        # Servers run as the hub's own account here; per-user Unix accounts are
+        # the isolation layer's job (docs/security.md).
+        return None
+
+    def user_env(self, env):
+        return env
+
+    def get_env(self):
+        env = super().get_env()
+        env.update(self._spec().env)
+        return env
+
+    def _spec(self):
+        choice = self.gpulease_choice
+        image = choice.image if choice else None
+        return build_process_spec(
+            user=self.user.name,
+            home=StateDir(Path(self._state_root())).home_of(self.user.name),
+            device_uuids=self.gpulease_devices,
+            local_env=image.local_env if image else None,
+            run_as_uid=os.getuid(),
+            profile_slug=choice.profile.slug if choice else "",
+            image_name=image.name if image else "",
+        )
+
+    def _state_root(self):
+        if not self.state_dir:
+            raise RuntimeError("LocalGPUSpawner.state_dir is not set")
+        return self.state_dir
+
+    async def start(self):
+        choice = self.gpulease_choice
+        if choice is None:  # apply_user_options always runs first in JupyterHub >= 5.3
+            self.refuse(400, "No profile was resolved for this start")
+        ctx = self.gpulease
+        home = ensure_home(StateDir(Path(self._state_root())), self.user.name)
+        if choice.profile.gpu is not None:
+            try:
+                placement = await asyncio.to_thread(
+                    ctx.assignments.claim,
+                    self.user.name,
+                    self.name,
+                    choice.profile.slug,
+                    choice.profile.gpu.device_request(),
+                    ctx.inventory,
+                )
+            except NoFit as nofit:
+                self.refuse(nofit.status, f"Cannot start {choice.profile.slug}: {nofit.message}")
+            self.gpulease_devices = tuple(placement.uuids)
+        else:
+            await asyncio.to_thread(ctx.assignments.release, self.user.name, self.name, "restart")
+            self.gpulease_devices = ()
+        self._options_to_restore = None
+        spec = self._spec()
+        self.cmd = list(spec.cmd)
+        self.notebook_dir = str(home)
+        self.popen_kwargs = {**self.popen_kwargs, "cwd": str(home)}
+        self.log.info(
+            "%s placed on %s", self._log_name, ", ".join(self.gpulease_devices) or "no GPU"
+        )
+        try:
+            return await super().start()
+        except BaseException:
+            await self._release("start_failed")
+            raise
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            await self._release("stopped")
+
+    async def poll(self):
+        # LocalProcessSpawner.poll clears the state (and so our devices) when
+        # the process is gone: look before it does.
+        held = self.gpulease_devices
+        status = await super().poll()
+        if status is not None and held:
+            await self._release("server_died")
+        return status
+
+    async def _release(self, reason: str) -> None:
+        await asyncio.to_thread(self.gpulease.assignments.release, self.user.name, self.name, reason)
+        self.gpulease_devices = ()
+
+    # --- state across hub restarts -------------------------------------------------
+
+    def get_state(self):
+        state = super().get_state()
+        if self.gpulease_devices:
+            state["gpulease_devices"] = list(self.gpulease_devices)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.gpulease_devices = tuple(state.get("gpulease_devices", ()))
+
+    def clear_state(self):
+        super().clear_state()
+        self.gpulease_devices = ()

@@ -1,0 +1,162 @@
+"""Device placement for the embedded shape: which free devices a request gets.
+
+Pure: an inventory and the set of held device UUIDs in, a placement or a
+NoFit out. The database adapter (assignments.py) calls `place` inside the
+transaction that records the result, so "free" is always read and written
+together.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from gpulease.spawners.inventory import AllocatableDevice, Inventory
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """A MIG slice of one profile (count 1), or `count` full cards on one node."""
+
+    model: str
+    mig_profile: str | None = None
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"count must be at least 1, not {self.count}")
+        if self.mig_profile is not None and self.count != 1:
+            raise ValueError("a MIG request is for exactly one slice (count 1)")
+
+    def describe(self) -> str:
+        if self.mig_profile is not None:
+            return f"{self.model} slice {self.mig_profile}"
+        return _cards(self.count, self.model)
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str
+    devices: tuple[AllocatableDevice, ...]
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(d.uuid for d in self.devices)
+
+
+class NoFit(Exception):
+    """No placement: 503 would fit but not now, 422 can never fit here."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _cards(count: int, model: str) -> str:
+    return f"{count}× {model} (full card{'s' if count != 1 else ''})"
+
+
+def _order(device: AllocatableDevice) -> tuple[str, int, int]:
+    return device.node, device.gpu_index, device.slot if device.slot is not None else -1
+
+
+def _devices(inventory: Inventory) -> list[AllocatableDevice]:
+    return sorted(inventory.allocatable(), key=_order)
+
+
+def _matching(devices: list[AllocatableDevice], request: DeviceRequest) -> list[AllocatableDevice]:
+    return [d for d in devices if d.model == request.model and d.mig_profile == request.mig_profile]
+
+
+def free_summary(inventory: Inventory, held: Collection[str]) -> str:
+    """What is free now, in words: '3× H200 slice 1g.18gb, 1× H200 (full card)'."""
+    held = set(held)
+    counts = Counter((d.model, d.mig_profile) for d in _devices(inventory) if d.uuid not in held)
+    if not counts:
+        return "nothing"
+    keys = sorted(counts, key=lambda k: (k[0], k[1] is not None, k[1] or ""))
+    return ", ".join(
+        _cards(counts[k], k[0]) if k[1] is None else f"{counts[k]}× {k[0]} slice {k[1]}"
+        for k in keys
+    )
+
+
+def availability(
+    inventory: Inventory, held: Collection[str], request: DeviceRequest
+) -> tuple[int, int]:
+    """(free, total) devices of the kind `request` asks for (cards, not placements)."""
+    held = set(held)
+    matching = _matching(_devices(inventory), request)
+    return sum(1 for d in matching if d.uuid not in held), len(matching)
+
+
+def place(request: DeviceRequest, inventory: Inventory, held: Collection[str]) -> Placement:
+    """Devices for `request` that nobody holds; NoFit (422 or 503) otherwise."""
+    held = set(held)
+    devices = _devices(inventory)
+    # Models of the GPUs, not of the devices: a GPU in MIG mode with no MIG
+    # device offers nothing, yet its model is here.
+    models = sorted({gpu.model for node in inventory.nodes for gpu in node.gpus})
+    if request.model not in models:
+        here = f"GPU models here: {', '.join(models)}" if models else "this host has no GPU"
+        raise NoFit(422, f"No {request.model} GPU here, so {request.describe()} can never be "
+                         f"placed ({here}).")
+    if request.mig_profile is not None:
+        return _place_mig(request, devices, held, inventory)
+    return _place_cards(request, devices, held, inventory)
+
+
+def _free_now(inventory: Inventory, held: set[str]) -> str:
+    return f"Free now: {free_summary(inventory, held)}"
+
+
+def _place_mig(
+    request: DeviceRequest, devices: list[AllocatableDevice], held: set[str], inventory: Inventory
+) -> Placement:
+    matching = _matching(devices, request)
+    if not matching:
+        offered = sorted({d.mig_profile for d in devices
+                          if d.model == request.model and d.mig_profile})
+        why = (f"{request.model} slices here: {', '.join(offered)}" if offered
+               else f"no {request.model} here is in MIG mode")
+        raise NoFit(422, f"No {request.model} here offers slice {request.mig_profile}, so it can "
+                         f"never be placed ({why}). {_free_now(inventory, held)}")
+    free = [d for d in matching if d.uuid not in held]
+    if not free:
+        raise NoFit(503, f"No free {request.describe()}: 0 of {len(matching)} free. "
+                         f"{_free_now(inventory, held)}")
+    # Pack: take the slice on the GPU that is already the busiest, so whole
+    # GPUs stay free for large requests. Ties go to the first in order.
+    busy = Counter(d.gpu_uuid for d in devices if d.uuid in held)
+    best = min(free, key=lambda d: (-busy[d.gpu_uuid], _order(d)))
+    return Placement(best.node, (best,))
+
+
+def _place_cards(
+    request: DeviceRequest, devices: list[AllocatableDevice], held: set[str], inventory: Inventory
+) -> Placement:
+    cards = _matching(devices, request)
+    per_node: dict[str, list[AllocatableDevice]] = defaultdict(list)
+    for card in cards:
+        per_node[card.node].append(card)
+    largest = max((len(c) for c in per_node.values()), default=0)
+    if largest < request.count:
+        why = (f"the largest node has {largest} {request.model} full card"
+               f"{'s' if largest != 1 else ''}" if largest
+               else f"every {request.model} here is in MIG mode")
+        raise NoFit(422, f"{request.describe()} on one node can never be placed ({why}). "
+                         f"{_free_now(inventory, held)}")
+    free_per_node = {node: [c for c in node_cards if c.uuid not in held]
+                     for node, node_cards in per_node.items()}
+    fitting = [node for node, free in free_per_node.items() if len(free) >= request.count]
+    if not fitting:
+        free_total = sum(len(f) for f in free_per_node.values())
+        most = max(len(f) for f in free_per_node.values())
+        raise NoFit(503, f"No node has {request.describe()} free: {free_total} of {len(cards)} "
+                         f"free, at most {most} on one node. {_free_now(inventory, held)}")
+    # Best fit: the node with the fewest free cards that still fits, so nodes
+    # with many free cards stay available for larger requests.
+    node = min(fitting, key=lambda n: (len(free_per_node[n]), n))
+    return Placement(node, tuple(free_per_node[node][: request.count]))

@@ -1,0 +1,67 @@
+"""Pure builder of a local notebook server's process: command, environment, folder.
+
+Kept apart from the spawner (I/O) so that what a server gets — which devices,
+which interpreter, which flags — is decided by one plain function and tested
+without a hub, the way kubespawner's objects.py builds pods.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    cmd: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = ""
+
+
+def singleuser_command(local_env: str | None, run_as_uid: int) -> tuple[str, ...]:
+    """`jupyterhub-singleuser` of the image's local environment, else of gpulease's own.
+
+    As root the server refuses to start without --allow-root (and the hub then
+    answers a bare 500 after its timeout), so it is added exactly when the
+    server will run as uid 0.
+    """
+    bindir = Path(local_env) / "bin" if local_env else Path(sys.executable).parent
+    cmd: list[str] = [str(bindir / "jupyterhub-singleuser")]
+    if run_as_uid == 0:
+        cmd.append("--allow-root")
+    return tuple(cmd)
+
+
+def device_env(device_uuids: tuple[str, ...]) -> dict[str, str]:
+    """Expose exactly the placed devices; a CPU-only server sees no GPU at all.
+
+    CUDA_VISIBLE_DEVICES takes GPU and MIG UUIDs. An empty value hides every
+    GPU from CUDA (unset would show them all). NVIDIA_VISIBLE_DEVICES is read
+    by the NVIDIA container runtime when a local env is a container wrapper.
+    """
+    if not device_uuids:
+        return {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+    joined = ",".join(device_uuids)
+    return {"CUDA_VISIBLE_DEVICES": joined, "NVIDIA_VISIBLE_DEVICES": joined}
+
+
+def build_process_spec(
+    *,
+    user: str,
+    home: Path,
+    device_uuids: tuple[str, ...],
+    local_env: str | None,
+    run_as_uid: int,
+    profile_slug: str,
+    image_name: str,
+) -> ProcessSpec:
+    env = {
+        "HOME": str(home),
+        "USER": user,
+        "SHELL": "/bin/bash",
+        "GPULEASE_PROFILE": profile_slug,
+        "GPULEASE_IMAGE": image_name,
+        **device_env(device_uuids),
+    }
+    return ProcessSpec(cmd=singleuser_command(local_env, run_as_uid), env=env, cwd=str(home))

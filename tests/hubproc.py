@@ -1,0 +1,226 @@
+"""Run a real `gpulease up` (JupyterHub + configurable-http-proxy) for end-to-end tests.
+
+The hub runs as a child process on free loopback ports with a state folder of
+the test's own; tests drive it over HTTP and websockets as a browser, the CLI
+or VS Code would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+CHP = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def require_chp() -> None:
+    if not CHP.exists():
+        import pytest
+
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{CHP} missing: `make test` installs it with npm")
+        pytest.skip("configurable-http-proxy not installed (run `npm install` or `make test`)")
+
+
+@dataclass
+class HubProcess:
+    state: Path
+    extra_args: list[str] = field(default_factory=list)
+    admin_password: str = "admin-secret-pw"
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    port: int = 0
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60) -> HubProcess:
+        require_chp()
+        if not self.port:
+            self.port = free_port()
+            self.hub_port = free_port()
+            self.api_port = free_port()
+        self.log_path = self.state.parent / f"hub-{uuid.uuid4().hex[:6]}.log"
+        args = [
+            sys.executable, "-m", "gpulease.hub.cli", "up",
+            f"--state={self.state}",
+            f"--port={self.port}",
+            f"--JupyterHub.hub_port={self.hub_port}",
+            f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{self.api_port}",
+            *self.extra_args,
+        ]
+        env = {**os.environ, "GPULEASE_ADMIN_PASSWORD": self.admin_password, **self.env}
+        env["PATH"] = f"{CHP.parent}:{env.get('PATH', '')}"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.state.parent
+        )
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = requests.get(f"{self.url}/hub/api", timeout=2)
+                svc = requests.get(f"{self.url}/services/gpulease/api/profiles", timeout=2)
+                if r.status_code == 200 and svc.status_code in (401, 403):
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"hub not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def interrupt(self, timeout: float = 60) -> int:
+        """Ctrl-C: what a user does to stop `gpulease up`."""
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: the hub dies without cleaning anything up."""
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.interrupt(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    # --- HTTP helpers ------------------------------------------------------------
+
+    def login_form(self, username: str, password: str) -> requests.Session:
+        """Log in through JupyterHub's real login form, as a browser does."""
+        s = requests.Session()
+        page = s.get(f"{self.url}/hub/login", timeout=10)
+        page.raise_for_status()
+        xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+        data = {"username": username, "password": password}
+        if xsrf:
+            data["_xsrf"] = xsrf.group(1)
+        r = s.post(f"{self.url}/hub/login", data=data, allow_redirects=False, timeout=30)
+        s.login_status = r.status_code  # 302 on success, 403 on a refused login
+        return s
+
+    def token_for(self, username: str, password: str) -> str:
+        """Mint a token with the password, through the token endpoint's `auth` body."""
+        r = requests.post(
+            f"{self.url}/hub/api/users/{username}/tokens",
+            json={"auth": {"username": username, "password": password}, "note": "e2e"},
+            timeout=30,
+        )
+        if r.status_code != 201:
+            raise RuntimeError(f"token for {username}: {r.status_code} {r.text}")
+        return r.json()["token"]
+
+    def api(self, method: str, path: str, token: str, body: Any = None) -> requests.Response:
+        return requests.request(
+            method, f"{self.url}/hub/api/{path.lstrip('/')}", json=body,
+            headers={"Authorization": f"token {token}"}, timeout=60,
+        )
+
+    def service(self, method: str, path: str, token: str, body: Any = None) -> requests.Response:
+        return requests.request(
+            method, f"{self.url}/services/gpulease/{path.lstrip('/')}", json=body,
+            headers={"Authorization": f"token {token}"}, timeout=60,
+        )
+
+    def cli(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "gpulease.hub.cli", *args],
+            input=stdin, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "GPULEASE_STATE": str(self.state)},
+        )
+
+    def wait_server_ready(self, user: str, token: str, server: str = "", timeout: float = 90):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.api("GET", f"users/{user}", token).json()
+            srv = model.get("servers", {}).get(server)
+            if srv and srv.get("ready"):
+                return srv
+            if srv is None and time.monotonic() > deadline - timeout + 5:
+                raise RuntimeError(f"server {user}/{server} vanished:\n{self.log()[-4000:]}")
+            time.sleep(0.3)
+        raise TimeoutError(f"server {user}/{server} not ready:\n{self.log()[-4000:]}")
+
+    def wait_server_stopped(self, user: str, token: str, server: str = "", timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.api("GET", f"users/{user}", token).json()
+            if server not in model.get("servers", {}):
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"server {user}/{server} did not stop")
+
+
+def run_in_kernel(base_url: str, server_path: str, token: str, code: str, timeout: float = 60):
+    """Start a kernel on a server through the proxy and run `code` over the websocket.
+
+    Returns the text the code printed.
+    """
+    from websockets.sync.client import connect
+
+    headers = {"Authorization": f"token {token}"}
+    api = f"{base_url}{server_path}api"
+    r = requests.post(f"{api}/kernels", json={"name": "python3"}, headers=headers, timeout=60)
+    r.raise_for_status()
+    kernel_id = r.json()["id"]
+    ws_url = api.replace("http://", "ws://") + f"/kernels/{kernel_id}/channels"
+    msg_id = uuid.uuid4().hex
+    message = {
+        "header": {"msg_id": msg_id, "username": "e2e", "session": uuid.uuid4().hex,
+                   "msg_type": "execute_request", "version": "5.3", "date": ""},
+        "parent_header": {}, "metadata": {},
+        "content": {"code": code, "silent": False, "store_history": False,
+                    "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        "channel": "shell", "buffers": [],
+    }
+    out: list[str] = []
+    try:
+        with connect(ws_url, additional_headers=headers, open_timeout=30) as ws:
+            ws.send(json.dumps(message))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                reply = json.loads(ws.recv(timeout=timeout))
+                if reply.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind = reply["header"]["msg_type"]
+                if kind == "stream":
+                    out.append(reply["content"]["text"])
+                elif kind == "error":
+                    raise RuntimeError("\n".join(reply["content"]["traceback"]))
+                elif kind == "status" and reply["content"]["execution_state"] == "idle":
+                    break
+    finally:
+        requests.delete(f"{api}/kernels/{kernel_id}", headers=headers, timeout=30)
+    return "".join(out)

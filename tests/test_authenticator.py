@@ -1,0 +1,188 @@
+"""LocalAccountsAuthenticator driven directly, with a fake request handler.
+
+The real login form and token endpoint are exercised by the end-to-end tests;
+here `FakeRequestHandler` stands in for the tornado handler JupyterHub passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from gpulease.hub import authenticator as authenticator_module
+from gpulease.hub.accounts import LocalAccountStore
+from gpulease.hub.authenticator import LocalAccountsAuthenticator
+from gpulease.hub.db import sqlite_url
+
+PASSWORD = "correct horse battery"
+WRONG = "incorrect-mule-42"
+IP = "198.51.100.7"
+
+
+class FakeRequestHandler:
+    """Stands in for the tornado RequestHandler (LoginHandler or the token API handler)."""
+
+    def __init__(self, remote_ip: str = IP) -> None:
+        self.request = SimpleNamespace(remote_ip=remote_ip)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def auth(engine, clock) -> LocalAccountsAuthenticator:
+    store = LocalAccountStore(engine)
+    store.create("alice", PASSWORD)
+    authenticator = LocalAccountsAuthenticator(max_failures=3, lockout_seconds=60)
+    authenticator.store = store
+    authenticator.clock = clock
+    return authenticator
+
+
+async def login(auth, username, password, ip=IP):
+    return await auth.authenticate(
+        FakeRequestHandler(ip), {"username": username, "password": password}
+    )
+
+
+async def test_right_password_logs_in(auth):
+    assert await login(auth, "alice", PASSWORD) == "alice"
+    assert await login(auth, " Alice ", PASSWORD) == "alice"  # normalised as JupyterHub would
+
+
+async def test_wrong_password_and_unknown_user_refused(auth):
+    assert await login(auth, "alice", WRONG) is None
+    assert await login(auth, "mallory", PASSWORD) is None
+    assert await login(auth, "not a valid name", PASSWORD) is None
+
+
+async def test_full_jupyterhub_path_allows_account(auth):
+    # get_authenticated_user is what both JupyterHub handlers call; with the
+    # default allow_all the account alone is enough.
+    assert auth.allow_all is True
+    model = await auth.get_authenticated_user(
+        FakeRequestHandler(), {"username": "alice", "password": PASSWORD}
+    )
+    assert model["name"] == "alice"
+    wrong = {"username": "alice", "password": WRONG}
+    assert await auth.get_authenticated_user(FakeRequestHandler(), wrong) is None
+
+
+def test_allowed_users_turns_allow_all_off():
+    assert LocalAccountsAuthenticator().allow_all is True
+    assert LocalAccountsAuthenticator().any_allow_config is True  # no "nobody can log in" warning
+    restricted = LocalAccountsAuthenticator(allowed_users={"alice"})
+    assert restricted.allow_all is False
+    assert restricted.check_allowed("alice") and not restricted.check_allowed("bob")
+    assert LocalAccountsAuthenticator(allowed_users={"a"}, allow_all=True).allow_all is True
+
+
+@pytest.mark.parametrize(
+    "data",
+    [None, "alice", {}, {"username": 5, "password": PASSWORD}, {"username": "alice"},
+     {"username": "alice", "password": 12345678}],
+)  # fmt: skip
+async def test_token_endpoint_shaped_bodies_refused(auth, data):
+    # The token endpoint passes its JSON body's `auth` value, whatever it is.
+    assert await auth.authenticate(FakeRequestHandler(), data) is None
+
+
+async def test_lockout_holds_back_right_password_until_it_passes(auth, clock):
+    for _ in range(3):
+        assert await login(auth, "alice", WRONG) is None
+    assert await login(auth, "alice", PASSWORD) is None
+    assert await login(auth, "alice", PASSWORD, ip="203.0.113.5") is None  # user key
+    clock.now += 59
+    assert await login(auth, "alice", PASSWORD) is None
+    clock.now += 1
+    assert await login(auth, "alice", PASSWORD) == "alice"
+
+
+async def test_second_lockout_is_longer(auth, clock):
+    for _ in range(3):
+        await login(auth, "alice", WRONG)
+    clock.now += 60
+    for _ in range(3):
+        await login(auth, "alice", WRONG)
+    clock.now += 60
+    assert await login(auth, "alice", PASSWORD) is None  # 120 s this time
+    clock.now += 60
+    assert await login(auth, "alice", PASSWORD) == "alice"
+
+
+async def test_address_lockout_covers_other_names(auth, clock):
+    for name in ["bob", "carol", "dave"]:
+        await login(auth, name, WRONG)
+    assert await login(auth, "alice", PASSWORD) is None
+    assert await login(auth, "alice", PASSWORD, ip="203.0.113.5") == "alice"
+
+
+async def test_failures_logged_with_user_and_address_without_password(auth, caplog, clock):
+    caplog.set_level(logging.DEBUG)
+    for _ in range(3):
+        await login(auth, "alice", WRONG)
+    await login(auth, "alice", PASSWORD)
+    await login(auth, "mallory", "mallory-secret-9", ip="192.0.2.44")
+    failures = [r for r in caplog.records if r.levelno == logging.WARNING]
+    messages = [r.getMessage() for r in failures]
+    assert sum("Failed login for user 'alice' from 198.51.100.7" in m for m in messages) == 3
+    assert any("locked out for 60 seconds" in m for m in messages)
+    assert any("'alice' from 198.51.100.7 refused: locked out" in m for m in messages)
+    assert any("Failed login for user 'mallory' from 192.0.2.44" in m for m in messages)
+    for secret in (WRONG, PASSWORD, "mallory-secret-9"):
+        assert secret not in caplog.text
+
+
+async def test_verify_runs_off_the_event_loop(auth, monkeypatch):
+    threads = []
+    real = auth._verify_sync
+    monkeypatch.setattr(
+        auth, "_verify_sync", lambda n, p: threads.append(threading.get_ident()) or real(n, p)
+    )
+    assert await login(auth, "alice", PASSWORD) == "alice"
+    assert threads and threads[0] != threading.get_ident()
+
+
+async def test_store_created_lazily_from_db_url_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(authenticator_module, "_stores", {})
+    url = sqlite_url(tmp_path / "gpulease.sqlite")
+    first = LocalAccountsAuthenticator(db_url=url)
+    assert authenticator_module._stores == {}  # nothing opened before it is needed
+    first.store.create("alice", PASSWORD)
+    second = LocalAccountsAuthenticator(db_url=url)
+    assert second.store is first.store
+    assert await login(second, "alice", PASSWORD) == "alice"
+    second.store.engine.dispose()
+
+
+def test_store_without_db_url_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="db_url"):
+        _ = LocalAccountsAuthenticator().store
+
+
+def test_config_traits_have_help():
+    traits = LocalAccountsAuthenticator.class_traits(config=True)
+    for name in ["db_url", "max_failures", "failure_window", "lockout_seconds",
+                 "max_lockout_seconds"]:  # fmt: skip
+        assert traits[name].help.strip(), name
+
+
+def test_throttle_follows_config():
+    auth = LocalAccountsAuthenticator(
+        max_failures=7, failure_window=30, lockout_seconds=5, max_lockout_seconds=50
+    )
+    t = auth.throttle
+    assert (t.max_failures, t.window_s, t.lockout_s, t.max_lockout_s) == (7, 30, 5, 50)

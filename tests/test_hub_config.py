@@ -1,0 +1,39 @@
+from pathlib import Path
+
+from gpulease.hub.hub_config import (
+    ADMIN_SCOPE,
+    CLI_SERVICE_NAME,
+    SERVICE_NAME,
+    HubSettings,
+    hub_config,
+)
+from gpulease.hub.state import StateDir
+
+
+def settings(tmp_path) -> HubSettings:
+    return HubSettings(
+        state=StateDir(Path(tmp_path)), db_url="sqlite:///x", inventory_file="inv.yaml",
+        catalog_file="", node_name="box", admin_name="root-admin", service_port=9999,
+        cli_token="t0k", proxy_token="p", chp_command="/x/chp",
+    )
+
+
+def test_embedded_defaults(tmp_path):
+    c = hub_config(settings(tmp_path))
+    assert c.JupyterHub.ip == "127.0.0.1" and c.JupyterHub.port == 8000
+    assert c.JupyterHub.db_url.startswith("sqlite:///") and "private" in c.JupyterHub.db_url
+    assert c.JupyterHub.spawner_class.endswith("LocalGPUSpawner")
+    assert c.LocalGPUSpawner.inventory_file == "inv.yaml"
+    assert c.LocalAccountsAuthenticator.admin_users == {"root-admin"}
+    assert c.ConfigurableHTTPProxy.command == ["/x/chp"]
+
+
+def test_service_and_cli_token_roles(tmp_path):
+    c = hub_config(settings(tmp_path))
+    services = {s["name"]: s for s in c.JupyterHub.services}
+    assert services[SERVICE_NAME]["url"] == "http://127.0.0.1:9999"
+    assert services[CLI_SERVICE_NAME]["api_token"] == "t0k"
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert CLI_SERVICE_NAME in roles["gpulease-admin"]["services"]
+    assert ADMIN_SCOPE in roles["gpulease-admin"]["scopes"]
+    assert ADMIN_SCOPE in c.JupyterHub.custom_scopes
