@@ -104,6 +104,15 @@ class GPULeaseHub(JupyterHub):
         help="A JupyterHub config file laid over gpulease's defaults (its settings win).",
     )
 
+    @default("ip")
+    def _default_ip(self):
+        return "127.0.0.1"
+
+    @default("bind_url")
+    def _bind_url_default(self):
+        # Loopback unless told otherwise: a lab exposes the hub on purpose, with --ip.
+        return ("https" if self.ssl_cert else "http") + "://127.0.0.1:8000"
+
     @default("state_dir")
     def _default_state_dir(self):
         return os.environ.get("GPULEASE_STATE") or os.path.abspath(".gpulease")
@@ -169,7 +178,7 @@ class GPULeaseHub(JupyterHub):
         )
 
     async def init_spawners(self):
-        await super().init_spawners()
+        count = await super().init_spawners()
         ctx = self._ctx
 
         def running(user: str, server: str) -> bool:
@@ -186,6 +195,7 @@ class GPULeaseHub(JupyterHub):
                 "it will not be handed out",
                 device, holder.user, holder.server or "(default)", ctx.inventory.label,
             )
+        return count
 
     async def start(self):
         await super().start()

@@ -67,8 +67,6 @@ def project_chp() -> str | None:
 def hub_config(s: HubSettings) -> Config:
     c = Config()
     hub = c.JupyterHub
-    hub.ip = "127.0.0.1"
-    hub.port = 8000
     hub.db_url = s.state.hub_db_url
     hub.cookie_secret_file = str(s.state.cookie_secret_file)
     hub.pid_file = ""

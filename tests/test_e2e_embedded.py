@@ -9,9 +9,12 @@ which devices it was given.
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import time
 
 import pytest
+import yaml
 
 from tests.hubproc import HubProcess, run_in_kernel
 
@@ -20,10 +23,22 @@ pytestmark = pytest.mark.e2e
 ADMIN_PW = "admin-secret-pw"
 
 
+# A user config file laid over gpulease's defaults: fast death detection and a
+# short lockout, so the tests below need not wait minutes.
+USER_CONFIG = """
+c.Spawner.poll_interval = 1
+c.LocalAccountsAuthenticator.max_failures = 3
+c.LocalAccountsAuthenticator.lockout_seconds = 4
+"""
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    state = tmp_path_factory.mktemp("e2e") / "state"
-    h = HubProcess(state=state, admin_password=ADMIN_PW).start()
+    base = tmp_path_factory.mktemp("e2e")
+    config = base / "gpulease_config.py"
+    config.write_text(USER_CONFIG)
+    h = HubProcess(state=base / "state", admin_password=ADMIN_PW,
+                   extra_args=[f"--config={config}"]).start()
     yield h
     h.close()
 
@@ -147,6 +162,120 @@ def test_home_survives_stop_and_is_shared(hub, alice):
     assert (home / "notes.txt").read_text() == "kept"
 
 
+def _singleuser_pids(state) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read()
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"jupyterhub-singleuser" in cmdline and str(state).encode() in environ:
+            pids.append(int(pid))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _alive_chp(state) -> bool:
+    pidfile = state / "private" / "proxy.pid"
+    if not pidfile.exists():
+        return False
+    return _alive(int(pidfile.read_text().strip()))
+
+
+def test_local_accounts_login_lockout_and_no_plaintext(hub, admin_token):
+    password = "carol-Pw-7f3e9a"
+    added = hub.cli("users", "add", "carol", "--password-stdin", stdin=password + "\n")
+    assert added.returncode == 0, added.stderr
+    assert hub.login_form("carol", password).login_status == 302
+    assert hub.login_form("carol", "not-her-password").login_status == 403
+    # max_failures = 3 (the user config above): after three failures even the
+    # right password is held back until the lockout passes
+    for _ in range(2):
+        assert hub.login_form("carol", "still-wrong").login_status == 403
+    assert hub.login_form("carol", password).login_status == 403
+    time.sleep(4.5)
+    assert hub.login_form("carol", password).login_status == 302
+    log = hub.log()
+    assert "carol" in log and "127.0.0.1" in log
+    assert password not in log and "still-wrong" not in log
+    # no password in plain text anywhere in the state folder
+    for path in hub.state.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for secret in (password, ADMIN_PW, "alice-pw-123"):
+                assert secret.encode() not in data, f"{secret!r} found in {path}"
+
+
+def test_cli_profiles_export_apply_round_trip_and_group_restriction(hub, alice, tmp_path):
+    exported = hub.cli("profiles", "export")
+    assert exported.returncode == 0, exported.stderr
+    original = yaml.safe_load(exported.stdout)
+    restricted = {
+        "slug": "vision-1g", "display_name": "Vision group slice",
+        "gpu": {"model": "H200", "mig": "1g.18gb"}, "cpu": 2, "memory": "16Gi",
+        "images": ["pytorch"], "price_per_hour": "0.90", "groups": ["vision"],
+    }
+    doc = {"profiles": [*original["profiles"], restricted]}
+    path = tmp_path / "profiles.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    applied = hub.cli("profiles", "apply", str(path))
+    assert applied.returncode == 0, applied.stderr
+    assert "created: vision-1g" in applied.stdout
+    listed = hub.cli("profiles", "list").stdout
+    assert "vision-1g" in listed
+    # group restrictions are enforced at spawn, not only hidden
+    r = hub.api("POST", "users/alice/servers/vis", alice, {"user_options": {"profile": "vision-1g"}})
+    assert r.status_code == 403, r.text
+    assert "vision" in r.json()["message"]
+    # export then apply is a no-op by meaning
+    again = yaml.safe_load(hub.cli("profiles", "export").stdout)
+    path.write_text(yaml.safe_dump(again))
+    assert "updated" not in hub.cli("profiles", "apply", str(path)).stdout
+    # apply --prune with the original file removes the extra profile
+    path.write_text(exported.stdout)
+    pruned = hub.cli("profiles", "apply", str(path), "--prune")
+    assert pruned.returncode == 0 and "deleted: vision-1g" in pruned.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profiles:\n  - slug: x\n    display_name: X\n    gpu: {model: H200, mig: 1g.10gb}\n"
+                   "    cpu: 1\n    memory: 1Gi\n    images: [pytorch]\n    price_per_hour: '-1'\n")
+    refused = hub.cli("profiles", "apply", str(bad))
+    assert refused.returncode == 1
+    assert "gpu.mig" in refused.stderr and "price_per_hour" in refused.stderr
+
+
+def test_a_server_that_dies_frees_its_slice(hub, admin_token, alice):
+    r = hub.api("POST", "users/alice/servers/doomed", alice, {"user_options": {"profile": "h200-1g"}})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready("alice", alice, "doomed")
+    assert ("alice", "doomed") in held_by(hub, admin_token)
+    pids = [p for p in _singleuser_pids(hub.state) if b"doomed" in _environ(p)]
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while ("alice", "doomed") in held_by(hub, admin_token):
+        assert time.monotonic() < deadline, "the slice of a dead server was not released"
+        time.sleep(0.5)
+    hub.wait_server_stopped("alice", alice, "doomed")
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        return b""
+
+
+# These two restart the hub: they run last.
 def test_sigkill_and_restart_keeps_the_running_server_on_its_slice(hub, admin_token, alice):
     before = held_by(hub, admin_token)
     alice_slice = before[("alice", "")]
@@ -182,7 +311,7 @@ def test_sigkill_and_restart_keeps_the_running_server_on_its_slice(hub, admin_to
 def test_ctrl_c_stops_everything_and_up_keeps_state(hub, admin_token, alice):
     srv_pids = _singleuser_pids(hub.state)
     assert srv_pids, "alice's server should be running"
-    assert hub.interrupt() == 0 or True
+    assert hub.interrupt() == 0, hub.log()[-3000:]
     for pid in srv_pids:
         assert not _alive(pid), f"server process {pid} survived Ctrl-C"
     assert not _alive_chp(hub.state)
@@ -193,33 +322,3 @@ def test_ctrl_c_stops_everything_and_up_keeps_state(hub, admin_token, alice):
     assert model["servers"][""]["ready"] is False
     assert (hub.state / "homes" / "alice" / "notes.txt").exists()
     assert held_by(hub, hub.token_for("admin", ADMIN_PW)) == {}
-
-
-def _singleuser_pids(state) -> list[int]:
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            environ = open(f"/proc/{pid}/environ", "rb").read()
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"jupyterhub-singleuser" in cmdline and str(state).encode() in environ:
-            pids.append(int(pid))
-    return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def _alive_chp(state) -> bool:
-    pidfile = state / "private" / "proxy.pid"
-    if not pidfile.exists():
-        return False
-    return _alive(int(pidfile.read_text().strip()))

@@ -20,7 +20,6 @@ def settings(tmp_path) -> HubSettings:
 
 def test_embedded_defaults(tmp_path):
     c = hub_config(settings(tmp_path))
-    assert c.JupyterHub.ip == "127.0.0.1" and c.JupyterHub.port == 8000
     assert c.JupyterHub.db_url.startswith("sqlite:///") and "private" in c.JupyterHub.db_url
     assert c.JupyterHub.spawner_class.endswith("LocalGPUSpawner")
     assert c.LocalGPUSpawner.inventory_file == "inv.yaml"

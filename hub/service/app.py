@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
@@ -47,13 +48,22 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="[%(levelname)s %(asctime)s gpulease-service] %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="[%(levelname)s %(asctime)s gpulease-service] %(message)s"
+    )
     port = int(os.environ.get("GPULEASE_SERVICE_PORT", "0"))
     app = make_app()
 
     async def serve() -> None:
         app.listen(port, address="127.0.0.1")
         log.info("gpulease service listening on 127.0.0.1:%d", port)
-        await asyncio.Event().wait()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # Ctrl-C on `gpulease up` reaches the whole process group; the hub
+        # stops this service itself, so both signals just end it quietly.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("gpulease service stopped")
 
     asyncio.run(serve())

@@ -1,0 +1,394 @@
+"""Spawn-to-ready: stock JupyterHub against gpulease, in one run on one machine.
+
+Starts two hubs side by side, each on its own free loopback ports and temp state:
+
+  stock     `python -m jupyterhub` with SimpleLocalProcessSpawner and NullAuthenticator;
+            a service token with an admin role creates the user and its token
+  gpulease  `gpulease up` (tests/hubproc.HubProcess) with LocalGPUSpawner on the
+            declared demo inventory, spawning the `h200-1g` MIG profile, so that
+            options resolution, placement and the assignment record are all on the path
+
+Both run real JupyterLab (`jupyterhub-singleuser` of this venv). Each spawn is
+timed from the REST start (`POST /hub/api/users/{name}/server`) until
+`GET /user/{name}/api/status` answers 200 through the proxy. Spawns alternate
+(stock, gpulease, stock, ...) so that drift on a shared machine hits both alike;
+after each the server is stopped and, on gpulease, its slice seen free again.
+Each hub gets one untimed warm-up spawn first (cold imports, first home folder).
+
+    .venv/bin/python bench/spawn.py [--spawns N] [--logs DIR]
+
+The last lines are `name: value`, one per figure (see docs/DESIGN 'Benchmarks').
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: make `tests.hubproc` importable
+
+from gpulease.spawners.inventory import DEMO_INVENTORY  # noqa: E402
+from tests.hubproc import CHP, HubProcess, free_port  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+USER = "bench"
+USER_PASSWORD = "bench-user-pw-123"
+ADMIN_PASSWORD = "bench-admin-pw-123"
+GPULEASE_PROFILE = "h200-1g"
+POLL_S = 0.05  # readiness poll interval, the same for both hubs
+SPAWN_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
+
+
+# --- process hygiene -----------------------------------------------------------------
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of `pid` (Linux /proc; empty elsewhere), deepest last."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found.extend(kids)
+            todo.extend(kids)
+    return found
+
+
+def reap(pids: list[int]) -> None:
+    """SIGTERM, then SIGKILL, whatever of `pids` (children we started) outlived its hub."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in alive):
+            time.sleep(0.1)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Let `kill PID` clean up like Ctrl-C does."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- the two hubs ----------------------------------------------------------------------
+
+
+@dataclass
+class Subject:
+    """One hub under test, as the measuring loop sees it."""
+
+    label: str
+    url: str
+    token: str  # the spawning user's own token: starts, polls and stops with it
+    start_body: dict[str, Any]
+    log_path: Path
+    wait_released: Callable[[], None] = lambda: None
+    session: requests.Session = field(default_factory=requests.Session)
+
+    def api(self, method: str, path: str, body: Any = None) -> requests.Response:
+        return self.session.request(
+            method, f"{self.url}/hub/api/{path}", json=body,
+            headers={"Authorization": f"token {self.token}"}, timeout=SPAWN_TIMEOUT_S,
+        )
+
+
+STOCK_CONFIG = """\
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.JupyterHub.db_url = {db_url!r}
+c.JupyterHub.cookie_secret_file = {cookie_secret_file!r}
+c.JupyterHub.pid_file = ""
+c.JupyterHub.cleanup_servers = True
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
+c.ConfigurableHTTPProxy.auth_token = {proxy_token!r}
+c.ConfigurableHTTPProxy.pid_file = {proxy_pid_file!r}
+c.JupyterHub.authenticator_class = "null"
+c.Authenticator.allow_all = True
+c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+c.SimpleLocalProcessSpawner.home_dir_template = {home_template!r}
+c.Spawner.cmd = [{singleuser!r}]
+c.Spawner.args = {args!r}
+c.Spawner.default_url = "/lab"
+c.JupyterHub.services = [{{"name": "bench", "api_token": {service_token!r}}}]
+c.JupyterHub.load_roles = [{{
+    "name": "bench-admin",
+    "services": ["bench"],
+    "scopes": ["admin:users", "admin:servers", "tokens", "list:users", "read:users"],
+}}]
+"""
+
+
+@dataclass
+class StockHub:
+    """Stock `python -m jupyterhub` in a folder of its own."""
+
+    workdir: Path
+    service_token: str = field(default_factory=lambda: secrets.token_hex(32))
+    proc: subprocess.Popen | None = None
+    port: int = 0
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "jupyterhub.log"
+
+    def start(self, timeout: float = 60) -> StockHub:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        config = self.workdir / "jupyterhub_config.py"
+        config.write_text(STOCK_CONFIG.format(
+            port=self.port,
+            hub_port=free_port(),
+            api_port=free_port(),
+            db_url=f"sqlite:///{self.workdir / 'jupyterhub.sqlite'}",
+            cookie_secret_file=str(self.workdir / "jupyterhub_cookie_secret"),
+            proxy_pid_file=str(self.workdir / "jupyterhub-proxy.pid"),
+            proxy_token=secrets.token_hex(32),
+            chp=str(CHP),
+            home_template=str(self.workdir / "homes" / "{username}"),
+            singleuser=str(VENV_BIN / "jupyterhub-singleuser"),
+            args=["--allow-root"] if os.getuid() == 0 else [],
+            service_token=self.service_token,
+        ))
+        env = {**os.environ, "PATH": f"{CHP.parent}:{VENV_BIN}:{os.environ.get('PATH', '')}"}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, env=env,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"stock hub exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if requests.get(f"{self.url}/hub/api", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"stock hub not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def admin_api(self, method: str, path: str, body: Any = None) -> requests.Response:
+        return requests.request(
+            method, f"{self.url}/hub/api/{path}", json=body,
+            headers={"Authorization": f"token {self.service_token}"}, timeout=60,
+        )
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.children = descendants(self.proc.pid)
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        reap(self.children)
+
+
+def setup_stock(stack: ExitStack, tmp: Path) -> Subject:
+    hub = StockHub(tmp / "stock")
+    stack.callback(hub.close)
+    hub.start()
+    r = hub.admin_api("POST", f"users/{USER}")
+    if r.status_code != 201:
+        raise RuntimeError(f"stock: create user: {r.status_code} {r.text}")
+    r = hub.admin_api("POST", f"users/{USER}/tokens", {"note": "bench"})
+    if r.status_code != 201:
+        raise RuntimeError(f"stock: user token: {r.status_code} {r.text}")
+    return Subject("stock", hub.url, r.json()["token"], {}, hub.log_path)
+
+
+def setup_gpulease(stack: ExitStack, tmp: Path) -> Subject:
+    hub = HubProcess(
+        state=tmp / "gpulease" / "state",
+        admin_password=ADMIN_PASSWORD,
+        extra_args=[f"--inventory={DEMO_INVENTORY}"],
+    )
+    hub.state.parent.mkdir(parents=True)
+
+    def close() -> None:
+        children = descendants(hub.proc.pid) if hub.proc and hub.proc.poll() is None else []
+        hub.close()
+        reap(children)
+
+    stack.callback(close)
+    hub.start()
+    admin = hub.token_for("admin", ADMIN_PASSWORD)
+    r = hub.service("POST", "api/users", admin, {"name": USER, "password": USER_PASSWORD})
+    if r.status_code != 201:
+        raise RuntimeError(f"gpulease: create user: {r.status_code} {r.text}")
+    token = hub.token_for(USER, USER_PASSWORD)
+
+    def slice_released() -> None:
+        """Until no device of the inventory is recorded for the bench user."""
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            inv = hub.service("GET", "api/inventory", admin).json()
+            holders = [d["holder"] for n in inv["nodes"] for g in n["gpus"] for d in g["devices"]]
+            if not any(h and h["user"] == USER for h in holders):
+                return
+            time.sleep(0.1)
+        raise TimeoutError("gpulease: the slice was not released after the stop")
+
+    return Subject(
+        "gpulease", hub.url, token, {"user_options": {"profile": GPULEASE_PROFILE}},
+        hub.log_path, wait_released=slice_released,
+    )
+
+
+# --- measuring -------------------------------------------------------------------------
+
+
+def log_tail(s: Subject, chars: int = 4000) -> str:
+    return s.log_path.read_text(errors="replace")[-chars:] if s.log_path.exists() else ""
+
+
+def spawn_to_ready(s: Subject) -> float:
+    """Seconds from the REST start until the server answers through the proxy."""
+    status_url = f"{s.url}/user/{USER}/api/status"
+    headers = {"Authorization": f"token {s.token}"}
+    t0 = time.perf_counter()
+    r = s.api("POST", f"users/{USER}/server", s.start_body)
+    if r.status_code not in (201, 202):
+        raise RuntimeError(f"{s.label}: start answered {r.status_code} {r.text}\n{log_tail(s)}")
+    deadline = t0 + SPAWN_TIMEOUT_S
+    while True:
+        try:
+            ready = s.session.get(status_url, headers=headers, allow_redirects=False, timeout=10)
+            if ready.status_code == 200:
+                return time.perf_counter() - t0
+        except requests.RequestException:
+            pass
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{s.label}: server not ready after {SPAWN_TIMEOUT_S}s\n"
+                               f"{log_tail(s)}")
+        time.sleep(POLL_S)
+
+
+def stop(s: Subject) -> None:
+    """Stop the server and wait until the hub no longer lists it (and its devices are free)."""
+    r = s.api("DELETE", f"users/{USER}/server")
+    if r.status_code not in (202, 204):
+        raise RuntimeError(f"{s.label}: stop answered {r.status_code} {r.text}")
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while "" in s.api("GET", f"users/{USER}").json().get("servers", {}):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{s.label}: server did not stop\n{log_tail(s)}")
+        time.sleep(0.1)
+    s.wait_released()
+
+
+def run(spawns: int, warmup: int, logs: Path | None) -> dict[str, float]:
+    tmp = Path(tempfile.mkdtemp(prefix="gpulease-bench-spawn-"))
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        if logs is not None:  # runs before the folder goes (callbacks unwind in reverse)
+            stack.callback(save_logs, tmp, logs)
+        print("starting stock JupyterHub and gpulease ...", flush=True)
+        subjects = [setup_stock(stack, tmp), setup_gpulease(stack, tmp)]
+        for i in range(warmup):
+            for s in subjects:
+                print(f"warm-up {i + 1}/{warmup} {s.label:<9} {spawn_to_ready(s):7.3f} s",
+                      flush=True)
+                stop(s)
+        times: dict[str, list[float]] = {s.label: [] for s in subjects}
+        for i in range(spawns):
+            for s in subjects:
+                seconds = spawn_to_ready(s)
+                times[s.label].append(seconds)
+                print(f"spawn {i + 1:>3}/{spawns} {s.label:<9} {seconds:7.3f} s", flush=True)
+                stop(s)
+    for label, values in times.items():
+        print(f"{label}: median {statistics.median(values):.3f} s, "
+              f"min {min(values):.3f} s, max {max(values):.3f} s over {len(values)} spawns")
+    stock = statistics.median(times["stock"])
+    ours = statistics.median(times["gpulease"])
+    return {
+        "spawn_median_stock_s": stock,
+        "spawn_median_gpulease_s": ours,
+        "spawn_ratio": ours / stock,
+    }
+
+
+def save_logs(tmp: Path, logs: Path) -> None:
+    logs.mkdir(parents=True, exist_ok=True)
+    for log in [*tmp.glob("stock/*.log"), *tmp.glob("gpulease/*.log")]:
+        shutil.copy(log, logs / f"{log.parent.name}-{log.name}")
+    print(f"hub logs copied to {logs}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spawns", type=int, default=10, help="timed spawns per hub (default 10)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed spawns per hub before timing (default 1)")
+    parser.add_argument("--logs", type=Path, help="copy both hubs' logs to this folder at the end")
+    args = parser.parse_args(argv)
+    if args.spawns < 1:
+        parser.error("--spawns must be at least 1")
+    if not CHP.exists():
+        print(f"bench: {CHP} missing; run `npm install` (or `make install`)", file=sys.stderr)
+        return 2
+    with sigterm_as_interrupt():
+        try:
+            figures = run(args.spawns, args.warmup, args.logs)
+        except KeyboardInterrupt:
+            print("bench: interrupted; hubs stopped and temp folders removed", file=sys.stderr)
+            return 130
+    for name, value in figures.items():
+        print(f"{name}: {value:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
