@@ -136,7 +136,8 @@ class GPULeaseHub(JupyterHub):
         try:
             self._prepare()
         except (StateError, ProfileError, InventoryError, CatalogError, OSError) as e:
-            print(f"gpulease: cannot start: {e}", file=sys.stderr)
+            problems = str(e).strip().replace("\n", "\n  ")
+            print(f"gpulease: cannot start:\n  {problems}", file=sys.stderr)
             self.exit(1)
         base = hub_config(self._settings)
         base.merge(self.config)

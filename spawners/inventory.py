@@ -175,7 +175,7 @@ def _parse_mig(
             continue
         devices.append(
             MigDevice(
-                f"MIG-declared-{node}-{index}-{slot}", profile, mig_memory_bytes(profile),
+                f"MIG-declared-{node}-{index}-{slot}-{profile}", profile, mig_memory_bytes(profile),
                 gpu_uuid, slot,
             )
         )

@@ -50,10 +50,11 @@ class HubProcess:
     proc: subprocess.Popen | None = None
     port: int = 0
     log_path: Path | None = None
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60) -> HubProcess:
         require_chp()
@@ -80,13 +81,18 @@ class HubProcess:
         return self
 
     def wait_ready(self, timeout: float) -> None:
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                r = requests.get(f"{self.url}/hub/api", timeout=2)
-                svc = requests.get(f"{self.url}/services/gpulease/api/profiles", timeout=2)
+                # readiness only: a test of TLS checks the certificate itself
+                r = requests.get(f"{self.url}/hub/api", timeout=2, verify=False)
+                svc = requests.get(f"{self.url}/services/gpulease/api/profiles", timeout=2,
+                                   verify=False)
                 if r.status_code == 200 and svc.status_code in (401, 403):
                     return
             except requests.RequestException:

@@ -26,7 +26,7 @@ from gpulease.spawners.placement import DeviceRequest, NoFit, place
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 CARD = DeviceRequest("H200")
-SLICES = {f"MIG-declared-local-0-{i}" for i in range(7)}
+SLICES = {f"MIG-declared-local-0-{i}-1g.18gb" for i in range(7)}
 
 
 @pytest.fixture
@@ -41,13 +41,13 @@ def store(engine) -> AssignmentStore:
 
 def test_claim_records_and_release_frees(store, demo):
     p = store.claim("alice", "", "h200-1g", SLICE, demo)
-    assert p.uuids == ("MIG-declared-local-0-0",)
+    assert p.uuids == ("MIG-declared-local-0-0-1g.18gb",)
     card = store.claim("bob", "big", "h200-full", CARD, demo)
     assert card.uuids == ("GPU-declared-local-1",)
 
     held = store.held()
-    assert set(held) == {"MIG-declared-local-0-0", "GPU-declared-local-1"}
-    alice = held["MIG-declared-local-0-0"]
+    assert set(held) == {"MIG-declared-local-0-0-1g.18gb", "GPU-declared-local-1"}
+    alice = held["MIG-declared-local-0-0-1g.18gb"]
     assert isinstance(alice, Holder)
     assert (alice.user, alice.server, alice.profile) == ("alice", "", "h200-1g")
     assert store.devices_of("bob", "big") == ["GPU-declared-local-1"]
@@ -107,8 +107,8 @@ def test_unique_index_collision_is_retried(store, demo, monkeypatch):
     monkeypatch.setattr(assignments_module, "place", place_blind_once)
     p = store.claim("bob", "", "p", SLICE, demo)
     assert len(calls) == 2
-    assert p.uuids == ("MIG-declared-local-0-1",)
-    assert set(store.held()) == {"MIG-declared-local-0-0", "MIG-declared-local-0-1"}
+    assert p.uuids == ("MIG-declared-local-0-1-1g.18gb",)
+    assert set(store.held()) == {"MIG-declared-local-0-0-1g.18gb", "MIG-declared-local-0-1-1g.18gb"}
 
 
 def test_endless_collisions_end_in_503(store, demo, monkeypatch):
@@ -136,18 +136,18 @@ def test_reconcile(store, demo):
 
     report = store.reconcile(shrunk, running)
     assert isinstance(report, ReconcileReport)
-    assert sorted(u for u, _ in report.kept) == ["GPU-declared-local-1", "MIG-declared-local-0-0"]
+    assert sorted(u for u, _ in report.kept) == ["GPU-declared-local-1", "MIG-declared-local-0-0-1g.18gb"]
     assert sorted(u for u, _ in report.released) == [
-        "MIG-declared-local-0-1", "MIG-declared-local-0-2"]
+        "MIG-declared-local-0-1-1g.18gb", "MIG-declared-local-0-2-1g.18gb"]
     assert sorted((u, h.user, h.server) for u, h in report.gone) == [
-        ("GPU-declared-local-1", "alive", "big"), ("MIG-declared-local-0-2", "dead", "x")]
+        ("GPU-declared-local-1", "alive", "big"), ("MIG-declared-local-0-2-1g.18gb", "dead", "x")]
     assert len(asked) == len(set(asked)) == 4  # each server asked once
 
     # Still-held vanished card stays held: never handed out while its server runs.
-    assert set(store.held()) == {"MIG-declared-local-0-0", "GPU-declared-local-1"}
+    assert set(store.held()) == {"MIG-declared-local-0-0-1g.18gb", "GPU-declared-local-1"}
     reasons = {h["device_uuid"]: h["release_reason"] for h in store.history()}
-    assert reasons["MIG-declared-local-0-1"] == "server_died"
-    assert reasons["MIG-declared-local-0-2"] == "device_gone"
+    assert reasons["MIG-declared-local-0-1-1g.18gb"] == "server_died"
+    assert reasons["MIG-declared-local-0-2-1g.18gb"] == "device_gone"
 
     # A second reconcile finds nothing more to release.
     again = store.reconcile(shrunk, running)

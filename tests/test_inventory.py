@@ -43,10 +43,10 @@ def test_parse_design_example():
     assert (gpu0.uuid, gpu0.index, gpu0.model, gpu0.memory_bytes, gpu0.mig_enabled) == (
         "GPU-declared-local-0", 0, "H200", 141 * GiB, True)
     assert [(m.uuid, m.profile, m.index, m.gpu_uuid) for m in gpu0.mig_devices] == [
-        ("MIG-declared-local-0-0", "1g.18gb", 0, "GPU-declared-local-0"),
-        ("MIG-declared-local-0-1", "1g.18gb", 1, "GPU-declared-local-0"),
-        ("MIG-declared-local-0-2", "2g.35gb", 2, "GPU-declared-local-0"),
-        ("MIG-declared-local-0-3", "3g.71gb", 3, "GPU-declared-local-0"),
+        ("MIG-declared-local-0-0-1g.18gb", "1g.18gb", 0, "GPU-declared-local-0"),
+        ("MIG-declared-local-0-1-1g.18gb", "1g.18gb", 1, "GPU-declared-local-0"),
+        ("MIG-declared-local-0-2-2g.35gb", "2g.35gb", 2, "GPU-declared-local-0"),
+        ("MIG-declared-local-0-3-3g.71gb", "3g.71gb", 3, "GPU-declared-local-0"),
     ]
     assert gpu0.mig_devices[2].memory_bytes == 35 * GiB
     assert (gpu1.mig_enabled, gpu1.mig_devices, gpu1.driver) == (False, (), "580.159")
@@ -54,8 +54,8 @@ def test_parse_design_example():
     devices = list(inv.allocatable())
     # The MIG GPU yields its four slices, never itself; the other GPU yields itself.
     assert [(d.uuid, d.mig_profile) for d in devices] == [
-        ("MIG-declared-local-0-0", "1g.18gb"), ("MIG-declared-local-0-1", "1g.18gb"),
-        ("MIG-declared-local-0-2", "2g.35gb"), ("MIG-declared-local-0-3", "3g.71gb"),
+        ("MIG-declared-local-0-0-1g.18gb", "1g.18gb"), ("MIG-declared-local-0-1-1g.18gb", "1g.18gb"),
+        ("MIG-declared-local-0-2-2g.35gb", "2g.35gb"), ("MIG-declared-local-0-3-3g.71gb", "3g.71gb"),
         ("GPU-declared-local-1", None),
     ]
     assert devices[4].memory_bytes == 141 * GiB and devices[4].gpu_index == 1

@@ -30,8 +30,8 @@ def demo():
     return load_declared_inventory(DEMO_INVENTORY)
 
 
-def _mig(node, gpu, slot):
-    return f"MIG-declared-{node}-{gpu}-{slot}"
+def _mig(node, gpu, slot, profile="1g.18gb"):
+    return f"MIG-declared-{node}-{gpu}-{slot}-{profile}"
 
 
 def test_request_rules():
@@ -60,7 +60,7 @@ def test_slices_pack_onto_the_busiest_gpu():
     # Other profiles held on a GPU count as busy too.
     inv2 = _inv({"n": [{"model": "H200", "mig": ["1g.18gb", "1g.18gb"]},
                        {"model": "H200", "mig": ["3g.71gb", "1g.18gb"]}]})
-    assert place(SLICE, inv2, held={_mig("n", 1, 0)}).uuids == (_mig("n", 1, 1),)
+    assert place(SLICE, inv2, held={_mig("n", 1, 0, "3g.71gb")}).uuids == (_mig("n", 1, 1),)
     # No held devices: plain order.
     assert place(SLICE, inv2, held=()).uuids == (_mig("n", 0, 0),)
 

@@ -1,0 +1,109 @@
+"""End to end: a hub restarted on a changed GPU layout, and a hub exposed to the network."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import shutil
+
+import pytest
+import requests
+
+from gpulease.spawners.inventory import DEMO_INVENTORY
+from tests.hubproc import HubProcess
+
+pytestmark = pytest.mark.e2e
+
+PW = "admin-secret-pw"
+
+# The same host after an admin re-cut GPU 0 into two 3g.71gb instances.
+RECUT_INVENTORY = """\
+nodes:
+  - name: local
+    gpus:
+      - {model: H200, memory: 141Gi, mig: [3g.71gb, 3g.71gb], driver: "580.159"}
+      - {model: H200, memory: 141Gi, driver: "580.159"}
+"""
+
+
+def test_restart_on_a_changed_mig_layout_reports_the_vanished_slice(tmp_path):
+    inventory = tmp_path / "inventory.yaml"
+    shutil.copy(DEMO_INVENTORY, inventory)
+    hub = HubProcess(state=tmp_path / "state", admin_password=PW,
+                     extra_args=[f"--inventory={inventory}"]).start()
+    try:
+        admin = hub.token_for("admin", PW)
+        r = hub.api("POST", "users/admin/server", admin, {"user_options": {"profile": "h200-1g"}})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_server_ready("admin", admin)
+        inv = hub.service("GET", "api/inventory", admin).json()
+        slice_uuid = next(d["uuid"] for n in inv["nodes"] for g in n["gpus"]
+                          for d in g["devices"] if d["holder"])
+        hub.kill()
+        inventory.write_text(RECUT_INVENTORY)
+        hub.start()
+        assert f"Device {slice_uuid}" in hub.log() and "no longer in the inventory" in hub.log()
+        inv = hub.service("GET", "api/inventory", admin).json()
+        assert [d["uuid"] for d in inv["gone"]] == [slice_uuid]
+        present = {d["uuid"] for n in inv["nodes"] for g in n["gpus"] for d in g["devices"]}
+        assert slice_uuid not in present
+        # the profile's slice no longer exists on this host at all: 422, not a queue
+        r = hub.api("POST", "users/admin/servers/other", admin,
+                    {"user_options": {"profile": "h200-1g"}})
+        assert r.status_code == 422, r.text
+        # once its server stops, the vanished device is released, never handed out
+        assert hub.api("DELETE", "users/admin/server", admin).status_code in (202, 204)
+        hub.wait_server_stopped("admin", admin)
+        inv = hub.service("GET", "api/inventory", admin).json()
+        assert inv["gone"] == []
+    finally:
+        hub.close()
+
+
+def _self_signed(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "hub.crt", tmp_path / "hub.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_exposed_without_tls_warns_and_with_tls_serves_https(tmp_path):
+    plain = HubProcess(state=tmp_path / "plain", admin_password=PW,
+                       extra_args=["--ip=0.0.0.0"]).start()
+    try:
+        assert "without TLS" in plain.log()
+    finally:
+        plain.close()
+
+    cert, key = _self_signed(tmp_path)
+    tls = HubProcess(state=tmp_path / "tls", admin_password=PW,
+                     extra_args=["--ip=0.0.0.0", f"--ssl-cert={cert}", f"--ssl-key={key}"])
+    tls.scheme = "https"
+    tls.start()
+    try:
+        r = requests.get(f"https://127.0.0.1:{tls.port}/hub/api", verify=str(cert), timeout=10)
+        assert r.status_code == 200 and "version" in r.json()
+        assert "without TLS" not in tls.log()
+    finally:
+        tls.close()
