@@ -93,17 +93,25 @@ def reap(pids: list[int]) -> None:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Let `kill PID` clean up like Ctrl-C does."""
+def interrupts_clean_up() -> Iterator[None]:
+    """Ctrl-C (SIGINT) and `kill PID` (SIGTERM) both raise KeyboardInterrupt, which cleans up.
+
+    SIGINT is set explicitly: started in the background by a script, Python
+    inherits it ignored and would never stop. Once one arrives, further ones
+    are ignored so that the clean-up itself is not cut short.
+    """
 
     def handler(signum: int, frame: Any) -> None:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 # --- the two hubs ----------------------------------------------------------------------
@@ -379,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     if not CHP.exists():
         print(f"bench: {CHP} missing; run `npm install` (or `make install`)", file=sys.stderr)
         return 2
-    with sigterm_as_interrupt():
+    with interrupts_clean_up():
         try:
             figures = run(args.spawns, args.warmup, args.logs)
         except KeyboardInterrupt:

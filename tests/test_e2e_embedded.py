@@ -89,7 +89,7 @@ def test_cli_lists_inventory_and_profiles(hub, alice):
     inv = hub.cli("inventory")
     assert inv.returncode == 0, inv.stderr
     assert "declared — no physical GPU" in inv.stdout
-    assert inv.stdout.count("1g.18gb") == 7
+    assert sum(line.split()[0] == "1g.18gb" for line in inv.stdout.splitlines()) == 7
     prof = hub.cli("profiles", "list")
     assert prof.returncode == 0, prof.stderr
     assert {"cpu", "h200-1g", "h200-full"} <= {line.split()[0] for line in prof.stdout.splitlines()}

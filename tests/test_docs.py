@@ -1,0 +1,25 @@
+"""The docs stay true: every option gpulease defines is in docs/config.md."""
+
+from pathlib import Path
+
+import pytest
+
+from gpulease.hub.app import GPULeaseHub
+from gpulease.hub.authenticator import LocalAccountsAuthenticator
+from gpulease.spawners.local import LocalGPUSpawner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("cls", [GPULeaseHub, LocalGPUSpawner, LocalAccountsAuthenticator])
+def test_every_option_is_documented_with_help(cls):
+    doc = (ROOT / "docs" / "config.md").read_text()
+    section = doc.split(f"## {cls.__name__}", 1)[1].split("\n## ", 1)[0]
+    for name, trait in cls.class_own_traits(config=True).items():
+        assert trait.help, f"{cls.__name__}.{name} has no help text"
+        assert f"`{name}`" in section, f"{cls.__name__}.{name} missing from docs/config.md"
+
+
+def test_readme_opens_with_the_two_commands():
+    head = (ROOT / "README.md").read_text()[:1500]
+    assert "make run" in head and "make test" in head
