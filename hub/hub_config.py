@@ -94,6 +94,14 @@ def hub_config(s: HubSettings) -> Config:
     ]
     hub.load_roles = [
         {
+            # Every user may call the gpulease service (it decides per endpoint
+            # what they may see); JupyterHub's default `user` role does not
+            # include access to services.
+            "name": "user",
+            "description": "Standard user privileges, and the gpulease service",
+            "scopes": ["self", f"access:services!service={SERVICE_NAME}"],
+        },
+        {
             "name": "gpulease-service",
             "description": "What the gpulease service does on the hub",
             "services": [SERVICE_NAME],

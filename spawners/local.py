@@ -21,6 +21,7 @@ from typing import Any
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner
 from sqlalchemy import event
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from tornado import web
 from traitlets import Unicode, default
@@ -32,6 +33,12 @@ from gpulease.hub.state import StateDir, ensure_home
 from gpulease.spawners.options_form import options_from_form, render_options_form
 from gpulease.spawners.placement import NoFit, availability
 from gpulease.spawners.process_spec import build_process_spec
+
+
+DATABASE_DOWN = (
+    "gpulease's database cannot be reached, so no device can be placed safely; "
+    "running servers are not affected. Try again in a minute or tell your hub admin."
+)
 
 
 @event.listens_for(orm.Spawner.user_options, "set", active_history=True)
@@ -70,6 +77,9 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
         )
     except OptionsRefused as refused:
         spawner.refuse(refused.status, refused.message)
+    except SQLAlchemyError as e:
+        spawner.log.error("gpulease database error resolving options: %s", e)
+        spawner.refuse(503, DATABASE_DOWN)
     spawner.gpulease_choice = choice
     spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(choice), choice.chosen_by)
 
@@ -199,6 +209,9 @@ class LocalGPUSpawner(LocalProcessSpawner):
                 )
             except NoFit as nofit:
                 self.refuse(nofit.status, f"Cannot start {choice.profile.slug}: {nofit.message}")
+            except SQLAlchemyError as e:
+                self.log.error("gpulease database error placing %s: %s", self._log_name, e)
+                self.refuse(503, DATABASE_DOWN)
             self.gpulease_devices = tuple(placement.uuids)
         else:
             await asyncio.to_thread(ctx.assignments.release, self.user.name, self.name, "restart")

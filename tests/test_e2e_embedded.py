@@ -14,6 +14,7 @@ import stat
 import time
 
 import pytest
+import requests
 import yaml
 
 from tests.hubproc import HubProcess, run_in_kernel
@@ -273,6 +274,44 @@ def _environ(pid: int) -> bytes:
         return open(f"/proc/{pid}/environ", "rb").read()
     except OSError:
         return b""
+
+
+def test_spawn_page_offers_profiles_and_starts_the_chosen_one(hub, admin_token, alice):
+    browser = hub.login_form("alice", "alice-pw-123")
+    page = browser.get(f"{hub.url}/hub/spawn/alice/formpage", timeout=30)
+    assert page.status_code == 200, page.text[:500]
+    for slug in ("cpu", "h200-1g", "h200-full"):
+        assert f'value="{slug}"' in page.text
+    assert "of 7 free" in page.text
+    xsrf = browser.cookies.get("_xsrf")
+    r = browser.post(f"{hub.url}/hub/spawn/alice/formpage",
+                     data={"profile": "cpu", "image_cpu": "cuda", "_xsrf": xsrf},
+                     allow_redirects=False, timeout=60)
+    assert r.status_code == 302, r.text[:500]
+    hub.wait_server_ready("alice", alice, "formpage")
+    model = hub.api("GET", "users/alice", admin_token).json()
+    assert model["servers"]["formpage"]["user_options"] == {"profile": "cpu", "image": "cuda"}
+    assert ("alice", "formpage") not in held_by(hub, admin_token)  # CPU only: no device
+    assert hub.api("DELETE", "users/alice/servers/formpage", alice).status_code in (202, 204)
+    hub.wait_server_stopped("alice", alice, "formpage")
+
+
+def test_service_permissions(hub, admin_token, alice):
+    anonymous = requests.get(f"{hub.url}/services/gpulease/api/inventory", timeout=10)
+    assert anonymous.status_code == 403 and anonymous.json()["status"] == 403
+    assert hub.service("GET", "api/inventory", alice).status_code == 403
+    r = hub.service("POST", "api/users", alice, {"name": "mallory", "password": "x" * 12})
+    assert r.status_code == 403
+    # a researcher sees the profiles they may use, without admin fields
+    profiles = hub.service("GET", "api/profiles", alice).json()["profiles"]
+    assert {p["slug"] for p in profiles} >= {"cpu", "h200-1g"}
+    assert all("enabled" not in p for p in profiles)
+    bad = hub.service("POST", "api/users", admin_token, {"name": "Bad Name!", "password": "short"})
+    assert bad.status_code == 400
+    assert {e["field"] for e in bad.json()["errors"]} == {"name", "password"}
+    dup = hub.service("POST", "api/users", admin_token, {"name": "alice", "password": "y" * 12})
+    assert dup.status_code == 409
+    assert hub.service("GET", "api/nope", admin_token).status_code == 404
 
 
 # These two restart the hub: they run last.
