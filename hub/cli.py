@@ -38,22 +38,29 @@ def cmd_inventory(client: HubClient, args) -> int:
             print(f"  GPU {gpu['index']} {gpu['model']} ({mode}) {gpu['uuid']}")
             for dev in gpu["devices"]:
                 what = dev["profile"] or "whole GPU"
-                holder = dev["holder"]
-                who = f"held by {holder['user']}/{holder['server'] or '(default)'}" if holder else "free"
+                who = f"held by {_holder(dev['holder'])}" if dev["holder"] else "free"
                 print(f"    {what:<12} {dev['uuid']}  {who}")
     for dev in data.get("gone", []):
-        holder = dev["holder"]
-        print(f"  GONE {dev['uuid']} still recorded for {holder['user']}/{holder['server'] or '(default)'}")
+        print(f"  GONE {dev['uuid']} still recorded for {_holder(dev['holder'])}")
     return 0
+
+
+def _holder(holder: dict) -> str:
+    return f"{holder['user']}/{holder['server'] or '(default)'}"
+
+
+def _describe_gpu(gpu: dict | None) -> str:
+    if not gpu:
+        return "CPU only"
+    if gpu.get("mig"):
+        return f"{gpu['model']} {gpu['mig']}"
+    return f"{gpu.get('count', 1)}× {gpu['model']}"
 
 
 def cmd_profiles(client: HubClient, args) -> int:
     if args.action == "list":
         for p in client.call("GET", "api/profiles")["profiles"]:
-            gpu = p.get("gpu")
-            what = "CPU only" if not gpu else (
-                f"{gpu['model']} {gpu['mig']}" if gpu.get("mig") else f"{gpu.get('count', 1)}× {gpu['model']}"
-            )
+            what = _describe_gpu(p.get("gpu"))
             avail = p["availability"]
             free = "" if avail["free"] is None else f"{avail['free']}/{avail['total']} free"
             state = "" if p.get("enabled", True) else " (disabled)"
@@ -101,7 +108,9 @@ def cmd_users(client: HubClient, args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpulease", description="GPU notebooks on JupyterHub")
     parser.add_argument("--url", help="hub URL (default: $GPULEASE_URL, else the embedded hub)")
-    parser.add_argument("--token", help="API token (default: $GPULEASE_TOKEN, else the embedded hub's)")
+    parser.add_argument(
+        "--token", help="API token (default: $GPULEASE_TOKEN, else the embedded hub's)"
+    )
     parser.add_argument("--state", help="state folder of the embedded hub (default ./.gpulease)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="run the embedded hub (see `gpulease up --help-all`)", add_help=False)

@@ -34,7 +34,6 @@ from gpulease.spawners.options_form import options_from_form, render_options_for
 from gpulease.spawners.placement import NoFit, availability
 from gpulease.spawners.process_spec import build_process_spec
 
-
 DATABASE_DOWN = (
     "gpulease's database cannot be reached, so no device can be placed safely; "
     "running servers are not affected. Try again in a minute or tell your hub admin."
@@ -140,7 +139,8 @@ class LocalGPUSpawner(LocalProcessSpawner):
             for p in profiles
             if p.gpu
         }
-        saved = (spawner.orm_spawner.user_options or {}).get("profile") if spawner.orm_spawner else None
+        orm_spawner = spawner.orm_spawner
+        saved = (orm_spawner.user_options or {}).get("profile") if orm_spawner else None
         return render_options_form(profiles, avail, saved)
 
     def options_from_form(self, formdata):
@@ -246,7 +246,8 @@ class LocalGPUSpawner(LocalProcessSpawner):
         return status
 
     async def _release(self, reason: str) -> None:
-        await asyncio.to_thread(self.gpulease.assignments.release, self.user.name, self.name, reason)
+        assignments = self.gpulease.assignments
+        await asyncio.to_thread(assignments.release, self.user.name, self.name, reason)
         self.gpulease_devices = ()
 
     # --- state across hub restarts -------------------------------------------------

@@ -32,7 +32,8 @@ def render_options_form(
         )
         cards.append(
             f"""
-<label class="gpulease-profile" style="display:block;border:1px solid #ccc;padding:8px;margin:6px 0">
+<label class="gpulease-profile"
+       style="display:block;border:1px solid #ccc;padding:8px;margin:6px 0">
   <input type="radio" name="profile" value="{escape(profile.slug)}"{checked}>
   <strong>{escape(profile.display_name)}</strong> — {escape(gpu)},
   {escape(str(profile.cpu))} CPU, {escape(_memory(profile.memory_bytes))}
