@@ -17,7 +17,7 @@ Each hub gets one untimed warm-up spawn first (cold imports, first home folder).
 
     .venv/bin/python bench/spawn.py [--spawns N] [--logs DIR]
 
-The last lines are `name: value`, one per figure (see docs/DESIGN 'Benchmarks').
+The last lines are `name: value`, one per figure.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         hub_api_token=env.get("JUPYTERHUB_API_TOKEN", ""),
     )
     routes = [
+        (r"", h.RootHandler),
         (r"api/inventory", h.InventoryHandler),
         (r"api/profiles", h.ProfilesHandler),
         (r"api/profiles/([a-z0-9-]+)", h.ProfileHandler),

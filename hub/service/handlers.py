@@ -211,6 +211,15 @@ class UsersHandler(BaseAPIHandler):
             await self.hub_api("PATCH", f"/users/{name}", {"admin": True})
 
 
+class RootHandler(BaseAPIHandler):
+    """The service's root: the hub checks it is up; people and scripts see what it is."""
+
+    def get(self):
+        from gpulease import __version__
+
+        self.write_json({"service": "gpulease", "version": __version__, "api": "api/"})
+
+
 class NotFoundHandler(BaseAPIHandler):
     def prepare(self):
         raise APIError(404, f"No such gpulease API path: {self.request.path}")
