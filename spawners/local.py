@@ -225,10 +225,33 @@ class LocalGPUSpawner(LocalProcessSpawner):
             "%s placed on %s", self._log_name, ", ".join(self.gpulease_devices) or "no GPU"
         )
         try:
-            return await super().start()
+            ip, port = await super().start()
+            await self._wait_until_listening(ip, port)
+            return ip, port
         except BaseException:
             await self._release("start_failed")
             raise
+
+    async def _wait_until_listening(self, ip: str, port: int) -> None:
+        """Return as soon as the server accepts connections, or its process ended.
+
+        JupyterHub's readiness check tries once at once, then backs off with
+        growing random delays (up to seconds) while JupyterLab starts: returning
+        only when the port answers lets its first try succeed, which takes
+        about a second off a typical spawn (bench/spawn.py).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.http_timeout
+        while loop.time() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                return  # died: JupyterHub's own check reports it
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 1)
+            except (OSError, TimeoutError):
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            return
 
     async def stop(self, now=False):
         try:

@@ -178,6 +178,22 @@ def _singleuser_pids(state) -> list[int]:
     return pids
 
 
+def _service_pids(state) -> list[int]:
+    return [p for p in _pids_with(b"gpulease.hub.service") if str(state).encode() in _environ(p)]
+
+
+def _pids_with(needle: bytes) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if needle in open(f"/proc/{pid}/cmdline", "rb").read():
+                    pids.append(int(pid))
+            except OSError:
+                pass
+    return pids
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -320,6 +336,11 @@ def test_sigkill_and_restart_keeps_the_running_server_on_its_slice(hub, admin_to
     alice_slice = before[("alice", "")]
     hub.kill()
     hub.start()
+    # the killed hub's service followed it; only the new hub's runs
+    deadline = time.monotonic() + 10
+    while len(_service_pids(hub.state)) != 1:
+        assert time.monotonic() < deadline, f"services: {_service_pids(hub.state)}"
+        time.sleep(0.3)
     # the server kept running and still answers through the proxy
     srv = hub.wait_server_ready("alice", alice)
     seen = run_in_kernel(hub.url, srv["url"], alice,
@@ -353,6 +374,7 @@ def test_ctrl_c_stops_everything_and_up_keeps_state(hub, admin_token, alice):
     assert hub.interrupt() == 0, hub.log()[-3000:]
     for pid in srv_pids:
         assert not _alive(pid), f"server process {pid} survived Ctrl-C"
+    assert not [p for p in _service_pids(hub.state) if _alive(p)], "the service survived Ctrl-C"
     assert not _alive_chp(hub.state)
     hub.start()
     token = hub.token_for("alice", "alice-pw-123")

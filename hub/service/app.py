@@ -48,6 +48,20 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
     )
 
 
+async def _exit_with_hub(hub_pid: int, stop: asyncio.Event, interval: float = 1.0) -> None:
+    """End when the hub that started us is gone (killed without its cleanup).
+
+    A SIGKILLed hub cannot stop its services; the next `gpulease up` starts a
+    new one, so this one would linger forever holding the database open.
+    """
+    while not stop.is_set():
+        if os.getppid() != hub_pid:
+            log.warning("the hub (pid %d) is gone; the gpulease service stops too", hub_pid)
+            stop.set()
+            return
+        await asyncio.sleep(interval)
+
+
 def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname)s %(asctime)s gpulease-service] %(message)s"
@@ -64,7 +78,9 @@ def main() -> None:
         # stops this service itself, so both signals just end it quietly.
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        watcher = asyncio.create_task(_exit_with_hub(os.getppid(), stop))
         await stop.wait()
+        watcher.cancel()
         log.info("gpulease service stopped")
 
     asyncio.run(serve())
