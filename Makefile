@@ -33,7 +33,7 @@ test: install lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install
-	$(BIN)/python bench/spawn.py
+	$(BIN)/python bench/spawn.py --spawns 20
 
 clean:
 	rm -rf $(VENV) node_modules
