@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 
 import yaml
 
+from gpulease.hub.units import parse_quantity
 from gpulease.spawners.gpu_models import (
     GPU_MEMORY,
     MIG_COMPUTE_SLICES_PER_GPU,
@@ -114,32 +113,6 @@ class InventoryError(ValueError):
     def __init__(self, errors: list[str]):
         self.errors = list(errors)
         super().__init__("\n".join(self.errors))
-
-
-_QUANTITY_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_QUANTITY_UNITS = {
-    None: 1,
-    "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-}
-
-
-def parse_quantity(value: object) -> int:
-    """Bytes of a Kubernetes-style quantity: `141Gi`, `80G`, `512Mi` or an integer."""
-    if isinstance(value, bool):  # YAML `yes` must not read as 1 byte
-        raise ValueError(f"{value!r} is not a quantity")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{value} is negative")
-        return value
-    match = _QUANTITY_RE.match(value.strip()) if isinstance(value, str) else None
-    if match is None:
-        raise ValueError(
-            f"{value!r} is not a quantity (an integer, or a number with Ki, Mi, Gi, Ti, "
-            "k, M, G or T, like 141Gi)"
-        )
-    # Decimal, not float: "1.1Gi" is exact, as Kubernetes reads it.
-    return int(Decimal(match.group(1)) * _QUANTITY_UNITS[match.group(2)])
 
 
 _TOP_KEYS = {"nodes"}
