@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -100,6 +101,74 @@ user_prefs = Table(
     metadata,
     Column("user_name", String(255), primary_key=True),
     Column("default_profile", String(63), nullable=True),
+)
+
+
+# --- billing -------------------------------------------------------------------
+# The ledger is append-only: grants (+), charges (-) and adjustments (±) in
+# integer micro-credits. A balance is a sum of rows, never a stored counter.
+ledger_entries = Table(
+    "ledger_entries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("account", String(255), nullable=False),  # user:NAME or group:NAME
+    Column("kind", String(16), nullable=False),  # grant | charge | adjustment
+    Column("amount_ucr", BigInteger, nullable=False),
+    Column("note", Text, nullable=False, default=""),
+    Column("actor", String(255), nullable=False),  # who: an admin, or "metering"
+    Column("user_name", String(255), nullable=True),  # charges: the member who ran it
+    Column("session_id", Integer, nullable=True, unique=True),  # charges: one per session
+    Column("created_at", DateTime, nullable=False),
+)
+Index("ix_ledger_account_time", ledger_entries.c.account, ledger_entries.c.created_at)
+
+# One row per run of a server: opened when it first answers HTTP, confirmed on
+# every heartbeat, closed (with a reason, and its charge) when its devices go.
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("profile_slug", String(63), nullable=False),
+    Column("account", String(255), nullable=False),
+    Column("rate_per_hour_ucr", BigInteger, nullable=False),  # fixed at start
+    Column("started_at", DateTime, nullable=False),
+    Column("last_confirmed_at", DateTime, nullable=False),
+    Column("ended_at", DateTime, nullable=True),
+    Column("end_reason", String(32), nullable=True),
+    Column("requested_end_reason", String(32), nullable=True),  # set by api/stop
+)
+Index(
+    "uq_sessions_open_server",
+    sessions.c.user_name,
+    sessions.c.server_name,
+    unique=True,
+    sqlite_where=sessions.c.ended_at.is_(None),
+    postgresql_where=sessions.c.ended_at.is_(None),
+)
+Index("ix_sessions_user_started", sessions.c.user_name, sessions.c.started_at)
+Index("ix_sessions_account_started", sessions.c.account, sessions.c.started_at)
+Index("ix_sessions_started", sessions.c.started_at)
+
+# Per-member monthly caps on a group account.
+account_caps = Table(
+    "account_caps",
+    metadata,
+    Column("account", String(255), primary_key=True),
+    Column("user_name", String(255), primary_key=True),
+    Column("monthly_ucr", BigInteger, nullable=False),
+)
+
+# Which hub process meters this database: two hubs must never both do it.
+meter_lease = Table(
+    "meter_lease",
+    metadata,
+    Column("id", Integer, primary_key=True),  # always 1
+    Column("holder", String(255), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("expires_at", DateTime, nullable=False),
 )
 
 

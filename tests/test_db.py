@@ -7,7 +7,8 @@ from gpulease.hub.db import assignments, utcnow
 
 def test_migrations_create_every_table(engine):
     names = set(inspect(engine).get_table_names())
-    assert {"profiles", "settings", "assignments", "local_accounts", "user_prefs"} <= names
+    assert {"profiles", "settings", "assignments", "local_accounts", "user_prefs",
+            "ledger_entries", "sessions", "account_caps", "meter_lease"} <= names
 
 
 def test_one_open_assignment_per_device(engine):
