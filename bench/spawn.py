@@ -275,6 +275,7 @@ def setup_gpulease(stack: ExitStack, tmp: Path) -> Subject:
     r = hub.service("POST", "api/users", admin, {"name": USER, "password": USER_PASSWORD})
     if r.status_code != 201:
         raise RuntimeError(f"gpulease: create user: {r.status_code} {r.text}")
+    hub.grant(admin, f"user:{USER}", "1000")  # spawns need credit for their minimum run
     token = hub.token_for(USER, USER_PASSWORD)
 
     def slice_released() -> None:

@@ -9,20 +9,25 @@ servers, reconciles the recorded device assignments with what still runs.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import socket
 import sys
 
+from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from jupyterhub.app import aliases as hub_aliases
-from traitlets import Dict, List, Unicode, default
+from tornado.ioloop import PeriodicCallback
+from traitlets import Dict, Float, List, Unicode, default
 
 from gpulease.hub.accounts import ensure_first_admin
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.catalog import CatalogError
 from gpulease.hub.context import get_context
 from gpulease.hub.hub_config import HubSettings, hub_config, project_chp
+from gpulease.hub.ledger import BillingError
+from gpulease.hub.metering import Meter
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.state import (
     StateError,
@@ -103,6 +108,12 @@ class GPULeaseHub(JupyterHub):
         config=True,
         help="A JupyterHub config file laid over gpulease's defaults (its settings win).",
     )
+    heartbeat_interval = Float(
+        15.0,
+        config=True,
+        help="Seconds between billing heartbeats: running sessions are confirmed, accounts "
+        "at zero stopped. A hub crash loses or over-bills at most one interval.",
+    )
 
     @default("ip")
     def _default_ip(self):
@@ -135,7 +146,8 @@ class GPULeaseHub(JupyterHub):
             super().load_config_file(self.config_file)
         try:
             self._prepare()
-        except (StateError, ProfileError, InventoryError, CatalogError, OSError) as e:
+        except (StateError, ProfileError, InventoryError, CatalogError, BillingError,
+                OSError) as e:
             problems = str(e).strip().replace("\n", "\n  ")
             print(f"gpulease: cannot start:\n  {problems}", file=sys.stderr)
             self.exit(1)
@@ -155,6 +167,9 @@ class GPULeaseHub(JupyterHub):
             inventory_file = str(DEMO_INVENTORY)
             ctx = get_context(db_url, inventory_file, self.catalog_file, self.node_name)
         self._ctx = ctx
+        if ctx.meter is None:
+            ctx.meter = Meter(ctx.engine, heartbeat_s=self.heartbeat_interval)
+        ctx.meter.acquire_lease()
         self.log.info("GPU inventory: %s", ctx.inventory.label)
         applied = ctx.profiles.apply_file_if_changed(self.profiles_file)
         if applied is not None:
@@ -183,12 +198,13 @@ class GPULeaseHub(JupyterHub):
         ctx = self._ctx
 
         def running(user: str, server: str) -> bool:
-            orm_user = self.users[user] if user in self.users else None
+            orm_user = orm.User.find(self.db, user)
             if orm_user is None:
                 return False
             spawner = orm_user.orm_spawners.get(server)
             return spawner is not None and spawner.server is not None
 
+        ctx.meter.recover(running)
         report = ctx.assignments.reconcile(ctx.inventory, running)
         for device, holder in report.gone:
             self.log.error(
@@ -200,9 +216,55 @@ class GPULeaseHub(JupyterHub):
 
     async def start(self):
         await super().start()
+        self._heartbeat = PeriodicCallback(self._heartbeat_once, self.heartbeat_interval * 1000)
+        self._heartbeat.start()
         url = self.bind_url.rstrip("/") + "/"
         write_cli_file(self._state, url.rsplit("/hub/", 1)[0], self._settings.cli_token)
         self._announce(url)
+
+    async def _heartbeat_once(self) -> None:
+        try:
+            await self._ctx.meter.heartbeat(self._server_is_running, self._stop_server)
+        except Exception:
+            self.log.exception("billing heartbeat failed")
+
+    async def _server_is_running(self, user_name: str, server_name: str) -> bool:
+        orm_user = orm.User.find(self.db, user_name)
+        if orm_user is None:
+            return False
+        spawner = self.users[orm_user].spawners.get(server_name)
+        if spawner is None or not spawner.active:
+            return False
+        return await spawner.poll() is None
+
+    async def _stop_server(self, user_name: str, server_name: str) -> None:
+        """Stop a server from inside the hub, as its REST API would."""
+        orm_user = orm.User.find(self.db, user_name)
+        if orm_user is None:
+            return
+        user = self.users[orm_user]
+        spawner = user.spawners.get(server_name)
+        if spawner is None or spawner.pending or not spawner.active:
+            return
+
+        async def stop() -> None:
+            try:
+                await self.proxy.delete_user(user, server_name)
+                await user.stop(server_name)
+            except Exception:
+                self.log.exception("could not stop %s", spawner._log_name)
+
+        asyncio.ensure_future(stop())
+
+    async def cleanup(self):
+        meter = self._ctx.meter if getattr(self, "_ctx", None) else None
+        if getattr(self, "_heartbeat", None):
+            self._heartbeat.stop()
+        if meter is not None:
+            meter.shutting_down = True
+        await super().cleanup()
+        if meter is not None:
+            meter.release_lease()
 
     def _announce(self, url: str) -> None:
         lines = [f"gpulease is running at {url}", f"GPU inventory: {self._ctx.inventory.label}"]

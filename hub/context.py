@@ -11,15 +11,20 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
 from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.catalog import Catalog, load_catalog
 from gpulease.hub.db import open_database
+from gpulease.hub.ledger import Ledger
 from gpulease.hub.profile_store import ProfileStore
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.inventory import Inventory, discover_inventory
+
+if TYPE_CHECKING:
+    from gpulease.hub.metering import Meter
 
 log = logging.getLogger("gpulease")
 
@@ -31,6 +36,8 @@ class GPULeaseContext:
     catalog_file: str = ""
     node_name: str = "local"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Set by the hub process (GPULeaseHub): per-second metering of its servers.
+    meter: Meter | None = None
 
     @cached_property
     def engine(self) -> Engine:
@@ -51,6 +58,10 @@ class GPULeaseContext:
     @cached_property
     def assignments(self) -> AssignmentStore:
         return AssignmentStore(self.engine)
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        return Ledger(self.engine)
 
     @cached_property
     def accounts(self) -> LocalAccountStore:

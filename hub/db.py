@@ -209,6 +209,9 @@ def make_engine(url: str, **kwargs) -> Engine:
         event.listen(engine, "begin", _sqlite_begin_immediate)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
+    if url.startswith("postgresql"):
+        # Fail fast when the server is unreachable instead of hanging a spawn.
+        kwargs.setdefault("connect_args", {"connect_timeout": 5})
     return create_engine(url, **kwargs)
 
 

@@ -41,6 +41,27 @@ SERVICE_SCOPES = [
 ]
 
 
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def low_balance_banner(s: HubSettings):
+    """template_vars callable: the low-balance notice of the page's user, if any.
+
+    Read from the meter's memory (refreshed every heartbeat), so rendering a
+    page costs no database query.
+    """
+
+    def banner(user) -> str:
+        from gpulease.hub.context import get_context
+
+        if user is None:
+            return ""
+        meter = get_context(s.db_url, s.inventory_file, s.catalog_file, s.node_name).meter
+        return (meter.low.get(user.name, "") if meter else "") or ""
+
+    return banner
+
+
 @dataclass(frozen=True)
 class HubSettings:
     state: StateDir
@@ -75,6 +96,8 @@ def hub_config(s: HubSettings) -> Config:
     hub.allow_named_servers = True
     hub.cleanup_servers = True
     hub.custom_scopes = CUSTOM_SCOPES
+    hub.template_paths = [str(TEMPLATES)]
+    hub.template_vars = {"gpulease_banner": low_balance_banner(s)}
     hub.services = [
         {
             "name": SERVICE_NAME,

@@ -24,12 +24,16 @@ from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient
 from traitlets import Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
+from gpulease.hub.db import utcnow
+from gpulease.hub.ledger import BillingError
 from gpulease.hub.options import OptionsRefused, ServerChoice, options_summary, resolve_user_options
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.state import StateDir, ensure_home
+from gpulease.hub.units import format_credits, format_duration, rate_cost
 from gpulease.spawners.options_form import options_from_form, render_options_form
 from gpulease.spawners.placement import NoFit, availability
 from gpulease.spawners.process_spec import build_process_spec
@@ -63,18 +67,32 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     replaced_now = prior is not None and prior[0] is asyncio.current_task()
     spawner._options_to_restore = (prior[1],) if replaced_now else None
     ctx = spawner.gpulease
-    try:
-        choice = await asyncio.to_thread(
-            lambda: resolve_user_options(
-                user_options,
-                user=spawner.user.name,
-                user_groups={g.name for g in spawner.user.groups},
-                profiles=ctx.profiles.list(include_disabled=True),
-                catalog=ctx.catalog,
-                default_profile=ctx.profiles.get_default_profile(spawner.user.name),
-            )
+    user = spawner.user.name
+
+    def resolve_and_check_credit() -> ServerChoice:
+        choice = resolve_user_options(
+            user_options,
+            user=user,
+            user_groups={g.name for g in spawner.user.groups},
+            profiles=ctx.profiles.list(include_disabled=True),
+            catalog=ctx.catalog,
+            default_profile=ctx.profiles.get_default_profile(user),
+            group_accounts=ctx.ledger.group_accounts(),
         )
+        profile = choice.profile
+        needed = rate_cost(profile.min_run_s, profile.price_per_hour_ucr)
+        ctx.ledger.check_start(
+            choice.account, user, needed,
+            what=f"{profile.slug} needs {format_credits(needed)} for its minimum run of "
+                 f"{format_duration(profile.min_run_s)}",
+        )
+        return choice
+
+    try:
+        choice = await asyncio.to_thread(resolve_and_check_credit)
     except OptionsRefused as refused:
+        spawner.refuse(refused.status, refused.message)
+    except BillingError as refused:
         spawner.refuse(refused.status, refused.message)
     except SQLAlchemyError as e:
         spawner.log.error("gpulease database error resolving options: %s", e)
@@ -226,52 +244,91 @@ class LocalGPUSpawner(LocalProcessSpawner):
         )
         try:
             ip, port = await super().start()
-            await self._wait_until_listening(ip, port)
+            if await self._wait_until_answering(ip, port):
+                await self._open_session(choice)
             return ip, port
         except BaseException:
-            await self._release("start_failed")
+            await self._release("server_died")
             raise
 
-    async def _wait_until_listening(self, ip: str, port: int) -> None:
-        """Return as soon as the server accepts connections, or its process ended.
+    async def _wait_until_answering(self, ip: str, port: int) -> bool:
+        """Return as soon as the server answers HTTP (True), or its process ended.
 
-        JupyterHub's readiness check tries once at once, then backs off with
-        growing random delays (up to seconds) while JupyterLab starts: returning
-        only when the port answers lets its first try succeed, which takes
-        about a second off a typical spawn (bench/spawn.py).
+        Billing starts at that answer. It also saves time: JupyterHub's own
+        readiness check tries once at once, then backs off with growing random
+        delays while JupyterLab starts; returning only when the server answers
+        lets its first try succeed (about a second per spawn, bench/spawn.py).
         """
+        client = AsyncHTTPClient()
+        url = f"http://{ip}:{port}{self.server.base_url}api"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.http_timeout
         while loop.time() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                return  # died: JupyterHub's own check reports it
+                return False  # died: JupyterHub's own check reports it
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 1)
-            except (OSError, TimeoutError):
+                await client.fetch(url, raise_error=False, request_timeout=2, connect_timeout=1)
+                return True
+            except OSError:
                 await asyncio.sleep(0.05)
-                continue
-            writer.close()
+        return False
+
+    async def _open_session(self, choice: ServerChoice) -> None:
+        meter = self.gpulease.meter
+        if meter is None:  # not under `gpulease up` (no metering configured)
             return
+        profile = choice.profile
+        try:
+            await asyncio.to_thread(
+                meter.open, self.user.name, self.name, profile.slug, choice.account,
+                profile.price_per_hour_ucr, utcnow(),
+            )
+        except SQLAlchemyError as e:
+            self.log.error("cannot open the billing session of %s: %s", self._log_name, e)
+            raise web.HTTPError(503, DATABASE_DOWN) from None
+
+    async def progress(self):
+        choice = self.gpulease_choice
+        if choice is None:
+            return
+        profile = choice.profile
+        price = format_credits(profile.price_per_hour_ucr)
+        yield {"progress": 10,
+               "message": f"Starting {profile.display_name} ({choice.image.name}) at "
+                          f"{price} credits/h, charged to {choice.account}"}
+        meter = self.gpulease.meter
+        notice = meter.low.get(self.user.name) if meter else None
+        if notice:
+            yield {"progress": 20, "message": notice}
 
     async def stop(self, now=False):
         try:
             await super().stop(now=now)
         finally:
-            await self._release("stopped")
+            # A stop through JupyterHub's own API or pages counts as the user's;
+            # gpulease's api/stop records its reason on the session beforehand.
+            await self._release("user")
 
     async def poll(self):
         # LocalProcessSpawner.poll clears the state (and so our devices) when
         # the process is gone: look before it does.
         held = self.gpulease_devices
         status = await super().poll()
-        if status is not None and held:
+        meter = self.gpulease.meter
+        if status is None:
+            if meter is not None:
+                meter.mark_alive(self.user.name, self.name)
+        elif held or (meter is not None and (self.user.name, self.name) in meter.live):
             await self._release("server_died")
         return status
 
     async def _release(self, reason: str) -> None:
-        assignments = self.gpulease.assignments
-        await asyncio.to_thread(assignments.release, self.user.name, self.name, reason)
+        """Release the devices and close the billing session, with the stop's reason."""
+        ctx = self.gpulease
+        await asyncio.to_thread(ctx.assignments.release, self.user.name, self.name, reason)
         self.gpulease_devices = ()
+        if ctx.meter is not None:
+            await asyncio.to_thread(ctx.meter.close, self.user.name, self.name, reason)
 
     # --- state across hub restarts -------------------------------------------------
 

@@ -160,6 +160,13 @@ class HubProcess:
             headers={"Authorization": f"token {token}"}, timeout=60,
         )
 
+    def grant(self, admin_token: str, account: str, amount: str = "100") -> None:
+        """Give an account credit (spawns need enough for their profile's minimum run)."""
+        r = self.service("POST", "api/credits", admin_token,
+                         {"account": account, "amount": amount, "note": "test credit"})
+        if r.status_code != 201:
+            raise RuntimeError(f"grant to {account}: {r.status_code} {r.text}")
+
     def cli(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "gpulease.hub.cli", *args],

@@ -53,6 +53,7 @@ def admin_token(hub):
 def alice(hub, admin_token):
     r = hub.service("POST", "api/users", admin_token, {"name": "alice", "password": "alice-pw-123"})
     assert r.status_code == 201, r.text
+    hub.grant(admin_token, "user:alice")
     return hub.token_for("alice", "alice-pw-123")
 
 
@@ -352,6 +353,7 @@ def test_sigkill_and_restart_keeps_the_running_server_on_its_slice(hub, admin_to
     r = hub.service("POST", "api/users", admin_token, {"name": "bob", "password": "bob-pw-1234"})
     assert r.status_code == 201, r.text
     bob = hub.token_for("bob", "bob-pw-1234")
+    hub.grant(admin_token, "user:bob")
     taken = []
     for i in range(6):
         r = hub.api("POST", f"users/bob/servers/s{i}", bob, {"user_options": {"profile": "h200-1g"}})

@@ -33,6 +33,7 @@ def test_restart_on_a_changed_mig_layout_reports_the_vanished_slice(tmp_path):
                      extra_args=[f"--inventory={inventory}"]).start()
     try:
         admin = hub.token_for("admin", PW)
+        hub.grant(admin, "user:admin")
         r = hub.api("POST", "users/admin/server", admin, {"user_options": {"profile": "h200-1g"}})
         assert r.status_code in (201, 202), r.text
         hub.wait_server_ready("admin", admin)

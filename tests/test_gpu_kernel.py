@@ -44,6 +44,7 @@ def test_kernel_sees_exactly_its_device_through_cuda(tmp_path):
                      extra_args=[f"--profiles={profiles}"]).start()
     try:
         token = hub.token_for("admin", PW)
+        hub.grant(token, "user:admin")
         r = hub.api("POST", "users/admin/server", token, {"user_options": {"profile": "real-gpu"}})
         assert r.status_code in (201, 202), r.text
         srv = hub.wait_server_ready("admin", token)

@@ -1,0 +1,29 @@
+"""Prometheus metrics of gpulease, on the hub's own /hub/metrics endpoint."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+BILLED_SECONDS = Counter(
+    "gpulease_billed_seconds",
+    "Seconds billed, by profile, counted when sessions close",
+    ["profile"],
+)
+CREDITS_SPENT = Counter(
+    "gpulease_credits_spent",
+    "Credits charged, by profile, counted when sessions close",
+    ["profile"],
+)
+OPEN_SESSIONS = Gauge("gpulease_open_sessions", "Billing sessions open now")
+SESSIONS_CLOSED = Counter(
+    "gpulease_sessions_closed", "Billing sessions closed, by end reason", ["reason"]
+)
+HEARTBEAT_FAILURES = Counter(
+    "gpulease_heartbeat_failures", "Heartbeats that could not reach the billing database"
+)
+
+
+def session_closed(profile: str, reason: str, billed_seconds: int, cost_ucr: int) -> None:
+    BILLED_SECONDS.labels(profile=profile).inc(billed_seconds)
+    CREDITS_SPENT.labels(profile=profile).inc(cost_ucr / 1_000_000)
+    SESSIONS_CLOSED.labels(reason=reason).inc()

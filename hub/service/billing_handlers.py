@@ -1,0 +1,275 @@
+"""Billing API of the gpulease service: balance, usage, credits, adjustments, caps, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from typing import Any
+
+from tornado.escape import url_escape
+from tornado.httpclient import HTTPClientError
+
+from gpulease.hub import billing_reports
+from gpulease.hub.ledger import LOW_BALANCE_MINUTES, BillingError, Ledger, minutes_left, \
+    parse_account
+from gpulease.hub.profiles import usable_by
+from gpulease.hub.service import billing_views as bv
+from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.handlers import BaseAPIHandler
+from gpulease.hub.sessions import END_REASONS, SessionLedger
+from gpulease.hub.units import parse_credits
+
+
+def _field_error(field: str, message: str, status: int = 400) -> APIError:
+    return APIError(status, message, [{"field": field, "message": message}])
+
+
+def _billing_error(e: BillingError) -> APIError:
+    field = getattr(e, "field", None)
+    errors = [{"field": field, "message": e.message}] if field else []
+    return APIError(getattr(e, "status", 400), e.message, errors)
+
+
+class BillingHandler(BaseAPIHandler):
+    """Shared helpers: the ledger, the hub's user model, period parameters."""
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.ctx.engine)
+
+    async def hub_user(self, name: str, field: str = "user", missing: int = 404) -> dict:
+        """The hub's model of user `name` (with stopped servers); `missing` when unknown."""
+        try:
+            return await self.hub_api(
+                "GET", f"/users/{url_escape(name, plus=False)}?include_stopped_servers=1")
+        except HTTPClientError as e:
+            if e.code == 404:
+                raise _field_error(field, f"unknown user {name}", missing) from None
+            raise APIError(502, f"The hub did not answer about user {name}: {e}") from None
+
+    def period(self) -> tuple[dt.datetime | None, dt.datetime | None]:
+        try:
+            return bv.parse_period(self.get_argument("since", None),
+                                   self.get_argument("until", None))
+        except bv.PeriodError as e:
+            raise _field_error(e.field, e.message) from None
+
+    async def run(self, fn, *args, **kwargs) -> Any:
+        """Call a ledger function in a thread; its BillingErrors become API errors."""
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except BillingError as e:
+            raise _billing_error(e) from None
+
+
+class BalanceHandler(BillingHandler):
+    async def get(self):
+        me = self.caller()
+        name = self.get_argument("user", None) or me["name"]
+        if name != me["name"] and not self.is_auditor():
+            raise APIError(403, "Only gpulease admins and auditors may see another user's "
+                                "balance")
+        model = await self.hub_user(name)
+        self.write_json(await self.run(balance_of, self.ctx, name, model.get("groups") or []))
+
+
+def balance_of(ctx, name: str, groups: list[str]) -> dict[str, Any]:
+    """`api/balance` for user `name` in hub groups `groups` (blocking: run in a thread)."""
+    ledger = Ledger(ctx.engine)
+    personal = f"user:{name}"
+    accounts = [personal] + [f"group:{g}" for g in sorted(groups)
+                             if ledger.account_exists(f"group:{g}")]
+    balances = ledger.balances(accounts)
+    own = int(balances.get(personal, 0))
+    minutes = {
+        p.slug: minutes_left(own, p.price_per_hour_ucr)
+        for p in ctx.profiles.list(False)
+        if p.enabled and usable_by(p, set(groups)) and p.price_per_hour_ucr > 0
+    }
+    return bv.balance_view(name, own, {a: int(balances.get(a, 0)) for a in accounts},
+                           minutes, LOW_BALANCE_MINUTES)
+
+
+class UsageHandler(BillingHandler):
+    async def get(self):
+        me = self.caller()
+        user = self.get_argument("user", None)
+        account = self.get_argument("account", None)
+        fmt = self.get_argument("format", "json")
+        if fmt not in ("json", "csv"):
+            raise _field_error("format", f"format must be json or csv, got {fmt!r}")
+        if not self.is_auditor():
+            if user not in (None, me["name"]):
+                raise APIError(403, "Only gpulease admins and auditors may see another "
+                                    "user's usage")
+            user = me["name"]  # a member sees only their own sessions, on any account
+        if account is not None:
+            try:
+                account = parse_account(account)
+            except BillingError as e:
+                raise _field_error("account", e.message) from None
+        since, until = self.period()
+        report = await self.run(billing_reports.usage, self.ctx.engine, user=user,
+                                account=account, since=since, until=until)
+        view = bv.usage_view(report.sessions, report.totals)
+        if fmt == "csv":
+            who = user or (account or "all").replace(":", "-")
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition",
+                            f'attachment; filename="gpulease-usage-{_safe(who)}.csv"')
+            self.finish(billing_reports.to_csv(view["sessions"], bv.USAGE_COLUMNS))
+            return
+        self.write_json(view)
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+class _EntryHandler(BillingHandler):
+    """POST api/credits and api/adjustments share the body and its checks."""
+
+    kind = "grant"
+
+    async def post(self):
+        self.require_admin()
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise APIError(400, 'The body must be {"account": ..., "amount": ..., "note": ...}')
+        unknown = set(body) - {"account", "user", "amount", "note"}
+        if unknown:
+            raise APIError(400, f"Unknown fields: {', '.join(sorted(unknown))}; "
+                                "allowed: account (or user), amount, note")
+        account = await self._account(body)
+        amount = self._amount(body.get("amount"))
+        note = body.get("note", "")
+        if not isinstance(note, str):
+            raise _field_error("note", "note must be a string")
+        if self.kind == "adjustment" and not note.strip():
+            raise _field_error("note", "an adjustment needs a note saying why")
+        if self.kind == "adjustment" and not await self.run(self.ledger.account_exists,
+                                                            account):
+            raise _field_error("account", f"unknown account {account}: it has no ledger "
+                                          "entries yet (grant credits to create it)")
+        actor = self.caller()["name"]
+        write = self.ledger.grant if self.kind == "grant" else self.ledger.adjust
+        entry_id = await self.run(write, account, amount, note=note, actor=actor)
+        balance = await self.run(self.ledger.balance, account)
+        entry = {"id": entry_id, "account": account, "kind": self.kind, "amount_ucr": amount,
+                 "note": note, "actor": actor, "created": None}
+        self.write_json(bv.entry_view(entry, balance), 201)
+
+    async def _account(self, body: dict) -> str:
+        if "account" in body and "user" in body:
+            raise _field_error("account", "give either account or user, not both")
+        if "user" in body:
+            raw, field = body["user"], "user"
+            text = f"user:{raw}" if isinstance(raw, str) and ":" not in raw else raw
+        else:
+            raw, field = body.get("account"), "account"
+            text = raw
+        if not isinstance(text, str) or not text:
+            raise _field_error(field, 'account must be "user:NAME" or "group:NAME"')
+        try:
+            account = parse_account(text)
+        except BillingError as e:
+            raise _field_error(field, e.message) from None
+        if account.startswith("user:"):
+            await self.hub_user(account.split(":", 1)[1], field=field, missing=400)
+        return account
+
+    def _amount(self, raw: Any) -> int:
+        if raw is None:
+            raise _field_error("amount", "amount is required (credits, e.g. \"12.5\")")
+        try:
+            amount = parse_credits(raw)
+        except ValueError as e:
+            raise _field_error("amount", str(e)) from None
+        if amount == 0:
+            raise _field_error("amount", "amount must not be zero")
+        if amount < 0 and self.kind == "grant":
+            raise _field_error("amount", "a grant must be positive; take credits away with "
+                                         "an adjustment (api/adjustments, with a note)")
+        return amount
+
+
+class CreditsHandler(_EntryHandler):
+    kind = "grant"
+
+
+class AdjustmentsHandler(_EntryHandler):
+    kind = "adjustment"
+
+
+class CapHandler(BillingHandler):
+    async def get(self, group: str, user: str):
+        self.require_auditor()
+        account = await self._group_account(group)
+        cap = await self.run(self.ledger.cap_of, account, user)
+        self.write_json(_cap_view(account, user, cap))
+
+    async def put(self, group: str, user: str):
+        self.require_admin()
+        account = await self._group_account(group)
+        body = self.json_body()
+        if not isinstance(body, dict) or set(body) != {"monthly"}:
+            raise APIError(400, 'The body must be {"monthly": CREDITS} (null removes the cap)')
+        monthly = body["monthly"]
+        if monthly is not None:
+            try:
+                monthly = parse_credits(monthly)
+            except ValueError as e:
+                raise _field_error("monthly", str(e)) from None
+            if monthly < 0:
+                raise _field_error("monthly", "a monthly cap must not be negative")
+        await self.hub_user(user)
+        await self.run(self.ledger.set_cap, account, user, monthly)
+        self.write_json(_cap_view(account, user, monthly))
+
+    async def _group_account(self, group: str) -> str:
+        account = f"group:{group}"
+        if not await self.run(self.ledger.account_exists, account):
+            raise APIError(404, f"unknown account {account}: grant credits to create it")
+        return account
+
+
+def _cap_view(account: str, user: str, monthly: int | None) -> dict[str, Any]:
+    return {"account": account, "user": user,
+            "monthly": None if monthly is None else bv.money(monthly)}
+
+
+class StopHandler(BillingHandler):
+    async def post(self):
+        me = self.caller()
+        body = self.json_body()
+        if not isinstance(body, dict) or set(body) - {"user", "server", "reason"}:
+            raise APIError(400, 'The body must be {"user": NAME, "server": NAME, "reason": ...}')
+        user, server, reason = body.get("user"), body.get("server", ""), body.get("reason")
+        if not isinstance(user, str) or not user:
+            raise _field_error("user", "user is required")
+        if not isinstance(server, str):
+            raise _field_error("server", 'server must be a name ("" for the default server)')
+        allowed = ", ".join(END_REASONS)
+        if reason not in END_REASONS:
+            raise _field_error("reason", f"unknown reason {reason!r}; allowed: {allowed}")
+        if not self.is_admin() and (user != me["name"] or reason != "user"):
+            raise APIError(403, 'Users may stop only their own servers, with reason "user"; '
+                                "other stops need a gpulease admin")
+        model = await self.hub_user(user)
+        spawner = (model.get("servers") or {}).get(server)
+        label = f"{user}/{server or '(default)'}"
+        if spawner is None:
+            raise APIError(404, f"no server {label}")
+        if not spawner.get("ready") or spawner.get("stopped") or spawner.get("pending"):
+            state = spawner.get("pending") or "stopped"
+            raise APIError(409, f"server {label} is not running ({state})")
+        sessions = SessionLedger(self.ctx.engine)
+        await self.run(sessions.request_end_reason, user, server, reason)
+        path = f"/users/{url_escape(user, plus=False)}/" + (
+            f"servers/{url_escape(server, plus=False)}" if server else "server")
+        try:
+            await self.hub_api("DELETE", path)
+        except HTTPClientError as e:
+            raise APIError(409 if e.code in (400, 409) else 502,
+                           f"The hub refused to stop {label}: {e}") from None
+        self.write_json({"user": user, "server": server, "reason": reason}, 202)

@@ -1,0 +1,195 @@
+"""Shapes of the billing API and pages, as pure functions over plain data.
+
+Money leaves as decimal strings of credits with 6 decimals ("12.500000"),
+times as ISO 8601 UTC with `Z`. Period bounds come in as a date (YYYY-MM-DD,
+midnight UTC) or a timestamp; `since` is inclusive and `until` exclusive.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from gpulease.hub.units import format_credits
+
+USAGE_COLUMNS = ("user", "server", "profile", "account", "started", "ended",
+                 "billed_seconds", "cost", "end_reason")
+REPORT_COLUMNS = ("key", "sessions", "billed_seconds", "cost")
+REPORT_GROUPS = ("user", "account", "profile")
+
+
+class PeriodError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def iso(value: dt.datetime | str | None) -> str | None:
+    """ISO 8601 UTC with `Z` for a naive-UTC or aware datetime; None stays None."""
+    if value is None or isinstance(value, str):
+        return value
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value.isoformat(timespec="seconds") + "Z"
+
+
+def parse_time(text: str | None, field: str) -> dt.datetime | None:
+    """Naive UTC from "2025-01-31" (midnight UTC) or an ISO timestamp ("...Z", offsets)."""
+    if text is None or text == "":
+        return None
+    value = text.strip()
+    try:
+        if len(value) == 10:
+            return dt.datetime.combine(dt.date.fromisoformat(value), dt.time())
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise PeriodError(field, f"{text!r} is not a date (YYYY-MM-DD) or an ISO 8601 "
+                                 "timestamp (2025-01-31T12:00:00Z)") from None
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
+    return parsed
+
+
+def parse_period(since: str | None, until: str | None) -> tuple[dt.datetime | None,
+                                                                dt.datetime | None]:
+    start, end = parse_time(since, "since"), parse_time(until, "until")
+    if start is not None and end is not None and end <= start:
+        raise PeriodError("until", "until must be later than since (since is inclusive, "
+                                   "until exclusive)")
+    return start, end
+
+
+def month_start(now: dt.datetime) -> dt.datetime:
+    return dt.datetime(now.year, now.month, 1)
+
+
+def next_month(start: dt.datetime) -> dt.datetime:
+    return dt.datetime(start.year + start.month // 12, start.month % 12 + 1, 1)
+
+
+def money(ucr: int) -> str:
+    return format_credits(int(ucr))
+
+
+def session_view(s: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "user": s["user"],
+        "server": s["server"],
+        "profile": s["profile"],
+        "account": s["account"],
+        "started": iso(s["started"]),
+        "ended": iso(s.get("ended")),
+        "billed_seconds": int(s["billed_seconds"]),
+        "cost": money(s["cost"]),
+        "end_reason": s.get("end_reason"),
+    }
+
+
+def usage_view(sessions: Iterable[Mapping[str, Any]], totals: Mapping[str, int]) -> dict:
+    return {
+        "sessions": [session_view(s) for s in sessions],
+        "totals": {"billed_seconds": int(totals["billed_seconds"]),
+                   "cost": money(totals["cost"])},
+    }
+
+
+def report_view(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"key": r["key"], "sessions": int(r["sessions"]),
+         "billed_seconds": int(r["billed_seconds"]), "cost": money(r["cost"])}
+        for r in rows
+    ]
+
+
+def report_totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Totals of already-shaped report rows (cost as credit strings)."""
+    return {
+        "sessions": sum(int(r["sessions"]) for r in rows),
+        "billed_seconds": sum(int(r["billed_seconds"]) for r in rows),
+        "cost": money(sum(_ucr(r["cost"]) for r in rows)),
+    }
+
+
+def _ucr(text: str) -> int:
+    whole, _, frac = text.lstrip("-").partition(".")
+    value = int(whole) * 1_000_000 + int((frac + "000000")[:6])
+    return -value if text.startswith("-") else value
+
+
+def entry_view(entry: Mapping[str, Any], balance_ucr: int) -> dict[str, Any]:
+    return {
+        "id": entry["id"],
+        "account": entry["account"],
+        "kind": entry["kind"],
+        "amount": money(entry["amount_ucr"]),
+        "note": entry.get("note", ""),
+        "actor": entry.get("actor", ""),
+        "created": iso(entry.get("created")),
+        "balance": money(balance_ucr),
+    }
+
+
+def balance_view(
+    user: str,
+    personal_ucr: int,
+    accounts: Mapping[str, int],
+    minutes: Mapping[str, int | None],
+    low_minutes: int,
+) -> dict[str, Any]:
+    """`api/balance`: `minutes` maps each usable profile to minutes left (None: free)."""
+    minutes_left = {slug: m for slug, m in minutes.items() if m is not None}
+    low = personal_ucr <= 0 or any(m < low_minutes for m in minutes_left.values())
+    return {
+        "user": user,
+        "balance": money(personal_ucr),
+        "accounts": [{"account": a, "balance": money(b)} for a, b in accounts.items()],
+        "low": low,
+        "minutes_left": minutes_left,
+    }
+
+
+def daily_series(points: Iterable[tuple[dt.date, int]], first: dt.date,
+                 days: int) -> list[tuple[dt.date, int]]:
+    """One (date, µcr) per day from `first`, zero where nothing was spent."""
+    spent: dict[dt.date, int] = {}
+    for day, ucr in points:
+        key = day.date() if isinstance(day, dt.datetime) else day
+        spent[key] = spent.get(key, 0) + int(ucr)
+    return [(first + dt.timedelta(days=i), spent.get(first + dt.timedelta(days=i), 0))
+            for i in range(days)]
+
+
+def spend_chart_svg(series: Sequence[tuple[dt.date, int]], width: int = 720,
+                    height: int = 180) -> str:
+    """Inline SVG: one bar per day, each titled "YYYY-MM-DD: N credits" (escaped)."""
+    pad_bottom, pad_top = 20, 10
+    plot = height - pad_bottom - pad_top
+    top = max((ucr for _, ucr in series), default=0) or 1
+    step = width / max(len(series), 1)
+    bar = max(step * 0.8, 1.0)
+    title_total = money(sum(ucr for _, ucr in series))
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" '
+        f'viewBox="0 0 {width} {height}" width="100%" '
+        f'aria-label={quoteattr(f"Spend per day, {title_total} credits in all")}>',
+        f'<line x1="0" y1="{height - pad_bottom}" x2="{width}" y2="{height - pad_bottom}" '
+        'class="axis"/>',
+    ]
+    for i, (day, ucr) in enumerate(series):
+        h = round(plot * max(ucr, 0) / top, 2) if ucr > 0 else 0
+        x = round(i * step + (step - bar) / 2, 2)
+        y = round(height - pad_bottom - h, 2)
+        title = escape(f"{day.isoformat()}: {money(ucr)} credits")
+        parts.append(
+            f'<rect class="bar" x="{x}" y="{y}" width="{round(bar, 2)}" height="{max(h, 0.5)}">'
+            f"<title>{title}</title></rect>"
+        )
+    if series:
+        for day, anchor, x in ((series[0][0], "start", 0), (series[-1][0], "end", width)):
+            parts.append(f'<text x="{x}" y="{height - 5}" text-anchor="{anchor}" '
+                         f'class="label">{escape(day.isoformat())}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

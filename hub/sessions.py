@@ -1,0 +1,256 @@
+"""Metering sessions: one row per run of a server, and the lease on metering.
+
+A session opens when the server first answers HTTP, is confirmed on every
+heartbeat, and closes when its devices are released: the close and its one
+charge row are written in the same transaction, so a crash can never leave a
+closed session unbilled or bill it twice (`ledger_entries.session_id` is
+unique). After a hub crash, `recover` carries on the sessions whose servers
+still run and closes the others at their last confirmation: no invented seconds.
+
+Only one hub process may meter a database: `acquire_lease` refuses a second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy import Connection, Engine, case, delete, insert, select, update
+
+from gpulease.hub.db import ledger_entries, meter_lease, sessions, utcnow
+from gpulease.hub.ledger import BillingError, advisory_lock, billed_seconds, parse_account
+from gpulease.hub.units import MAX_UCR, rate_cost
+
+__all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_alive"]
+
+END_REASONS = ("user", "idle", "out_of_credit", "max_runtime", "admin", "server_died",
+               "hub_shutdown", "hub_lost")
+_LEASE_ID = 1
+_open = sessions.c.ended_at.is_(None)
+
+
+@dataclass(frozen=True)
+class Session:
+    id: int
+    user: str
+    server: str
+    profile: str
+    account: str
+    rate_per_hour_ucr: int
+    started: dt.datetime
+    last_confirmed: dt.datetime
+    ended: dt.datetime | None
+    end_reason: str | None
+    requested_end_reason: str | None
+
+    def billed_seconds(self, now: dt.datetime | None = None) -> int:
+        """Closed: up to `ended`. Open: up to the last confirmation, or to `now` if given."""
+        if self.ended is not None:
+            return billed_seconds(self.started, self.ended)
+        until = self.last_confirmed if now is None else max(now, self.last_confirmed)
+        return billed_seconds(self.started, until)
+
+    def cost(self, now: dt.datetime | None = None) -> int:
+        return rate_cost(self.billed_seconds(now), self.rate_per_hour_ucr)
+
+
+def _session(row: Any) -> Session:
+    return Session(row.id, row.user_name, row.server_name, row.profile_slug, row.account,
+                   int(row.rate_per_hour_ucr), row.started_at, row.last_confirmed_at,
+                   row.ended_at, row.end_reason, row.requested_end_reason)
+
+
+def _check_reason(reason: str) -> str:
+    if reason not in END_REASONS:
+        raise BillingError(400, f"reason: {reason!r} is not one of {', '.join(END_REASONS)}",
+                           "reason")
+    return reason
+
+
+class MeterConflict(BillingError):
+    """Another live hub process holds the meter lease of this database."""
+
+    def __init__(self, message: str):
+        super().__init__(409, message, None)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (signal 0 checks without sending)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class SessionLedger:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    # --- reading ------------------------------------------------------------------
+    def _select(self, *where: Any) -> list[Session]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(sessions).where(*where).order_by(sessions.c.id))
+            return [_session(row) for row in rows]
+
+    def get(self, session_id: int) -> Session | None:
+        found = self._select(sessions.c.id == session_id)
+        return found[0] if found else None
+
+    def open_sessions(self) -> list[Session]:
+        return self._select(_open)
+
+    def open_for(self, user: str, server: str) -> Session | None:
+        found = self._select(_open, sessions.c.user_name == user,
+                             sessions.c.server_name == server)
+        return found[0] if found else None
+
+    # --- writing ------------------------------------------------------------------
+    def open(self, user: str, server: str, profile: str, account: str,
+             rate_per_hour_ucr: int, started: dt.datetime) -> Session:
+        """Open a session; a session of the same server left open (a crash) closes first."""
+        if (isinstance(rate_per_hour_ucr, bool) or not isinstance(rate_per_hour_ucr, int)
+                or not 0 <= rate_per_hour_ucr <= MAX_UCR):
+            raise BillingError(400, f"rate: {rate_per_hour_ucr!r} is not a non-negative "
+                                    "integer of µcr per hour", "rate")
+        account = parse_account(account)
+        with self.engine.begin() as conn:
+            advisory_lock(conn, f"server:{user}/{server}")
+            stale = conn.execute(select(sessions).where(
+                _open, sessions.c.user_name == user, sessions.c.server_name == server)).first()
+            if stale is not None:
+                # Its server cannot still be running if it is starting again: bill
+                # what was confirmed, nothing more.
+                self._close_in(conn, stale.id, stale.last_confirmed_at, "hub_lost")
+            new_id = conn.execute(insert(sessions).values(
+                user_name=user, server_name=server, profile_slug=profile, account=account,
+                rate_per_hour_ucr=rate_per_hour_ucr, started_at=started,
+                last_confirmed_at=started,
+            )).inserted_primary_key[0]
+            row = conn.execute(select(sessions).where(sessions.c.id == new_id)).one()
+            return _session(row)
+
+    def confirm(self, session_ids: Collection[int], at: dt.datetime) -> int:
+        """Confirm open sessions up to `at` in ONE statement; returns how many are open.
+
+        The CASE keeps a later confirmation (a clock step back, a late
+        heartbeat) from moving `last_confirmed_at` backwards.
+        """
+        ids = list(session_ids)
+        if not ids:
+            return 0
+        c = sessions.c
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(sessions).where(c.id.in_(ids), _open)
+                .values(last_confirmed_at=case((c.last_confirmed_at < at, at),
+                                               else_=c.last_confirmed_at)))
+            return int(result.rowcount)
+
+    def close(self, session_id: int, ended: dt.datetime, reason: str) -> Session | None:
+        """Close and charge; closing a closed session returns it unchanged."""
+        _check_reason(reason)
+        with self.engine.begin() as conn:
+            return self._close_in(conn, session_id, ended, reason)
+
+    def close_server(self, user: str, server: str, ended: dt.datetime,
+                     reason: str) -> Session | None:
+        """Close the open session of a server, if it has one."""
+        _check_reason(reason)
+        with self.engine.begin() as conn:
+            found = conn.execute(select(sessions.c.id).where(
+                _open, sessions.c.user_name == user, sessions.c.server_name == server)).scalar()
+            return None if found is None else self._close_in(conn, found, ended, reason)
+
+    @staticmethod
+    def _close_in(conn: Connection, session_id: int, ended: dt.datetime,
+                  reason: str) -> Session | None:
+        row = conn.execute(select(sessions).where(sessions.c.id == session_id)).first()
+        if row is None or row.ended_at is not None:
+            return None if row is None else _session(row)
+        ended = max(ended, row.started_at)
+        # A reason given through api/stop (idle, out_of_credit, admin...) says
+        # why the server went better than whoever noticed it stopping.
+        final = row.requested_end_reason or reason
+        closed = conn.execute(
+            update(sessions).where(sessions.c.id == session_id, _open)
+            .values(ended_at=ended, end_reason=final))
+        if closed.rowcount == 0:
+            # Closed by a concurrent transaction since we read it: theirs stands.
+            return _session(conn.execute(select(sessions).where(
+                sessions.c.id == session_id)).one())
+        session = replace(_session(row), ended=ended, end_reason=final)
+        seconds = session.billed_seconds()
+        conn.execute(insert(ledger_entries).values(
+            account=session.account, kind="charge", amount_ucr=-session.cost(),
+            note=f"{session.profile} {seconds}s", actor="metering", user_name=session.user,
+            session_id=session.id, created_at=ended,
+        ))
+        return session
+
+    def request_end_reason(self, user: str, server: str, reason: str) -> bool:
+        """Record why a server is being stopped, for the close that follows."""
+        _check_reason(reason)
+        with self.engine.begin() as conn:
+            result = conn.execute(update(sessions).where(
+                _open, sessions.c.user_name == user, sessions.c.server_name == server,
+            ).values(requested_end_reason=reason))
+            return result.rowcount > 0
+
+    def recover(self, running: Callable[[str, str], bool]
+                ) -> tuple[list[Session], list[Session]]:
+        """After a restart: carry on sessions whose server runs, close the rest (hub_lost)."""
+        carried: list[Session] = []
+        closed: list[Session] = []
+        for session in self.open_sessions():
+            if running(session.user, session.server):
+                carried.append(session)
+                continue
+            with self.engine.begin() as conn:
+                done = self._close_in(conn, session.id, session.last_confirmed, "hub_lost")
+            if done is not None:
+                closed.append(done)
+        return carried, closed
+
+    # --- meter lease --------------------------------------------------------------
+    def acquire_lease(self, holder: str, host: str, pid: int, ttl_s: float,
+                      now: dt.datetime | None = None,
+                      pid_alive: Callable[[int], bool] = pid_alive) -> None:
+        """Become the one metering process, or raise MeterConflict naming who is."""
+        now = now or utcnow()
+        expires = now + dt.timedelta(seconds=ttl_s)
+        values = {"holder": holder, "host": host, "pid": pid, "expires_at": expires}
+        with self.engine.begin() as conn:
+            advisory_lock(conn, "meter_lease")
+            row = conn.execute(select(meter_lease).where(meter_lease.c.id == _LEASE_ID)).first()
+            if row is None:
+                conn.execute(insert(meter_lease).values(id=_LEASE_ID, **values))
+                return
+            if row.holder != holder and row.expires_at > now and (
+                    row.host != host or pid_alive(row.pid)):
+                raise MeterConflict(
+                    f"Another hub meters this billing database: {row.holder} on host "
+                    f"{row.host}, pid {row.pid}, lease until {row.expires_at:%Y-%m-%dT%H:%M:%SZ}. "
+                    "Stop it, or wait for its lease to expire.")
+            conn.execute(update(meter_lease).where(meter_lease.c.id == _LEASE_ID).values(**values))
+
+    def renew_lease(self, holder: str, ttl_s: float, now: dt.datetime | None = None) -> bool:
+        """Extend our lease; False if another process holds it now."""
+        expires = (now or utcnow()) + dt.timedelta(seconds=ttl_s)
+        with self.engine.begin() as conn:
+            result = conn.execute(update(meter_lease).where(
+                meter_lease.c.id == _LEASE_ID, meter_lease.c.holder == holder,
+            ).values(expires_at=expires))
+            return result.rowcount == 1
+
+    def release_lease(self, holder: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(meter_lease).where(
+                meter_lease.c.id == _LEASE_ID, meter_lease.c.holder == holder))
