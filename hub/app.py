@@ -167,6 +167,7 @@ class GPULeaseHub(JupyterHub):
             inventory_file = str(DEMO_INVENTORY)
             ctx = get_context(db_url, inventory_file, self.catalog_file, self.node_name)
         self._ctx = ctx
+        # Before any write: a second hub on this database stops here.
         if ctx.meter is None:
             ctx.meter = Meter(ctx.engine, heartbeat_s=self.heartbeat_interval)
         ctx.meter.acquire_lease()

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import yaml
 
+from gpulease.hub.cli_billing import BILLING_COMMANDS, add_billing_parsers
 from gpulease.hub.client import ClientError, HubClient, client_from
 from gpulease.hub.units import load_yaml_file
 
@@ -129,10 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("name")
     add.add_argument("--admin", action="store_true")
     add.add_argument("--password-stdin", action="store_true")
+    add_billing_parsers(sub)
     return parser
 
 
-COMMANDS = {"inventory": cmd_inventory, "profiles": cmd_profiles, "users": cmd_users}
+COMMANDS = {"inventory": cmd_inventory, "profiles": cmd_profiles, "users": cmd_users,
+            **BILLING_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

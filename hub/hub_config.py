@@ -112,6 +112,10 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_SERVICE_PORT": str(s.service_port),
             },
             "oauth_no_confirm": True,
+            # Pages log in with OAuth: let the cookie token carry the gpulease
+            # scopes the user holds (the hub drops those they do not), so an
+            # auditor's browser can open the admin report.
+            "oauth_client_allowed_scopes": [ADMIN_SCOPE, AUDIT_SCOPE],
         },
         {"name": CLI_SERVICE_NAME, "api_token": s.cli_token, "display": False},
     ]

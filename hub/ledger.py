@@ -101,11 +101,6 @@ def _accrued(rows: Iterable[Any]) -> int:
                for r in rows)
 
 
-def _chunks(items: list[str]) -> Iterable[list[str]]:
-    for i in range(0, len(items), _IN_CHUNK):
-        yield items[i:i + _IN_CHUNK]
-
-
 def _check_amount(amount_ucr: object) -> int:
     if isinstance(amount_ucr, bool) or not isinstance(amount_ucr, int):
         raise BillingError(400, f"amount: {amount_ucr!r} is not an integer of micro-credits",
@@ -219,15 +214,12 @@ class Ledger:
     def balances(self, accounts: Collection[str],
                  now: dt.datetime | None = None) -> dict[str, int]:
         """Balances of many accounts: two queries per 900 accounts (the heartbeat's call).
-
-        `now` is accepted for symmetry: open sessions count up to their last
-        confirmation, not to the clock.
-        """
+        `now` is unused: open sessions count to their last confirmation, not the clock."""
         wanted = sorted(set(accounts))
         result = dict.fromkeys(wanted, 0)
         s = sessions.c
         with self.engine.connect() as conn:
-            for chunk in _chunks(wanted):
+            for chunk in (wanted[i:i + _IN_CHUNK] for i in range(0, len(wanted), _IN_CHUNK)):
                 sums = conn.execute(
                     select(ledger_entries.c.account, func.sum(ledger_entries.c.amount_ucr))
                     .where(ledger_entries.c.account.in_(chunk))

@@ -71,6 +71,8 @@ class Meter:
     pending: list[PendingClose] = field(default_factory=list)
     low: dict[str, str] = field(default_factory=dict)
     shutting_down: bool = False
+    # Writes that failed while the database was unreachable, retried each heartbeat.
+    deferred: list[Callable[[], object]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.sessions = SessionLedger(self.engine)
@@ -183,6 +185,12 @@ class Meter:
         pending, self.pending = self.pending, []
         for close in pending:
             self._write_close(close)
+        deferred, self.deferred = self.deferred, []
+        for write in deferred:
+            try:
+                write()
+            except SQLAlchemyError:
+                self.deferred.append(write)
         # Confirm each session up to when it was last seen alive, in as few
         # writes as there are distinct times (normally one).
         by_time: dict[datetime, list[int]] = {}

@@ -24,7 +24,8 @@ from gpulease.hub.db import ledger_entries, meter_lease, sessions, utcnow
 from gpulease.hub.ledger import BillingError, advisory_lock, billed_seconds, parse_account
 from gpulease.hub.units import MAX_UCR, rate_cost
 
-__all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_alive"]
+__all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_alive",
+           "session_from_row"]
 
 END_REASONS = ("user", "idle", "out_of_credit", "max_runtime", "admin", "server_died",
                "hub_shutdown", "hub_lost")
@@ -57,7 +58,7 @@ class Session:
         return rate_cost(self.billed_seconds(now), self.rate_per_hour_ucr)
 
 
-def _session(row: Any) -> Session:
+def session_from_row(row: Any) -> Session:
     return Session(row.id, row.user_name, row.server_name, row.profile_slug, row.account,
                    int(row.rate_per_hour_ucr), row.started_at, row.last_confirmed_at,
                    row.ended_at, row.end_reason, row.requested_end_reason)
@@ -98,7 +99,7 @@ class SessionLedger:
     def _select(self, *where: Any) -> list[Session]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(sessions).where(*where).order_by(sessions.c.id))
-            return [_session(row) for row in rows]
+            return [session_from_row(row) for row in rows]
 
     def get(self, session_id: int) -> Session | None:
         found = self._select(sessions.c.id == session_id)
@@ -135,7 +136,7 @@ class SessionLedger:
                 last_confirmed_at=started,
             )).inserted_primary_key[0]
             row = conn.execute(select(sessions).where(sessions.c.id == new_id)).one()
-            return _session(row)
+            return session_from_row(row)
 
     def confirm(self, session_ids: Collection[int], at: dt.datetime) -> int:
         """Confirm open sessions up to `at` in ONE statement; returns how many are open.
@@ -174,7 +175,7 @@ class SessionLedger:
                   reason: str) -> Session | None:
         row = conn.execute(select(sessions).where(sessions.c.id == session_id)).first()
         if row is None or row.ended_at is not None:
-            return None if row is None else _session(row)
+            return None if row is None else session_from_row(row)
         ended = max(ended, row.started_at)
         # A reason given through api/stop (idle, out_of_credit, admin...) says
         # why the server went better than whoever noticed it stopping.
@@ -184,9 +185,9 @@ class SessionLedger:
             .values(ended_at=ended, end_reason=final))
         if closed.rowcount == 0:
             # Closed by a concurrent transaction since we read it: theirs stands.
-            return _session(conn.execute(select(sessions).where(
+            return session_from_row(conn.execute(select(sessions).where(
                 sessions.c.id == session_id)).one())
-        session = replace(_session(row), ended=ended, end_reason=final)
+        session = replace(session_from_row(row), ended=ended, end_reason=final)
         seconds = session.billed_seconds()
         conn.execute(insert(ledger_entries).values(
             account=session.account, kind="charge", amount_ucr=-session.cost(),

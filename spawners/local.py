@@ -127,6 +127,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
     gpulease_choice: ServerChoice | None = None
     gpulease_devices: tuple[str, ...] = ()
     _options_to_restore: tuple[dict | None] | None = None
+    _stopping: bool = False
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
@@ -302,9 +303,13 @@ class LocalGPUSpawner(LocalProcessSpawner):
             yield {"progress": 20, "message": notice}
 
     async def stop(self, now=False):
+        # LocalProcessSpawner.stop polls while it waits for the process to end:
+        # that exit is this stop's doing, not a death.
+        self._stopping = True
         try:
             await super().stop(now=now)
         finally:
+            self._stopping = False
             # A stop through JupyterHub's own API or pages counts as the user's;
             # gpulease's api/stop records its reason on the session beforehand.
             await self._release("user")
@@ -318,6 +323,8 @@ class LocalGPUSpawner(LocalProcessSpawner):
         if status is None:
             if meter is not None:
                 meter.mark_alive(self.user.name, self.name)
+        elif self._stopping:
+            pass
         elif held or (meter is not None and (self.user.name, self.name) in meter.live):
             await self._release("server_died")
         return status
@@ -325,10 +332,19 @@ class LocalGPUSpawner(LocalProcessSpawner):
     async def _release(self, reason: str) -> None:
         """Release the devices and close the billing session, with the stop's reason."""
         ctx = self.gpulease
-        await asyncio.to_thread(ctx.assignments.release, self.user.name, self.name, reason)
+        user, server = self.user.name, self.name
         self.gpulease_devices = ()
         if ctx.meter is not None:
-            await asyncio.to_thread(ctx.meter.close, self.user.name, self.name, reason)
+            await asyncio.to_thread(ctx.meter.close, user, server, reason)
+        try:
+            await asyncio.to_thread(ctx.assignments.release, user, server, reason)
+        except SQLAlchemyError as e:
+            # The server is stopped all the same; its devices are released as
+            # soon as the database answers again (and at the latest at restart).
+            self.log.error("cannot release the devices of %s yet: %s", self._log_name, e)
+            if ctx.meter is not None:
+                ctx.meter.deferred.append(
+                    lambda: ctx.assignments.release(user, server, reason))
 
     # --- state across hub restarts -------------------------------------------------
 

@@ -6,15 +6,19 @@ import asyncio
 import logging
 import os
 import signal
+from pathlib import Path
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulease.hub.context import get_context
+from gpulease.hub.service import billing_handlers as b
 from gpulease.hub.service import handlers as h
+from gpulease.hub.service import pages
 
 log = logging.getLogger("gpulease.service")
+TEMPLATES = Path(__file__).parent / "templates"
 
 
 def make_app(env: dict[str, str] | None = None) -> web.Application:
@@ -37,6 +41,14 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"api/profiles", h.ProfilesHandler),
         (r"api/profiles/([a-z0-9-]+)", h.ProfileHandler),
         (r"api/users", h.UsersHandler),
+        (r"api/balance", b.BalanceHandler),
+        (r"api/usage", b.UsageHandler),
+        (r"api/credits", b.CreditsHandler),
+        (r"api/adjustments", b.AdjustmentsHandler),
+        (r"api/accounts/group:([^/]+)/caps/([^/]+)", b.CapHandler),
+        (r"api/stop", b.StopHandler),
+        (r"usage", pages.UsagePage),
+        (r"admin/report", pages.ReportPage),
     ]
     handlers = [(url_path_join(prefix, path), cls, args) for path, cls in routes]
     handlers.append((url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler))
@@ -45,6 +57,9 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         handlers,
         cookie_secret=os.urandom(32),
         xsrf_cookies=False,
+        template_path=str(TEMPLATES),
+        gpulease_prefix=prefix,
+        gpulease_hub_home=url_path_join(env.get("JUPYTERHUB_BASE_URL", "/"), "hub/home"),
     )
 
 

@@ -6,12 +6,19 @@ import asyncio
 import datetime as dt
 from typing import Any
 
+from sqlalchemy import Engine, select
 from tornado.escape import url_escape
 from tornado.httpclient import HTTPClientError
 
 from gpulease.hub import billing_reports
-from gpulease.hub.ledger import LOW_BALANCE_MINUTES, BillingError, Ledger, minutes_left, \
-    parse_account
+from gpulease.hub.db import ledger_entries
+from gpulease.hub.ledger import (
+    LOW_BALANCE_MINUTES,
+    BillingError,
+    Ledger,
+    minutes_left,
+    parse_account,
+)
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.errors import APIError
@@ -65,7 +72,7 @@ class BillingHandler(BaseAPIHandler):
 class BalanceHandler(BillingHandler):
     async def get(self):
         me = self.caller()
-        name = self.get_argument("user", None) or me["name"]
+        name = self.get_argument("user", None) or _own_name(me)
         if name != me["name"] and not self.is_auditor():
             raise APIError(403, "Only gpulease admins and auditors may see another user's "
                                 "balance")
@@ -90,6 +97,13 @@ def balance_of(ctx, name: str, groups: list[str]) -> dict[str, Any]:
                            minutes, LOW_BALANCE_MINUTES)
 
 
+def _own_name(model: dict[str, Any]) -> str:
+    if model.get("kind", "user") != "user":
+        raise _field_error("user", f"{model.get('name')} is a service, with no balance of "
+                                   "its own: pass ?user=NAME")
+    return model["name"]
+
+
 class UsageHandler(BillingHandler):
     async def get(self):
         me = self.caller()
@@ -103,6 +117,8 @@ class UsageHandler(BillingHandler):
                 raise APIError(403, "Only gpulease admins and auditors may see another "
                                     "user's usage")
             user = me["name"]  # a member sees only their own sessions, on any account
+        elif user is None and account is None and me.get("kind", "user") == "user":
+            user = me["name"]  # people see their own by default; services (the CLI) all
         if account is not None:
             try:
                 account = parse_account(account)
@@ -116,14 +132,10 @@ class UsageHandler(BillingHandler):
             who = user or (account or "all").replace(":", "-")
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header("Content-Disposition",
-                            f'attachment; filename="gpulease-usage-{_safe(who)}.csv"')
+                            f'attachment; filename="gpulease-usage-{bv.safe_filename(who)}.csv"')
             self.finish(billing_reports.to_csv(view["sessions"], bv.USAGE_COLUMNS))
             return
         self.write_json(view)
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 class _EntryHandler(BillingHandler):
@@ -155,8 +167,7 @@ class _EntryHandler(BillingHandler):
         write = self.ledger.grant if self.kind == "grant" else self.ledger.adjust
         entry_id = await self.run(write, account, amount, note=note, actor=actor)
         balance = await self.run(self.ledger.balance, account)
-        entry = {"id": entry_id, "account": account, "kind": self.kind, "amount_ucr": amount,
-                 "note": note, "actor": actor, "created": None}
+        entry = await self.run(_entry, self.ctx.engine, entry_id)
         self.write_json(bv.entry_view(entry, balance), 201)
 
     async def _account(self, body: dict) -> str:
@@ -164,7 +175,7 @@ class _EntryHandler(BillingHandler):
             raise _field_error("account", "give either account or user, not both")
         if "user" in body:
             raw, field = body["user"], "user"
-            text = f"user:{raw}" if isinstance(raw, str) and ":" not in raw else raw
+            text = f"user:{raw}" if isinstance(raw, str) and raw else None
         else:
             raw, field = body.get("account"), "account"
             text = raw
@@ -191,6 +202,13 @@ class _EntryHandler(BillingHandler):
             raise _field_error("amount", "a grant must be positive; take credits away with "
                                          "an adjustment (api/adjustments, with a note)")
         return amount
+
+
+def _entry(engine: Engine, entry_id: int) -> dict[str, Any]:
+    """One ledger row as written, with its time (read back: the ledger stamps it)."""
+    with engine.connect() as conn:
+        row = conn.execute(select(ledger_entries).where(ledger_entries.c.id == entry_id)).one()
+    return {**row._mapping, "created": row.created_at}
 
 
 class CreditsHandler(_EntryHandler):

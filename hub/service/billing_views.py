@@ -12,11 +12,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from gpulease.hub.billing_reports import iso_z
 from gpulease.hub.units import format_credits
 
-USAGE_COLUMNS = ("user", "server", "profile", "account", "started", "ended",
-                 "billed_seconds", "cost", "end_reason")
-REPORT_COLUMNS = ("key", "sessions", "billed_seconds", "cost")
+USAGE_COLUMNS = ["user", "server", "profile", "account", "started", "ended",
+                 "billed_seconds", "cost", "end_reason"]
+REPORT_COLUMNS = ["key", "sessions", "billed_seconds", "cost"]
 REPORT_GROUPS = ("user", "account", "profile")
 
 
@@ -31,9 +32,7 @@ def iso(value: dt.datetime | str | None) -> str | None:
     """ISO 8601 UTC with `Z` for a naive-UTC or aware datetime; None stays None."""
     if value is None or isinstance(value, str):
         return value
-    if value.tzinfo is not None:
-        value = value.astimezone(dt.UTC).replace(tzinfo=None)
-    return value.isoformat(timespec="seconds") + "Z"
+    return iso_z(value)
 
 
 def parse_time(text: str | None, field: str) -> dt.datetime | None:
@@ -68,6 +67,10 @@ def month_start(now: dt.datetime) -> dt.datetime:
 
 def next_month(start: dt.datetime) -> dt.datetime:
     return dt.datetime(start.year + start.month // 12, start.month % 12 + 1, 1)
+
+
+def safe_filename(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 def money(ucr: int) -> str:
@@ -130,6 +133,15 @@ def entry_view(entry: Mapping[str, Any], balance_ucr: int) -> dict[str, Any]:
         "created": iso(entry.get("created")),
         "balance": money(balance_ucr),
     }
+
+
+def credit_rows(entries: Iterable[Mapping[str, Any]], limit: int = 20) -> list[dict[str, Any]]:
+    """Grants and adjustments (not per-session charges), newest first, for the usage page."""
+    rows = [e for e in entries if e["kind"] != "charge"]
+    rows.sort(key=lambda e: (e["created_at"], e["id"]), reverse=True)
+    return [{"created": iso(e["created_at"]), "kind": e["kind"],
+             "amount": money(e["amount_ucr"]), "note": e.get("note") or "",
+             "account": e["account"]} for e in rows[:limit]]
 
 
 def balance_view(

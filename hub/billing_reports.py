@@ -1,0 +1,187 @@
+"""Usage listings, admin reports and CSV over the metering sessions.
+
+Periods select sessions by their start: `since` inclusive, `until` exclusive,
+so consecutive periods never count a session twice. A closed session counts
+to its end, an open one to its last confirmed heartbeat (what it owes so far).
+
+`report` and `spend_per_day` aggregate in SQL, because a month may hold a
+million sessions. Their per-session arithmetic is the same integer rule as
+`units.rate_cost` and `ledger.billed_seconds`: billed seconds are the interval
+rounded up to the second, cost is ceil(seconds × rate / 3600) µcr written as
+(seconds × rate + 3599) / 3600 in integer division, so SQL and Python agree to
+the micro-credit (the tests check that they do).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import BigInteger, Engine, Select, func, literal_column, select
+
+from gpulease.hub.db import sessions
+from gpulease.hub.ledger import parse_account
+from gpulease.hub.sessions import session_from_row
+from gpulease.hub.units import format_credits
+
+__all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "iso_z", "report", "spend_per_day",
+           "to_csv", "usage"]
+
+GROUP_BY = {"user": "user_name", "account": "account", "profile": "profile_slug"}
+USAGE_COLUMNS = ["user", "server", "profile", "account", "started", "ended",
+                 "billed_seconds", "cost", "end_reason"]
+# Integer columns that hold µcr and are written as decimal credits in CSV.
+AMOUNT_COLUMNS = frozenset({"cost", "amount", "amount_ucr", "balance", "spent", "monthly"})
+
+Period = dt.datetime | dt.date | None
+
+# Billed seconds of one session row, per dialect. PostgreSQL: date_part
+# returns double precision seconds; ceil of it is exact for any interval under
+# ~70 years (a microsecond is wider than a double's step there) and avoids
+# the slow numeric of EXTRACT. SQLite: stored text 'YYYY-MM-DD HH:MM:SS.ffffff'
+# (SQLAlchemy's format) -> integer microseconds, never through julianday's float.
+_END = "COALESCE(ended_at, last_confirmed_at)"
+_BILLED_SQL = {
+    "postgresql": f"GREATEST(0, CAST(CEIL(date_part('epoch', {_END} - started_at)) AS BIGINT))",
+    "sqlite": (
+        f"MAX(0, ((CAST(strftime('%s', {_END}) AS INTEGER) * 1000000"
+        f" + CAST(substr({_END}, 21, 6) AS INTEGER))"
+        " - (CAST(strftime('%s', started_at) AS INTEGER) * 1000000"
+        " + CAST(substr(started_at, 21, 6) AS INTEGER)) + 999999) / 1000000)"
+    ),
+}
+_DAY_SQL = {"postgresql": "CAST(started_at AS DATE)", "sqlite": "date(started_at)"}
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
+
+
+def _moment(value: Period) -> dt.datetime | None:
+    """A date means its midnight UTC; datetimes are naive UTC already."""
+    if value is None or isinstance(value, dt.datetime):
+        return value
+    return dt.datetime(value.year, value.month, value.day)
+
+
+def _filtered(query: Select, *, user: str | None, account: str | None,
+              since: Period, until: Period) -> Select:
+    start, end = _moment(since), _moment(until)
+    if user is not None:
+        query = query.where(sessions.c.user_name == user)
+    if account is not None:
+        query = query.where(sessions.c.account == parse_account(account))
+    if start is not None:
+        query = query.where(sessions.c.started_at >= start)
+    if end is not None:
+        query = query.where(sessions.c.started_at < end)
+    return query
+
+
+def usage(engine: Engine, *, user: str | None = None, account: str | None = None,
+          since: Period = None, until: Period = None,
+          now: dt.datetime | None = None) -> UsageReport:
+    """Sessions (by start) with billed seconds and cost; `now` is not used: open
+    sessions count to their last confirmation, which is what they owe."""
+    query = _filtered(select(sessions), user=user, account=account, since=since, until=until)
+    with engine.connect() as conn:
+        rows = conn.execute(query.order_by(sessions.c.started_at, sessions.c.id)).all()
+    listed = []
+    for row in rows:
+        s = session_from_row(row)
+        listed.append({
+            "user": s.user, "server": s.server, "profile": s.profile, "account": s.account,
+            "started": s.started, "ended": s.ended, "billed_seconds": s.billed_seconds(),
+            "cost": s.cost(), "end_reason": s.end_reason,
+        })
+    totals = {"billed_seconds": sum(r["billed_seconds"] for r in listed),
+              "cost": sum(r["cost"] for r in listed)}
+    return UsageReport(listed, totals)
+
+
+def _measured(engine: Engine, *columns: Any) -> Any:
+    """A subquery of sessions with `billed` (seconds) beside the given columns."""
+    billed = literal_column(_BILLED_SQL[engine.dialect.name], BigInteger).label("billed")
+    return select(*columns, sessions.c.rate_per_hour_ucr, billed)
+
+
+def _cost(sub: Any) -> Any:
+    return (sub.c.billed * sub.c.rate_per_hour_ucr + 3599) // 3600
+
+
+def report(engine: Engine, *, since: Period, until: Period,
+           group_by: str) -> list[dict[str, Any]]:
+    """Sessions, billed seconds and cost per user, account or profile, in SQL."""
+    if group_by not in GROUP_BY:
+        raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, not {group_by!r}")
+    key = sessions.c[GROUP_BY[group_by]].label("key")
+    sub = _filtered(_measured(engine, key), user=None, account=None,
+                    since=since, until=until).subquery()
+    query = (select(sub.c.key, func.count().label("sessions"),
+                    func.coalesce(func.sum(sub.c.billed), 0).label("billed_seconds"),
+                    func.coalesce(func.sum(_cost(sub)), 0).label("cost"))
+             .group_by(sub.c.key).order_by(sub.c.key))
+    with engine.connect() as conn:
+        return [{"key": r.key, "sessions": int(r.sessions),
+                 "billed_seconds": int(r.billed_seconds), "cost": int(r.cost)}
+                for r in conn.execute(query)]
+
+
+def spend_per_day(engine: Engine, *, user: str | None, account: str | None,
+                  since: Period, until: Period) -> list[tuple[dt.date, int]]:
+    """Cost per UTC day of start (a session counts on the day it started).
+
+    With both ends given every day of the period is listed, 0 where nothing
+    ran, so a chart shows the gaps.
+    """
+    day = literal_column(_DAY_SQL[engine.dialect.name]).label("day")
+    sub = _filtered(_measured(engine, day), user=user, account=account,
+                    since=since, until=until).subquery()
+    query = (select(sub.c.day, func.sum(_cost(sub)).label("cost"))
+             .group_by(sub.c.day).order_by(sub.c.day))
+    with engine.connect() as conn:
+        spent = {(d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d))): int(c)
+                 for d, c in conn.execute(query)}
+    start, end = _moment(since), _moment(until)
+    if start is None or end is None:
+        return sorted(spent.items())
+    days: list[tuple[dt.date, int]] = []
+    current = start.date()
+    while dt.datetime(current.year, current.month, current.day) < end:
+        days.append((current, spent.get(current, 0)))
+        current += dt.timedelta(days=1)
+    return days
+
+
+def iso_z(moment: dt.datetime) -> str:
+    """ISO 8601 UTC with Z, as the API writes times (microseconds only when present)."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
+    return moment.isoformat() + "Z"
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if column in AMOUNT_COLUMNS and isinstance(value, int) and not isinstance(value, bool):
+        return format_credits(value)
+    if isinstance(value, dt.datetime):
+        return iso_z(value)
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return str(value)
+
+
+def to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """CSV with a header: amounts (see AMOUNT_COLUMNS) as decimal credits, times with Z."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(column, row.get(column)) for column in columns])
+    return out.getvalue()

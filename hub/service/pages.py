@@ -1,0 +1,131 @@
+"""Browser pages of the gpulease service: a user's usage, and the admins' report.
+
+Pages log in through the hub's OAuth (an anonymous browser is sent to the
+hub's login); every text shown is escaped by the templates' autoescape.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from urllib.parse import urlencode
+
+from tornado import web
+
+from gpulease.hub import billing_reports
+from gpulease.hub.db import utcnow
+from gpulease.hub.service import billing_views as bv
+from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
+from gpulease.hub.service.errors import APIError
+
+CHART_DAYS = 30
+
+
+class PageHandler(BillingHandler):
+    """HTML out; errors as a readable page, not JSON."""
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Content-Security-Policy",
+                        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+                        "form-action 'self'; frame-ancestors 'self'")
+
+    def get_template_namespace(self) -> dict:
+        ns = super().get_template_namespace()
+        prefix = self.settings.get("gpulease_prefix", "/services/gpulease/")
+        name = self._user_name()
+        ns.update(prefix=prefix, user_name=name,
+                  hub_home=self.settings.get("gpulease_hub_home", "/hub/home"),
+                  can_report=bool(name) and self.is_auditor())
+        return ns
+
+    def _user_name(self) -> str | None:
+        model = self.current_user
+        return model.get("name") if isinstance(model, dict) else None
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, APIError):
+            message = exc.message
+        elif status_code >= 500:
+            message = "Internal error in the gpulease service; see its log"
+        else:
+            message = self._reason
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(self.render_string("error.html", status=status_code, message=message))
+
+
+class UsagePage(PageHandler):
+    @web.authenticated
+    async def get(self):
+        me = self.caller()
+        name = me["name"]
+        today = utcnow().date()
+        first = today - dt.timedelta(days=CHART_DAYS - 1)
+        chart_since = dt.datetime.combine(first, dt.time())
+        chart_until = dt.datetime.combine(today + dt.timedelta(days=1), dt.time())
+        since_arg = self.get_argument("since", None) or first.isoformat()
+        until_arg = self.get_argument("until", None)
+        try:
+            since, until = bv.parse_period(since_arg, until_arg)
+        except bv.PeriodError as e:
+            raise APIError(400, f"{e.field}: {e.message}") from None
+        model = await self.hub_user(name)
+        balance = await self.run(balance_of, self.ctx, name, model.get("groups") or [])
+        report = await self.run(billing_reports.usage, self.ctx.engine, user=name,
+                                since=since, until=until)
+        points = await self.run(billing_reports.spend_per_day, self.ctx.engine, user=name,
+                                account=None, since=chart_since, until=chart_until)
+        entries = await self.run(self.ledger.entries, account=f"user:{name}",
+                                 since=chart_since)
+        view = bv.usage_view(report.sessions, report.totals)
+        series = bv.daily_series(points, first, CHART_DAYS)
+        self.render(
+            "usage.html",
+            name=name,
+            balance=balance,
+            sessions=view["sessions"],
+            totals=view["totals"],
+            since=since_arg,
+            until=until_arg or "",
+            credits=bv.credit_rows(entries),
+            chart_svg=bv.spend_chart_svg(series),
+            chart_total=bv.money(sum(ucr for _, ucr in series)),
+            chart_first=first.isoformat(),
+            chart_last=today.isoformat(),
+        )
+
+
+class ReportPage(PageHandler):
+    @web.authenticated
+    async def get(self):
+        self.require_auditor()
+        start = bv.month_start(utcnow())
+        since_arg = self.get_argument("since", None) or start.date().isoformat()
+        until_arg = self.get_argument("until", None) or bv.next_month(start).date().isoformat()
+        by = self.get_argument("by", "user")
+        if by not in bv.REPORT_GROUPS:
+            raise APIError(400, f"by must be one of {', '.join(bv.REPORT_GROUPS)}, got {by!r}")
+        try:
+            since, until = bv.parse_period(since_arg, until_arg)
+        except bv.PeriodError as e:
+            raise APIError(400, f"{e.field}: {e.message}") from None
+        rows = bv.report_view(await self.run(billing_reports.report, self.ctx.engine,
+                                             since=since, until=until, group_by=by))
+        if self.get_argument("format", "html") == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            name = f"gpulease-report-by-{by}-{since_arg}-{until_arg}"
+            self.set_header("Content-Disposition",
+                            f'attachment; filename="{bv.safe_filename(name)}.csv"')
+            self.finish(billing_reports.to_csv(rows, bv.REPORT_COLUMNS))
+            return
+        query = {"since": since_arg, "until": until_arg, "by": by}
+        self.render(
+            "report.html",
+            rows=rows,
+            totals=bv.report_totals(rows),
+            since=since_arg,
+            until=until_arg,
+            by=by,
+            groups=bv.REPORT_GROUPS,
+            csv_url="?" + urlencode({**query, "format": "csv"}),
+        )

@@ -1,0 +1,143 @@
+"""Usage listings, SQL reports and CSV, checked against Python's arithmetic on both databases."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import random
+from collections import defaultdict
+
+import pytest
+
+from gpulease.hub.billing_reports import (
+    USAGE_COLUMNS,
+    iso_z,
+    report,
+    spend_per_day,
+    to_csv,
+    usage,
+)
+from gpulease.hub.ledger import Ledger
+from gpulease.hub.sessions import SessionLedger
+
+T0 = dt.datetime(2024, 3, 1)
+
+
+def at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def sample(engine):
+    """Three closed sessions and an open one, around the period [T0, T0 + 1 day)."""
+    meter = SessionLedger(engine)
+    before = meter.open("alice", "", "cpu", "user:alice", 3_600_000, at(-1))
+    meter.close(before.id, at(100), "user")
+    first = meter.open("alice", "", "h200-1g", "user:alice", 3_600_000, T0)  # exactly since
+    meter.close(first.id, at(61.2), "user")
+    lab = meter.open("bob", "big", "h200-2", "group:lab", 7_000_001, at(3600))
+    meter.close(lab.id, at(3600 + 1234.000001), "idle")
+    running = meter.open("alice", "x", "h200-1g", "group:lab", 1_200_000, at(7200))
+    meter.confirm([running.id], at(7200 + 299.5))
+    edge = meter.open("carol", "", "cpu", "user:carol", 3_600_000, at(86400))  # exactly until
+    meter.close(edge.id, at(86500), "user")
+    return engine
+
+
+def test_usage_rows_and_period_bounds(sample):
+    got = usage(sample, since=T0, until=T0 + dt.timedelta(days=1))
+    assert [(r["user"], r["profile"]) for r in got.sessions] == [
+        ("alice", "h200-1g"), ("bob", "h200-2"), ("alice", "h200-1g")]
+    first, lab, running = got.sessions
+    assert set(first) == set(USAGE_COLUMNS)
+    assert first == {"user": "alice", "server": "", "profile": "h200-1g",
+                     "account": "user:alice", "started": T0, "ended": at(61.2),
+                     "billed_seconds": 62, "cost": 62_000, "end_reason": "user"}
+    assert lab["billed_seconds"] == 1235 and lab["cost"] == -(-1235 * 7_000_001 // 3600)
+    assert running["ended"] is None and running["end_reason"] is None
+    assert running["billed_seconds"] == 300 and running["cost"] == 100_000
+    assert got.totals == {"billed_seconds": 62 + 1235 + 300,
+                          "cost": sum(r["cost"] for r in got.sessions)}
+
+
+def test_usage_filters(sample):
+    day = {"since": T0.date(), "until": (T0 + dt.timedelta(days=1)).date()}
+    assert [r["server"] for r in usage(sample, user="alice", **day).sessions] == ["", "x"]
+    assert [r["user"] for r in usage(sample, account="group:lab", **day).sessions] == [
+        "bob", "alice"]
+    assert [r["user"] for r in usage(sample, account="carol").sessions] == ["carol"]
+    assert len(usage(sample).sessions) == 5
+    assert usage(sample, user="nobody").totals == {"billed_seconds": 0, "cost": 0}
+
+
+def test_closed_costs_equal_their_charges(sample):
+    charged = {r["session_id"]: -r["amount_ucr"] for r in Ledger(sample).entries()
+               if r["kind"] == "charge"}
+    meter = SessionLedger(sample)
+    for session_id, amount in charged.items():
+        assert meter.get(session_id).cost() == amount
+
+
+@pytest.mark.parametrize("group_by, field", [
+    ("user", "user"), ("account", "account"), ("profile", "profile")])
+def test_report_equals_python_sums(engine, group_by, field):
+    rng = random.Random(7)
+    meter = SessionLedger(engine)
+    for i in range(300):
+        start = T0 + dt.timedelta(microseconds=rng.randrange(40 * 86400 * 10**6))
+        user = rng.choice(["alice", "bob", "carol", "dave"])
+        s = meter.open(user, f"s{i}", rng.choice(["cpu", "h200-1g", "h200-8"]),
+                       rng.choice([f"user:{user}", "group:lab", "group:astro"]),
+                       rng.choice([0, 1, 1_200_000, 3_600_000, 7_000_001, 123_456_789]), start)
+        length = dt.timedelta(microseconds=rng.choice(
+            [0, 1, 999_999, 1_000_000, 1_000_001, rng.randrange(10 * 3600 * 10**6)]))
+        if i % 5 == 0:
+            meter.confirm([s.id], start + length)  # stays open
+        else:
+            meter.close(s.id, start + length, "user")
+    since, until = T0 + dt.timedelta(days=3), T0 + dt.timedelta(days=34)
+    expected: dict = defaultdict(lambda: {"sessions": 0, "billed_seconds": 0, "cost": 0})
+    for row in usage(engine, since=since, until=until).sessions:
+        bucket = expected[row[field]]
+        bucket["sessions"] += 1
+        bucket["billed_seconds"] += row["billed_seconds"]
+        bucket["cost"] += row["cost"]
+    got = report(engine, since=since, until=until, group_by=group_by)
+    assert got == [{"key": key, **expected[key]} for key in sorted(expected)]
+    assert sum(r["sessions"] for r in got) < 300  # the period really cut some out
+
+
+def test_report_refuses_unknown_grouping(engine):
+    with pytest.raises(ValueError, match="user, account, profile"):
+        report(engine, since=T0, until=at(1), group_by="server")
+    assert report(engine, since=T0, until=at(1), group_by="user") == []
+
+
+def test_spend_per_day(sample):
+    days = spend_per_day(sample, user=None, account=None, since=T0 - dt.timedelta(days=1),
+                         until=T0 + dt.timedelta(days=3))
+    per_day = usage(sample, since=T0 - dt.timedelta(days=1), until=T0 + dt.timedelta(days=3))
+    assert [d for d, _ in days] == [(T0 + dt.timedelta(days=n)).date() for n in range(-1, 3)]
+    assert sum(c for _, c in days) == per_day.totals["cost"]
+    assert days[0][1] == 101_000 and days[2][1] == 100_000 and days[3][1] == 0
+    alice = spend_per_day(sample, user="alice", account="group:lab", since=None, until=None)
+    assert alice == [(T0.date(), 100_000)]
+
+
+def test_csv_columns_and_formatting(sample):
+    rows = usage(sample, user="alice", since=T0).sessions
+    text = to_csv(rows, USAGE_COLUMNS)
+    parsed = list(csv.reader(io.StringIO(text)))
+    assert parsed[0] == USAGE_COLUMNS
+    assert parsed[1] == ["alice", "", "h200-1g", "user:alice", "2024-03-01T00:00:00Z",
+                         "2024-03-01T00:01:01.200000Z", "62", "0.062000", "user"]
+    assert parsed[2][5] == "" and parsed[2][7] == "0.100000" and parsed[2][8] == ""
+    assert to_csv([{"key": "x", "cost": -1_500_000, "extra": 1}], ["key", "cost", "missing"]) \
+        == "key,cost,missing\r\nx,-1.500000,\r\n"
+
+
+def test_iso_z():
+    assert iso_z(dt.datetime(2024, 1, 2, 3, 4, 5)) == "2024-01-02T03:04:05Z"
+    aware = dt.datetime(2024, 1, 2, 4, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    assert iso_z(aware) == "2024-01-02T03:04:05Z"
