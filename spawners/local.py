@@ -68,16 +68,19 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     spawner._options_to_restore = (prior[1],) if replaced_now else None
     ctx = spawner.gpulease
     user = spawner.user.name
+    # Read the hub's ORM here, on its own thread, not in the worker thread below.
+    groups = {g.name for g in spawner.user.groups}
 
     def resolve_and_check_credit() -> ServerChoice:
         choice = resolve_user_options(
             user_options,
             user=user,
-            user_groups={g.name for g in spawner.user.groups},
+            user_groups=groups,
             profiles=ctx.profiles.list(include_disabled=True),
             catalog=ctx.catalog,
             default_profile=ctx.profiles.get_default_profile(user),
-            group_accounts=ctx.ledger.group_accounts(),
+            # the ledger names accounts "group:NAME"; options speaks of group names
+            group_accounts={a.partition(":")[2] for a in ctx.ledger.group_accounts()},
         )
         profile = choice.profile
         needed = rate_cost(profile.min_run_s, profile.price_per_hour_ucr)

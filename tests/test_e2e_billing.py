@@ -230,3 +230,37 @@ def _server_pid(hub, user: str, server: str) -> int:
                 and str(hub.state).encode() in env):
             return int(pid)
     raise LookupError(f"no process for {user}/{server}")
+
+
+def test_group_account_charged_and_member_cap_enforced(hub, admin):
+    token = make_user(hub, admin, "gus", None)
+    assert hub.api("POST", "groups/lab", admin).status_code in (201, 409)
+    assert hub.api("POST", "groups/lab/users", admin, {"users": ["gus"]}).status_code == 200
+    hub.grant(admin, "group:lab", "50")
+    # a cap below the minimum run of `cpu` (10 min at 3.6/h = 0.6 credits) refuses the start
+    r = hub.service("PUT", "api/accounts/group:lab/caps/gus", admin, {"monthly": "0.5"})
+    assert r.status_code in (200, 201), r.text
+    r = hub.api("POST", "users/gus/server", token,
+                {"user_options": {"profile": "cpu", "account": "group:lab"}})
+    assert r.status_code == 402, r.text
+    assert "cap" in r.json()["message"]
+    r = hub.service("PUT", "api/accounts/group:lab/caps/gus", admin, {"monthly": "5"})
+    assert r.status_code in (200, 201), r.text
+    r = hub.api("POST", "users/gus/server", token,
+                {"user_options": {"profile": "cpu", "account": "group:lab"}})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready("gus", token)
+    time.sleep(1)
+    assert hub.api("DELETE", "users/gus/server", token).status_code in (202, 204)
+    hub.wait_server_stopped("gus", token)
+    (session,) = sessions_of(hub, token)
+    assert session["account"] == "group:lab"
+    # the group paid, not gus
+    assert credits(balance_of(hub, token)["balance"]) == 0
+    group = hub.service("GET", "api/usage?account=group:lab", admin).json()
+    assert credits(group["totals"]["cost"]) == credits(session["cost"]) > 0
+    # someone outside the group cannot charge it
+    outsider = make_user(hub, admin, "hal", "5")
+    r = hub.api("POST", "users/hal/server", outsider,
+                {"user_options": {"profile": "cpu", "account": "group:lab"}})
+    assert r.status_code in (400, 403), r.text
