@@ -42,7 +42,7 @@ class BillingHandler(BaseAPIHandler):
 
     @property
     def ledger(self) -> Ledger:
-        return Ledger(self.ctx.engine)
+        return self.ctx.ledger
 
     async def hub_user(self, name: str, field: str = "user", missing: int = 404) -> dict:
         """The hub's model of user `name` (with stopped servers); `missing` when unknown."""
@@ -82,7 +82,7 @@ class BalanceHandler(BillingHandler):
 
 def balance_of(ctx, name: str, groups: list[str]) -> dict[str, Any]:
     """`api/balance` for user `name` in hub groups `groups` (blocking: run in a thread)."""
-    ledger = Ledger(ctx.engine)
+    ledger = ctx.ledger
     personal = f"user:{name}"
     accounts = [personal] + [f"group:{g}" for g in sorted(groups)
                              if ledger.account_exists(f"group:{g}")]
