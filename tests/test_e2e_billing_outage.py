@@ -61,6 +61,8 @@ def test_database_outage(tmp_path, proxied_postgres):
         r = hub.api("POST", "users/admin/servers/new", admin, {"user_options": {"profile": "cpu"}})
         assert r.status_code == 503, r.text
         assert "database" in r.json()["message"]
+        r = hub.service("GET", "api/usage", admin)
+        assert r.status_code == 503 and "database" in r.json()["message"], r.text
         # running servers keep running and answer through the proxy
         status = requests.get(f"{hub.url}/user/admin/long/api/status",
                               headers={"Authorization": f"token {admin}"}, timeout=10)

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuthenticated
+from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -81,7 +82,12 @@ class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, APIError):
+        if isinstance(exc, SQLAlchemyError):
+            status_code = 503
+            self.set_status(503)
+            message, errors = ("gpulease's database cannot be reached; running servers are "
+                               "not affected. Try again in a minute."), []
+        elif isinstance(exc, APIError):
             message, errors = exc.message, exc.errors
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             message, errors = exc.log_message % exc.args if exc.args else exc.log_message, []
