@@ -445,54 +445,65 @@ def scratch_postgres(server_url: str, label: str) -> Iterator[str]:
 # --- 3. heartbeat throughput ---------------------------------------------------------------
 
 
-def bench_heartbeat(url: str, label: str, sessions_n: int, min_reps: int,
-                    min_s: float) -> float:
+def open_sessions(engine: Engine, users: list[str], server: str, label: str) -> Meter:
+    """One open session per user (SessionLedger.open), carried by a Meter holding the lease."""
+    t0 = time.perf_counter()
+    now = utcnow()
+    ledger = SessionLedger(engine)
+    opened = [ledger.open(u, server, "cpu", f"user:{u}", 3_600_000, now) for u in users]
+    print(f"  {label}: {len(opened)} sessions opened in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    meter = Meter(engine, heartbeat_s=15)
+    meter.acquire_lease()
+    for s in opened:  # as Meter.recover builds them
+        meter.live[(s.user, s.server)] = LiveSession(
+            s.id, s.profile, s.account, s.rate_per_hour_ucr, s.last_confirmed)
+    return meter
+
+
+def time_heartbeats(meter: Meter, label: str, min_reps: int = 20, min_s: float = 3.0) -> float:
+    """Heartbeats per second: Meter._write_heartbeat + Ledger.balances, as Meter.heartbeat."""
+    accounts = {live.account for live in meter.live.values()}
+    count = len(meter.live)
+    writes: list[float] = []
+    reads: list[float] = []
+    started = time.perf_counter()
+    now = utcnow()
+    while len(writes) < min_reps or time.perf_counter() - started < min_s:
+        now = utcnow()
+        for live in meter.live.values():  # what heartbeat() does before writing
+            live.last_alive = now
+        t1 = time.perf_counter()
+        meter._write_heartbeat(now)
+        t2 = time.perf_counter()
+        balances = meter.ledger.balances(accounts)
+        t3 = time.perf_counter()
+        writes.append(t2 - t1)
+        reads.append(t3 - t2)
+        if len(balances) != len(accounts) or len(meter.live) != count:
+            raise RuntimeError(f"{label}: heartbeat lost sessions or accounts")
+    total = sum(writes) + sum(reads)
+    rate = len(writes) / total
+    print(f"  {label}: {len(writes)} heartbeats of {count} sessions in {total:.2f} s: "
+          f"write (lease + confirm) median {statistics.median(writes) * 1000:.1f} ms, "
+          f"balances median {statistics.median(reads) * 1000:.1f} ms "
+          f"-> {rate:.1f} heartbeats/s", flush=True)
+    confirmed = meter.sessions.open_sessions()
+    if len(confirmed) != count or any(s.last_confirmed != now for s in confirmed):
+        raise RuntimeError(f"{label}: the last heartbeat did not confirm every session")
+    meter.release_lease()
+    return rate
+
+
+def bench_heartbeat(url: str, label: str, sessions_n: int) -> float:
     engine = open_database(url)
     try:
-        t0 = time.perf_counter()
-        now = utcnow()
         users = [f"hb{i:05d}" for i in range(sessions_n)]
         with engine.begin() as conn:
             conn.execute(insert(ledger_entries), [
                 {"account": f"user:{u}", "kind": "grant", "amount_ucr": 1_000_000_000,
-                 "note": "bench", "actor": "bench", "created_at": now} for u in users])
-        ledger = SessionLedger(engine)
-        opened = [ledger.open(u, "", "cpu", f"user:{u}", 3_600_000, now) for u in users]
-        print(f"  {label}: {len(opened)} sessions opened in {time.perf_counter() - t0:.1f} s",
-              flush=True)
-        meter = Meter(engine, heartbeat_s=15)
-        meter.acquire_lease()
-        for s in opened:
-            meter.live[(s.user, s.server)] = LiveSession(
-                s.id, s.profile, s.account, s.rate_per_hour_ucr, s.last_confirmed)
-        accounts = {live.account for live in meter.live.values()}
-        writes: list[float] = []
-        reads: list[float] = []
-        started = time.perf_counter()
-        while len(writes) < min_reps or time.perf_counter() - started < min_s:
-            now = utcnow()
-            for live in meter.live.values():  # what heartbeat() does before writing
-                live.last_alive = now
-            t1 = time.perf_counter()
-            meter._write_heartbeat(now)
-            t2 = time.perf_counter()
-            balances = meter.ledger.balances(accounts)
-            t3 = time.perf_counter()
-            writes.append(t2 - t1)
-            reads.append(t3 - t2)
-            if len(balances) != len(accounts) or len(meter.live) != sessions_n:
-                raise RuntimeError(f"{label}: heartbeat lost sessions or accounts")
-        total = sum(writes) + sum(reads)
-        rate = len(writes) / total
-        print(f"  {label}: {len(writes)} heartbeats of {sessions_n} sessions in {total:.2f} s: "
-              f"write (lease + confirm) median {statistics.median(writes) * 1000:.1f} ms, "
-              f"balances median {statistics.median(reads) * 1000:.1f} ms "
-              f"-> {rate:.1f} heartbeats/s", flush=True)
-        confirmed = SessionLedger(engine).open_sessions()
-        if len(confirmed) != sessions_n or any(s.last_confirmed != now for s in confirmed):
-            raise RuntimeError(f"{label}: the last heartbeat did not confirm every session")
-        meter.release_lease()
-        return rate
+                 "note": "bench", "actor": "bench", "created_at": utcnow()} for u in users])
+        return time_heartbeats(open_sessions(engine, users, "", label), label)
     finally:
         engine.dispose()
 
@@ -520,6 +531,21 @@ FROM (SELECT g, (g * 7919) % :users AS u, g % :profiles AS pi,
 JOIN (SELECT (ordinality - 1)::int AS pi, slug, rate
       FROM unnest(CAST(:slugs AS text[]), CAST(:rates AS bigint[])) WITH ORDINALITY
            AS t(slug, rate)) AS p USING (pi)
+"""
+# Each closed session's charge, as SessionLedger.close writes it, and a grant per account.
+CHARGES = """
+INSERT INTO ledger_entries (account, kind, amount_ucr, note, actor, user_name, session_id,
+                            created_at)
+SELECT account, 'charge',
+       -((CAST(CEIL(date_part('epoch', ended_at - started_at)) AS BIGINT)
+          * rate_per_hour_ucr + 3599) / 3600),
+       profile_slug || ' session', 'metering', user_name, id, ended_at
+FROM sessions
+"""
+GRANTS = """
+INSERT INTO ledger_entries (account, kind, amount_ucr, note, actor, created_at)
+SELECT DISTINCT account, 'grant', 1000000000000, 'bench', 'bench', CAST(:at AS timestamp)
+FROM sessions
 """
 
 
@@ -566,7 +592,7 @@ def explain(engine: Engine, fn: Callable[[], Any]) -> list[str]:
         raw.close()
 
 
-def bench_report(url: str, rows: int, reps: int) -> float:
+def bench_report(url: str, rows: int, reps: int, sessions_n: int) -> float:
     engine = open_database(url)
     try:
         before, last, this = month_bounds()
@@ -581,15 +607,18 @@ def bench_report(url: str, rows: int, reps: int) -> float:
                     "users": users, "profiles": len(PROFILE_RATES), "t0": before,
                     "span": span, "lo": lo, "hi": min(rows, lo + batch - 1),
                     "slugs": list(PROFILE_RATES), "rates": list(PROFILE_RATES.values())})
+            conn.execute(text(CHARGES))
+            conn.execute(text(GRANTS), {"at": before})
         loaded = time.perf_counter() - t0
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("VACUUM ANALYZE sessions"))
+            conn.execute(text("VACUUM ANALYZE"))
             in_month = conn.execute(text(
                 "SELECT count(*) FROM sessions WHERE started_at >= :a AND started_at < :b"),
                 {"a": last, "b": this}).scalar()
+        vacuum = time.perf_counter() - t0 - loaded
         print(f"  {rows:,} sessions of {users:,} users over {before:%Y-%m} and {last:%Y-%m} "
-              f"loaded in {loaded:.1f} s (+ VACUUM ANALYZE {time.perf_counter() - t0 - loaded:.1f}"
-              f" s); {in_month:,} started in {last:%Y-%m}", flush=True)
+              f"and their charge rows loaded in {loaded:.1f} s (+ VACUUM ANALYZE {vacuum:.1f} s);"
+              f" {in_month:,} started in {last:%Y-%m}", flush=True)
 
         medians: dict[str, float] = {}
         for group_by in billing_reports.GROUP_BY:
@@ -622,6 +651,11 @@ def bench_report(url: str, rows: int, reps: int) -> float:
         print(f"  where the time goes (report by {slowest}, EXPLAIN ANALYZE):")
         for line in plan:
             print(f"    {line}")
+
+        # Not a figure: the heartbeat on this database, where every account has a history.
+        live = [f"u{i:04d}" for i in range(min(sessions_n, users))]
+        print(f"  the heartbeat with this history ({rows:,} sessions and charges):", flush=True)
+        time_heartbeats(open_sessions(engine, live, "live", "postgres"), "postgres")
         return medians[slowest]
     finally:
         engine.dispose()
@@ -652,14 +686,15 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         if "heartbeat" in parts:
             print(f"\n[heartbeat] {args.sessions} open sessions, one account each", flush=True)
             figures["billing_heartbeats_per_s_sqlite"] = bench_heartbeat(
-                sqlite_url(tmp / "heartbeat.sqlite"), "sqlite", args.sessions, 20, 3.0)
+                sqlite_url(tmp / "heartbeat.sqlite"), "sqlite", args.sessions)
             with scratch_postgres(args.postgres, "hb") as url:
                 figures["billing_heartbeats_per_s_postgres"] = bench_heartbeat(
-                    url, "postgres", args.sessions, 20, 3.0)
+                    url, "postgres", args.sessions)
         if "report" in parts:
             print(f"\n[report] {args.rows:,} sessions on PostgreSQL", flush=True)
             with scratch_postgres(args.postgres, "report") as url:
-                figures["usage_report_ms"] = bench_report(url, args.rows, args.reps)
+                figures["usage_report_ms"] = bench_report(url, args.rows, args.reps,
+                                                          args.sessions)
     return figures
 
 

@@ -162,7 +162,7 @@ class Meter:
         now = utcnow()
         for key, live in list(self.live.items()):
             if await is_running(*key):
-                live.last_alive = now
+                live.last_alive = max(live.last_alive, now)
         accounts = {live.account for live in self.live.values()}
         try:
             # Database work runs in a thread: an unreachable database must not

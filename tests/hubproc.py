@@ -62,6 +62,8 @@ class HubProcess:
             self.port = free_port()
             self.hub_port = free_port()
             self.api_port = free_port()
+        if getattr(self, "_log", None):
+            self._log.close()
         self.log_path = self.state.parent / f"hub-{uuid.uuid4().hex[:6]}.log"
         args = [
             sys.executable, "-m", "gpulease.hub.cli", "up",
