@@ -34,6 +34,7 @@ test: install lint
 
 bench: install
 	$(BIN)/python bench/spawn.py --spawns 20
+	$(BIN)/python bench/billing.py
 
 clean:
 	rm -rf $(VENV) node_modules

@@ -32,8 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,9 @@ from typing import Any
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script: make `tests.hubproc` importable
+sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.hubproc` importable
 
+from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.spawners.inventory import DEMO_INVENTORY  # noqa: E402
 from tests.hubproc import CHP, HubProcess, free_port  # noqa: E402
 
@@ -54,64 +55,6 @@ GPULEASE_PROFILE = "h200-1g"
 POLL_S = 0.05  # readiness poll interval, the same for both hubs
 SPAWN_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
-
-
-# --- process hygiene -----------------------------------------------------------------
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of `pid` (Linux /proc; empty elsewhere), deepest last."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            found.extend(kids)
-            todo.extend(kids)
-    return found
-
-
-def reap(pids: list[int]) -> None:
-    """SIGTERM, then SIGKILL, whatever of `pids` (children we started) outlived its hub."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        if not alive:
-            return
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in alive):
-            time.sleep(0.1)
-
-
-@contextmanager
-def interrupts_clean_up() -> Iterator[None]:
-    """Ctrl-C (SIGINT) and `kill PID` (SIGTERM) both raise KeyboardInterrupt, which cleans up.
-
-    SIGINT is set explicitly: started in the background by a script, Python
-    inherits it ignored and would never stop. Once one arrives, further ones
-    are ignored so that the clean-up itself is not cut short.
-    """
-
-    def handler(signum: int, frame: Any) -> None:
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 # --- the two hubs ----------------------------------------------------------------------
@@ -174,7 +117,7 @@ class StockHub:
     service_token: str = field(default_factory=lambda: secrets.token_hex(32))
     proc: subprocess.Popen | None = None
     port: int = 0
-    children: list[int] = field(default_factory=list)
+    children: Children = field(default_factory=Children)
 
     @property
     def url(self) -> str:
@@ -233,14 +176,14 @@ class StockHub:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self.children = descendants(self.proc.pid)
+            self.children.note(self.proc.pid)
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        reap(self.children)
+        self.children.reap()
 
 
 def setup_stock(stack: ExitStack, tmp: Path) -> Subject:
@@ -265,9 +208,11 @@ def setup_gpulease(stack: ExitStack, tmp: Path) -> Subject:
     hub.state.parent.mkdir(parents=True)
 
     def close() -> None:
-        children = descendants(hub.proc.pid) if hub.proc and hub.proc.poll() is None else []
+        children = Children()
+        if hub.proc is not None and hub.proc.poll() is None:
+            children.note(hub.proc.pid)
         hub.close()
-        reap(children)
+        children.reap()
 
     stack.callback(close)
     hub.start()
@@ -342,7 +287,7 @@ def run(spawns: int, warmup: int, logs: Path | None) -> dict[str, float]:
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         if logs is not None:  # runs before the folder goes (callbacks unwind in reverse)
-            stack.callback(save_logs, tmp, logs)
+            stack.callback(save_logs, tmp, logs, "stock", "gpulease")
         print("starting stock JupyterHub and gpulease ...", flush=True)
         subjects = [setup_stock(stack, tmp), setup_gpulease(stack, tmp)]
         for i in range(warmup):
@@ -367,13 +312,6 @@ def run(spawns: int, warmup: int, logs: Path | None) -> dict[str, float]:
         "spawn_median_gpulease_s": ours,
         "spawn_ratio": ours / stock,
     }
-
-
-def save_logs(tmp: Path, logs: Path) -> None:
-    logs.mkdir(parents=True, exist_ok=True)
-    for log in [*tmp.glob("stock/*.log"), *tmp.glob("gpulease/*.log")]:
-        shutil.copy(log, logs / f"{log.parent.name}-{log.name}")
-    print(f"hub logs copied to {logs}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

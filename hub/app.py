@@ -19,7 +19,7 @@ from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from jupyterhub.app import aliases as hub_aliases
 from tornado.ioloop import PeriodicCallback
-from traitlets import Dict, Float, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 
 from gpulease.hub.accounts import ensure_first_admin
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
@@ -115,6 +115,41 @@ class GPULeaseHub(JupyterHub):
         "at zero stopped. A hub crash loses or over-bills at most one interval.",
     )
 
+    # --- notifications (suspend warnings, stops, credit low, queue) -------------
+    # The SMTP password is read from $GPULEASE_SMTP_PASSWORD only, never a trait:
+    # secrets stay out of config files and config dumps.
+    notify_webhook_url = Unicode(
+        "",
+        config=True,
+        help="One incoming-webhook URL (Slack or Teams) where users who choose 'webhook' "
+        "are told, by name, about suspend warnings and stops. Empty: no webhook.",
+    )
+    smtp_host = Unicode(
+        "", config=True, help="SMTP relay for email notifications. Empty: no email."
+    )
+    smtp_port = Integer(25, config=True, help="Port of the SMTP relay (465: implicit TLS).")
+    smtp_from = Unicode(
+        "gpulease@localhost", config=True, help="Sender address of notification mails."
+    )
+    smtp_starttls = Bool(
+        False, config=True, help="Upgrade the SMTP connection with STARTTLS before sending."
+    )
+    smtp_username = Unicode(
+        "",
+        config=True,
+        help="SMTP login name; empty: no login. The password comes from "
+        "$GPULEASE_SMTP_PASSWORD.",
+    )
+
+    @validate("notify_webhook_url")
+    def _check_webhook_url(self, proposal):
+        from gpulease.hub.notifier import check_webhook_url
+
+        try:
+            return check_webhook_url(proposal.value) if proposal.value else ""
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+
     @default("ip")
     def _default_ip(self):
         return "127.0.0.1"
@@ -192,6 +227,12 @@ class GPULeaseHub(JupyterHub):
             chp_command=project_chp(),
             admin_groups=tuple(self.admin_groups),
             auditor_groups=tuple(self.auditor_groups),
+            notify_webhook_url=self.notify_webhook_url,
+            smtp_host=self.smtp_host,
+            smtp_port=self.smtp_port,
+            smtp_from=self.smtp_from,
+            smtp_starttls=self.smtp_starttls,
+            smtp_username=self.smtp_username,
         )
 
     async def init_spawners(self):

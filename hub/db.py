@@ -171,6 +171,42 @@ meter_lease = Table(
     Column("expires_at", DateTime, nullable=False),
 )
 
+# --- notices and notifications (idle culler, credit enforcer, queue) ----------
+# What a user is told about a server: warnings before a suspend or a stop, and
+# what happened. A row is open while `cleared_at` is NULL; at most one open row
+# per (user, server, kind), so a repeated warning replaces the last one.
+notices = Table(
+    "notices",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("deadline", DateTime, nullable=True),
+    Column("created_at", DateTime, nullable=False),
+    Column("cleared_at", DateTime, nullable=True),
+)
+Index(
+    "uq_notices_open",
+    notices.c.user_name,
+    notices.c.server_name,
+    notices.c.kind,
+    unique=True,
+    sqlite_where=notices.c.cleared_at.is_(None),
+    postgresql_where=notices.c.cleared_at.is_(None),
+)
+
+# How each user wants to be told: 'none', 'email' (address) or 'webhook' (the
+# admin's one webhook; address is the name to mention there, empty = user name).
+notification_prefs = Table(
+    "notification_prefs",
+    metadata,
+    Column("user_name", String(255), primary_key=True),
+    Column("channel", String(16), nullable=False),
+    Column("address", String(320), nullable=False, default=""),
+)
+
 
 def utcnow() -> dt.datetime:
     """Naive UTC now, as stored in every DateTime column."""

@@ -7,6 +7,7 @@ pure function means what the embedded hub runs with is testable without a hub.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,47 @@ def low_balance_banner(s: HubSettings):
     return banner
 
 
+def suspended_for_home(s: HubSettings):
+    """template_vars callable: the page user's suspended servers, for the home page."""
+
+    def suspended(user) -> list:
+        from gpulease.hub.context import get_context
+        from gpulease.hub.sessions import SessionLedger
+        from gpulease.hub.suspended import suspended_servers
+
+        if user is None:
+            return []
+        ctx = get_context(s.db_url, s.inventory_file, s.catalog_file, s.node_name)
+        try:
+            latest = SessionLedger(ctx.engine).latest_by_server(user.name)
+            timeouts = {p.slug: p.idle_timeout_s for p in ctx.profiles.list()}
+        except Exception:  # a page must render even when the database is away
+            return []
+        active = {name for name, sp in user.spawners.items() if sp.active}
+        return suspended_servers(latest, active, timeouts)
+
+    return suspended
+
+
+def _smtp_password(_spawner) -> str:
+    # Evaluated when the service starts (JupyterHub calls callables in a
+    # spawner's environment): the secret never enters the Config.
+    return os.environ.get("GPULEASE_SMTP_PASSWORD", "")
+
+
+def notify_environment(s: HubSettings) -> dict:
+    """What the gpulease service needs to send notifications."""
+    return {
+        "GPULEASE_NOTIFY_WEBHOOK_URL": s.notify_webhook_url,
+        "GPULEASE_SMTP_HOST": s.smtp_host,
+        "GPULEASE_SMTP_PORT": str(s.smtp_port),
+        "GPULEASE_SMTP_FROM": s.smtp_from,
+        "GPULEASE_SMTP_STARTTLS": "1" if s.smtp_starttls else "0",
+        "GPULEASE_SMTP_USERNAME": s.smtp_username,
+        "GPULEASE_SMTP_PASSWORD": _smtp_password,
+    }
+
+
 @dataclass(frozen=True)
 class HubSettings:
     state: StateDir
@@ -76,6 +118,13 @@ class HubSettings:
     chp_command: str | None
     admin_groups: tuple[str, ...] = ()
     auditor_groups: tuple[str, ...] = ()
+    # Notifications (GPULeaseHub.notify_webhook_url, smtp_*).
+    notify_webhook_url: str = ""
+    smtp_host: str = ""
+    smtp_port: int = 25
+    smtp_from: str = "gpulease@localhost"
+    smtp_starttls: bool = False
+    smtp_username: str = ""
 
 
 def project_chp() -> str | None:
@@ -97,7 +146,10 @@ def hub_config(s: HubSettings) -> Config:
     hub.cleanup_servers = True
     hub.custom_scopes = CUSTOM_SCOPES
     hub.template_paths = [str(TEMPLATES)]
-    hub.template_vars = {"gpulease_banner": low_balance_banner(s)}
+    hub.template_vars = {
+        "gpulease_banner": low_balance_banner(s),
+        "gpulease_suspended": suspended_for_home(s),
+    }
     hub.services = [
         {
             "name": SERVICE_NAME,
@@ -110,6 +162,7 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_CATALOG_FILE": s.catalog_file,
                 "GPULEASE_NODE_NAME": s.node_name,
                 "GPULEASE_SERVICE_PORT": str(s.service_port),
+                **notify_environment(s),
             },
             "oauth_no_confirm": True,
             # Pages log in with OAuth: let the cookie token carry the gpulease

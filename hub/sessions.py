@@ -113,6 +113,13 @@ class SessionLedger:
                              sessions.c.server_name == server)
         return found[0] if found else None
 
+    def latest_by_server(self, user: str) -> dict[str, Session]:
+        """Each of the user's servers' most recent session (open or closed)."""
+        latest: dict[str, Session] = {}
+        for session in self._select(sessions.c.user_name == user):
+            latest[session.server] = session  # ordered by id: the last one wins
+        return latest
+
     # --- writing ------------------------------------------------------------------
     def open(self, user: str, server: str, profile: str, account: str,
              rate_per_hour_ucr: int, started: dt.datetime) -> Session:

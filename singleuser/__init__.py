@@ -1,1 +1,30 @@
-"""singleuser"""
+"""gpulease.singleuser: what runs inside every notebook server.
+
+A jupyter-server extension (enabled by the `jupyter_server_config.d/gpulease.json`
+file that installing gpulease puts in the environment) serving
+`GET {base_url}gpulease/notices`, and the prebuilt JupyterLab extension
+`gpulease-notices` that shows those notices in JupyterLab.
+
+Importing this package must stay cheap and must not import the hub side.
+"""
+
+from pathlib import Path
+
+LABEXTENSION_NAME = "gpulease-notices"
+LABEXTENSION_DIR = Path(__file__).parent / "labextension" / "prebuilt"
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "gpulease.singleuser"}]
+
+
+def _jupyter_labextension_paths():
+    # Used by `jupyter labextension develop`; installs get the same files from
+    # share/jupyter/labextensions/gpulease-notices (pyproject data-files).
+    return [{"src": "labextension/prebuilt", "dest": LABEXTENSION_NAME}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    from .notices import setup_handlers
+
+    setup_handlers(serverapp)

@@ -15,6 +15,7 @@ from tornado import web
 from gpulease.hub.context import get_context
 from gpulease.hub.service import billing_handlers as b
 from gpulease.hub.service import handlers as h
+from gpulease.hub.service import notice_handlers as n
 from gpulease.hub.service import pages
 
 log = logging.getLogger("gpulease.service")
@@ -51,6 +52,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"admin/report", pages.ReportPage),
     ]
     handlers = [(url_path_join(prefix, path), cls, args) for path, cls in routes]
+    handlers += n.notice_routes(prefix, args, env)
     handlers.append((url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler))
     handlers.append((url_path_join(prefix, "api/.*"), h.NotFoundHandler, args))
     return web.Application(

@@ -1,0 +1,238 @@
+"""Notifications outside the hub: a webhook (Slack / Teams) and email (SMTP).
+
+The admin configures the backends (`GPULeaseHub.notify_webhook_url`, `smtp_*`);
+each user chooses one channel (`Prefs`). `dispatch` sends one message by the
+user's choice and never raises: a notification that cannot be delivered is
+logged, and whatever triggered it (a suspend, a stop) goes on.
+
+`render` writes the texts of every notice kind; the idle culler and the credit
+enforcer use it for the notice's message, which is also what is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import re
+import smtplib
+import ssl
+import urllib.request
+from collections.abc import Mapping
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from gpulease.hub.notices import Prefs
+
+__all__ = [
+    "Notifier", "SmtpNotifier", "WebhookNotifier", "backends_from_env", "check_webhook_url",
+    "dispatch", "render", "subject_for",
+]
+
+log = logging.getLogger("gpulease.notifier")
+SEND_TIMEOUT = 60.0
+_SLACK_MEMBER = re.compile(r"<@[A-Z0-9]{2,32}>")
+
+
+class Notifier(Protocol):
+    async def send(self, user: str, prefs: Prefs, subject: str, text: str) -> None: ...
+
+
+# --- texts -----------------------------------------------------------------------
+
+
+def _duration(minutes: float | None) -> str:
+    if minutes is None:
+        return ""
+    total = max(0, round(minutes))
+    if total < 120:
+        return f"{total} min"
+    hours, rest = divmod(total, 60)
+    return f"{hours} h" + (f" {rest} min" if rest else "")
+
+
+def _at(deadline: dt.datetime | None) -> str:
+    if deadline is None:
+        return "soon"
+    if deadline.tzinfo is not None:
+        deadline = deadline.astimezone(dt.UTC)
+    return deadline.strftime("%H:%M UTC")
+
+
+def _server(server: str) -> str:
+    return f"server '{server}'" if server else "default server"
+
+
+def subject_for(kind: str, user: str, server: str, deadline: dt.datetime | None = None) -> str:
+    srv = _server(server)
+    subjects = {
+        "idle_warning": f"your {srv} will be suspended at {_at(deadline)}",
+        "max_runtime_warning": f"your {srv} will be stopped at {_at(deadline)}",
+        "suspended": f"your {srv} was suspended",
+        "max_runtime_stopped": f"your {srv} was stopped (maximum runtime)",
+        "credit_low": "your credit is running low",
+        "queued_started": f"your {srv} has started",
+    }
+    return f"[gpulease] {user}: {subjects.get(kind, kind.replace('_', ' '))}"
+
+
+def render(kind: str, user: str, server: str, profile: str | None, minutes: float | None,
+           deadline: dt.datetime | None) -> tuple[str, str]:
+    """(subject, text) of a notice. `minutes` is the duration the kind is about:
+    idle so far (idle_warning), the idle timeout (suspended), the maximum
+    runtime (max_runtime_*), credit left (credit_low), time queued (queued_started).
+    """
+    what = f"Your {_server(server)}" + (f" ({profile})" if profile else "")
+    dur = _duration(minutes)
+    at = _at(deadline)
+    kept = "Your files are kept."
+    if kind == "idle_warning":
+        idle = f"has been idle for {dur}" if dur else "is idle"
+        text = f"{what} {idle} and will be suspended at {at} unless you use it. {kept}"
+    elif kind == "max_runtime_warning":
+        limit = f": its profile allows at most {dur} per run" if dur else ""
+        text = (f"{what} will be stopped at {at}{limit}, whether or not it is busy. "
+                f"Save your work. {kept}")
+    elif kind == "suspended":
+        after = f" after {dur} idle" if dur else " because it was idle"
+        text = (f"{what} was suspended{after} — resume it from the hub's home page on the "
+                f"same or another profile. {kept}")
+    elif kind == "max_runtime_stopped":
+        after = f" after {dur}, its profile's maximum runtime" if dur else \
+            " at its profile's maximum runtime"
+        text = f"{what} was stopped{after} — start it again from the hub's home page. {kept}"
+    elif kind == "credit_low":
+        left = f"about {dur} left" if dur else "little left"
+        on = f" on your {_server(server)}" + (f" ({profile})" if profile else "")
+        text = (f"Your credit is running low: {left}{on}. When it runs out your servers stop "
+                f"(your files are kept); ask an admin for more credit.")
+    elif kind == "queued_started":
+        waited = f" after {dur} in the queue" if dur else ""
+        text = f"{what} has started{waited}. Open it from the hub's home page."
+    else:
+        raise ValueError(f"unknown notice kind {kind!r}")
+    return subject_for(kind, user, server, deadline), text
+
+
+# --- backends ----------------------------------------------------------------------
+
+
+def check_webhook_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"the webhook URL must be an http(s) URL, got {url!r}")
+    return url
+
+
+def _slack_escape(text: str) -> str:
+    # Slack's control characters; Teams shows the entities as the characters.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+class WebhookNotifier:
+    """POSTs {"text": ...} (Slack and Teams incoming webhooks both accept it)."""
+
+    def __init__(self, url: str, timeout: float = 10.0):
+        self.url = check_webhook_url(url)
+        self.timeout = timeout
+
+    def payload(self, user: str, prefs: Prefs, subject: str, text: str) -> dict[str, str]:
+        mention = prefs.address or user
+        mention = mention if _SLACK_MEMBER.fullmatch(mention) else _slack_escape(mention)
+        return {"text": f"{mention}: {_slack_escape(text)}"}
+
+    async def send(self, user: str, prefs: Prefs, subject: str, text: str) -> None:
+        body = json.dumps(self.payload(user, prefs, subject, text)).encode()
+        await asyncio.to_thread(self._post, body)
+
+    def _post(self, body: bytes) -> None:
+        request = urllib.request.Request(
+            self.url, data=body, method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "gpulease"})
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            response.read()
+
+
+class SmtpNotifier:
+    """A plain-text mail through an SMTP relay (port 465: implicit TLS)."""
+
+    def __init__(self, host: str, port: int = 25, sender: str = "gpulease@localhost",
+                 starttls: bool = False, username: str = "", password: str = "",
+                 timeout: float = 30.0):
+        self.host, self.port, self.sender = host, int(port), sender
+        self.starttls, self.username, self.password = starttls, username, password
+        self.timeout = timeout
+
+    def message(self, user: str, prefs: Prefs, subject: str, text: str) -> EmailMessage:
+        msg = EmailMessage()
+        msg["From"] = self.sender
+        msg["To"] = prefs.address
+        msg["Subject"] = " ".join(subject.split())  # no line breaks in a header
+        msg["Date"] = formatdate(usegmt=True)
+        msg["Message-ID"] = make_msgid(domain=self.sender.rpartition("@")[2] or None)
+        msg["Auto-Submitted"] = "auto-generated"
+        msg.set_content(f"Hello {user},\n\n{text}\n\n-- \ngpulease\n")
+        return msg
+
+    async def send(self, user: str, prefs: Prefs, subject: str, text: str) -> None:
+        if not prefs.address:
+            raise ValueError(f"{user} chose email but gave no address")
+        await asyncio.to_thread(self._send, self.message(user, prefs, subject, text))
+
+    def _send(self, msg: EmailMessage) -> None:
+        context = ssl.create_default_context()
+        if self.port == 465:
+            smtp: smtplib.SMTP = smtplib.SMTP_SSL(self.host, self.port, timeout=self.timeout,
+                                                  context=context)
+        else:
+            smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
+        with smtp:
+            if self.starttls and self.port != 465:
+                smtp.starttls(context=context)
+            if self.username:
+                smtp.login(self.username, self.password)
+            smtp.send_message(msg)
+
+
+def backends_from_env(env: Mapping[str, str]) -> dict[str, Notifier]:
+    """The backends the admin configured, as the hub passes them to its services."""
+    backends: dict[str, Notifier] = {}
+    url = env.get("GPULEASE_NOTIFY_WEBHOOK_URL", "")
+    if url:
+        try:
+            backends["webhook"] = WebhookNotifier(url)
+        except ValueError as e:
+            log.error("webhook notifications are off: %s", e)
+    host = env.get("GPULEASE_SMTP_HOST", "")
+    if host:
+        backends["email"] = SmtpNotifier(
+            host, int(env.get("GPULEASE_SMTP_PORT") or 25),
+            env.get("GPULEASE_SMTP_FROM") or "gpulease@localhost",
+            starttls=env.get("GPULEASE_SMTP_STARTTLS", "") in ("1", "true", "yes"),
+            username=env.get("GPULEASE_SMTP_USERNAME", ""),
+            password=env.get("GPULEASE_SMTP_PASSWORD", ""),
+        )
+    return backends
+
+
+async def dispatch(prefs: Prefs, user: str, subject: str, text: str,
+                   backends: Mapping[str, Notifier], timeout: float = SEND_TIMEOUT) -> bool:
+    """Send by the user's channel; True when sent. Never raises (failures are logged)."""
+    if prefs.channel == "none":
+        return False
+    backend = backends.get(prefs.channel)
+    if backend is None:
+        log.warning("%s chose %s notifications, which the admin has not configured; "
+                    "not sent: %s", user, prefs.channel, subject)
+        return False
+    try:
+        await asyncio.wait_for(backend.send(user, prefs, subject, text), timeout)
+    except Exception as e:  # a notification must never stop what triggered it
+        log.warning("could not notify %s by %s (%s): %s: %s", user, prefs.channel, subject,
+                    type(e).__name__, e)
+        return False
+    log.info("notified %s by %s: %s", user, prefs.channel, subject)
+    return True

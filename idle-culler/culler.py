@@ -1,0 +1,252 @@
+"""The culler's loop: list running servers, read their signals, decide, warn and suspend.
+
+Reading is staged to spare the servers: the cheap signals (hub activity,
+CPU, GPU) come first, and a server's own API (kernels, terminals) is read
+only when those alone would warn or suspend it. More signals can only make a
+server more active, so skipping them when the answer is already 'keep'
+changes no decision. Every failure is per server: logged, never the end of
+the pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Protocol
+
+from gpulease.idle_culler.cpu import CpuSource
+from gpulease.idle_culler.gpu import GpuActivitySource, combine
+from gpulease.idle_culler.hubapi import HubClient, ProfileLimits, ServerInfo
+from gpulease.idle_culler.kernels import read_activity
+from gpulease.idle_culler.metrics import CullerMetrics
+from gpulease.idle_culler.policy import (
+    KEEP,
+    SUSPEND,
+    Decision,
+    ServerMemory,
+    decide,
+    observe,
+)
+from gpulease.idle_culler.signals import ServerSnapshot
+
+log = logging.getLogger("gpulease.culler")
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class CullerConfig:
+    interval_s: float = 30.0
+    cpu_threshold: float = 10.0
+    gpu_threshold: float = 5.0
+    concurrency: int = 50
+    server_timeout_s: float = 5.0
+    warn_before_s: int = 300
+    # For a server whose profile no longer exists (deleted with force).
+    default_limits: ProfileLimits = ProfileLimits(1800, 0)
+    page_size: int = 500
+
+
+class Notices(Protocol):
+    """Where warnings and suspensions are announced (JupyterLab, hub banner, e-mail...)."""
+
+    async def warn(self, user: str, server: str, decision: Decision) -> None: ...
+
+    async def cancel(self, user: str, server: str) -> None: ...
+
+    async def suspended(self, user: str, server: str, decision: Decision) -> None: ...
+
+
+class LogNotices:
+    async def warn(self, user: str, server: str, decision: Decision) -> None:
+        log.info("notice to %s/%s: %s at %s", user, server, decision.action, decision.deadline)
+
+    async def cancel(self, user: str, server: str) -> None:
+        log.info("notice to %s/%s: cancelled, activity is back", user, server)
+
+    async def suspended(self, user: str, server: str, decision: Decision) -> None:
+        log.info("notice to %s/%s: stopped (%s)", user, server, decision.action)
+
+
+@dataclass
+class PassReport:
+    decisions: dict[Key, Decision] = field(default_factory=dict)
+    stops: dict[Key, int] = field(default_factory=dict)  # HTTP status of api/stop
+    errors: dict[Key, str] = field(default_factory=dict)
+    read: int = 0  # servers whose own API was read this pass
+    seconds: float = 0.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Culler:
+    def __init__(self, hub: HubClient, cpu: CpuSource, gpu: GpuActivitySource, *,
+                 notices: Notices | None = None, config: CullerConfig | None = None,
+                 metrics: CullerMetrics | None = None,
+                 clock: Callable[[], datetime] = utcnow) -> None:
+        self.hub, self.cpu, self.gpu = hub, cpu, gpu
+        self.notices = notices or LogNotices()
+        self.config = config or CullerConfig()
+        self.metrics = metrics or CullerMetrics()
+        self.clock = clock
+        self.memory: dict[Key, ServerMemory] = {}
+        self.warned: dict[Key, str] = {}
+        self.profiles: dict[str, ProfileLimits] | None = None
+        self.holders: dict[Key, list[str]] | None = None
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.run_pass()
+            except Exception:
+                # The hub down or restarting: nothing is decided in this pass.
+                log.exception("culler pass failed; next one in %ss", self.config.interval_s)
+            wait = max(0.0, self.config.interval_s - (time.monotonic() - started))
+            try:
+                await asyncio.wait_for(stop.wait(), wait)
+            except TimeoutError:
+                pass
+
+    async def run_pass(self) -> PassReport:
+        t0 = time.monotonic()
+        servers, _, _ = await asyncio.gather(
+            self.hub.running_servers(self.config.page_size),
+            self._refresh_profiles(), self._refresh_holders())
+        report = PassReport()
+        limit = asyncio.Semaphore(self.config.concurrency)
+
+        async def one(info: ServerInfo) -> None:
+            async with limit:
+                try:
+                    await self._judge(info, report)
+                except Exception as e:  # one server's trouble never ends the pass
+                    report.errors[info.key] = f"{type(e).__name__}: {e}"
+                    log.exception("culler: cannot judge %s/%s", info.user, info.server)
+
+        await asyncio.gather(*(one(s) for s in servers))
+        alive = {s.key for s in servers} - set(report.stops)
+        for key in set(self.memory) - alive:
+            self.memory.pop(key, None)
+            self.warned.pop(key, None)
+        self.cpu.forget(alive)
+        self.metrics.forget(alive)
+        report.seconds = time.monotonic() - t0
+        self.metrics.pass_seconds.observe(report.seconds)
+        log.info("culler pass: %d servers, %d read, %d stopped, %d errors in %.2fs",
+                 len(servers), report.read, len(report.stops), len(report.errors), report.seconds)
+        return report
+
+    async def _refresh_profiles(self) -> None:
+        try:
+            self.profiles = await self.hub.profiles()
+        except Exception as e:
+            log.warning("culler: cannot read the profiles (%s); %s", e,
+                        "keeping the last ones" if self.profiles is not None else
+                        "no server is stopped until they can be read")
+
+    async def _refresh_holders(self) -> None:
+        try:
+            self.holders = await self.hub.holders()
+        except Exception as e:
+            log.debug("culler: no inventory (%s); devices from the servers' state only", e)
+
+    def _devices(self, info: ServerInfo) -> list[str] | None:
+        """The server's GPU devices; None when neither its state nor the inventory says."""
+        from_state = (info.state or {}).get("gpulease_devices")
+        if from_state:
+            return list(from_state)
+        if self.holders is not None and info.key in self.holders:
+            return list(self.holders[info.key])
+        if info.state is not None or self.holders is not None:
+            return []
+        return None
+
+    async def _snapshot(self, info: ServerInfo) -> ServerSnapshot:
+        """The server with its cheap signals (hub, CPU, GPU); kernels not read yet."""
+        limits = (self.profiles or {}).get(info.profile, self.config.default_limits)
+        devices = self._devices(info)
+        cpu_task = asyncio.create_task(self.cpu.read(info.key, info.state))
+        if devices:
+            gpu, gpu_source = combine(self.gpu, await self.gpu.read(devices),
+                                      self.config.gpu_threshold)
+        else:
+            gpu, gpu_source = None, "devices of this server unknown" if devices is None else "none"
+        cpu = await cpu_task
+        return ServerSnapshot(
+            user=info.user, server=info.server, profile=info.profile, started=info.started,
+            hub_last_activity=info.last_activity, kernels=None, kernels_error="not read yet",
+            terminals_last_activity=None, cpu_percent=cpu.percent, cpu_error=cpu.error,
+            gpu_percent=gpu, gpu_source=gpu_source, has_gpu=devices != [],
+            idle_timeout_s=limits.idle_timeout_s, max_runtime_s=limits.max_runtime_s,
+            warn_before_s=self.config.warn_before_s,
+        )
+
+    def _decide(self, snap: ServerSnapshot, memory: ServerMemory) -> Decision:
+        return decide(snap, memory, self.clock(), cpu_threshold=self.config.cpu_threshold,
+                      gpu_threshold=self.config.gpu_threshold)
+
+    async def _judge(self, info: ServerInfo, report: PassReport) -> None:
+        snap = await self._snapshot(info)
+        c = self.config
+        memory = observe(self.memory.get(info.key), snap, self.clock(),
+                         cpu_threshold=c.cpu_threshold, gpu_threshold=c.gpu_threshold)
+        self.memory[info.key] = memory
+        self.metrics.server(info.user, info.server, snap.cpu_percent, snap.gpu_percent)
+        decision = self._decide(snap, memory)
+        needs_server = decision.action not in (KEEP, "stop_max_runtime") or (
+            "neither kernels nor CPU" in decision.reason)
+        if needs_server:
+            report.read += 1
+            activity = await read_activity(self.hub, info.url, c.server_timeout_s)
+            snap = replace(snap, kernels=activity.kernels, kernels_error=activity.kernels_error,
+                           terminals_last_activity=activity.terminals_last_activity,
+                           terminals_error=activity.terminals_error)
+            decision = self._decide(snap, memory)
+        elif decision.action == KEEP:
+            decision.signals["kernels"] = "not read: other signals already keep the server"
+            decision.signals.pop("terminals", None)
+        if self.profiles is None and decision.stops:
+            decision = replace(decision, action=KEEP,
+                               reason=decision.reason + "; profiles unknown: not stopping")
+        report.decisions[info.key] = decision
+        await self._act(info, snap, decision, report)
+
+    async def _act(self, info: ServerInfo, snap: ServerSnapshot, decision: Decision,
+                   report: PassReport) -> None:
+        key, action = info.key, decision.action
+        self.metrics.actions.labels(action=action).inc()
+        level = logging.DEBUG if action == KEEP else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(level, "%s %s: %s; idle since %s; signals %s", action, snap.label,
+                    decision.reason, decision.idle_since, decision.signals)
+        if action == KEEP:
+            if self.warned.pop(key, None):
+                await self._notify(self.notices.cancel(info.user, info.server))
+        elif decision.warns:
+            if self.warned.get(key) != action:
+                self.warned[key] = action
+                await self._notify(self.notices.warn(info.user, info.server, decision))
+        elif decision.stops:
+            reason = "idle" if action == SUSPEND else "max_runtime"
+            status = await self.hub.stop(info.user, info.server, reason)
+            report.stops[key] = status
+            if status < 300:
+                await self._notify(self.notices.suspended(info.user, info.server, decision))
+                self.warned.pop(key, None)
+            elif status in (404, 409):
+                log.info("%s was not running any more (HTTP %d)", snap.label, status)
+            else:
+                log.error("stopping %s (%s) failed: HTTP %d; retrying next pass",
+                          snap.label, reason, status)
+
+    async def _notify(self, call) -> None:
+        try:
+            await call
+        except Exception:  # a failing webhook must not block a suspension
+            log.exception("culler: a notice failed")

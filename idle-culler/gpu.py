@@ -1,0 +1,242 @@
+"""GPU compute activity of a server's devices, 0..100, behind one interface.
+
+Compute utilisation only: memory merely held (a loaded model) is not
+activity. NVML gives utilisation for full cards but none for MIG devices;
+there GPM (Hopper and newer) or DCGM's DCGM_FI_PROF_GR_ENGINE_ACTIVE (through
+Prometheus) is needed. Everything here is read only: no GPU setting is changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+import aiohttp
+
+from gpulease.spawners.nvml import _load_pynvml
+
+DCGM_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+
+
+class GpuActivitySource(Protocol):
+    name: str
+
+    async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
+        """Compute utilisation per device, 0..100; None where it cannot be read."""
+
+    def describe(self, uuid: str) -> str:
+        """Where the last value of `uuid` came from ('nvml', 'gpm', 'dcgm'), or why it is None."""
+
+
+def combine(source: GpuActivitySource, values: dict[str, float | None],
+            threshold: float) -> tuple[float | None, str]:
+    """One server's GPU signal from its devices: the busiest device.
+
+    A device above the threshold makes the server busy; but a quiet device
+    next to an unreadable one proves nothing, so the signal is then unknown.
+    """
+    if not values:
+        return None, "no devices found for this server"
+    known = {u: v for u, v in values.items() if v is not None}
+    unknown = [u for u, v in values.items() if v is None]
+    if known:
+        best = max(known, key=lambda u: known[u])
+        if not unknown or known[best] > threshold:
+            return known[best], source.describe(best)
+    return None, "; ".join(f"{u}: {source.describe(u)}" for u in unknown)
+
+
+class StaticGpuSource:
+    """A test double with the real interface: the test sets each device's utilisation."""
+
+    name = "static"
+
+    def __init__(self, values: dict[str, float | None] | None = None,
+                 default: float | None = 0.0) -> None:
+        self.values = dict(values or {})
+        self.default = default
+
+    async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
+        return {u: self.values.get(u, self.default) for u in device_uuids}
+
+    def describe(self, uuid: str) -> str:
+        return "static" if self.values.get(uuid, self.default) is not None else \
+            "set unknown by the test"
+
+
+class NoGpuSource:
+    name = "none"
+
+    async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
+        return dict.fromkeys(device_uuids)
+
+    def describe(self, uuid: str) -> str:
+        return "no GPU activity source configured"
+
+
+class NvmlGpuSource:
+    """Embedded shape: NVML on this host. `nvml` is the pynvml module or a fake of it."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any = None) -> None:
+        self.nvml = nvml if nvml is not None else _load_pynvml()
+        self._ready: bool | None = None
+        self._init_error = ""
+        self._why: dict[str, str] = {}
+        self._gpm_prev: dict[str, Any] = {}  # MIG uuid -> the previous pass's GPM sample
+        self._lock = threading.Lock()  # one pass's threads share the sample buffers
+
+    async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
+        return await asyncio.to_thread(self._read_sync, list(device_uuids))
+
+    def describe(self, uuid: str) -> str:
+        return self._why.get(uuid, self._init_error or "not read yet")
+
+    def _read_sync(self, uuids: list[str]) -> dict[str, float | None]:
+        with self._lock:
+            if not self._ensure_init():
+                for u in uuids:
+                    self._why[u] = self._init_error
+                return dict.fromkeys(uuids)
+            out: dict[str, float | None] = {}
+            for u in uuids:
+                try:
+                    out[u] = self._read_one(u)
+                except self.nvml.NVMLError as e:
+                    self._why[u] = f"NVML: {e}"
+                    out[u] = None
+            return out
+
+    def _ensure_init(self) -> bool:
+        if self._ready is None:
+            if self.nvml is None:
+                self._ready, self._init_error = False, "NVML: pynvml is not installed"
+            else:
+                try:
+                    self.nvml.nvmlInit()
+                    self._ready = True
+                except self.nvml.NVMLError as e:
+                    self._ready, self._init_error = False, f"NVML not available: {e}"
+        return bool(self._ready)
+
+    def _read_one(self, uuid: str) -> float | None:
+        nvml = self.nvml
+        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+        if not (uuid.startswith("MIG-") or nvml.nvmlDeviceIsMigDeviceHandle(handle)):
+            self._why[uuid] = "nvml"
+            return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+        if not nvml.nvmlGpmQueryDeviceSupport(parent).isSupportedDevice:
+            self._why[uuid] = ("MIG device without GPM support on this GPU "
+                               "(NVML has no utilisation for MIG; use DCGM)")
+            return None
+        instance = nvml.nvmlDeviceGetGpuInstanceId(handle)
+        sample = nvml.nvmlGpmSampleAlloc()
+        try:
+            nvml.nvmlGpmMigSampleGet(parent, instance, sample)
+        except nvml.NVMLError:
+            nvml.nvmlGpmSampleFree(sample)
+            raise
+        previous = self._gpm_prev.get(uuid)
+        self._gpm_prev[uuid] = sample
+        if previous is None:
+            self._why[uuid] = "GPM: first sample (utilisation needs two)"
+            return None
+        try:
+            return self._gpm_util(uuid, previous, sample)
+        finally:
+            nvml.nvmlGpmSampleFree(previous)
+
+    def _gpm_util(self, uuid: str, first: Any, second: Any) -> float | None:
+        nvml = self.nvml
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 1
+        request.sample1, request.sample2 = first, second
+        request.metrics[0].metricId = nvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+        result = nvml.nvmlGpmMetricsGet(request).metrics[0]
+        if result.nvmlReturn != 0:
+            self._why[uuid] = f"GPM: metric error {result.nvmlReturn}"
+            return None
+        self._why[uuid] = "gpm"
+        return max(0.0, min(100.0, float(result.value)))
+
+    def forget(self, keep_uuids: set[str]) -> None:
+        with self._lock:
+            for uuid in set(self._gpm_prev) - keep_uuids:
+                self.nvml.nvmlGpmSampleFree(self._gpm_prev.pop(uuid))
+
+
+def dcgm_index(body: Any) -> dict[tuple[str, str], float]:
+    """{(GPU UUID, GPU instance id or ''): percent} from a Prometheus `/api/v1/query` answer."""
+    if not isinstance(body, dict) or body.get("status") != "success":
+        raise ValueError(f"Prometheus answered {str(body)[:200]}")
+    out: dict[tuple[str, str], float] = {}
+    for item in body.get("data", {}).get("result", []):
+        labels, (_ts, value) = item.get("metric", {}), item["value"]
+        key = (labels.get("UUID", ""), str(labels.get("GPU_I_ID", "")))
+        # DCGM reports the engine-active ratio 0..1.
+        out[key] = max(out.get(key, 0.0), max(0.0, min(100.0, float(value) * 100.0)))
+    return out
+
+
+class PrometheusDcgmSource:
+    """dcgm-exporter's DCGM_FI_PROF_GR_ENGINE_ACTIVE through the Prometheus HTTP API.
+
+    One query serves all servers of a pass (cached for `cache_s`). A full card
+    joins on its UUID label; a MIG device on its parent's UUID and GPU_I_ID,
+    from `mig_map` {MIG uuid: (GPU uuid, GPU instance id)}.
+    """
+
+    name = "dcgm"
+
+    def __init__(self, url: str, *, mig_map: dict[str, tuple[str, int]] | None = None,
+                 timeout_s: float = 5.0, cache_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.mig_map = dict(mig_map or {})
+        self.timeout_s, self.cache_s = timeout_s, cache_s
+        self._index: dict[tuple[str, str], float] = {}
+        self._fetched = -1e18
+        self._error = ""
+        self._why: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    async def _refresh(self) -> None:
+        async with self._lock:  # concurrent reads of one pass share one query
+            if time.monotonic() - self._fetched < self.cache_s:
+                return
+            url = f"{self.url}/api/v1/query?{urlencode({'query': DCGM_METRIC})}"
+            try:
+                timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+                async with aiohttp.ClientSession(timeout=timeout) as session, \
+                        session.get(url) as response:
+                    body = await response.json(content_type=None)
+                self._index, self._error = dcgm_index(body), ""
+            except Exception as e:  # down, refusing, or garbage: all unknown
+                self._index, self._error = {}, f"Prometheus: {type(e).__name__}: {e}"
+            self._fetched = time.monotonic()
+
+    async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
+        await self._refresh()
+        out: dict[str, float | None] = {}
+        for uuid in device_uuids:
+            key = (uuid, "")
+            if uuid in self.mig_map:
+                parent, instance = self.mig_map[uuid]
+                key = (parent, str(instance))
+            value = self._index.get(key)
+            if self._error:
+                self._why[uuid] = self._error
+            elif value is None:
+                self._why[uuid] = f"no {DCGM_METRIC} sample for {uuid}"
+            else:
+                self._why[uuid] = "dcgm"
+            out[uuid] = value
+        return out
+
+    def describe(self, uuid: str) -> str:
+        return self._why.get(uuid, self._error or "not read yet")

@@ -1,0 +1,168 @@
+"""`GET {base_url}gpulease/notices`: this server's notices from the gpulease hub service.
+
+The notebook server asks the gpulease service (`GET .../services/gpulease/api/notices`)
+with its own API token (`JUPYTERHUB_API_TOKEN`, granted
+`access:services!service=gpulease` through `Spawner.server_token_scopes`), keeps
+the answer for `CACHE_SECONDS` so that many open tabs make one request, and keeps
+only the notices of this server (`JUPYTERHUB_SERVER_NAME`, "" for the default one).
+
+A failure to reach the service is never an error to the browser: the answer is
+200 with an empty list and an `error` field saying what went wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+SERVICE_NAME = "gpulease"
+CACHE_SECONDS = 10.0
+REQUEST_TIMEOUT = 5.0
+NOTICE_FIELDS = ("server", "kind", "message", "deadline", "created")
+
+
+def notices_url(env: Mapping[str, str]) -> str | None:
+    """Where the gpulease service's notices endpoint is, from the server's environment.
+
+    In order: `GPULEASE_NOTICES_URL` (the endpoint itself); `GPULEASE_SERVICE_URL`
+    (the service's base URL including its prefix, e.g.
+    `http://127.0.0.1:10101/services/gpulease/`, set by the spawner: the direct
+    route, not through the proxy); else the hub's public URL
+    (`JUPYTERHUB_PUBLIC_HUB_URL`) or, failing that, the origin of
+    `JUPYTERHUB_API_URL`, with `{JUPYTERHUB_BASE_URL}services/gpulease/api/notices`.
+    """
+    if env.get("GPULEASE_NOTICES_URL"):
+        return env["GPULEASE_NOTICES_URL"]
+    if env.get("GPULEASE_SERVICE_URL"):
+        return url_path_join(env["GPULEASE_SERVICE_URL"], "api/notices")
+    origin_from = env.get("JUPYTERHUB_PUBLIC_HUB_URL") or env.get("JUPYTERHUB_API_URL")
+    if not origin_from:
+        return None
+    parts = urlsplit(origin_from)
+    if not parts.scheme or not parts.netloc:
+        return None
+    path = url_path_join(env.get("JUPYTERHUB_BASE_URL") or "/", "services", SERVICE_NAME,
+                         "api/notices")
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def for_server(payload: Any, server_name: str) -> list[dict[str, Any]]:
+    """The well-formed notices of `payload` that belong to `server_name`."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("notices"), list):
+        raise ValueError("the gpulease service answered without a `notices` list")
+    out = []
+    for notice in payload["notices"]:
+        if not isinstance(notice, dict) or not isinstance(notice.get("message"), str):
+            continue
+        if (notice.get("server") or "") != server_name:
+            continue
+        out.append({k: notice.get(k) for k in NOTICE_FIELDS} | {"server": server_name})
+    return out
+
+
+@dataclass
+class NoticesSource:
+    """Fetches and caches the notices; one request in flight at a time."""
+
+    url: str | None
+    token: str
+    server_name: str
+    ssl_options: dict[str, str] = field(default_factory=dict)
+    cache_seconds: float = CACHE_SECONDS
+    _at: float = field(default=-1e9, init=False)
+    _result: dict[str, Any] = field(default_factory=dict, init=False)
+    _inflight: asyncio.Future | None = field(default=None, init=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> NoticesSource:
+        ssl = {}
+        # With internal_ssl the hub hands the server a client certificate.
+        for key, env_key in (("client_key", "JUPYTERHUB_SSL_KEYFILE"),
+                             ("client_cert", "JUPYTERHUB_SSL_CERTFILE"),
+                             ("ca_certs", "JUPYTERHUB_SSL_CLIENT_CA")):
+            if env.get(env_key):
+                ssl[key] = env[env_key]
+        return cls(url=notices_url(env), token=env.get("JUPYTERHUB_API_TOKEN", ""),
+                   server_name=env.get("JUPYTERHUB_SERVER_NAME", ""), ssl_options=ssl)
+
+    async def get(self) -> dict[str, Any]:
+        if time.monotonic() - self._at < self.cache_seconds:
+            return self._result
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._refresh())
+        inflight = self._inflight
+        try:
+            return await asyncio.shield(inflight)
+        finally:
+            if inflight.done() and self._inflight is inflight:
+                self._inflight = None
+
+    async def _refresh(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"server": self.server_name}
+        try:
+            result["notices"] = await self._fetch()
+        except Exception as e:  # noqa: BLE001 - any failure is reported, never raised
+            result["notices"] = []
+            result["error"] = describe(e, self.url)
+        result["now"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._result, self._at = result, time.monotonic()
+        return result
+
+    async def _fetch(self) -> list[dict[str, Any]]:
+        if not self.url:
+            raise LookupError("no gpulease service URL (JUPYTERHUB_API_URL is not set)")
+        if not self.token:
+            raise LookupError("no API token (JUPYTERHUB_API_TOKEN is not set)")
+        request = HTTPRequest(
+            self.url,
+            headers={"Authorization": f"token {self.token}", "Accept": "application/json"},
+            connect_timeout=REQUEST_TIMEOUT,
+            request_timeout=REQUEST_TIMEOUT,
+            follow_redirects=False,
+            **self.ssl_options,
+        )
+        response = await AsyncHTTPClient().fetch(request)
+        return for_server(json.loads(response.body), self.server_name)
+
+
+def describe(e: Exception, url: str | None) -> str:
+    if isinstance(e, HTTPClientError):
+        return f"the gpulease service answered {e.code} ({url})"
+    if isinstance(e, LookupError):
+        return str(e)
+    if isinstance(e, ValueError):
+        return f"unreadable answer from the gpulease service ({url}): {e}"
+    return f"cannot reach the gpulease service ({url}): {e.__class__.__name__}: {e}"
+
+
+class NoticesHandler(APIHandler):
+    """The notices of this server, for the user's browser (or any authenticated client)."""
+
+    def initialize(self, source: NoticesSource) -> None:
+        self.source = source
+
+    @web.authenticated
+    async def get(self) -> None:
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(await self.source.get()))
+
+
+def setup_handlers(serverapp, env: Mapping[str, str] = os.environ) -> NoticesSource:
+    source = NoticesSource.from_env(env)
+    web_app = serverapp.web_app
+    route = url_path_join(web_app.settings["base_url"], "gpulease", "notices")
+    web_app.add_handlers(".*$", [(route, NoticesHandler, {"source": source})])
+    serverapp.log.info("gpulease: notices at %s from %s", route, source.url or "(no hub)")
+    return source
