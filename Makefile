@@ -8,15 +8,16 @@ BIN     = $(VENV)/bin
 # The official configurable-http-proxy is installed with npm inside the project.
 export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench clean labextension
 
 install: $(VENV)/.installed node_modules/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml singleuser/labextension/prebuilt/package.json
 	$(PYTHON) -c 'import sys; sys.exit("gpulease needs Python 3.11 or newer") if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m gpulease.singleuser.install
 	touch $@
 
 node_modules/.installed: package.json
@@ -35,6 +36,13 @@ test: install lint
 bench: install
 	$(BIN)/python bench/spawn.py --spawns 20
 	$(BIN)/python bench/billing.py
+
+# Rebuild the committed prebuilt labextension after editing singleuser/labextension/src
+# (needs Node and npm; installs never need it).
+labextension: $(VENV)/.installed
+	cd singleuser/labextension && npm ci --no-audit --no-fund --loglevel=error && \
+		PYTHON=$(CURDIR)/$(BIN)/python npm run build
+	$(BIN)/python -m gpulease.singleuser.install
 
 clean:
 	rm -rf $(VENV) node_modules

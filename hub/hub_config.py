@@ -214,6 +214,14 @@ def hub_config(s: HubSettings) -> Config:
     auth.admin_users = {s.admin_name}
 
     spawner = c.LocalGPUSpawner
+    # Every server's extension asks the gpulease service for its notices with
+    # the server's own token, which therefore may reach that service.
+    spawner.environment = {
+        "GPULEASE_SERVICE_URL": f"http://127.0.0.1:{s.service_port}/services/gpulease/",
+    }
+    spawner.server_token_scopes = [
+        "users:activity!user", "access:servers!server", f"access:services!service={SERVICE_NAME}",
+    ]
     spawner.db_url = s.db_url
     spawner.inventory_file = s.inventory_file
     spawner.catalog_file = s.catalog_file

@@ -148,7 +148,13 @@ def describe(e: Exception, url: str | None) -> str:
 
 
 class NoticesHandler(APIHandler):
-    """The notices of this server, for the user's browser (or any authenticated client)."""
+    """The notices of this server, for the user's browser (or any authenticated client).
+
+    Polling it is not activity: JupyterLab asks every 30 s from every open tab, and
+    counting that would keep an idle server alive as long as a tab stays open.
+    """
+
+    _track_activity = False
 
     def initialize(self, source: NoticesSource) -> None:
         self.source = source

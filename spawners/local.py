@@ -29,7 +29,7 @@ from traitlets import Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
-from gpulease.hub.ledger import BillingError
+from gpulease.hub.ledger import LOW_BALANCE_MINUTES, BillingError, minutes_left
 from gpulease.hub.options import OptionsRefused, ServerChoice, options_summary, resolve_user_options
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.state import StateDir, ensure_home
@@ -89,6 +89,7 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
             what=f"{profile.slug} needs {format_credits(needed)} for its minimum run of "
                  f"{format_duration(profile.min_run_s)}",
         )
+        spawner.gpulease_balance = ctx.ledger.balance(choice.account)
         return choice
 
     try:
@@ -129,6 +130,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
 
     gpulease_choice: ServerChoice | None = None
     gpulease_devices: tuple[str, ...] = ()
+    gpulease_balance: int = 0  # the account's balance when this start was admitted
     _options_to_restore: tuple[dict | None] | None = None
     _stopping: bool = False
 
@@ -300,10 +302,12 @@ class LocalGPUSpawner(LocalProcessSpawner):
         yield {"progress": 10,
                "message": f"Starting {profile.display_name} ({choice.image.name}) at "
                           f"{price} credits/h, charged to {choice.account}"}
-        meter = self.gpulease.meter
-        notice = meter.low.get(self.user.name) if meter else None
-        if notice:
-            yield {"progress": 20, "message": notice}
+        left = minutes_left(self.gpulease_balance, profile.price_per_hour_ucr)
+        if left is not None and left < LOW_BALANCE_MINUTES:
+            yield {"progress": 20,
+                   "message": f"Low balance: {format_credits(self.gpulease_balance)} credits on "
+                              f"{choice.account}, about {left} min at this price. The server "
+                              "stops when the balance reaches zero."}
 
     async def stop(self, now=False):
         # LocalProcessSpawner.stop polls while it waits for the process to end:
