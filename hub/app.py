@@ -19,9 +19,10 @@ from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from jupyterhub.app import aliases as hub_aliases
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Dict, default
 
 from gpulease.hub.accounts import ensure_first_admin
+from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.catalog import CatalogError
 from gpulease.hub.context import get_context
@@ -56,99 +57,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class GPULeaseHub(JupyterHub):
-    """The embedded gpulease hub."""
+class GPULeaseHub(GPULeaseOptions, JupyterHub):
+    """The embedded gpulease hub (its own options: gpulease.hub.app_options)."""
 
     name = "gpulease"
     description = "gpulease: GPU notebooks on JupyterHub, billed per second."
     aliases = Dict(gpulease_aliases)
-
-    state_dir = Unicode(
-        config=True,
-        help="The state folder: private/ (databases, secrets) and homes/. "
-        "Default: $GPULEASE_STATE, else ./.gpulease",
-    )
-    profiles_file = Unicode(
-        config=True,
-        help="Profiles file (YAML) applied at start when its content changed since last applied. "
-        "Default: the sample profiles shipped with gpulease.",
-    )
-    inventory_file = Unicode(
-        "",
-        config=True,
-        help="Declared inventory file (YAML) for hosts without a GPU, demos and tests. "
-        "Empty: NVML on this host, else the shipped demo inventory.",
-    )
-    catalog_file = Unicode(
-        "", config=True, help="Image catalog (YAML). Empty: the catalog shipped with gpulease."
-    )
-    admin_name = Unicode(
-        "admin",
-        config=True,
-        help="Name of the first-run admin account. Its password is $GPULEASE_ADMIN_PASSWORD "
-        "when set, else generated and printed once.",
-    )
-    billing_db_url = Unicode(
-        "",
-        config=True,
-        help="gpulease's own database (profiles, assignments, accounts, ledger). "
-        "Empty: SQLite in the state folder's private/.",
-    )
-    node_name = Unicode(
-        config=True, help="Name of this host in the inventory. Default: the host name."
-    )
-    admin_groups = List(
-        Unicode(), config=True, help="Hub groups whose members administer gpulease."
-    )
-    auditor_groups = List(
-        Unicode(), config=True, help="Hub groups whose members may read gpulease's records."
-    )
-    config_file = Unicode(
-        "",
-        config=True,
-        help="A JupyterHub config file laid over gpulease's defaults (its settings win).",
-    )
-    heartbeat_interval = Float(
-        15.0,
-        config=True,
-        help="Seconds between billing heartbeats: running sessions are confirmed, accounts "
-        "at zero stopped. A hub crash loses or over-bills at most one interval.",
-    )
-
-    # --- notifications (suspend warnings, stops, credit low, queue) -------------
-    # The SMTP password is read from $GPULEASE_SMTP_PASSWORD only, never a trait:
-    # secrets stay out of config files and config dumps.
-    notify_webhook_url = Unicode(
-        "",
-        config=True,
-        help="One incoming-webhook URL (Slack or Teams) where users who choose 'webhook' "
-        "are told, by name, about suspend warnings and stops. Empty: no webhook.",
-    )
-    smtp_host = Unicode(
-        "", config=True, help="SMTP relay for email notifications. Empty: no email."
-    )
-    smtp_port = Integer(25, config=True, help="Port of the SMTP relay (465: implicit TLS).")
-    smtp_from = Unicode(
-        "gpulease@localhost", config=True, help="Sender address of notification mails."
-    )
-    smtp_starttls = Bool(
-        False, config=True, help="Upgrade the SMTP connection with STARTTLS before sending."
-    )
-    smtp_username = Unicode(
-        "",
-        config=True,
-        help="SMTP login name; empty: no login. The password comes from "
-        "$GPULEASE_SMTP_PASSWORD.",
-    )
-
-    @validate("notify_webhook_url")
-    def _check_webhook_url(self, proposal):
-        from gpulease.hub.notifier import check_webhook_url
-
-        try:
-            return check_webhook_url(proposal.value) if proposal.value else ""
-        except ValueError as e:
-            raise TraitError(str(e)) from None
 
     @default("ip")
     def _default_ip(self):
@@ -227,13 +141,32 @@ class GPULeaseHub(JupyterHub):
             chp_command=project_chp(),
             admin_groups=tuple(self.admin_groups),
             auditor_groups=tuple(self.auditor_groups),
-            notify_webhook_url=self.notify_webhook_url,
-            smtp_host=self.smtp_host,
-            smtp_port=self.smtp_port,
-            smtp_from=self.smtp_from,
-            smtp_starttls=self.smtp_starttls,
-            smtp_username=self.smtp_username,
+            notify_webhook_url=self.notify_webhook_url, smtp_host=self.smtp_host,
+            smtp_port=self.smtp_port, smtp_from=self.smtp_from,
+            smtp_starttls=self.smtp_starttls, smtp_username=self.smtp_username,
+            public_url=self._public_url(),
+            culler=self._culler_settings(ctx.inventory.source),
         )
+
+    def _public_url(self) -> str:
+        """Where the proxy serves users, for services that reach servers through it."""
+        proto = "https" if self.ssl_cert else "http"
+        host = "127.0.0.1" if self.ip in ("", "0.0.0.0", "::") else self.ip
+        host = f"[{host}]" if ":" in host else host
+        return f"{proto}://{host}:{self.port}{self.base_url}"
+
+    def _culler_settings(self, inventory_source: str) -> dict[str, str] | None:
+        if not self.culler_enabled:
+            return None
+        gpu = self.culler_gpu_source or ("nvml" if inventory_source == "nvml" else "none")
+        return {
+            "port": str(_free_port()),
+            "interval": str(self.culler_interval),
+            "cpu_threshold": str(self.culler_cpu_threshold),
+            "gpu_threshold": str(self.culler_gpu_threshold),
+            "gpu_source": gpu,
+            "warn_before": self.culler_warn_before,
+        }
 
     async def init_spawners(self):
         count = await super().init_spawners()

@@ -19,6 +19,7 @@ from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.catalog import Catalog, load_catalog
 from gpulease.hub.db import open_database
 from gpulease.hub.ledger import Ledger
+from gpulease.hub.notices import NoticeStore
 from gpulease.hub.profile_store import ProfileStore
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.inventory import Inventory, discover_inventory
@@ -62,6 +63,10 @@ class GPULeaseContext:
     @cached_property
     def ledger(self) -> Ledger:
         return Ledger(self.engine)
+
+    @cached_property
+    def notices(self) -> NoticeStore:
+        return NoticeStore(self.engine)
 
     @cached_property
     def accounts(self) -> LocalAccountStore:

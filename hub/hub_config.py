@@ -18,6 +18,7 @@ from gpulease.hub.state import StateDir
 
 SERVICE_NAME = "gpulease"
 CLI_SERVICE_NAME = "gpulease-cli"
+CULLER_SERVICE_NAME = "gpulease-culler"
 ADMIN_SCOPE = "custom:gpulease:admin"
 AUDIT_SCOPE = "custom:gpulease:audit"
 
@@ -46,19 +47,24 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def low_balance_banner(s: HubSettings):
-    """template_vars callable: the low-balance notice of the page's user, if any.
-
-    Read from the meter's memory (refreshed every heartbeat), so rendering a
-    page costs no database query.
+    """template_vars callable: the page user's notices (suspend warnings, stops)
+    and low-balance warning, if any. The balance comes from the meter's memory
+    (refreshed every heartbeat); the notices cost one small query.
     """
 
     def banner(user) -> str:
         from gpulease.hub.context import get_context
+        from gpulease.hub.notices import banner_text
 
         if user is None:
             return ""
-        meter = get_context(s.db_url, s.inventory_file, s.catalog_file, s.node_name).meter
-        return (meter.low.get(user.name, "") if meter else "") or ""
+        ctx = get_context(s.db_url, s.inventory_file, s.catalog_file, s.node_name)
+        low = (ctx.meter.low.get(user.name, "") if ctx.meter else "") or ""
+        try:
+            notices = banner_text(ctx.notices.active(user.name))
+        except Exception:  # a page must render even when the database is away
+            notices = ""
+        return " ".join(part for part in (notices, low) if part)
 
     return banner
 
@@ -104,6 +110,15 @@ def notify_environment(s: HubSettings) -> dict:
     }
 
 
+# What the idle culler needs: users, their servers and activity, each server's
+# state (pid, devices), its kernels, and gpulease's api/stop to suspend.
+CULLER_SCOPES = [
+    "list:users", "read:users:name", "read:users:activity", "read:servers",
+    "admin:server_state", "access:servers", f"access:services!service={SERVICE_NAME}",
+    ADMIN_SCOPE,
+]
+
+
 @dataclass(frozen=True)
 class HubSettings:
     state: StateDir
@@ -118,6 +133,8 @@ class HubSettings:
     chp_command: str | None
     admin_groups: tuple[str, ...] = ()
     auditor_groups: tuple[str, ...] = ()
+    public_url: str = "http://127.0.0.1:8000/"
+    culler: dict[str, str] | None = None  # GPULEASE_CULLER_* settings; None: no culler
     # Notifications (GPULeaseHub.notify_webhook_url, smtp_*).
     notify_webhook_url: str = ""
     smtp_host: str = ""
@@ -203,6 +220,28 @@ def hub_config(s: HubSettings) -> Config:
         },
     ]
 
+    if s.culler is not None:
+        hub.services.append({
+            "name": CULLER_SERVICE_NAME,
+            "display": False,
+            "url": f"http://127.0.0.1:{s.culler['port']}",
+            "command": [sys.executable, "-m", "gpulease.idle_culler"],
+            "environment": {
+                "GPULEASE_CULLER_HUB_URL": s.public_url,
+                **{f"GPULEASE_CULLER_{k.upper()}": v for k, v in s.culler.items()},
+            },
+        })
+        hub.load_roles.append({
+            "name": "gpulease-culler",
+            "description": "What the idle culler reads, and stopping idle servers through gpulease",
+            "services": [CULLER_SERVICE_NAME],
+            "scopes": CULLER_SCOPES,
+        })
+    # Activity that reaches the hub is what servers report (every minute, see
+    # the spawner's environment), not every request the proxy forwarded: an
+    # open JupyterLab tab polls constantly and would keep an idle GPU alive.
+    hub.last_activity_interval = 0
+
     proxy = c.ConfigurableHTTPProxy
     proxy.auth_token = s.proxy_token
     proxy.pid_file = str(s.state.proxy_pid_file)
@@ -218,6 +257,7 @@ def hub_config(s: HubSettings) -> Config:
     # the server's own token, which therefore may reach that service.
     spawner.environment = {
         "GPULEASE_SERVICE_URL": f"http://127.0.0.1:{s.service_port}/services/gpulease/",
+        "JUPYTERHUB_ACTIVITY_INTERVAL": "60",  # the culler's user-activity signal, per minute
     }
     spawner.server_token_scopes = [
         "users:activity!user", "access:servers!server", f"access:services!service={SERVICE_NAME}",

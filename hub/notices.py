@@ -23,7 +23,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, and_, insert, or_, select, update
+from sqlalchemy import Engine, and_, delete, insert, or_, select, update
 
 from gpulease.hub.db import notices, notification_prefs, utcnow
 from gpulease.hub.ledger import advisory_lock
@@ -136,24 +136,29 @@ class NoticeStore:
         _check_notice(user, server, kind, message)
         if kind in WARNING_KINDS and deadline is None:
             raise NoticeError("deadline", f"a {kind} needs a deadline")
-        superseded = [kind, *WARNING_KINDS] if kind in STOP_KINDS else [kind]
+        values = dict(message=message, deadline=deadline)
         with self.engine.begin() as conn:
             # Two posts for one server take turns (the unique index is the backstop).
             advisory_lock(conn, f"notices:{user}\0{server}")
             now = utcnow()
-            replaced = conn.execute(
-                update(notices)
-                .where(self._open(user, server), notices.c.kind.in_(superseded))
-                .values(cleared_at=now)
-                .returning(notices.c.kind)
-            ).scalars().all()
-            new_id = conn.execute(
-                insert(notices).values(user_name=user, server_name=server, kind=kind,
-                                       message=message, deadline=deadline, created_at=now)
-                .returning(notices.c.id)
-            ).scalar_one()
-            row = conn.execute(select(notices).where(notices.c.id == new_id)).one()
-        return _notice(row, replaced=kind in replaced)
+            if kind in STOP_KINDS:  # the warnings have come true
+                conn.execute(update(notices).where(
+                    self._open(user, server), notices.c.kind.in_(WARNING_KINDS)
+                ).values(cleared_at=now))
+            # Replaced in place: a culler re-posting its warning every pass adds no rows.
+            notice_id = conn.execute(
+                update(notices).where(self._open(user, server), notices.c.kind == kind)
+                .values(**values, created_at=now).returning(notices.c.id)
+            ).scalar()
+            replaced = notice_id is not None
+            if not replaced:
+                notice_id = conn.execute(
+                    insert(notices).values(user_name=user, server_name=server, kind=kind,
+                                           created_at=now, **values)
+                    .returning(notices.c.id)
+                ).scalar_one()
+            row = conn.execute(select(notices).where(notices.c.id == notice_id)).one()
+        return _notice(row, replaced=replaced)
 
     @staticmethod
     def _open(user: str, server: str | None):
@@ -172,6 +177,13 @@ class NoticeStore:
             where = and_(where, notices.c.kind.in_(list(kinds)))
         with self.engine.begin() as conn:
             return conn.execute(update(notices).where(where).values(cleared_at=utcnow())).rowcount
+
+    def purge(self, cleared_before: dt.datetime) -> int:
+        """Delete notices cleared before a time (history nobody reads); how many."""
+        with self.engine.begin() as conn:
+            return conn.execute(delete(notices).where(
+                notices.c.cleared_at.is_not(None), notices.c.cleared_at < cleared_before
+            )).rowcount
 
     def server_started(self, user: str, server: str) -> int:
         """A server (re)started: its stop notices are history now."""

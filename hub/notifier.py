@@ -25,11 +25,13 @@ from email.utils import formatdate, make_msgid
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from traitlets import TraitError, Unicode
+
 from gpulease.hub.notices import Prefs
 
 __all__ = [
-    "Notifier", "SmtpNotifier", "WebhookNotifier", "backends_from_env", "check_webhook_url",
-    "dispatch", "render", "subject_for",
+    "Notifier", "SmtpNotifier", "WebhookNotifier", "WebhookURL", "backends_from_env",
+    "check_webhook_url", "dispatch", "render", "subject_for",
 ]
 
 log = logging.getLogger("gpulease.notifier")
@@ -125,6 +127,19 @@ def check_webhook_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"the webhook URL must be an http(s) URL, got {url!r}")
     return url
+
+
+class WebhookURL(Unicode):
+    """A config option: empty, or an http(s) URL (checked when set)."""
+
+    info_text = "an http(s) URL, or empty"
+
+    def validate(self, obj, value):
+        value = super().validate(obj, value)
+        try:
+            return check_webhook_url(value) if value else value
+        except ValueError as e:
+            raise TraitError(str(e)) from None
 
 
 def _slack_escape(text: str) -> str:

@@ -3,9 +3,9 @@
 Reading is staged to spare the servers: the cheap signals (hub activity,
 CPU, GPU) come first, and a server's own API (kernels, terminals) is read
 only when those alone would warn or suspend it. More signals can only make a
-server more active, so skipping them when the answer is already 'keep'
-changes no decision. Every failure is per server: logged, never the end of
-the pass.
+server more active, so skipping them when the answer is already 'keep' (or
+a max-runtime action, which activity does not change) changes no decision.
+Every failure is per server: logged, never the end of the pass.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
+import aiohttp
+
 from gpulease.idle_culler.cpu import CpuSource
 from gpulease.idle_culler.gpu import GpuActivitySource, combine
-from gpulease.idle_culler.hubapi import HubClient, ProfileLimits, ServerInfo
-from gpulease.idle_culler.kernels import read_activity
+from gpulease.idle_culler.hubapi import HubClient, HubError, ProfileLimits, ServerInfo
+from gpulease.idle_culler.kernels import NO_ANSWER, read_kernels, read_terminals
 from gpulease.idle_culler.metrics import CullerMetrics
 from gpulease.idle_culler.policy import (
     KEEP,
     SUSPEND,
+    WARN,
     Decision,
     ServerMemory,
     decide,
@@ -43,11 +46,14 @@ class CullerConfig:
     cpu_threshold: float = 10.0
     gpu_threshold: float = 5.0
     concurrency: int = 50
-    server_timeout_s: float = 5.0
+    slow_lane: int = 500
+    # jupyter_server answers /api/kernels in milliseconds; a server that takes
+    # longer is judged without its kernels this pass (never suspended for it).
+    server_timeout_s: float = 2.0
     warn_before_s: int = 300
     # For a server whose profile no longer exists (deleted with force).
     default_limits: ProfileLimits = ProfileLimits(1800, 0)
-    page_size: int = 500
+    page_size: int = 200  # JupyterHub's api_page_max_limit caps pages at 200 by default
 
 
 class Notices(Protocol):
@@ -98,14 +104,19 @@ class Culler:
         self.warned: dict[Key, str] = {}
         self.profiles: dict[str, ProfileLimits] | None = None
         self.holders: dict[Key, list[str]] | None = None
+        self.last_pass: tuple[datetime, PassReport] | None = None
+        self.slow: set[Key] = set()
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             started = time.monotonic()
             try:
                 await self.run_pass()
-            except Exception:
+            except (OSError, TimeoutError, aiohttp.ClientError, HubError) as e:
                 # The hub down or restarting: nothing is decided in this pass.
+                log.error("culler pass failed, the hub did not answer (%s: %s); next in %ss",
+                          type(e).__name__, e, self.config.interval_s)
+            except Exception:
                 log.exception("culler pass failed; next one in %ss", self.config.interval_s)
             wait = max(0.0, self.config.interval_s - (time.monotonic() - started))
             try:
@@ -120,9 +131,12 @@ class Culler:
             self._refresh_profiles(), self._refresh_holders())
         report = PassReport()
         limit = asyncio.Semaphore(self.config.concurrency)
+        # Servers that did not answer last time wait out their timeouts in a
+        # lane of their own, so a few hung servers cannot hold every slot.
+        slow_lane = asyncio.Semaphore(self.config.slow_lane)
 
         async def one(info: ServerInfo) -> None:
-            async with limit:
+            async with slow_lane if info.key in self.slow else limit:
                 try:
                     await self._judge(info, report)
                 except Exception as e:  # one server's trouble never ends the pass
@@ -134,9 +148,11 @@ class Culler:
         for key in set(self.memory) - alive:
             self.memory.pop(key, None)
             self.warned.pop(key, None)
+            self.slow.discard(key)
         self.cpu.forget(alive)
         self.metrics.forget(alive)
         report.seconds = time.monotonic() - t0
+        self.last_pass = (self.clock(), report)
         self.metrics.pass_seconds.observe(report.seconds)
         log.info("culler pass: %d servers, %d read, %d stopped, %d errors in %.2fs",
                  len(servers), report.read, len(report.stops), len(report.errors), report.seconds)
@@ -168,19 +184,23 @@ class Culler:
         return None
 
     async def _snapshot(self, info: ServerInfo) -> ServerSnapshot:
-        """The server with its cheap signals (hub, CPU, GPU); kernels not read yet."""
+        """The server with its cheap signals (hub, CPU, GPU) and its own API assumed quiet.
+
+        Stage one judges with no kernels and no terminals: the most idle the
+        server could possibly be. Only a warning or a suspension from that
+        needs the real kernels and terminals.
+        """
         limits = (self.profiles or {}).get(info.profile, self.config.default_limits)
         devices = self._devices(info)
-        cpu_task = asyncio.create_task(self.cpu.read(info.key, info.state))
+        cpu = await self.cpu.read(info.key, info.state)
         if devices:
             gpu, gpu_source = combine(self.gpu, await self.gpu.read(devices),
                                       self.config.gpu_threshold)
         else:
             gpu, gpu_source = None, "devices of this server unknown" if devices is None else "none"
-        cpu = await cpu_task
         return ServerSnapshot(
             user=info.user, server=info.server, profile=info.profile, started=info.started,
-            hub_last_activity=info.last_activity, kernels=None, kernels_error="not read yet",
+            hub_last_activity=info.last_activity, kernels=(),
             terminals_last_activity=None, cpu_percent=cpu.percent, cpu_error=cpu.error,
             gpu_percent=gpu, gpu_source=gpu_source, has_gpu=devices != [],
             idle_timeout_s=limits.idle_timeout_s, max_runtime_s=limits.max_runtime_s,
@@ -199,18 +219,26 @@ class Culler:
         self.memory[info.key] = memory
         self.metrics.server(info.user, info.server, snap.cpu_percent, snap.gpu_percent)
         decision = self._decide(snap, memory)
-        needs_server = decision.action not in (KEEP, "stop_max_runtime") or (
-            "neither kernels nor CPU" in decision.reason)
-        if needs_server:
+        if decision.action in (WARN, SUSPEND):
             report.read += 1
-            activity = await read_activity(self.hub, info.url, c.server_timeout_s)
-            snap = replace(snap, kernels=activity.kernels, kernels_error=activity.kernels_error,
-                           terminals_last_activity=activity.terminals_last_activity,
-                           terminals_error=activity.terminals_error)
+            kernels, error = await read_kernels(self.hub, info.url, c.server_timeout_s)
+            if error == NO_ANSWER:
+                self.slow.add(info.key)
+            else:
+                self.slow.discard(info.key)
+            snap = replace(snap, kernels=kernels, kernels_error=error)
             decision = self._decide(snap, memory)
-        elif decision.action == KEEP:
-            decision.signals["kernels"] = "not read: other signals already keep the server"
-            decision.signals.pop("terminals", None)
+            # Terminals only if the kernels did not settle it (a busy kernel does).
+            if decision.action in (WARN, SUSPEND):
+                when, error = await read_terminals(self.hub, info.url, c.server_timeout_s)
+                snap = replace(snap, terminals_last_activity=when, terminals_error=error)
+                decision = self._decide(snap, memory)
+            else:
+                # decide() built this dict for this decision alone: completing it is safe.
+                decision.signals["terminals"] = "not read: the kernels decide"
+        else:
+            not_read = "not read: the other signals decide"
+            decision.signals.update(kernels=not_read, terminals=not_read)
         if self.profiles is None and decision.stops:
             decision = replace(decision, action=KEEP,
                                reason=decision.reason + "; profiles unknown: not stopping")

@@ -101,24 +101,25 @@ class HubError(Exception):
 class HubClient:
     """HTTP to the hub API, the gpulease service and the servers, with keep-alive.
 
-    A pass makes thousands of small requests: a pooled connection per host
-    (aiohttp) instead of a new one per request, bounded by `concurrency`.
+    A pass makes thousands of small requests: pooled keep-alive connections
+    (aiohttp) instead of a new one per request.
     """
 
     def __init__(self, api_url: str, public_url: str, token: str, *,
-                 concurrency: int = 50, timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0) -> None:
         self.api_url = api_url.rstrip("/")  # e.g. http://127.0.0.1:8081/hub/api
         self.public_url = public_url.rstrip("/")  # the proxy: servers and services
         self.token = token
         self.timeout_s = timeout_s
-        self.concurrency = concurrency
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:
         # Created lazily: an aiohttp session belongs to the running loop.
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.concurrency),
+                # The culler's semaphores bound the requests in flight; the pool
+                # must not, or hung servers' connections would starve the rest.
+                connector=aiohttp.TCPConnector(limit=0),
                 headers={"Authorization": f"token {self.token}"},
             )
         return self._session
@@ -139,7 +140,7 @@ class HubClient:
                 raise HubError(response.status, text[:200])
             return json.loads(text) if text else None
 
-    async def running_servers(self, page_size: int = 500) -> list[ServerInfo]:
+    async def running_servers(self, page_size: int = 200) -> list[ServerInfo]:
         """Every ready server, page by page (JupyterHub 6 pagination)."""
         servers: list[ServerInfo] = []
         seen: set[tuple[str, str]] = set()

@@ -7,20 +7,13 @@ in time is reported as unknown (with why), never as quiet.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from gpulease.idle_culler.hubapi import HubClient, HubError, parse_time
 from gpulease.idle_culler.signals import KernelState
 
-
-@dataclass(frozen=True)
-class ServerActivity:
-    kernels: tuple[KernelState, ...] | None
-    kernels_error: str
-    terminals_last_activity: datetime | None
-    terminals_error: str
+NO_ANSWER = "no answer in time"
 
 
 def parse_kernels(body: Any) -> tuple[KernelState, ...]:
@@ -49,26 +42,32 @@ def parse_terminals(body: Any) -> datetime | None:
 
 def describe_error(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-        return "no answer in time"
+        return NO_ANSWER
     if isinstance(exc, HubError):
         return f"HTTP {exc.status}"
     return f"{type(exc).__name__}: {exc}"
 
 
-async def read_activity(hub: HubClient, server_url: str, timeout_s: float) -> ServerActivity:
-    """Kernels and terminals of one server, each unknown on its own if it fails."""
+async def _get(hub: HubClient, server_url: str, path: str, timeout_s: float, parse):
+    try:
+        body = await asyncio.wait_for(hub.server_json(server_url, path, timeout_s),
+                                      timeout_s + 1)
+        return parse(body), ""
+    except Exception as exc:  # any failure is 'unknown', whatever it is
+        return None, describe_error(exc)
 
-    async def one(path: str, parse):
-        try:
-            body = await asyncio.wait_for(hub.server_json(server_url, path, timeout_s),
-                                          timeout_s + 1)
-            return parse(body), ""
-        except Exception as exc:  # any failure is 'unknown', whatever it is
-            return None, describe_error(exc)
 
-    (kernels, k_err), (terms, t_err) = await asyncio.gather(
-        one("api/kernels", parse_kernels), one("api/terminals", parse_terminals))
-    if t_err.startswith("HTTP 404"):
+async def read_kernels(hub: HubClient, server_url: str,
+                       timeout_s: float) -> tuple[tuple[KernelState, ...] | None, str]:
+    """The server's kernels, or None and why they could not be read."""
+    return await _get(hub, server_url, "api/kernels", timeout_s, parse_kernels)
+
+
+async def read_terminals(hub: HubClient, server_url: str,
+                         timeout_s: float) -> tuple[datetime | None, str]:
+    """The latest terminal activity (None: no terminal), or None and why it is unknown."""
+    when, error = await _get(hub, server_url, "api/terminals", timeout_s, parse_terminals)
+    if error.startswith("HTTP 404"):
         # A server without jupyter_server_terminals has no terminals at all.
-        terms, t_err = None, ""
-    return ServerActivity(kernels, k_err, terms, t_err)
+        return None, ""
+    return when, error

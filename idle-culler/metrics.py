@@ -22,27 +22,25 @@ class CullerMetrics:
         self.pass_seconds = Histogram(
             "gpulease_culler_pass_seconds", "Duration of one culler pass over all servers",
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=self.registry)
-        self._labelled: set[tuple[str, str]] = set()
+        # Each server's labelled children, cached: labels() costs a lock and a lookup.
+        self._children: dict[tuple[str, str], list] = {}
 
     def server(self, user: str, server: str, cpu: float | None, gpu: float | None) -> None:
         """Set one server's gauges; an unknown value is left out rather than shown as 0."""
-        key = (user, server)
-        for gauge, value in ((self.cpu, cpu), (self.gpu, gpu)):
+        children = self._children.setdefault((user, server), [None, None])
+        for i, (gauge, value) in enumerate(((self.cpu, cpu), (self.gpu, gpu))):
             if value is None:
-                try:
+                if children[i] is not None:
                     gauge.remove(user, server)
-                except KeyError:
-                    pass
+                    children[i] = None
             else:
-                gauge.labels(user=user, server=server).set(value)
-        self._labelled.add(key)
+                if children[i] is None:
+                    children[i] = gauge.labels(user=user, server=server)
+                children[i].set(value)
 
     def forget(self, keep: set[tuple[str, str]]) -> None:
         """Drop the series of servers no longer running."""
-        for user, server in self._labelled - keep:
-            for gauge in (self.cpu, self.gpu):
-                try:
-                    gauge.remove(user, server)
-                except KeyError:
-                    pass
-        self._labelled &= keep
+        for key in set(self._children) - keep:
+            for gauge, child in zip((self.cpu, self.gpu), self._children.pop(key), strict=True):
+                if child is not None:
+                    gauge.remove(*key)

@@ -21,7 +21,7 @@ never suspends: nothing on the server's side confirms the idleness.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpulease.idle_culler.signals import ServerSnapshot, default_warn_before
@@ -79,13 +79,14 @@ def observe(
     """The memory after this pass's readings (fresh for a server not seen before)."""
     if memory is None or memory.started != snapshot.started:
         memory = ServerMemory(first_seen=now, started=snapshot.started)
-    if snapshot.cpu_percent is not None and snapshot.cpu_percent > cpu_threshold:
-        memory = replace(memory, cpu_active_at=now)
-    if snapshot.has_gpu and snapshot.gpu_percent is not None and (
-        snapshot.gpu_percent > gpu_threshold
-    ):
-        memory = replace(memory, gpu_active_at=now)
-    return memory
+    cpu_busy = snapshot.cpu_percent is not None and snapshot.cpu_percent > cpu_threshold
+    gpu_busy = snapshot.has_gpu and snapshot.gpu_percent is not None and (
+        snapshot.gpu_percent > gpu_threshold)
+    if not (cpu_busy or gpu_busy):
+        return memory
+    return ServerMemory(memory.first_seen, memory.started,
+                        now if cpu_busy else memory.cpu_active_at,
+                        now if gpu_busy else memory.gpu_active_at)
 
 
 def decide(

@@ -280,6 +280,10 @@ class LocalGPUSpawner(LocalProcessSpawner):
         return False
 
     async def _open_session(self, choice: ServerChoice) -> None:
+        try:  # a suspended notice lasts until the server runs again
+            await asyncio.to_thread(self.gpulease.notices.server_started, self.user.name, self.name)
+        except SQLAlchemyError as e:
+            self.log.warning("could not clear the notices of %s: %s", self._log_name, e)
         meter = self.gpulease.meter
         if meter is None:  # not under `gpulease up` (no metering configured)
             return

@@ -198,10 +198,12 @@ class HubProcess:
         raise TimeoutError(f"server {user}/{server} did not stop")
 
 
-def run_in_kernel(base_url: str, server_path: str, token: str, code: str, timeout: float = 60):
+def run_in_kernel(base_url: str, server_path: str, token: str, code: str, timeout: float = 60,
+                  keep_kernel: bool = False):
     """Start a kernel on a server through the proxy and run `code` over the websocket.
 
-    Returns the text the code printed.
+    Returns the text the code printed. The kernel is shut down afterwards
+    unless `keep_kernel` (then it stays, idle, with what the code started).
     """
     from websockets.sync.client import connect
 
@@ -237,5 +239,6 @@ def run_in_kernel(base_url: str, server_path: str, token: str, code: str, timeou
                 elif kind == "status" and reply["content"]["execution_state"] == "idle":
                     break
     finally:
-        requests.delete(f"{api}/kernels/{kernel_id}", headers=headers, timeout=30)
+        if not keep_kernel:
+            requests.delete(f"{api}/kernels/{kernel_id}", headers=headers, timeout=30)
     return "".join(out)

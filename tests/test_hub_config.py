@@ -36,3 +36,21 @@ def test_service_and_cli_token_roles(tmp_path):
     assert CLI_SERVICE_NAME in roles["gpulease-admin"]["services"]
     assert ADMIN_SCOPE in roles["gpulease-admin"]["scopes"]
     assert ADMIN_SCOPE in c.JupyterHub.custom_scopes
+
+
+def test_culler_service_and_its_role(tmp_path):
+    from dataclasses import replace
+
+    from gpulease.hub.hub_config import CULLER_SERVICE_NAME
+
+    s = replace(settings(tmp_path), culler={"port": "9998", "interval": "30"})
+    c = hub_config(s)
+    services = {svc["name"]: svc for svc in c.JupyterHub.services}
+    assert services[CULLER_SERVICE_NAME]["environment"]["GPULEASE_CULLER_INTERVAL"] == "30"
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert {"list:users", "admin:server_state", "access:servers"} <= set(
+        roles["gpulease-culler"]["scopes"])
+    assert roles["gpulease-culler"]["services"] == [CULLER_SERVICE_NAME]
+    assert c.JupyterHub.last_activity_interval == 0
+    assert CULLER_SERVICE_NAME not in {svc["name"] for svc in hub_config(settings(tmp_path))
+                                       .JupyterHub.services}

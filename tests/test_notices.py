@@ -46,8 +46,9 @@ def test_an_open_notice_of_the_same_kind_is_replaced(store, engine):
     assert again.replaced
     active = store.active("alice", "train")
     assert [x.message for x in active] == ["second"]
-    with engine.connect() as conn:
-        assert conn.execute(select(func.count()).select_from(notices)).scalar() == 2
+    assert active[0].id == again.id
+    with engine.connect() as conn:  # replaced in place: re-posting adds no rows
+        assert conn.execute(select(func.count()).select_from(notices)).scalar() == 1
     # another server or kind is a different notice
     other = store.post("alice", "eval", "idle_warning", "eval", soon())
     assert not other.replaced and len(store.active("alice")) == 2
@@ -97,6 +98,15 @@ def test_suspended_replaces_warnings_and_stays_until_the_server_starts(store):
     assert [x.kind for x in store.active("alice", "train", now=later)] == ["suspended"]
     assert store.server_started("alice", "train") == 1
     assert store.active("alice", "train") == []
+
+
+def test_purge_deletes_old_cleared_notices_only(store):
+    store.post("alice", "train", "credit_low", "old")
+    store.clear("alice", "train")
+    store.post("alice", "train", "credit_low", "open")
+    assert store.purge(utcnow() - dt.timedelta(days=1)) == 0
+    assert store.purge(utcnow() + dt.timedelta(seconds=1)) == 1
+    assert [x.message for x in store.active("alice")] == ["open"]
 
 
 def test_stale_warnings_are_not_shown(store):

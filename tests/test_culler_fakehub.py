@@ -1,0 +1,279 @@
+"""FakeCullerHub: a TEST DOUBLE of the hub, proxy and gpulease-service endpoints the culler calls.
+
+Paginated `GET /hub/api/users?state=active`, each server's `/api/kernels` and
+`/api/terminals` (some hang or answer 503), `api/profiles`, `api/inventory`
+and `api/stop`. Used by tests/test_culler_pass.py and bench/culler.py; never
+outside tests. Its timestamps are fixed relative to REF and the culler's
+clock is moved instead. (No tests in here; the name only follows the
+test_culler_* file pattern.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from tornado import web
+
+from gpulease.idle_culler.cpu import StaticCpuSource
+from gpulease.idle_culler.culler import Culler, CullerConfig
+from gpulease.idle_culler.gpu import StaticGpuSource
+from gpulease.idle_culler.hubapi import HubClient
+
+REF = datetime(2025, 3, 3, 9, 0, tzinfo=UTC)
+TOKEN = "culler-secret"
+KINDS = ["idle", "busy-kernel", "kernel-recent", "hub-recent", "cpu-busy", "gpu-busy",
+         "gpu-memory-only", "dead-hang-cpu-idle", "dead-503-cpu-unknown", "terminal-recent"]
+STOPPED_KINDS = {"idle", "gpu-memory-only", "dead-hang-cpu-idle"}
+
+
+def iso(when: datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class FakeServer:
+    user: str
+    name: str
+    kind: str
+    profile: str = "h200-1g"
+    started: datetime = REF - timedelta(hours=2)
+    hub_activity: datetime = REF - timedelta(hours=1)
+    kernel_state: str = "idle"
+    kernel_activity: datetime = REF - timedelta(hours=1)
+    terminal_activity: datetime | None = None
+    kernels_fail: str = ""  # "hang" | "503" | ""
+    devices: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.user, self.name)
+
+    @property
+    def url(self) -> str:
+        return f"/user/{self.user}/{self.name + '/' if self.name else ''}"
+
+
+def make_server(i: int, recent: datetime) -> FakeServer:
+    """Server number i; its kind is KINDS[i % 10]; 'recent' is a minute before the deciding pass."""
+    kind = KINDS[i % len(KINDS)]
+    s = FakeServer(f"u{i}", "train" if i % 3 == 0 else "", kind, devices=[f"MIG-{i}"])
+    if kind == "busy-kernel":
+        s.kernel_state = "busy"
+    elif kind == "kernel-recent":
+        s.kernel_activity = recent
+    elif kind == "hub-recent":
+        s.hub_activity = recent
+    elif kind == "terminal-recent":
+        s.terminal_activity = recent
+    elif kind == "dead-hang-cpu-idle":
+        s.kernels_fail = "hang"
+    elif kind == "dead-503-cpu-unknown":
+        s.kernels_fail = "503"
+    return s
+
+
+def sources_for(servers: list[FakeServer]) -> tuple[StaticCpuSource, StaticGpuSource]:
+    cpu = StaticCpuSource({s.key: 250.0 for s in servers if s.kind == "cpu-busy"}, default=0.5)
+    cpu.values.update({s.key: None for s in servers if s.kind == "dead-503-cpu-unknown"})
+    gpu = StaticGpuSource({d: 60.0 for s in servers if s.kind == "gpu-busy" for d in s.devices},
+                          default=0.0)
+    return cpu, gpu
+
+
+class FakeCullerHub:
+    """The hub API (paginated users), servers' kernels/terminals, and the gpulease service."""
+
+    def __init__(self, servers: list[FakeServer], *, hang_s: float = 3.0,
+                 profiles: dict | None = None) -> None:
+        self.servers = {s.key: s for s in servers}
+        self.hang_s = hang_s
+        self.profiles = profiles or {"h200-1g": ("30m", "0")}
+        self.profiles_fail = False
+        self.stops: list[dict] = []
+        self.pages = 0
+        self.server_reads = 0
+        self._models: list[dict] | None = None
+
+    def app(self) -> web.Application:
+        args = {"hub": self}
+        return web.Application([
+            (r"/hub/api/users", UsersHandler, args),
+            (r"/services/gpulease/api/profiles", ProfilesHandler, args),
+            (r"/services/gpulease/api/inventory", InventoryHandler, args),
+            (r"/services/gpulease/api/stop", StopHandler, args),
+            (r"/user/([^/]+)/(?:([^/]+)/)?api/(kernels|terminals)", ServerApiHandler, args),
+        ], log_function=lambda handler: None)
+
+    def user_models(self) -> list[dict]:
+        # Built once per change, not per page: the double must not be the bottleneck.
+        if self._models is None:
+            self._models = self._build_models()
+        return self._models
+
+    def _build_models(self) -> list[dict]:
+        users: dict[str, dict] = {}
+        for s in self.servers.values():
+            model = users.setdefault(s.user, {"kind": "user", "name": s.user, "servers": {}})
+            model["servers"][s.name] = {
+                "name": s.name, "ready": True, "pending": None, "stopped": False,
+                "started": iso(s.started), "last_activity": iso(s.hub_activity), "url": s.url,
+                "user_options": {"profile": s.profile},
+                "state": {"pid": 1000, "gpulease_devices": s.devices},
+            }
+        return list(users.values())
+
+
+class FakeHandler(web.RequestHandler):
+    def initialize(self, hub: FakeCullerHub) -> None:
+        self.hub = hub
+
+    def prepare(self) -> None:
+        if self.request.headers.get("Authorization") != f"token {TOKEN}":
+            raise web.HTTPError(403)
+
+
+class UsersHandler(FakeHandler):
+    def get(self) -> None:
+        assert self.get_argument("state") == "active"
+        self.hub.pages += 1
+        users = self.hub.user_models()
+        offset = int(self.get_argument("offset", "0"))
+        limit = min(int(self.get_argument("limit")), 200)  # JupyterHub's api_page_max_limit
+        if "application/jupyterhub-pagination+json" not in self.request.headers.get("Accept"):
+            self.finish(json.dumps(users))
+            return
+        page = users[offset:offset + limit]
+        following = offset + limit if offset + limit < len(users) else None
+        self.finish({"items": page, "_pagination": {
+            "offset": offset, "limit": limit, "total": len(users),
+            "next": None if following is None else {"offset": following, "limit": limit,
+                                                    "url": "/hub/api/users?..."}}})
+
+
+class ProfilesHandler(FakeHandler):
+    def get(self) -> None:
+        if self.hub.profiles_fail:
+            raise web.HTTPError(503)
+        self.finish({"profiles": [{"slug": slug, "idle_timeout": idle, "max_runtime": maximum}
+                                  for slug, (idle, maximum) in self.hub.profiles.items()]})
+
+
+class InventoryHandler(FakeHandler):
+    def get(self) -> None:
+        raise web.HTTPError(403)  # the culler copes with the state's devices alone
+
+
+class StopHandler(FakeHandler):
+    def post(self) -> None:
+        body = json.loads(self.request.body)
+        key = (body["user"], body["server"])
+        if key not in self.hub.servers:
+            raise web.HTTPError(409)
+        del self.hub.servers[key]
+        self.hub._models = None
+        self.hub.stops.append(body)
+        self.set_status(202)
+        self.finish(body)
+
+
+class ServerApiHandler(FakeHandler):
+    async def get(self, user: str, name: str | None, what: str) -> None:
+        assert self.get_argument("no_track_activity") == "1"
+        self.hub.server_reads += 1
+        s = self.hub.servers.get((user, name or ""))
+        if s is None:
+            raise web.HTTPError(503)
+        if s.kernels_fail == "hang":
+            await asyncio.sleep(self.hub.hang_s)
+            return  # the culler gave up long ago; answer nothing
+        if s.kernels_fail == "503":
+            raise web.HTTPError(503)
+        if what == "kernels":
+            body = [{"id": f"k-{user}", "name": "python3", "execution_state": s.kernel_state,
+                     "last_activity": iso(s.kernel_activity), "connections": 0}]
+        else:
+            body = [] if s.terminal_activity is None else [
+                {"name": "1", "last_activity": iso(s.terminal_activity)}]
+        self.finish(json.dumps(body))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class RecordingNotices:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    async def warn(self, user, server, decision):
+        self.events.append(("warn", user, decision.action))
+
+    async def cancel(self, user, server):
+        self.events.append(("cancel", user, ""))
+
+    async def suspended(self, user, server, decision):
+        self.events.append(("suspended", user, decision.action))
+
+
+async def start(servers, **kw):
+    hub = FakeCullerHub(servers, **kw)
+    port = free_port()
+    http = hub.app().listen(port, address="127.0.0.1")
+    base = f"http://127.0.0.1:{port}"
+    return hub, http, HubClient(f"{base}/hub/api", base, TOKEN)
+
+
+def culler_for(client, servers, clock, notices=None, **config):
+    cpu, gpu = sources_for(servers)
+    cfg = CullerConfig(server_timeout_s=0.5, **config)
+    return Culler(client, cpu, gpu, notices=notices or RecordingNotices(), config=cfg,
+                  clock=clock)
+
+
+DECIDE_AT = REF + timedelta(minutes=31)  # the deciding pass, after a first sight at REF
+RECENT = DECIDE_AT - timedelta(minutes=1)
+# Steady state: (kind, share). Past-timeout servers are few because each pass
+# stops them; the warning window holds about warn_before / typical idle time.
+MIX = [("hub-recent", 0.50), ("cpu-busy", 0.15), ("gpu-busy", 0.10), ("busy-kernel", 0.05),
+       ("kernel-recent", 0.05), ("terminal-recent", 0.02), ("warn-window", 0.08),
+       ("idle", 0.03), ("gpu-memory-only", 0.01), ("dead-503", 0.01)]
+
+
+def steady_fleet(n: int, seed: int, all_read: bool) -> list[FakeServer]:
+    """n servers in a steady-state mix (MIX); all_read: all kept by busy kernels only."""
+    rng = random.Random(seed)
+    kinds = [k for k, _ in MIX]
+    weights = [w for _, w in MIX]
+    servers = []
+    for i in range(n):
+        kind = "busy-kernel" if all_read else rng.choices(kinds, weights)[0]
+        s = FakeServer(f"u{i}", "train" if i % 4 == 0 else "", kind, devices=[f"MIG-{i}"])
+        if kind == "busy-kernel":
+            s.kernel_state = "busy"
+        elif kind == "kernel-recent":
+            s.kernel_activity = RECENT
+        elif kind == "hub-recent":
+            s.hub_activity = RECENT
+        elif kind == "terminal-recent":
+            s.terminal_activity = RECENT
+        elif kind == "warn-window":
+            s.hub_activity = s.kernel_activity = DECIDE_AT - timedelta(minutes=27)
+        elif kind == "dead-503":
+            s.kernels_fail = "503"
+        servers.append(s)
+    return servers

@@ -1,0 +1,162 @@
+"""The culler's pass over a FAKE hub: pagination, 2,000 servers, dead kernel endpoints, stops."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import aiohttp
+
+from gpulease.idle_culler.app import make_app
+from tests.test_culler_fakehub import (
+    REF,
+    STOPPED_KINDS,
+    Clock,
+    RecordingNotices,
+    culler_for,
+    free_port,
+    make_server,
+    start,
+)
+
+
+async def test_one_pass_over_2000_servers_suspends_only_the_idle_ones():
+    decide_at = REF + timedelta(minutes=31)
+    servers = [make_server(i, decide_at - timedelta(minutes=1)) for i in range(2000)]
+    hub, http, client = await start(servers)
+    clock = Clock(REF)
+    culler = culler_for(client, servers, clock)
+    try:
+        first = await culler.run_pass()  # the culler's first sight: nothing is idle yet
+        assert first.stops == {} and len(first.decisions) == 2000 and first.errors == {}
+        assert hub.pages == 10  # 2,000 users, 200 a page (the hub's maximum)
+        clock.now = decide_at
+        report = await culler.run_pass()
+    finally:
+        http.stop()
+        await client.close()
+    assert report.errors == {}
+    assert len(report.decisions) == 2000
+    expected = {s.key for s in servers if s.kind in STOPPED_KINDS}
+    assert set(report.stops) == expected
+    assert all(code == 202 for code in report.stops.values())
+    assert {(b["user"], b["server"]) for b in hub.stops} == expected
+    assert {b["reason"] for b in hub.stops} == {"idle"}
+    by_kind = {s.kind: report.decisions[s.key] for s in servers}
+    assert by_kind["dead-hang-cpu-idle"].signals["kernels"] == "unknown: no answer in time"
+    assert "neither kernels nor CPU" in by_kind["dead-503-cpu-unknown"].reason
+    assert by_kind["dead-503-cpu-unknown"].signals["kernels"] == "unknown: HTTP 503"
+    assert by_kind["gpu-memory-only"].signals["gpu"].startswith("0.0% compute")
+    assert by_kind["hub-recent"].signals["kernels"].startswith("not read")
+    # Servers busy by the cheap signals were not asked for their kernels.
+    assert report.read == 1400
+    assert len(culler.memory) == 2000 - len(expected)
+
+
+async def test_warning_then_activity_cancels_it():
+    server = make_server(0, REF)
+    hub, http, client = await start([server])
+    clock, notices = Clock(REF), RecordingNotices()
+    culler = culler_for(client, [server], clock, notices)
+    try:
+        await culler.run_pass()
+        clock.now = REF + timedelta(minutes=26)
+        report = await culler.run_pass()
+        assert report.decisions[server.key].action == "warn"
+        assert report.decisions[server.key].deadline == REF + timedelta(minutes=30)
+        await culler.run_pass()  # a warning is sent once, not every pass
+        assert notices.events == [("warn", "u0", "warn")]
+        server.kernel_activity = REF + timedelta(minutes=26, seconds=30)
+        clock.now = REF + timedelta(minutes=27)
+        report = await culler.run_pass()
+        assert report.decisions[server.key].action == "keep"
+        assert notices.events[-1] == ("cancel", "u0", "")
+        assert hub.stops == []
+    finally:
+        http.stop()
+        await client.close()
+
+
+async def test_max_runtime_stops_busy_servers_and_unreadable_profiles_stop_nothing():
+    servers = [make_server(i, REF) for i in (1, 4, 5)]  # busy kernel, CPU, GPU
+    hub, http, client = await start(servers, profiles={"h200-1g": ("30m", "2h")})
+    clock, notices = Clock(REF - timedelta(minutes=3)), RecordingNotices()
+    culler = culler_for(client, servers, clock, notices)
+    try:
+        report = await culler.run_pass()
+        assert {d.action for d in report.decisions.values()} == {"max_runtime_warn"}
+        hub.profiles_fail = True
+        clock.now = REF + timedelta(minutes=1)
+        # The profiles cannot be read now, but the last pass read them: still enforced.
+        report = await culler.run_pass()
+        assert {b["reason"] for b in hub.stops} == {"max_runtime"} and len(hub.stops) == 3
+        assert ("suspended", "u1", "stop_max_runtime") in notices.events
+    finally:
+        http.stop()
+        await client.close()
+
+    servers = [make_server(0, REF)]
+    hub, http, client = await start(servers)
+    hub.profiles_fail = True
+    culler = culler_for(client, servers, Clock(REF + timedelta(hours=5)))
+    try:
+        report = await culler.run_pass()
+        culler.clock = Clock(REF + timedelta(hours=6))
+        report = await culler.run_pass()
+        decision = report.decisions[servers[0].key]
+        assert decision.action == "keep" and "profiles unknown" in decision.reason
+        assert hub.stops == []
+    finally:
+        http.stop()
+        await client.close()
+
+
+async def test_metrics_and_health_are_served():
+    servers = [make_server(i, REF) for i in range(10)]
+    hub, http, client = await start(servers)
+    culler = culler_for(client, servers, Clock(REF))
+    port = free_port()
+    app_server = make_app(culler, "/services/gpulease-culler/", public_metrics=True).listen(
+        port, address="127.0.0.1")
+    try:
+        await culler.run_pass()
+        async with aiohttp.ClientSession() as session:
+            base = f"http://127.0.0.1:{port}/services/gpulease-culler"
+            async with session.get(f"{base}/metrics") as r:
+                text = await r.text()
+            async with session.get(f"{base}/") as r:
+                health = await r.json()
+    finally:
+        app_server.stop()
+        http.stop()
+        await client.close()
+    assert 'gpulease_server_cpu_percent{server="",user="u4"} 250.0' in text
+    assert 'gpulease_server_gpu_percent{server="",user="u5"} 60.0' in text
+    assert 'gpulease_culler_actions_total{action="keep"} 10.0' in text
+    assert "gpulease_culler_pass_seconds_count 1.0" in text
+    assert health["service"] == "gpulease-culler" and health["last_pass"]["servers"] == 10
+
+
+async def test_a_hung_server_moves_to_the_slow_lane_and_is_never_suspended_unconfirmed():
+    hung = make_server(7, REF)  # kernels endpoint hangs
+    servers = [hung]
+    hub, http, client = await start(servers, hang_s=1.0)
+    clock = Clock(REF)
+    culler = culler_for(client, servers, clock)
+    culler.cpu.values[hung.key] = None  # and its CPU cannot be read either
+    try:
+        await culler.run_pass()
+        clock.now = REF + timedelta(hours=3)
+        report = await culler.run_pass()
+        decision = report.decisions[hung.key]
+        assert decision.action == "keep" and "neither kernels nor CPU" in decision.reason
+        assert hung.key in culler.slow
+        assert hub.stops == []
+        # Once it answers again it leaves the slow lane; its idle kernels confirm the idleness.
+        hung.kernels_fail = ""
+        report = await culler.run_pass()
+        assert hung.key not in culler.slow
+        assert report.decisions[hung.key].action == "suspend"
+        assert hub.stops == [{"user": "u7", "server": "", "reason": "idle"}]
+    finally:
+        http.stop()
+        await client.close()

@@ -1,0 +1,284 @@
+"""The culler's signal readers: kernels parser, CPU of a process tree, NVML/GPM, Prometheus."""
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import pytest
+from tornado import web
+
+from gpulease.idle_culler.cpu import ProcessTreeCpuSource, TreeSample, percent_between
+from gpulease.idle_culler.gpu import (
+    DCGM_METRIC,
+    NoGpuSource,
+    NvmlGpuSource,
+    PrometheusDcgmSource,
+    StaticGpuSource,
+    combine,
+)
+from gpulease.idle_culler.hubapi import parse_holders, parse_profiles, servers_from_users
+from gpulease.idle_culler.kernels import parse_kernels, parse_terminals
+
+# --- kernels and terminals --------------------------------------------------------
+
+# As jupyter_server 2 answers GET /api/kernels and /api/terminals.
+KERNELS_JSON = """[
+ {"id": "0b4f", "name": "python3", "last_activity": "2025-03-03T09:41:07.123456Z",
+  "execution_state": "busy", "connections": 0},
+ {"id": "9c2e", "name": "python3", "last_activity": "2025-03-03T08:12:00.000000Z",
+  "execution_state": "idle", "connections": 2}
+]"""
+TERMINALS_JSON = """[{"name": "1", "last_activity": "2025-03-03T09:00:00.000000Z"},
+ {"name": "2", "last_activity": "2025-03-03T09:30:00.5Z"}]"""
+
+
+def test_kernels_parser_reads_state_activity_and_clients():
+    kernels = parse_kernels(json.loads(KERNELS_JSON))
+    assert [k.id for k in kernels] == ["0b4f", "9c2e"]
+    assert kernels[0].execution_state == "busy" and kernels[0].connections == 0
+    assert kernels[0].last_activity == datetime(2025, 3, 3, 9, 41, 7, 123456, tzinfo=UTC)
+    assert kernels[1].connections == 2
+    assert parse_kernels([]) == ()
+    with pytest.raises(ValueError):
+        parse_kernels({"message": "Forbidden"})
+
+
+def test_terminals_parser_takes_the_latest():
+    assert parse_terminals(json.loads(TERMINALS_JSON)) == datetime(2025, 3, 3, 9, 30, 0, 500000,
+                                                                   tzinfo=UTC)
+    assert parse_terminals([]) is None
+
+
+def test_hub_models_to_servers_profiles_and_holders():
+    users = [{"name": "ada", "servers": {
+        "": {"ready": True, "pending": None, "started": "2025-03-03T08:00:00.000000Z",
+             "last_activity": "2025-03-03T09:00:00.000000Z", "url": "/user/ada/",
+             "user_options": {"profile": "h200-1g"},
+             "state": {"pid": 4242, "gpulease_devices": ["MIG-aa"]}},
+        "gpu2": {"ready": False, "pending": "spawn", "started": None, "url": "/user/ada/gpu2/"},
+    }}]
+    [info] = servers_from_users(users)
+    assert info.key == ("ada", "") and info.profile == "h200-1g" and info.state["pid"] == 4242
+    assert info.started == datetime(2025, 3, 3, 8, tzinfo=UTC)
+    limits = parse_profiles({"profiles": [{"slug": "h200-1g", "idle_timeout": "30m",
+                                           "max_runtime": "1h30m"},
+                                          {"slug": "cpu", "idle_timeout": "0",
+                                           "max_runtime": "0"}]})
+    assert limits["h200-1g"].idle_timeout_s == 1800 and limits["h200-1g"].max_runtime_s == 5400
+    assert limits["cpu"].idle_timeout_s == 0
+    inv = {"nodes": [{"gpus": [{"devices": [
+        {"uuid": "MIG-aa", "holder": {"user": "ada", "server": ""}},
+        {"uuid": "MIG-bb", "holder": None}]}]}]}
+    assert parse_holders(inv) == {("ada", ""): ["MIG-aa"]}
+
+
+# --- CPU of a real process tree -----------------------------------------------------
+
+BURN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+# The burner runs as a grandchild: the whole tree counts, not only the top pid.
+PARENT = ("import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])")
+
+
+def test_percent_between_samples():
+    a = TreeSample(10, 1.0, 100.0, 5.0)
+    assert percent_between(a, TreeSample(10, 1.0, 102.0, 6.0)) == 50.0
+    assert percent_between(a, TreeSample(10, 1.0, 101.0, 4.0)) == 0.0  # a child vanished
+    assert percent_between(a, TreeSample(10, 2.0, 101.0, 9.0)) is None  # pid reused
+
+
+async def test_cpu_of_a_burning_tree_versus_a_sleeping_one():
+    burner = subprocess.Popen([sys.executable, "-c", PARENT, BURN])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        source = ProcessTreeCpuSource()
+        await asyncio.sleep(0.3)  # let the grandchild start
+        first = await source.read(("b", ""), {"pid": burner.pid})
+        assert first.percent is None and "first sample" in first.error
+        await source.read(("s", ""), {"pid": sleeper.pid})
+        await asyncio.sleep(1.0)
+        busy = await source.read(("b", ""), {"pid": burner.pid})
+        quiet = await source.read(("s", ""), {"pid": sleeper.pid})
+        assert busy.percent is not None and busy.percent > 50, busy
+        assert quiet.percent is not None and quiet.percent < 5, quiet
+    finally:
+        for p in (burner, sleeper):
+            p.kill()
+            p.wait()
+    gone = await source.read(("s", ""), {"pid": sleeper.pid})
+    assert gone.percent is None and "not found" in gone.error
+    assert "admin:server_state" in (await source.read(("x", ""), None)).error
+    assert "no pid" in (await source.read(("x", ""), {})).error
+    source.forget(set())
+    assert source.samples == {}
+
+
+# --- NVML against a fake pynvml (read only) -----------------------------------------
+
+class FakeNVMLError(Exception):
+    pass
+
+
+class FakeMetricsGet:
+    def __init__(self):
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)]
+
+
+class FakeNvml:
+    """The pynvml calls the GPU source makes. GPUs: uuid -> util; MIG: uuid -> (parent, gi)."""
+
+    NVMLError = FakeNVMLError
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_GRAPHICS_UTIL = 1
+    c_nvmlGpmMetricsGet_t = FakeMetricsGet
+
+    def __init__(self, gpus, migs, gpm_supported=True, library=True):
+        self.gpus, self.migs, self.gpm_supported, self.library = gpus, migs, gpm_supported, library
+        self.gi_busy_time: dict[tuple[str, int], float] = {}  # cumulative busy seconds
+        self.allocated: set[int] = set()
+        self._next = 0
+        self.calls: list[str] = []
+
+    def nvmlInit(self):
+        if not self.library:
+            raise FakeNVMLError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid not in self.gpus and uuid not in self.migs:
+            raise FakeNVMLError("Not Found")
+        return uuid
+
+    def nvmlDeviceIsMigDeviceHandle(self, h):
+        return h in self.migs
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        self.calls.append("util")
+        return SimpleNamespace(gpu=self.gpus[h], memory=40)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h):
+        return self.migs[h][0]
+
+    def nvmlDeviceGetGpuInstanceId(self, h):
+        return self.migs[h][1]
+
+    def nvmlGpmQueryDeviceSupport(self, parent):
+        return SimpleNamespace(isSupportedDevice=int(self.gpm_supported))
+
+    def nvmlGpmSampleAlloc(self):
+        self._next += 1
+        self.allocated.add(self._next)
+        return SimpleNamespace(id=self._next)
+
+    def nvmlGpmSampleFree(self, sample):
+        self.allocated.discard(sample.id)
+
+    def nvmlGpmMigSampleGet(self, parent, gi, sample):
+        self.calls.append(f"gpm {parent} {gi}")
+        sample.t = time.monotonic()
+        sample.busy = self.gi_busy_time.get((parent, gi), 0.0)
+        return sample
+
+    def nvmlGpmMetricsGet(self, request):
+        s1, s2 = request.sample1, request.sample2
+        request.metrics[0].value = 100.0 * (s2.busy - s1.busy) / max(1e-9, s2.t - s1.t)
+        return request
+
+
+async def test_nvml_utilisation_for_a_full_card():
+    nvml = FakeNvml({"GPU-1": 87, "GPU-2": 0}, {})
+    source = NvmlGpuSource(nvml)
+    values = await source.read(["GPU-1", "GPU-2"])
+    assert values == {"GPU-1": 87.0, "GPU-2": 0.0}
+    assert source.describe("GPU-1") == "nvml"
+    assert (await source.read(["GPU-9"]))["GPU-9"] is None
+    assert "Not Found" in source.describe("GPU-9")
+
+
+async def test_gpm_for_a_mig_device_needs_two_samples():
+    nvml = FakeNvml({"GPU-1": 0}, {"MIG-a": ("GPU-1", 3)})
+    source = NvmlGpuSource(nvml)
+    assert (await source.read(["MIG-a"]))["MIG-a"] is None
+    assert "first sample" in source.describe("MIG-a")
+    await asyncio.sleep(0.2)
+    nvml.gi_busy_time[("GPU-1", 3)] = 0.1  # busy half of the 0.2 s
+    value = (await source.read(["MIG-a"]))["MIG-a"]
+    assert value is not None and 20 < value < 60
+    assert source.describe("MIG-a") == "gpm"
+    assert "gpm GPU-1 3" in nvml.calls and "util" not in nvml.calls
+    assert len(nvml.allocated) == 1  # the previous sample is freed, the latest kept
+    source.forget(set())
+    assert nvml.allocated == set()
+
+
+async def test_mig_without_gpm_is_unknown_and_no_driver_is_unknown():
+    source = NvmlGpuSource(FakeNvml({}, {"MIG-a": ("GPU-1", 1)}, gpm_supported=False))
+    assert await source.read(["MIG-a"]) == {"MIG-a": None}
+    assert "without GPM" in source.describe("MIG-a")
+    source = NvmlGpuSource(FakeNvml({}, {}, library=False))
+    assert await source.read(["GPU-1"]) == {"GPU-1": None}
+    assert "Library Not Found" in source.describe("GPU-1")
+
+
+def test_combine_devices_busiest_wins_and_unknown_is_not_quiet():
+    s = StaticGpuSource({"a": 0.0, "b": 70.0, "c": None})
+    assert combine(s, {"a": 0.0, "b": 70.0}, 5.0) == (70.0, "static")
+    assert combine(s, {"b": 70.0, "c": None}, 5.0) == (70.0, "static")
+    assert combine(s, {"a": 0.0, "c": None}, 5.0)[0] is None
+    assert combine(s, {}, 5.0)[0] is None
+    none = NoGpuSource()
+    assert combine(none, {"x": None}, 5.0) == (None, "x: no GPU activity source configured")
+
+
+# --- Prometheus / dcgm-exporter -------------------------------------------------------
+
+PROM_ANSWER = {"status": "success", "data": {"resultType": "vector", "result": [
+    {"metric": {"__name__": DCGM_METRIC, "UUID": "GPU-full", "gpu": "0", "pod": "jupyter-ada"},
+     "value": [1741000000.0, "0.83"]},
+    {"metric": {"__name__": DCGM_METRIC, "UUID": "GPU-mig", "GPU_I_ID": "3",
+                "GPU_I_PROFILE": "1g.18gb"}, "value": [1741000000.0, "0.004"]},
+    {"metric": {"__name__": DCGM_METRIC, "UUID": "GPU-mig", "GPU_I_ID": "5"},
+     "value": [1741000000.0, "0.51"]},
+]}}
+
+
+class QueryHandler(web.RequestHandler):
+    def get(self):
+        self.application.settings["queries"].append(self.get_argument("query"))
+        self.finish(PROM_ANSWER)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_prometheus_dcgm_joins_by_uuid_and_gpu_instance():
+    queries: list[str] = []
+    app = web.Application([(r"/api/v1/query", QueryHandler)], queries=queries)
+    port = free_port()
+    server = app.listen(port, address="127.0.0.1")
+    try:
+        source = PrometheusDcgmSource(f"http://127.0.0.1:{port}",
+                                      mig_map={"MIG-x": ("GPU-mig", 3), "MIG-y": ("GPU-mig", 5)})
+        values = await source.read(["GPU-full", "MIG-x", "MIG-y", "MIG-unmapped"])
+        assert values["GPU-full"] == pytest.approx(83.0)
+        assert values["MIG-x"] == pytest.approx(0.4)
+        assert values["MIG-y"] == pytest.approx(51.0)
+        assert values["MIG-unmapped"] is None
+        assert source.describe("MIG-y") == "dcgm"
+        assert "no DCGM_FI_PROF_GR_ENGINE_ACTIVE sample" in source.describe("MIG-unmapped")
+        await source.read(["GPU-full"])  # cached: one query per pass, not per server
+        assert queries == [DCGM_METRIC]
+    finally:
+        server.stop()
+
+
+async def test_prometheus_down_is_unknown():
+    source = PrometheusDcgmSource(f"http://127.0.0.1:{free_port()}", timeout_s=2)
+    assert await source.read(["GPU-full"]) == {"GPU-full": None}
+    assert source.describe("GPU-full").startswith("Prometheus: ")

