@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import psutil
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner
 from sqlalchemy import event
@@ -317,10 +318,15 @@ class LocalGPUSpawner(LocalProcessSpawner):
         # LocalProcessSpawner.stop polls while it waits for the process to end:
         # that exit is this stop's doing, not a death.
         self._stopping = True
+        leftovers = _process_tree(self.pid)
         try:
             await super().stop(now=now)
         finally:
             self._stopping = False
+            # What the user started (a background training run, a terminal's
+            # jobs) must not outlive the server and keep using a GPU that is
+            # handed to someone else next.
+            await asyncio.to_thread(_end_processes, leftovers)
             # A stop through JupyterHub's own API or pages counts as the user's;
             # gpulease's api/stop records its reason on the session beforehand.
             await self._release("user")
@@ -372,3 +378,30 @@ class LocalGPUSpawner(LocalProcessSpawner):
     def clear_state(self):
         super().clear_state()
         self.gpulease_devices = ()
+
+
+def _process_tree(pid: int) -> list[psutil.Process]:
+    """The server's descendants (it may not be our child after a hub restart)."""
+    if not pid:
+        return []
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _end_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL what is left after `grace_s`."""
+    alive = []
+    for proc in procs:
+        try:
+            proc.terminate()
+            alive.append(proc)
+        except psutil.Error:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for proc in still:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass

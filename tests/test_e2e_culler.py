@@ -22,6 +22,7 @@ import requests
 import yaml
 
 from tests.hubproc import HubProcess, free_port, run_in_kernel
+from tests.test_notifier import SmtpSink, WebhookSink
 
 pytestmark = pytest.mark.e2e
 
@@ -33,8 +34,10 @@ PROFILES = {"profiles": [
     {"slug": "h200-full", "display_name": "H200", "gpu": {"model": "H200", "count": 1},
      "cpu": 2, "memory": "8Gi", "images": ["pytorch"], "price_per_hour": "1",
      "min_run": "1s", "idle_timeout": f"{IDLE}s"},
+    {"slug": "slow", "display_name": "Slow", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
+     "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": "20s"},
     {"slug": "short", "display_name": "Short", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
-     "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": "0", "max_runtime": "10s"},
+     "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": "0", "max_runtime": "25s"},
 ]}
 
 
@@ -66,13 +69,22 @@ def prometheus():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, prometheus):
+def sinks():
+    with SmtpSink() as smtp, WebhookSink() as hook:
+        yield smtp, hook
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, prometheus, sinks):
+    smtp, hook = sinks
     base = tmp_path_factory.mktemp("culler")
     profiles = base / "profiles.yaml"
     profiles.write_text(yaml.safe_dump(PROFILES))
     h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
+        "--GPULeaseHub.smtp_host=127.0.0.1", f"--GPULeaseHub.smtp_port={smtp.port}",
+        f"--GPULeaseHub.notify_webhook_url={hook.url}",
         f"--profiles={profiles}", "--GPULeaseHub.culler_interval=1",
-        "--GPULeaseHub.culler_warn_before=4s", f"--GPULeaseHub.culler_gpu_source=prometheus:{prometheus}",
+        "--GPULeaseHub.culler_warn_before=15s", f"--GPULeaseHub.culler_gpu_source=prometheus:{prometheus}",
         "--GPULeaseHub.heartbeat_interval=1", "--Spawner.poll_interval=1",
     ]).start()
     yield h
@@ -158,14 +170,16 @@ def test_c_cpu_burning_process_without_kernel_activity_is_kept(hub, admin):
     name, token = user(hub, admin)
     srv = start(hub, name, token, "cpu")
     # a background job started from the notebook; the kernel then sits idle
-    run_in_kernel(hub.url, srv["url"], token, (
+    pid = int(run_in_kernel(hub.url, srv["url"], token, (
         "import subprocess, sys\n"
-        "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
-        "print('started')"), keep_kernel=True)
+        "print(subprocess.Popen([sys.executable, '-c', 'while True: pass']).pid)"),
+        keep_kernel=True))
     time.sleep(IDLE + 6)
     assert is_running(hub, name, token), hub.log()[-3000:]
     hub.api("DELETE", f"users/{name}/server", token)
     hub.wait_server_stopped(name, token)
+    # stopping the server ends what it started: nothing keeps running unbilled
+    assert not _alive(pid)
 
 
 def test_d_busy_gpu_signal_keeps_a_server_alive(hub, admin):
@@ -184,9 +198,56 @@ def test_d_busy_gpu_signal_keeps_a_server_alive(hub, admin):
 def test_f_max_runtime_stops_a_busy_server(hub, admin):
     name, token = user(hub, admin)
     srv = start(hub, name, token, "short")
-    run_in_kernel(hub.url, srv["url"], token, (
+    pid = int(run_in_kernel(hub.url, srv["url"], token, (
         "import subprocess, sys\n"
-        "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
-        "print('busy')"), keep_kernel=True)
-    hub.wait_server_stopped(name, token, timeout=40)
+        "print(subprocess.Popen([sys.executable, '-c', 'while True: pass']).pid)"),
+        keep_kernel=True))
+    hub.wait_server_stopped(name, token, timeout=60)
     assert last_session(hub, token)["end_reason"] == "max_runtime"
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split()[2] == "Z":
+                    return False
+        except OSError:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_e_warning_by_mail_and_webhook_and_activity_cancels_it(hub, admin, sinks):
+    smtp, hook = sinks
+    ewa, ewa_token = user(hub, admin)
+    eli, eli_token = user(hub, admin)
+    r = hub.service("PUT", "api/me/notifications", ewa_token,
+                    {"channel": "email", "address": f"{ewa}@lab.example"})
+    assert r.status_code == 200, r.text
+    r = hub.service("PUT", "api/me/notifications", eli_token, {"channel": "webhook"})
+    assert r.status_code == 200, r.text
+    srv = start(hub, ewa, ewa_token, "slow")
+    start(hub, eli, eli_token, "slow")
+    started = time.monotonic()
+    mails = [m for m in smtp.wait(1, timeout=30) if m["To"] == f"{ewa}@lab.example"]
+    assert mails and "suspended" in mails[0].get_content(), mails
+    assert any(eli in b["text"] and "idle" in b["text"] for b in hook.wait(1, timeout=30))
+    notices = hub.service("GET", "api/notices", ewa_token).json()["notices"]
+    assert [n["kind"] for n in notices] == ["idle_warning"]
+    # the hub's pages show it too
+    page = hub.login_form(ewa, f"{ewa}-pw-1234").get(f"{hub.url}/hub/home", timeout=10).text
+    assert "gpulease-banner" in page
+    # activity: the user runs a cell; the warning is withdrawn and no suspend follows
+    run_in_kernel(hub.url, srv["url"], ewa_token, "print(1 + 1)")
+    deadline = time.monotonic() + 10
+    while hub.service("GET", "api/notices", ewa_token).json()["notices"]:
+        assert time.monotonic() < deadline, "the warning was not withdrawn after activity"
+        time.sleep(0.5)
+    time.sleep(max(0, started + 22 - time.monotonic()))  # past the first deadline
+    assert is_running(hub, ewa, ewa_token)
+    for name, token in ((ewa, ewa_token), (eli, eli_token)):
+        hub.api("DELETE", f"users/{name}/server", token)
+        hub.wait_server_stopped(name, token)
