@@ -1,6 +1,6 @@
 """Idle culler: one decision pass over 10,000 servers, and a replayed simulated week.
 
-  pass   10,000 simulated servers behind a FAKE hub (tests/test_culler_fakehub.py's
+  pass   10,000 simulated servers behind a FAKE hub (tests/culler_fakehub.py's
          FakeCullerHub, in a process of its own on loopback): paginated users,
          each server's /api/kernels and /api/terminals, api/profiles, api/stop.
          The culler sees them once (its memory starts there), then the clock
@@ -13,11 +13,13 @@
          gpulease's rule (policy.decide) and under jupyterhub-idle-culler's rule
          (hub last_activity older than the timeout, reported every 5 minutes),
          both at a 30-minute timeout. See `simulate_week` for the model.
+  lateness  20 real servers idle on `gpulease up` (60 s timeout, the shipped culler
+         interval): suspend time - (idle start + 60 s). See bench/culler_lateness.py.
 
-    .venv/bin/python bench/culler.py [--servers 10000] [--users 60] [--seed 7] [--only pass|week]
+    .venv/bin/python bench/culler.py [--servers 10000] [--users 60] [--seed 7]
+        [--lateness-servers 20] [--only pass|week|lateness]
 
-The last lines are `name: value`, one per figure. suspend_lateness_p95_s
-needs 20 real servers and is measured by the end-to-end benchmark, not here.
+The last lines are `name: value`, one per figure.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpulease.idle_culler.policy import SUSPEND, decide, observe  # noqa: E402
 from gpulease.idle_culler.signals import KernelState, ServerSnapshot  # noqa: E402
-from tests.test_culler_fakehub import (  # noqa: E402
+from tests.culler_fakehub import (  # noqa: E402
     DECIDE_AT,
     REF,
     TOKEN,
@@ -273,7 +275,8 @@ def main() -> None:
     p.add_argument("--servers", type=int, default=10_000)
     p.add_argument("--users", type=int, default=60)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--only", choices=["pass", "week"])
+    p.add_argument("--only", choices=["pass", "week", "lateness"])
+    p.add_argument("--lateness-servers", type=int, default=20)  # real ones, 4 starting at once
     p.add_argument("--hub-procs", type=int, default=1,
                    help="processes serving the fake hub (more where cores allow)")
     args = p.parse_args()
@@ -289,6 +292,9 @@ def main() -> None:
         for line in week.pop("_notes"):
             print(line)
         figures += [(k, f"{v:.3f}" if isinstance(v, float) else str(v)) for k, v in week.items()]
+    if args.only in (None, "lateness"):
+        from bench.culler_lateness import run as lateness  # Ctrl-C there cleans up, exits 130
+        figures += [(k, f"{v:.1f}") for k, v in lateness(args.lateness_servers).items()]
     for name, value in figures:
         print(f"{name}: {value}")
 

@@ -96,6 +96,7 @@ class Culler:
                  metrics: CullerMetrics | None = None,
                  clock: Callable[[], datetime] = utcnow) -> None:
         self.hub, self.cpu, self.gpu = hub, cpu, gpu
+        self.watching_since = clock()  # servers started later are watched all their life
         self.notices = notices or LogNotices()
         self.config = config or CullerConfig()
         self.metrics = metrics or CullerMetrics()
@@ -110,19 +111,36 @@ class Culler:
     async def run_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             started = time.monotonic()
+            report: PassReport | None = None
             try:
-                await self.run_pass()
+                report = await self.run_pass()
             except (OSError, TimeoutError, aiohttp.ClientError, HubError) as e:
                 # The hub down or restarting: nothing is decided in this pass.
                 log.error("culler pass failed, the hub did not answer (%s: %s); next in %ss",
                           type(e).__name__, e, self.config.interval_s)
             except Exception:
                 log.exception("culler pass failed; next one in %ss", self.config.interval_s)
-            wait = max(0.0, self.config.interval_s - (time.monotonic() - started))
+            wait = self.next_wait(report, time.monotonic() - started)
             try:
                 await asyncio.wait_for(stop.wait(), wait)
             except TimeoutError:
                 pass
+
+    def next_wait(self, report: PassReport | None, elapsed_s: float) -> float:
+        """Seconds until the next pass: the interval, or just after a warned deadline.
+
+        Without this a deadline that falls a fraction of a second after a pass
+        would wait a whole interval more, and a suspend could come up to two
+        intervals after its timeout.
+        """
+        wait = max(0.0, self.config.interval_s - elapsed_s)
+        if report is not None:
+            now = self.clock()
+            for decision in report.decisions.values():
+                if decision.warns and decision.deadline is not None:
+                    due = (decision.deadline - now).total_seconds() + 0.5
+                    wait = min(wait, max(0.5, due))
+        return wait
 
     async def run_pass(self) -> PassReport:
         t0 = time.monotonic()
@@ -215,7 +233,8 @@ class Culler:
         snap = await self._snapshot(info)
         c = self.config
         memory = observe(self.memory.get(info.key), snap, self.clock(),
-                         cpu_threshold=c.cpu_threshold, gpu_threshold=c.gpu_threshold)
+                         cpu_threshold=c.cpu_threshold, gpu_threshold=c.gpu_threshold,
+                         watching_since=self.watching_since)
         self.memory[info.key] = memory
         self.metrics.server(info.user, info.server, snap.cpu_percent, snap.gpu_percent)
         decision = self._decide(snap, memory)

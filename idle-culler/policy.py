@@ -75,10 +75,19 @@ def observe(
     *,
     cpu_threshold: float = 10.0,
     gpu_threshold: float = 5.0,
+    watching_since: datetime | None = None,
 ) -> ServerMemory:
-    """The memory after this pass's readings (fresh for a server not seen before)."""
+    """The memory after this pass's readings (fresh for a server not seen before).
+
+    A server that started while this culler was already watching has been in
+    view all its life (but for the moments before the next pass, when its
+    JupyterLab is still starting): its quiet counts from its start. Only
+    servers found running when the culler (re)started count from first sight.
+    """
     if memory is None or memory.started != snapshot.started:
-        memory = ServerMemory(first_seen=now, started=snapshot.started)
+        watched = watching_since is not None and snapshot.started >= watching_since
+        memory = ServerMemory(first_seen=snapshot.started if watched else now,
+                              started=snapshot.started)
     cpu_busy = snapshot.cpu_percent is not None and snapshot.cpu_percent > cpu_threshold
     gpu_busy = snapshot.has_gpu and snapshot.gpu_percent is not None and (
         snapshot.gpu_percent > gpu_threshold)

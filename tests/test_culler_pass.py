@@ -7,7 +7,7 @@ from datetime import timedelta
 import aiohttp
 
 from gpulease.idle_culler.app import make_app
-from tests.test_culler_fakehub import (
+from tests.culler_fakehub import (
     REF,
     STOPPED_KINDS,
     Clock,
@@ -160,3 +160,23 @@ async def test_a_hung_server_moves_to_the_slow_lane_and_is_never_suspended_uncon
     finally:
         http.stop()
         await client.close()
+
+
+def test_next_pass_comes_just_after_the_earliest_warned_deadline():
+    import datetime as dt
+
+    from gpulease.idle_culler.culler import Culler, CullerConfig, PassReport
+    from gpulease.idle_culler.policy import Decision
+
+    now = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+    culler = Culler.__new__(Culler)
+    culler.config = CullerConfig(interval_s=30.0)
+    culler.clock = lambda: now
+    report = PassReport()
+    assert culler.next_wait(report, elapsed_s=2.0) == 28.0
+    report.decisions[("a", "")] = Decision("warn", now, 50, now + dt.timedelta(seconds=10))
+    report.decisions[("b", "")] = Decision("keep", None, 0, None)
+    assert culler.next_wait(report, elapsed_s=2.0) == 10.5
+    report.decisions[("c", "")] = Decision("warn", now, 59.9, now + dt.timedelta(seconds=0.1))
+    assert culler.next_wait(report, elapsed_s=2.0) == 0.6
+    assert culler.next_wait(None, elapsed_s=40.0) == 0.0

@@ -203,3 +203,14 @@ def test_starting_kernel_counts_as_busy_and_signals_describe_values():
     assert d.signals["kernels"] == "1 kernel(s), 1 busy, 2 client(s)"
     assert d.signals["cpu"] == "3.2% of one core (threshold 10%)"
     assert "kernels" in d.reason
+
+
+def test_a_server_started_while_watched_counts_idle_from_its_start():
+    culler_start = T0
+    new = snap(started=T0 + timedelta(seconds=10))
+    fresh = observe(None, new, T0 + timedelta(seconds=40), watching_since=culler_start)
+    assert fresh.first_seen == new.started
+    # found running at a culler (re)start: counted from first sight only
+    found = observe(None, snap(started=T0 - timedelta(hours=1)), T0 + timedelta(seconds=40),
+                    watching_since=culler_start)
+    assert found.first_seen == T0 + timedelta(seconds=40)
