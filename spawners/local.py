@@ -16,12 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Any
 
-import psutil
-from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner
-from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from tornado import web
@@ -30,80 +26,16 @@ from traitlets import Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
-from gpulease.hub.ledger import LOW_BALANCE_MINUTES, BillingError, minutes_left
-from gpulease.hub.options import OptionsRefused, ServerChoice, options_summary, resolve_user_options
+from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
+from gpulease.hub.options import ServerChoice
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.state import StateDir, ensure_home
-from gpulease.hub.units import format_credits, format_duration, rate_cost
+from gpulease.hub.units import format_credits
+from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options
 from gpulease.spawners.options_form import options_from_form, render_options_form
 from gpulease.spawners.placement import NoFit, availability
 from gpulease.spawners.process_spec import build_process_spec
-
-DATABASE_DOWN = (
-    "gpulease's database cannot be reached, so no device can be placed safely; "
-    "running servers are not affected. Try again in a minute or tell your hub admin."
-)
-
-
-@event.listens_for(orm.Spawner.user_options, "set", active_history=True)
-def _remember_prior_options(target, value, oldvalue, initiator) -> None:
-    """Keep what a server's saved options were before this request replaced them.
-
-    Tagged with the asyncio task that replaced them, so that only a refusal in
-    that same start restores them (an empty-body start replaced nothing).
-    """
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    prior = None if oldvalue in (None,) or not isinstance(oldvalue, dict) else dict(oldvalue)
-    target._gpulease_prior_options = (task, prior)
-
-
-async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) -> None:
-    """Spawner.apply_user_options hook: validate and resolve the profile choice."""
-    orm_spawner = spawner.orm_spawner
-    prior = getattr(orm_spawner, "_gpulease_prior_options", None)
-    orm_spawner._gpulease_prior_options = None
-    replaced_now = prior is not None and prior[0] is asyncio.current_task()
-    spawner._options_to_restore = (prior[1],) if replaced_now else None
-    ctx = spawner.gpulease
-    user = spawner.user.name
-    # Read the hub's ORM here, on its own thread, not in the worker thread below.
-    groups = {g.name for g in spawner.user.groups}
-
-    def resolve_and_check_credit() -> ServerChoice:
-        choice = resolve_user_options(
-            user_options,
-            user=user,
-            user_groups=groups,
-            profiles=ctx.profiles.list(include_disabled=True),
-            catalog=ctx.catalog,
-            default_profile=ctx.profiles.get_default_profile(user),
-            # the ledger names accounts "group:NAME"; options speaks of group names
-            group_accounts={a.partition(":")[2] for a in ctx.ledger.group_accounts()},
-        )
-        profile = choice.profile
-        needed = rate_cost(profile.min_run_s, profile.price_per_hour_ucr)
-        ctx.ledger.check_start(
-            choice.account, user, needed,
-            what=f"{profile.slug} needs {format_credits(needed)} for its minimum run of "
-                 f"{format_duration(profile.min_run_s)}",
-        )
-        spawner.gpulease_balance = ctx.ledger.balance(choice.account)
-        return choice
-
-    try:
-        choice = await asyncio.to_thread(resolve_and_check_credit)
-    except OptionsRefused as refused:
-        spawner.refuse(refused.status, refused.message)
-    except BillingError as refused:
-        spawner.refuse(refused.status, refused.message)
-    except SQLAlchemyError as e:
-        spawner.log.error("gpulease database error resolving options: %s", e)
-        spawner.refuse(503, DATABASE_DOWN)
-    spawner.gpulease_choice = choice
-    spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(choice), choice.chosen_by)
+from gpulease.spawners.process_tree import end_processes, process_tree
 
 
 class LocalGPUSpawner(LocalProcessSpawner):
@@ -318,7 +250,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
         # LocalProcessSpawner.stop polls while it waits for the process to end:
         # that exit is this stop's doing, not a death.
         self._stopping = True
-        leftovers = _process_tree(self.pid)
+        leftovers = process_tree(self.pid)
         try:
             await super().stop(now=now)
         finally:
@@ -326,7 +258,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
             # What the user started (a background training run, a terminal's
             # jobs) must not outlive the server and keep using a GPU that is
             # handed to someone else next.
-            await asyncio.to_thread(_end_processes, leftovers)
+            await asyncio.to_thread(end_processes, leftovers)
             # A stop through JupyterHub's own API or pages counts as the user's;
             # gpulease's api/stop records its reason on the session beforehand.
             await self._release("user")
@@ -378,30 +310,3 @@ class LocalGPUSpawner(LocalProcessSpawner):
     def clear_state(self):
         super().clear_state()
         self.gpulease_devices = ()
-
-
-def _process_tree(pid: int) -> list[psutil.Process]:
-    """The server's descendants (it may not be our child after a hub restart)."""
-    if not pid:
-        return []
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _end_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL what is left after `grace_s`."""
-    alive = []
-    for proc in procs:
-        try:
-            proc.terminate()
-            alive.append(proc)
-        except psutil.Error:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace_s)
-    for proc in still:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass

@@ -1,0 +1,91 @@
+"""Admitting a start: resolving the profile choice and checking credit, before launch.
+
+JupyterHub 6.1 saves a start's `user_options` before any spawner code runs,
+so a refused start would overwrite the server's saved profile. The ORM hook
+below remembers what they were, tagged with the asyncio task that replaced
+them, so that only a refusal in that same start puts them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from jupyterhub import orm
+from sqlalchemy import event
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpulease.hub.ledger import BillingError
+from gpulease.hub.options import OptionsRefused, ServerChoice, options_summary, resolve_user_options
+from gpulease.hub.units import format_credits, format_duration, rate_cost
+
+if TYPE_CHECKING:
+    from gpulease.spawners.local import LocalGPUSpawner
+
+DATABASE_DOWN = (
+    "gpulease's database cannot be reached, so no device can be placed safely; "
+    "running servers are not affected. Try again in a minute or tell your hub admin."
+)
+
+
+@event.listens_for(orm.Spawner.user_options, "set", active_history=True)
+def _remember_prior_options(target, value, oldvalue, initiator) -> None:
+    """Keep what a server's saved options were before this request replaced them.
+
+    Tagged with the asyncio task that replaced them, so that only a refusal in
+    that same start restores them (an empty-body start replaced nothing).
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    prior = None if oldvalue in (None,) or not isinstance(oldvalue, dict) else dict(oldvalue)
+    target._gpulease_prior_options = (task, prior)
+
+
+async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) -> None:
+    """Spawner.apply_user_options hook: validate and resolve the profile choice."""
+    orm_spawner = spawner.orm_spawner
+    prior = getattr(orm_spawner, "_gpulease_prior_options", None)
+    orm_spawner._gpulease_prior_options = None
+    replaced_now = prior is not None and prior[0] is asyncio.current_task()
+    spawner._options_to_restore = (prior[1],) if replaced_now else None
+    ctx = spawner.gpulease
+    user = spawner.user.name
+    # Read the hub's ORM here, on its own thread, not in the worker thread below.
+    groups = {g.name for g in spawner.user.groups}
+
+    def resolve_and_check_credit() -> ServerChoice:
+        choice = resolve_user_options(
+            user_options,
+            user=user,
+            user_groups=groups,
+            profiles=ctx.profiles.list(include_disabled=True),
+            catalog=ctx.catalog,
+            default_profile=ctx.profiles.get_default_profile(user),
+            # the ledger names accounts "group:NAME"; options speaks of group names
+            group_accounts={a.partition(":")[2] for a in ctx.ledger.group_accounts()},
+        )
+        profile = choice.profile
+        needed = rate_cost(profile.min_run_s, profile.price_per_hour_ucr)
+        ctx.ledger.check_start(
+            choice.account, user, needed,
+            what=f"{profile.slug} needs {format_credits(needed)} for its minimum run of "
+                 f"{format_duration(profile.min_run_s)}",
+        )
+        spawner.gpulease_balance = ctx.ledger.balance(choice.account)
+        return choice
+
+    try:
+        choice = await asyncio.to_thread(resolve_and_check_credit)
+    except OptionsRefused as refused:
+        spawner.refuse(refused.status, refused.message)
+    except BillingError as refused:
+        spawner.refuse(refused.status, refused.message)
+    except SQLAlchemyError as e:
+        spawner.log.error("gpulease database error resolving options: %s", e)
+        spawner.refuse(503, DATABASE_DOWN)
+    spawner.gpulease_choice = choice
+    spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(choice), choice.chosen_by)
+
+

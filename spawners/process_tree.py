@@ -1,0 +1,32 @@
+"""A server's process tree: what it started, so that nothing outlives the server."""
+
+from __future__ import annotations
+
+import psutil
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The server's descendants (it may not be our child after a hub restart)."""
+    if not pid:
+        return []
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def end_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL what is left after `grace_s`."""
+    alive = []
+    for proc in procs:
+        try:
+            proc.terminate()
+            alive.append(proc)
+        except psutil.Error:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for proc in still:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
