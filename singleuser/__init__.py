@@ -1,8 +1,9 @@
 """gpulease.singleuser: what runs inside every notebook server.
 
 A jupyter-server extension (enabled by the `jupyter_server_config.d/gpulease.json`
-file that installing gpulease puts in the environment) serving
-`GET {base_url}gpulease/notices`, and the prebuilt JupyterLab extension
+file that installing gpulease puts in the environment) that counts only real
+use as activity (activity.py) and serves `GET {base_url}gpulease/notices`,
+and the prebuilt JupyterLab extension
 `gpulease-notices` that shows those notices in JupyterLab.
 
 Importing this package must stay cheap and must not import the hub side.
@@ -25,6 +26,8 @@ def _jupyter_labextension_paths():
 
 
 def _load_jupyter_server_extension(serverapp):
+    from .activity import install
     from .notices import setup_handlers
 
+    install()  # activity = use, not an open tab's polling (see activity.py)
     setup_handlers(serverapp)

@@ -251,3 +251,23 @@ def test_e_warning_by_mail_and_webhook_and_activity_cancels_it(hub, admin, sinks
     for name, token in ((ewa, ewa_token), (eli, eli_token)):
         hub.api("DELETE", f"users/{name}/server", token)
         hub.wait_server_stopped(name, token)
+
+
+def test_g_an_open_but_idle_tab_does_not_keep_a_server(hub, admin):
+    """JupyterLab left open polls the server; that is not use, and the server is suspended."""
+    name, token = user(hub, admin)
+    srv = start(hub, name, token, "cpu")
+    headers = {"Authorization": f"token {token}"}
+    t0 = time.monotonic()
+    deadline = t0 + IDLE + 30
+    polls = 0
+    while is_running(hub, name, token):
+        assert time.monotonic() < deadline, "an open tab's polling kept the server alive"
+        for path in ("api/kernels", "api/sessions", "api/terminals", "api/contents"):
+            requests.get(f"{hub.url}{srv['url']}{path}", headers=headers, timeout=10)
+        polls += 1
+        time.sleep(1)
+    # it polled all along, every second, until the server was suspended
+    assert polls >= 3 and time.monotonic() - t0 >= IDLE - 4
+    hub.wait_server_stopped(name, token)
+    assert last_session(hub, token)["end_reason"] == "idle"

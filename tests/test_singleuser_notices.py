@@ -267,3 +267,24 @@ def test_for_server_filters_and_rejects_malformed_answers():
     assert for_server({"notices": []}, "gpu2") == []
     with pytest.raises(ValueError):
         for_server({"error": "x"}, "gpu2")
+
+
+def test_an_open_tabs_polling_is_not_activity_but_use_is(server):
+    from gpulease.singleuser.activity import counts_as_use
+
+    assert not counts_as_use("GET") and counts_as_use("POST") and counts_as_use("put")
+    headers = {"Authorization": f"token {BROWSER_TOKEN}"}
+    # something counted as activity first, so that a change is visible below
+    requests.post(server.url + "api/contents", json={"type": "notebook"}, headers=headers,
+                  timeout=20).raise_for_status()
+    before = server.get("api/status").json()["last_activity"]
+    time.sleep(1.1)
+    for path in ("api/kernels", "api/sessions", "api/terminals", "api/contents",
+                 "api/kernelspecs"):
+        assert server.get(path).status_code == 200, path  # what an idle JupyterLab tab polls
+    assert server.get("api/status").json()["last_activity"] == before
+    # saving a file is use
+    r = requests.put(server.url + "api/contents/note.txt", headers=headers, timeout=20,
+                     json={"type": "file", "format": "text", "content": "x"})
+    assert r.status_code in (200, 201), r.text
+    assert server.get("api/status").json()["last_activity"] > before
