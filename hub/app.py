@@ -191,6 +191,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     async def start(self):
         await super().start()
+        self._stopping_tasks: set[asyncio.Task] = set()  # the credit enforcer's stops
         self._heartbeat = PeriodicCallback(self._heartbeat_once, self.heartbeat_interval * 1000)
         self._heartbeat.start()
         url = self.bind_url.rstrip("/") + "/"
@@ -229,7 +230,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             except Exception:
                 self.log.exception("could not stop %s", spawner._log_name)
 
-        asyncio.ensure_future(stop())
+        # Keep a reference: the event loop holds tasks only weakly.
+        task = asyncio.ensure_future(stop())
+        self._stopping_tasks.add(task)
+        task.add_done_callback(self._stopping_tasks.discard)
 
     async def cleanup(self):
         meter = self._ctx.meter if getattr(self, "_ctx", None) else None

@@ -112,6 +112,14 @@ def start(hub, name, token, profile, server=""):
     return hub.wait_server_ready(name, token, server)
 
 
+def start_cpu_burner(hub, srv, token) -> int:
+    """A background job started from a notebook (its pid); the kernel then sits idle."""
+    return int(run_in_kernel(hub.url, srv["url"], token, (
+        "import subprocess, sys\n"
+        "print(subprocess.Popen([sys.executable, '-c', 'while True: pass']).pid)"),
+        keep_kernel=True))
+
+
 def last_session(hub, token) -> dict:
     return hub.service("GET", "api/usage", token).json()["sessions"][-1]
 
@@ -170,10 +178,7 @@ def test_c_cpu_burning_process_without_kernel_activity_is_kept(hub, admin):
     name, token = user(hub, admin)
     srv = start(hub, name, token, "cpu")
     # a background job started from the notebook; the kernel then sits idle
-    pid = int(run_in_kernel(hub.url, srv["url"], token, (
-        "import subprocess, sys\n"
-        "print(subprocess.Popen([sys.executable, '-c', 'while True: pass']).pid)"),
-        keep_kernel=True))
+    pid = start_cpu_burner(hub, srv, token)
     time.sleep(IDLE + 6)
     assert is_running(hub, name, token), hub.log()[-3000:]
     hub.api("DELETE", f"users/{name}/server", token)
@@ -198,10 +203,7 @@ def test_d_busy_gpu_signal_keeps_a_server_alive(hub, admin):
 def test_f_max_runtime_stops_a_busy_server(hub, admin):
     name, token = user(hub, admin)
     srv = start(hub, name, token, "short")
-    pid = int(run_in_kernel(hub.url, srv["url"], token, (
-        "import subprocess, sys\n"
-        "print(subprocess.Popen([sys.executable, '-c', 'while True: pass']).pid)"),
-        keep_kernel=True))
+    pid = start_cpu_burner(hub, srv, token)
     hub.wait_server_stopped(name, token, timeout=60)
     assert last_session(hub, token)["end_reason"] == "max_runtime"
     assert not _alive(pid)
