@@ -208,6 +208,45 @@ notification_prefs = Table(
 )
 
 
+# --- admin: audit log, limits, spawn queue -----------------------------------
+# Every admin change: who, when, what, and the object before and after (JSON
+# text; NULL before a creation and after a deletion). Append-only; rows older
+# than the retention (`audit_retention`) are pruned.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", DateTime, nullable=False, index=True),
+    Column("actor", String(255), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(255), nullable=False),
+    Column("before", Text, nullable=True),
+    Column("after", Text, nullable=True),
+)
+
+# Concurrent GPU limits per `user:NAME` or `group:NAME`; NULL = no limit.
+limits = Table(
+    "limits",
+    metadata,
+    Column("subject", String(255), primary_key=True),
+    Column("max_gpus", Integer, nullable=True),
+    Column("max_slices", Integer, nullable=True),
+)
+
+# Spawns waiting for capacity, one row per waiting server; the row goes when
+# the spawn is placed, refused, cancelled or gives up.
+spawn_queue = Table(
+    "spawn_queue",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("profile", String(63), nullable=False),
+    Column("enqueued_at", DateTime, nullable=False),
+)
+Index("uq_spawn_queue_server", spawn_queue.c.user_name, spawn_queue.c.server_name, unique=True)
+
+
 def utcnow() -> dt.datetime:
     """Naive UTC now, as stored in every DateTime column."""
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)

@@ -66,3 +66,18 @@ def engine(db_url):
     eng = open_database(db_url)
     yield eng
     eng.dispose()
+
+
+# --- browser tests: a screenshot of every page when one fails ------------------
+pytest_plugins = ["tests.browser"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and hasattr(item, "_gpulease_browser_contexts"):
+        from tests.browser import save_screenshots
+
+        for path in save_screenshots(item):
+            report.sections.append(("screenshot", str(path)))
