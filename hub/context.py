@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.engine import Engine
 
 from gpulease.hub.accounts import LocalAccountStore
+from gpulease.hub.audit import AuditLog
 from gpulease.hub.catalog import Catalog, load_catalog
 from gpulease.hub.db import open_database
 from gpulease.hub.ledger import Ledger
@@ -71,6 +72,10 @@ class GPULeaseContext:
     @cached_property
     def accounts(self) -> LocalAccountStore:
         return LocalAccountStore(self.engine)
+
+    @cached_property
+    def audit(self) -> AuditLog:
+        return AuditLog(self.engine)
 
 
 _contexts: dict[tuple[str, str, str, str], GPULeaseContext] = {}
