@@ -23,7 +23,13 @@ import aiohttp
 from gpulease.idle_culler.cpu import CpuSource
 from gpulease.idle_culler.gpu import GpuActivitySource, combine
 from gpulease.idle_culler.hubapi import HubClient, HubError, ProfileLimits, ServerInfo
-from gpulease.idle_culler.kernels import NO_ANSWER, read_kernels, read_terminals
+from gpulease.idle_culler.kernels import (
+    NO_ANSWER,
+    NOT_SUPPORTED,
+    read_activity,
+    read_kernels,
+    read_terminals,
+)
 from gpulease.idle_culler.metrics import CullerMetrics
 from gpulease.idle_culler.policy import (
     KEEP,
@@ -103,44 +109,96 @@ class Culler:
         self.clock = clock
         self.memory: dict[Key, ServerMemory] = {}
         self.warned: dict[Key, str] = {}
+        self.deadlines: dict[Key, datetime] = {}  # of the servers warned now
         self.profiles: dict[str, ProfileLimits] | None = None
         self.holders: dict[Key, list[str]] | None = None
         self.last_pass: tuple[datetime, PassReport] | None = None
         self.slow: set[Key] = set()
+        # Servers without gpulease.singleuser: read through jupyter_server's own API.
+        self.plain_servers: set[Key] = set()
 
     async def run_forever(self, stop: asyncio.Event) -> None:
+        next_full = time.monotonic()
         while not stop.is_set():
-            started = time.monotonic()
-            report: PassReport | None = None
+            due = self.due_warnings()
             try:
-                report = await self.run_pass()
+                if time.monotonic() >= next_full or not due:
+                    next_full = time.monotonic() + self.config.interval_s
+                    await self.run_pass()
+                else:
+                    await self.recheck(due)
             except (OSError, TimeoutError, aiohttp.ClientError, HubError) as e:
                 # The hub down or restarting: nothing is decided in this pass.
                 log.error("culler pass failed, the hub did not answer (%s: %s); next in %ss",
                           type(e).__name__, e, self.config.interval_s)
             except Exception:
                 log.exception("culler pass failed; next one in %ss", self.config.interval_s)
-            wait = self.next_wait(report, time.monotonic() - started)
+            wait = self.next_wait(max(0.0, next_full - time.monotonic()))
             try:
                 await asyncio.wait_for(stop.wait(), wait)
             except TimeoutError:
                 pass
 
-    def next_wait(self, report: PassReport | None, elapsed_s: float) -> float:
-        """Seconds until the next pass: the interval, or just after a warned deadline.
+    def next_wait(self, until_full_pass_s: float) -> float:
+        """Seconds until the culler wakes: the next full pass, or just after a warned deadline.
 
         Without this a deadline that falls a fraction of a second after a pass
         would wait a whole interval more, and a suspend could come up to two
-        intervals after its timeout.
+        intervals after its timeout. Waking for a deadline re-checks only the
+        servers it is due for (`recheck`), not every server.
         """
-        wait = max(0.0, self.config.interval_s - elapsed_s)
-        if report is not None:
-            now = self.clock()
-            for decision in report.decisions.values():
-                if decision.warns and decision.deadline is not None:
-                    due = (decision.deadline - now).total_seconds() + 0.5
-                    wait = min(wait, max(0.5, due))
+        wait = until_full_pass_s
+        now = self.clock()
+        for deadline in self.deadlines.values():
+            wait = min(wait, max(0.5, (deadline - now).total_seconds() + 0.5))
         return wait
+
+    def due_warnings(self) -> list[Key]:
+        now = self.clock()
+        return sorted(key for key, deadline in self.deadlines.items() if deadline <= now)
+
+    async def recheck(self, keys: list[Key]) -> PassReport:
+        """Judge just these warned servers again, from their users' fresh hub models.
+
+        Between full passes the deadlines of warned servers come due one by
+        one; a pass over every server for each of them would read thousands
+        of servers for a handful of decisions.
+        """
+        t0 = time.monotonic()
+        report = PassReport()
+        wanted = set(keys)
+        limit = asyncio.Semaphore(self.config.concurrency)
+
+        async def one_user(name: str) -> None:
+            async with limit:
+                try:
+                    infos = await self.hub.user_servers(name)
+                except Exception as e:  # the next full pass decides for this user
+                    log.warning("culler: cannot re-read user %s (%s)", name, e)
+                    return
+                found = {info.key for info in infos}
+                for key in [k for k in wanted if k[0] == name and k not in found]:
+                    self._forget(key)  # stopped (or stopping) meanwhile
+                for info in infos:
+                    if info.key in wanted:
+                        try:
+                            await self._judge(info, report)
+                        except Exception as e:
+                            report.errors[info.key] = f"{type(e).__name__}: {e}"
+                            log.exception("culler: cannot judge %s/%s", info.user, info.server)
+
+        await asyncio.gather(*(one_user(name) for name in sorted({u for u, _ in wanted})))
+        report.seconds = time.monotonic() - t0
+        log.info("culler re-check of %d warned servers: %d stopped in %.2fs",
+                 len(wanted), len(report.stops), report.seconds)
+        return report
+
+    def _forget(self, key: Key) -> None:
+        self.memory.pop(key, None)
+        self.warned.pop(key, None)
+        self.deadlines.pop(key, None)
+        self.slow.discard(key)
+        self.plain_servers.discard(key)
 
     async def run_pass(self) -> PassReport:
         t0 = time.monotonic()
@@ -163,10 +221,8 @@ class Culler:
 
         await asyncio.gather(*(one(s) for s in servers))
         alive = {s.key for s in servers} - set(report.stops)
-        for key in set(self.memory) - alive:
-            self.memory.pop(key, None)
-            self.warned.pop(key, None)
-            self.slow.discard(key)
+        for key in (set(self.memory) | set(self.deadlines)) - alive:
+            self._forget(key)
         self.cpu.forget(alive)
         self.metrics.forget(alive)
         report.seconds = time.monotonic() - t0
@@ -240,21 +296,11 @@ class Culler:
         decision = self._decide(snap, memory)
         if decision.action in (WARN, SUSPEND):
             report.read += 1
-            kernels, error = await read_kernels(self.hub, info.url, c.server_timeout_s)
-            if error == NO_ANSWER:
-                self.slow.add(info.key)
-            else:
-                self.slow.discard(info.key)
-            snap = replace(snap, kernels=kernels, kernels_error=error)
+            snap, terminals_note = await self._read_server(info, snap, memory)
             decision = self._decide(snap, memory)
-            # Terminals only if the kernels did not settle it (a busy kernel does).
-            if decision.action in (WARN, SUSPEND):
-                when, error = await read_terminals(self.hub, info.url, c.server_timeout_s)
-                snap = replace(snap, terminals_last_activity=when, terminals_error=error)
-                decision = self._decide(snap, memory)
-            else:
+            if terminals_note:
                 # decide() built this dict for this decision alone: completing it is safe.
-                decision.signals["terminals"] = "not read: the kernels decide"
+                decision.signals["terminals"] = terminals_note
         else:
             not_read = "not read: the other signals decide"
             decision.signals.update(kernels=not_read, terminals=not_read)
@@ -264,6 +310,36 @@ class Culler:
         report.decisions[info.key] = decision
         await self._act(info, snap, decision, report)
 
+    async def _read_server(self, info: ServerInfo, snap: ServerSnapshot,
+                           memory: ServerMemory) -> tuple[ServerSnapshot, str]:
+        """The server's kernels and terminals: one read where gpulease.singleuser runs.
+
+        Returns the completed snapshot and, when the terminals were not read,
+        why (a busy kernel already decides).
+        """
+        timeout = self.config.server_timeout_s
+        if info.key not in self.plain_servers:
+            state = await read_activity(self.hub, info.url, timeout)
+            if state.kernels_error != NOT_SUPPORTED:
+                self._note_answer(info.key, state.kernels_error)
+                return replace(snap, kernels=state.kernels, kernels_error=state.kernels_error,
+                               terminals_last_activity=state.terminals_last_activity,
+                               terminals_error=state.terminals_error), ""
+            self.plain_servers.add(info.key)  # an image without gpulease.singleuser
+        kernels, error = await read_kernels(self.hub, info.url, timeout)
+        self._note_answer(info.key, error)
+        snap = replace(snap, kernels=kernels, kernels_error=error)
+        if self._decide(snap, memory).action not in (WARN, SUSPEND):
+            return snap, "not read: the kernels decide"
+        when, error = await read_terminals(self.hub, info.url, timeout)
+        return replace(snap, terminals_last_activity=when, terminals_error=error), ""
+
+    def _note_answer(self, key: Key, error: str) -> None:
+        if error == NO_ANSWER:
+            self.slow.add(key)
+        else:
+            self.slow.discard(key)
+
     async def _act(self, info: ServerInfo, snap: ServerSnapshot, decision: Decision,
                    report: PassReport) -> None:
         key, action = info.key, decision.action
@@ -272,6 +348,10 @@ class Culler:
         if log.isEnabledFor(level):
             log.log(level, "%s %s: %s; idle since %s; signals %s", action, snap.label,
                     decision.reason, decision.idle_since, decision.signals)
+        if decision.warns and decision.deadline is not None:
+            self.deadlines[key] = decision.deadline
+        else:  # kept, or stopped now (a failed stop is retried by the next full pass)
+            self.deadlines.pop(key, None)
         if action == KEEP:
             if self.warned.pop(key, None):
                 await self._notify(self.notices.cancel(info.user, info.server))

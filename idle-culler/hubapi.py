@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import aiohttp
 
@@ -162,6 +162,16 @@ class HubClient:
             if not following or not items:
                 return servers
             offset = int(following["offset"])
+
+    async def user_servers(self, name: str) -> list[ServerInfo]:
+        """One user's ready servers (an unknown user has none)."""
+        try:
+            model = await self.request("GET", f"{self.api_url}/users/{quote(name, safe='')}")
+        except HubError as e:
+            if e.status == 404:
+                return []
+            raise
+        return servers_from_users([model])
 
     async def profiles(self) -> dict[str, ProfileLimits]:
         body = await self.request("GET", f"{self.public_url}/services/gpulease/api/profiles")

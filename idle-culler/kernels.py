@@ -2,11 +2,16 @@
 
 The culler's token needs `access:servers`. A server that does not answer
 in time is reported as unknown (with why), never as quiet.
+
+Servers running gpulease.singleuser answer both in one request
+(`gpulease/activity`); others (an image without it) are read through
+jupyter_server's own `api/kernels` and `api/terminals`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +19,8 @@ from gpulease.idle_culler.hubapi import HubClient, HubError, parse_time
 from gpulease.idle_culler.signals import KernelState
 
 NO_ANSWER = "no answer in time"
+ACTIVITY_PATH = "gpulease/activity"
+NOT_SUPPORTED = "HTTP 404"
 
 
 def parse_kernels(body: Any) -> tuple[KernelState, ...]:
@@ -71,3 +78,33 @@ async def read_terminals(hub: HubClient, server_url: str,
         # A server without jupyter_server_terminals has no terminals at all.
         return None, ""
     return when, error
+
+
+@dataclass(frozen=True)
+class ActivityState:
+    """Kernels and terminals as one read gave them (None + error when unknown)."""
+
+    kernels: tuple[KernelState, ...] | None
+    kernels_error: str
+    terminals_last_activity: datetime | None
+    terminals_error: str
+
+
+def parse_activity(body: Any) -> ActivityState:
+    """`GET gpulease/activity`: {"kernels": [...], "terminals": [...] | null}."""
+    if not isinstance(body, dict):
+        raise ValueError(f"expected an object, got {type(body).__name__}")
+    terminals = body.get("terminals")
+    return ActivityState(
+        kernels=parse_kernels(body.get("kernels")), kernels_error="",
+        terminals_last_activity=None if terminals is None else parse_terminals(terminals),
+        terminals_error="",
+    )
+
+
+async def read_activity(hub: HubClient, server_url: str, timeout_s: float) -> ActivityState:
+    """Both at once; a server without the endpoint answers kernels_error NOT_SUPPORTED."""
+    state, error = await _get(hub, server_url, ACTIVITY_PATH, timeout_s, parse_activity)
+    if state is None:
+        return ActivityState(None, error, None, error)
+    return state

@@ -2,7 +2,8 @@
 
 A jupyter-server extension (enabled by the `jupyter_server_config.d/gpulease.json`
 file that installing gpulease puts in the environment) that counts only real
-use as activity (activity.py) and serves `GET {base_url}gpulease/notices`,
+use as activity (activity.py) and serves `GET {base_url}gpulease/notices` and, for the idle culler,
+`GET {base_url}gpulease/activity` (kernels and terminals in one read),
 and the prebuilt JupyterLab extension
 `gpulease-notices` that shows those notices in JupyterLab.
 
@@ -26,8 +27,9 @@ def _jupyter_labextension_paths():
 
 
 def _load_jupyter_server_extension(serverapp):
+    from . import activity_state, notices
     from .activity import install
-    from .notices import setup_handlers
 
     install()  # activity = use, not an open tab's polling (see activity.py)
-    setup_handlers(serverapp)
+    notices.setup_handlers(serverapp)
+    activity_state.setup_handlers(serverapp)  # kernels + terminals in one read, for the culler

@@ -48,6 +48,8 @@ class FakeServer:
     terminal_activity: datetime | None = None
     kernels_fail: str = ""  # "hang" | "503" | ""
     devices: list[str] = field(default_factory=list)
+    # Runs gpulease.singleuser (answers gpulease/activity); False: a plain image.
+    singleuser: bool = True
 
     @property
     def key(self) -> tuple[str, str]:
@@ -97,16 +99,19 @@ class FakeCullerHub:
         self.stops: list[dict] = []
         self.pages = 0
         self.server_reads = 0
+        self.user_reads = 0
         self._models: list[dict] | None = None
 
     def app(self) -> web.Application:
         args = {"hub": self}
         return web.Application([
             (r"/hub/api/users", UsersHandler, args),
+            (r"/hub/api/users/([^/]+)", UserHandler, args),
             (r"/services/gpulease/api/profiles", ProfilesHandler, args),
             (r"/services/gpulease/api/inventory", InventoryHandler, args),
             (r"/services/gpulease/api/stop", StopHandler, args),
             (r"/user/([^/]+)/(?:([^/]+)/)?api/(kernels|terminals)", ServerApiHandler, args),
+            (r"/user/([^/]+)/(?:([^/]+)/)?gpulease/(activity)", ServerApiHandler, args),
         ], log_function=lambda handler: None)
 
     def user_models(self) -> list[dict]:
@@ -155,6 +160,16 @@ class UsersHandler(FakeHandler):
                                                     "url": "/hub/api/users?..."}}})
 
 
+class UserHandler(FakeHandler):
+    def get(self, name: str) -> None:
+        self.hub.user_reads += 1
+        for model in self.hub.user_models():
+            if model["name"] == name:
+                self.finish(model)
+                return
+        raise web.HTTPError(404)
+
+
 class ProfilesHandler(FakeHandler):
     def get(self) -> None:
         if self.hub.profiles_fail:
@@ -193,12 +208,16 @@ class ServerApiHandler(FakeHandler):
             return  # the culler gave up long ago; answer nothing
         if s.kernels_fail == "503":
             raise web.HTTPError(503)
-        if what == "kernels":
-            body = [{"id": f"k-{user}", "name": "python3", "execution_state": s.kernel_state,
-                     "last_activity": iso(s.kernel_activity), "connections": 0}]
+        kernels = [{"id": f"k-{user}", "name": "python3", "execution_state": s.kernel_state,
+                    "last_activity": iso(s.kernel_activity), "connections": 0}]
+        terminals = [] if s.terminal_activity is None else [
+            {"name": "1", "last_activity": iso(s.terminal_activity)}]
+        if what == "activity":
+            if not s.singleuser:
+                raise web.HTTPError(404)
+            body = {"kernels": kernels, "terminals": terminals}
         else:
-            body = [] if s.terminal_activity is None else [
-                {"name": "1", "last_activity": iso(s.terminal_activity)}]
+            body = kernels if what == "kernels" else terminals
         self.finish(json.dumps(body))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import aiohttp
+import pytest
 
 from gpulease.idle_culler.app import make_app
 from tests.culler_fakehub import (
@@ -19,9 +20,15 @@ from tests.culler_fakehub import (
 )
 
 
-async def test_one_pass_over_2000_servers_suspends_only_the_idle_ones():
+@pytest.mark.parametrize("images", ["singleuser", "plain", "mixed"])
+async def test_one_pass_over_2000_servers_suspends_only_the_idle_ones(images):
+    """The same decisions whether servers answer gpulease/activity (one read) or
+    only jupyter_server's api/kernels and api/terminals (an image without
+    gpulease.singleuser)."""
     decide_at = REF + timedelta(minutes=31)
     servers = [make_server(i, decide_at - timedelta(minutes=1)) for i in range(2000)]
+    for i, s in enumerate(servers):
+        s.singleuser = images == "singleuser" or (images == "mixed" and i % 7 < 3)
     hub, http, client = await start(servers)
     clock = Clock(REF)
     culler = culler_for(client, servers, clock)
@@ -49,6 +56,14 @@ async def test_one_pass_over_2000_servers_suspends_only_the_idle_ones():
     assert by_kind["hub-recent"].signals["kernels"].startswith("not read")
     # Servers busy by the cheap signals were not asked for their kernels.
     assert report.read == 1400
+    # One request per server read where gpulease.singleuser answers; where it
+    # does not, the first 404 is remembered and the two plain reads follow.
+    plain = {s.key for s in servers if not s.singleuser}
+    answered = {s.key for s in servers if not s.kernels_fail
+                and not report.decisions[s.key].signals["kernels"].startswith("not read")}
+    assert culler.plain_servers == (plain & answered) - expected
+    if images == "singleuser":
+        assert hub.server_reads <= 2 * 1400
     assert len(culler.memory) == 2000 - len(expected)
 
 
@@ -165,18 +180,59 @@ async def test_a_hung_server_moves_to_the_slow_lane_and_is_never_suspended_uncon
 def test_next_pass_comes_just_after_the_earliest_warned_deadline():
     import datetime as dt
 
-    from gpulease.idle_culler.culler import Culler, CullerConfig, PassReport
-    from gpulease.idle_culler.policy import Decision
+    from gpulease.idle_culler.culler import Culler, CullerConfig
 
     now = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
     culler = Culler.__new__(Culler)
     culler.config = CullerConfig(interval_s=30.0)
     culler.clock = lambda: now
-    report = PassReport()
-    assert culler.next_wait(report, elapsed_s=2.0) == 28.0
-    report.decisions[("a", "")] = Decision("warn", now, 50, now + dt.timedelta(seconds=10))
-    report.decisions[("b", "")] = Decision("keep", None, 0, None)
-    assert culler.next_wait(report, elapsed_s=2.0) == 10.5
-    report.decisions[("c", "")] = Decision("warn", now, 59.9, now + dt.timedelta(seconds=0.1))
-    assert culler.next_wait(report, elapsed_s=2.0) == 0.6
-    assert culler.next_wait(None, elapsed_s=40.0) == 0.0
+    culler.deadlines = {}
+    assert culler.next_wait(28.0) == 28.0
+    culler.deadlines[("a", "")] = now + dt.timedelta(seconds=10)
+    assert culler.next_wait(28.0) == 10.5
+    culler.deadlines[("c", "")] = now + dt.timedelta(seconds=0.1)
+    assert culler.next_wait(28.0) == 0.6
+    assert culler.due_warnings() == []
+    culler.deadlines[("d", "x")] = now - dt.timedelta(seconds=1)
+    assert culler.next_wait(28.0) == 0.5
+    assert culler.due_warnings() == [("d", "x")]
+    assert culler.next_wait(0.0) == 0.0
+
+
+async def test_a_due_deadline_rechecks_only_the_warned_servers():
+    """Between full passes, a warned server's deadline re-reads just its user:
+    no listing of every user, no reads of the other servers."""
+    decide_at = REF + timedelta(minutes=31)
+    servers = [make_server(i, decide_at - timedelta(minutes=1)) for i in range(200)]
+    warned = [s for s in servers if s.kind == "idle"][:3]
+    for s in warned:  # quiet for 27 of their 30 minutes at the pass below
+        s.hub_activity = s.kernel_activity = REF + timedelta(minutes=3)
+    hub, http, client = await start(servers)
+    clock = Clock(REF)
+    culler = culler_for(client, servers, clock)
+    try:
+        await culler.run_pass()
+        clock.now = REF + timedelta(minutes=30)
+        report = await culler.run_pass()
+        assert {k for k, d in report.decisions.items() if d.action == "warn"} >= {
+            s.key for s in warned}
+        assert all(culler.deadlines[s.key] == REF + timedelta(minutes=33) for s in warned)
+        pages, reads, user_reads = hub.pages, hub.server_reads, hub.user_reads
+        stopped_before = len(hub.stops)
+        clock.now = REF + timedelta(minutes=33, seconds=1)
+        due = culler.due_warnings()
+        assert set(due) == set(culler.deadlines) and {s.key for s in warned} <= set(due)
+        # one warned server became active meanwhile: its re-check keeps it
+        warned[0].kernel_state = "busy"
+        report = await culler.recheck(due)
+        assert hub.pages == pages  # no listing of every user
+        assert hub.user_reads - user_reads == len({u for u, _ in due})
+        assert hub.server_reads - reads == len(due)
+        assert set(report.decisions) == set(due)
+        assert report.decisions[warned[0].key].action == "keep"
+        assert {(b["user"], b["server"]) for b in hub.stops[stopped_before:]} == {
+            k for k in due if k != warned[0].key}
+        assert culler.deadlines == {}
+    finally:
+        http.stop()
+        await client.close()

@@ -288,3 +288,36 @@ def test_an_open_tabs_polling_is_not_activity_but_use_is(server):
                      json={"type": "file", "format": "text", "content": "x"})
     assert r.status_code in (200, 201), r.text
     assert server.get("api/status").json()["last_activity"] > before
+
+
+def test_activity_state_answers_kernels_and_terminals_in_one_read(server):
+    """`gpulease/activity`, the culler's single read: the same kernel models as
+    api/kernels, the terminals' activity, authenticated, and not activity itself."""
+    from gpulease.idle_culler.kernels import parse_activity
+
+    headers = {"Authorization": f"token {BROWSER_TOKEN}"}
+    kernel = requests.post(server.url + "api/kernels", json={"name": "python3"},
+                           headers=headers, timeout=60)
+    kernel.raise_for_status()
+    terminal = requests.post(server.url + "api/terminals", headers=headers, timeout=20)
+    try:
+        before = server.get("api/status").json()["last_activity"]
+        time.sleep(0.05)
+        r = server.get("gpulease/activity?no_track_activity=1")
+        assert r.status_code == 200, server.output()
+        body = r.json()
+        ids = {k["id"] for k in body["kernels"]}
+        assert kernel.json()["id"] in ids
+        assert {k["id"] for k in server.get("api/kernels").json()} == ids
+        state = parse_activity(body)
+        assert state.kernels and all(k.execution_state for k in state.kernels)
+        if terminal.status_code == 200:  # the environment has jupyter_server_terminals
+            assert state.terminals_last_activity is not None
+        assert server.get("api/status").json()["last_activity"] == before
+        assert server.get("gpulease/activity", token=None).status_code in (302, 403)
+    finally:
+        requests.delete(server.url + f"api/kernels/{kernel.json()['id']}", headers=headers,
+                        timeout=20)
+        if terminal.status_code == 200:
+            requests.delete(server.url + f"api/terminals/{terminal.json()['name']}",
+                            headers=headers, timeout=20)
