@@ -70,6 +70,9 @@ class Meter:
     live: dict[Key, LiveSession] = field(default_factory=dict)
     pending: list[PendingClose] = field(default_factory=list)
     low: dict[str, str] = field(default_factory=dict)
+    # Tells a user their credit runs low (kind, user, server, profile, minutes left);
+    # set by the hub to post a notice and notify by the user's channel.
+    announce: Callable[[str, str, str, str, float], Awaitable[None]] | None = None
     shutting_down: bool = False
     # Writes that failed while the database was unreachable, retried each heartbeat.
     deferred: list[Callable[[], object]] = field(default_factory=list)
@@ -220,4 +223,7 @@ class Meter:
             if left is not None and left < LOW_BALANCE_MINUTES:
                 low[user] = (f"Low balance: {live.account} has {format_credits(balance)} credits, "
                              f"about {left} min of {live.profile}. Servers stop at zero.")
+                if user not in self.low and self.announce is not None:
+                    # once when the balance turns low, not every heartbeat
+                    await self.announce("credit_low", user, server, live.profile, left)
         self.low = low

@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 
 from traitlets import TraitError, Unicode
 
-from gpulease.hub.notices import Prefs
+from gpulease.hub.notices import NoticeStore, Prefs
 
 __all__ = [
-    "Notifier", "SmtpNotifier", "WebhookNotifier", "WebhookURL", "backends_from_env",
+    "Notifier", "SmtpNotifier", "WebhookNotifier", "WebhookURL", "announce", "backends_from_env",
     "check_webhook_url", "dispatch", "render", "subject_for",
 ]
 
@@ -251,3 +251,38 @@ async def dispatch(prefs: Prefs, user: str, subject: str, text: str,
         return False
     log.info("notified %s by %s: %s", user, prefs.channel, subject)
     return True
+
+
+# --- from the hub process ----------------------------------------------------------
+
+_sending: set[asyncio.Task] = set()
+
+
+async def announce(store: NoticeStore, backends: Mapping[str, Notifier], kind: str, user: str,
+                   server: str, profile: str | None, minutes: float | None) -> None:
+    """Post a notice the hub itself raises (queued_started, credit_low) and tell its user.
+
+    The notice is posted before this returns; the message goes out in the
+    background (a slow mail server must not delay a start or a heartbeat),
+    and only when the notice is new, not a repeat of an open one. Never
+    raises: what triggered it goes on whether or not the user could be told.
+    """
+    subject, text = render(kind, user, server, profile, minutes, None)
+    try:
+        notice = await asyncio.to_thread(store.post, user, server, kind, text)
+    except Exception as e:
+        log.warning("could not post %s for %s/%s: %s", kind, user, server or "(default)", e)
+        return
+    if notice.replaced or not backends:
+        return
+
+    async def send() -> None:
+        try:
+            prefs = await asyncio.to_thread(store.get_prefs, user)
+            await dispatch(prefs, user, subject, text, backends)
+        except Exception as e:
+            log.warning("could not notify %s of %s: %s", user, kind, e)
+
+    task = asyncio.ensure_future(send())
+    _sending.add(task)
+    task.add_done_callback(_sending.discard)

@@ -50,10 +50,33 @@ def test_heartbeat_confirms_and_stops_accounts_at_zero(meter):
 
 
 def test_low_balance_notice(meter):
+    """A balance turning low posts a `credit_low` notice and notifies the user, once."""
+    from gpulease.hub.notices import NoticeStore
+    from gpulease.hub.notifier import announce
+
+    sent = []
+
+    class Recorder:
+        async def send(self, user, prefs, subject, text):
+            sent.append((user, prefs.address, subject, text))
+
+    store = NoticeStore(meter.engine)
+    store.set_prefs("b", "email", "b@example.org")
+    meter.announce = lambda *n: announce(store, {"email": Recorder()}, *n)
     meter.ledger.grant("user:b", 300_000_000, note="t", actor="test")  # 300 s at 1 credit/s
-    meter.open("b", "", "pricey", "user:b", RATE, utcnow())
-    run(meter.heartbeat(always_running, None))
+
+    async def beats():
+        meter.open("b", "", "pricey", "user:b", RATE, utcnow())
+        await meter.heartbeat(always_running, None)
+        await meter.heartbeat(always_running, None)
+        await asyncio.sleep(0.2)  # the message goes out in the background
+
+    run(beats())
     assert "Low balance" in meter.low["b"]
+    (notice,) = store.active("b")
+    assert notice.kind == "credit_low" and "running low" in notice.message
+    assert "pricey" in notice.message and "min left" in notice.message
+    assert len(sent) == 1 and sent[0][:2] == ("b", "b@example.org")
 
 
 def test_dead_server_is_billed_to_when_it_was_last_seen(meter):
