@@ -1,8 +1,72 @@
-"""Per-user and per-group GPU limits API (api/limits/...)."""
+"""Per-user and per-group GPU limits API (api/limits/...).
+
+- `GET api/limits`: admins and auditors see every limit; anyone else the
+  limits that apply to them (their own and their groups').
+- `GET api/limits/{user:NAME|group:NAME}`: one subject (nulls: no limit).
+- `PUT api/limits/{user:NAME|group:NAME}` `{"max_gpus": N|null, "max_slices": N|null}`:
+  admins; a field left out keeps its value, null removes that limit. Recorded
+  in the audit log.
+"""
 
 from __future__ import annotations
 
+import asyncio
+
 from tornado import web
 
+from gpulease.hub.limits import Limit, LimitError, parse_limit_body, parse_subject
+from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.handlers import BaseAPIHandler
+
+
+def limit_view(limit: Limit) -> dict:
+    return {"subject": limit.subject, **limit.as_dict()}
+
+
+def _api_error(e: LimitError) -> APIError:
+    return APIError(400, e.message, [{"field": f, "message": m} for f, m in e.errors])
+
+
+class LimitsHandler(BaseAPIHandler):
+    async def get(self):
+        model = self.caller()
+        table = await asyncio.to_thread(self.ctx.limits.all)
+        if not self.is_auditor():
+            mine = {f"user:{model['name']}"} | {f"group:{g}" for g in model.get("groups") or []}
+            table = {s: lim for s, lim in table.items() if s in mine}
+        self.write_json({"limits": [limit_view(lim) for lim in table.values()]})
+
+
+class LimitHandler(BaseAPIHandler):
+    def _subject(self, subject: str) -> str:
+        try:
+            return parse_subject(subject)
+        except LimitError as e:
+            raise _api_error(e) from None
+
+    async def get(self, subject: str):
+        subject = self._subject(subject)
+        model = self.caller()
+        mine = {f"user:{model['name']}"} | {f"group:{g}" for g in model.get("groups") or []}
+        if subject not in mine and not self.is_auditor():
+            raise APIError(403, "Only gpulease admins and auditors may see others' limits")
+        limit = await asyncio.to_thread(self.ctx.limits.get, subject)
+        self.write_json(limit_view(limit or Limit(subject)))
+
+    async def put(self, subject: str):
+        self.require_admin()
+        subject = self._subject(subject)
+        try:
+            values = parse_limit_body(self.json_body())
+        except LimitError as e:
+            raise _api_error(e) from None
+        _, after = await asyncio.to_thread(self.ctx.limits.set, subject, values,
+                                           actor=self.caller()["name"], audit=self.ctx.audit)
+        self.write_json(limit_view(after))
+
+
 # (path relative to the service prefix, handler class); app.make_app mounts them.
-ROUTES: list[tuple[str, type[web.RequestHandler]]] = []
+ROUTES: list[tuple[str, type[web.RequestHandler]]] = [
+    (r"api/limits", LimitsHandler),
+    (r"api/limits/((?:user|group):[^/]+)", LimitHandler),
+]

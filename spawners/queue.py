@@ -1,0 +1,105 @@
+"""The admission queue's decision: which waiting spawns may start now.
+
+Pure: the waiting requests (oldest first), the inventory and the held device
+UUIDs in; the requests that may start, each with its placement, out.
+
+Fairness rule: the queue is served in order, and a request may start ahead of
+an earlier waiting one only if it cannot delay it — it takes no device that
+the earlier one could use. An earlier request that does not fit now reserves
+every free device it could use, so a large request at the head (two full
+GPUs) is not starved by a stream of small ones taking each card as it frees;
+requests for other kinds of devices (another model, a MIG slice) still pass.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass, field, replace
+
+from gpulease.spawners.inventory import AllocatableDevice, Inventory
+from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, place
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One spawn in the queue; `key` identifies it to the caller (e.g. (user, server))."""
+
+    key: Hashable
+    request: DeviceRequest
+
+
+@dataclass
+class Plan:
+    """What a pass over the queue decides.
+
+    `start`: (key, placement) in queue order, each placed after those before
+    it. `never`: keys whose request can never fit here any more (the
+    inventory changed under them), with the reason. `waiting`: the rest.
+    """
+
+    start: list[tuple[Hashable, Placement]] = field(default_factory=list)
+    never: list[tuple[Hashable, str]] = field(default_factory=list)
+    waiting: list[Hashable] = field(default_factory=list)
+
+
+def _matches(device: AllocatableDevice, request: DeviceRequest) -> bool:
+    return device.model == request.model and device.mig_profile == request.mig_profile
+
+
+def usable_devices(request: DeviceRequest, inventory: Inventory) -> set[str]:
+    """Every device `request` could ever be given: its kind, on a node large enough."""
+    matching = [d for d in inventory.allocatable() if _matches(d, request)]
+    per_node = Counter(d.node for d in matching)
+    return {d.uuid for d in matching if per_node[d.node] >= request.count}
+
+
+def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str]) -> Plan:
+    """Serve `queue` (oldest first) from the free devices, never delaying an earlier request."""
+    taken = set(held)  # held now, plus what this pass hands out
+    reserved: set[str] = set()  # free devices an earlier, blocked request could use
+    result = Plan()
+    for entry in queue:
+        try:
+            placement = place(entry.request, inventory, taken | reserved)
+        except NoFit as nofit:
+            if nofit.status != 503:
+                result.never.append((entry.key, nofit.message))
+                continue
+            reserved |= usable_devices(entry.request, inventory) - taken
+            result.waiting.append(entry.key)
+            continue
+        taken |= set(placement.uuids)
+        result.start.append((entry.key, placement))
+    return result
+
+
+def position(queue: Sequence[Waiting], key: Hashable) -> int | None:
+    """1-based place of `key` in the queue; None when it is not waiting."""
+    for index, entry in enumerate(queue, start=1):
+        if entry.key == key:
+            return index
+    return None
+
+
+def restricted(inventory: Inventory, uuids: Collection[str]) -> Inventory:
+    """The inventory with only the devices in `uuids`.
+
+    A queued spawn is claimed on exactly the devices its plan chose: the
+    claim's own choice (packing, best fit) could otherwise pick a device that
+    the plan kept for an earlier request.
+    """
+    keep = set(uuids)
+    nodes = []
+    for node in inventory.nodes:
+        gpus = []
+        for gpu in node.gpus:
+            if gpu.mig_enabled:
+                migs = tuple(m for m in gpu.mig_devices if m.uuid in keep)
+                if migs:
+                    gpus.append(replace(gpu, mig_devices=migs))
+            elif gpu.uuid in keep:
+                gpus.append(gpu)
+        if gpus:
+            nodes.append(replace(node, gpus=tuple(gpus)))
+    return replace(inventory, nodes=tuple(nodes))

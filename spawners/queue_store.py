@@ -1,0 +1,84 @@
+"""The admission queue as rows of the `spawn_queue` table (blocking calls).
+
+The hub process decides the queue in memory (gpulease.spawners.queue_runner);
+these rows mirror it so that other processes — the gpulease service, the CLI —
+can show who waits, in which order, for which profile. A row exists exactly
+while its spawn waits: it is removed when the spawn is placed, refused,
+cancelled or gives up, and every row is removed when a hub starts (the spawns
+of a hub that was killed are gone).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, and_, delete, func, insert, select
+
+from gpulease.hub.db import spawn_queue, utcnow
+
+
+@dataclass(frozen=True)
+class QueuedSpawn:
+    user: str
+    server: str
+    profile: str
+    position: int  # 1 = next to be served
+    enqueued_at: dt.datetime  # naive UTC
+
+
+class QueueStore:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @staticmethod
+    def _this(user: str, server: str):
+        return and_(spawn_queue.c.user_name == user, spawn_queue.c.server_name == server)
+
+    def add(self, user: str, server: str, profile: str) -> int:
+        """Record a waiting spawn (replacing a leftover row of that server); its row id."""
+        with self.engine.begin() as conn:
+            conn.execute(delete(spawn_queue).where(self._this(user, server)))
+            return conn.execute(
+                insert(spawn_queue).values(user_name=user, server_name=server, profile=profile,
+                                           enqueued_at=utcnow())
+                .returning(spawn_queue.c.id)
+            ).scalar_one()
+
+    def remove(self, user: str, server: str) -> bool:
+        """The spawn no longer waits; True when it had a row."""
+        with self.engine.begin() as conn:
+            return conn.execute(delete(spawn_queue).where(self._this(user, server))).rowcount > 0
+
+    def clear(self) -> int:
+        """Remove every row (at hub start: the spawns they stood for are gone); how many."""
+        with self.engine.begin() as conn:
+            return conn.execute(delete(spawn_queue)).rowcount
+
+    def rows(self) -> list[QueuedSpawn]:
+        """The whole queue, next to be served first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(spawn_queue).order_by(spawn_queue.c.id)).all()
+        return [QueuedSpawn(r.user_name, r.server_name, r.profile, i, r.enqueued_at)
+                for i, r in enumerate(rows, start=1)]
+
+    def position(self, user: str, server: str) -> int | None:
+        """1-based place of a server's spawn in the queue; None when it does not wait."""
+        with self.engine.connect() as conn:
+            row_id = conn.execute(
+                select(spawn_queue.c.id).where(self._this(user, server))
+            ).scalar()
+            if row_id is None:
+                return None
+            ahead = conn.execute(
+                select(func.count()).select_from(spawn_queue).where(spawn_queue.c.id < row_id)
+            ).scalar_one()
+        return ahead + 1
+
+    def waiting_by_profile(self) -> dict[str, int]:
+        """How many spawns wait, per profile slug (profiles nobody waits for are absent)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(spawn_queue.c.profile, func.count()).group_by(spawn_queue.c.profile)
+            ).all()
+        return {profile: count for profile, count in rows}
