@@ -10,14 +10,35 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select
 
+from gpulease.hub.billing_reports import iso_z
 from gpulease.hub.db import audit_log, utcnow
+from gpulease.hub.units import DURATION_HINT, parse_duration
 
 DEFAULT_RETENTION = dt.timedelta(days=180)
+RETENTION_HINT = f'a number of days like "180d", or {DURATION_HINT}; "0" keeps every entry'
+_DAYS = re.compile(r"(\d+)d")
+
+
+class RetentionError(ValueError):
+    """`audit_retention` is not a duration: `gpulease up` stops and says so."""
+
+
+def parse_retention(text: str) -> dt.timedelta | None:
+    """`GPULeaseHub.audit_retention`: "180d", "2h", "0" (None: keep forever)."""
+    value = text.strip() if isinstance(text, str) else text
+    days = _DAYS.fullmatch(value) if isinstance(value, str) else None
+    try:
+        seconds = int(days.group(1)) * 86_400 if days else parse_duration(value)
+    except ValueError:
+        raise RetentionError(f"audit_retention: {text!r} is not a retention; "
+                         f"{RETENTION_HINT}") from None
+    return dt.timedelta(seconds=seconds) if seconds else None
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,7 @@ class AuditLog:
         until: dt.datetime | None = None,
         actor: str | None = None,
         target: str | None = None,
+        action: str | None = None,
         limit: int = 200,
         offset: int = 0,
     ) -> tuple[list[AuditEntry], int]:
@@ -83,6 +105,8 @@ class AuditLog:
             query = query.where(audit_log.c.actor == actor)
         if target:
             query = query.where(audit_log.c.target == target)
+        if action:
+            query = query.where(audit_log.c.action == action)
         count = select(func.count()).select_from(query.subquery())
         newest_first = query.order_by(audit_log.c.at.desc(), audit_log.c.id.desc())
         page = newest_first.limit(limit).offset(offset)
@@ -99,3 +123,10 @@ class AuditLog:
         cutoff = (now or utcnow()) - retention
         with self.engine.begin() as conn:
             return conn.execute(delete(audit_log).where(audit_log.c.at < cutoff)).rowcount
+
+
+def entry_view(entry: AuditEntry) -> dict[str, Any]:
+    """One entry as `GET api/audit` writes it (time in ISO 8601 UTC with Z)."""
+    return {"id": entry.id, "at": iso_z(entry.at), "actor": entry.actor,
+            "action": entry.action, "target": entry.target,
+            "before": entry.before, "after": entry.after}
