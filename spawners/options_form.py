@@ -1,57 +1,210 @@
 """The profile chooser on JupyterHub's spawn page (pure HTML rendering).
 
-Every text that comes from an admin or a user is escaped.
+One card per profile the user may use: its GPU (model, MIG slice, memory),
+CPU and memory, image choice, price per hour and per second, what is free
+now and how many wait, and how long the user's balance lasts on it. The
+spawner gathers the data (`LocalGPUSpawner._render_form`); this module only
+renders it. Every text that comes from an admin or a user is escaped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 from html import escape
 
+from gpulease.hub.catalog import Image
+from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
+from gpulease.hub.options import price_text
 from gpulease.hub.profiles import Profile
-from gpulease.hub.units import format_credits
+from gpulease.hub.units import format_credits, format_duration, rate_cost
+from gpulease.spawners.gpu_models import GPU_MEMORY, mig_memory_bytes
 
 
-def render_options_form(
-    profiles: list[Profile],
-    availability: dict[str, tuple[int, int]],
-    selected: str | None,
-) -> str:
-    """One radio card per profile the user may use, with price and what is free."""
-    if not profiles:
-        return "<p>No profile is available to you. Ask a hub admin for access.</p>"
-    if selected not in {p.slug for p in profiles}:
-        selected = profiles[0].slug
-    cards = []
-    for profile in profiles:
-        gpu = profile.gpu.describe() if profile.gpu else "CPU only"
-        free, total = availability.get(profile.slug, (0, 0))
-        avail = f"{free} of {total} free" if profile.gpu else ""
-        checked = " checked" if profile.slug == selected else ""
-        images = "".join(
-            f'<option value="{escape(name)}">{escape(name)}</option>' for name in profile.images
-        )
-        cards.append(
-            f"""
-<label class="gpulease-profile"
-       style="display:block;border:1px solid #ccc;padding:8px;margin:6px 0">
-  <input type="radio" name="profile" value="{escape(profile.slug)}"{checked}>
-  <strong>{escape(profile.display_name)}</strong> — {escape(gpu)},
-  {escape(str(profile.cpu))} CPU, {escape(_memory(profile.memory_bytes))}
-  — {escape(format_credits(profile.price_per_hour_ucr))} credits/h
-  <span class="gpulease-availability">{escape(avail)}</span>
-  <br><small>{escape(profile.description)}</small>
-  <br>Image: <select name="image_{escape(profile.slug)}">{images}</select>
-</label>"""
-        )
-    return "\n".join(cards)
+@dataclass(frozen=True)
+class FormData:
+    """What the spawn page shows, gathered by the spawner."""
+
+    profiles: Sequence[Profile]  # those the user may use, in display order
+    availability: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (free, total)
+    selected: str | None = None  # the profile checked at first
+    selected_image: str | None = None
+    waiting: Mapping[str, int] = field(default_factory=dict)  # queued starts per profile
+    balance_ucr: int | None = None  # the user's personal balance; None: unknown
+    images: Mapping[str, Image] = field(default_factory=dict)  # catalog entries by name
+    accounts: Sequence[tuple[str, int]] = ()  # group accounts the user may charge, balances
+    selected_account: str | None = None
 
 
-def _memory(n: int) -> str:
+STYLE = """
+<style>
+  .gpulease-form { display: grid; gap: .6rem; }
+  .gpulease-form .gl-card { display: block; border: 1px solid #d9dee7; border-radius: 8px;
+    padding: .7rem .9rem; margin: 0; background: #fff; cursor: pointer; }
+  .gpulease-form .gl-card:hover { border-color: #9db5e8; }
+  .gpulease-form .gl-card:has(input[type=radio]:checked) { border-color: #2f6fde;
+    box-shadow: 0 0 0 2px rgba(47,111,222,.25); }
+  .gpulease-form .gl-head { display: flex; flex-wrap: wrap; gap: .5rem; align-items: baseline; }
+  .gpulease-form .gl-name { font-weight: 700; font-size: 1.05rem; }
+  .gpulease-form .gl-price { margin-left: auto; font-variant-numeric: tabular-nums;
+    text-align: right; }
+  .gpulease-form .gl-price small, .gpulease-form .gl-muted { color: #5b6475; }
+  .gpulease-form .gl-specs { display: flex; flex-wrap: wrap; gap: .3rem 1.2rem;
+    margin: .35rem 0; font-size: .92rem; }
+  .gpulease-form .gl-free { color: #17653a; font-weight: 600; }
+  .gpulease-form .gl-none { color: #8a4b00; font-weight: 600; }
+  .gpulease-form .gl-low { color: #8a4b00; }
+  .gpulease-form .gl-image { display: flex; gap: .5rem; align-items: center; margin-top: .3rem; }
+  .gpulease-form .gl-image select { max-width: 100%; }
+  .gpulease-form .gl-balance { padding: .5rem .9rem; background: #f6f7fa; border-radius: 8px; }
+</style>"""
+
+
+def per_second_text(rate_per_hour_ucr: int) -> str:
+    """Credits per second, to the µcr (half up): 1.20/h -> "0.000333"."""
+    ucr = int((Decimal(rate_per_hour_ucr) / 3600).to_integral_value(ROUND_HALF_UP))
+    exact = rate_per_hour_ucr % 3600 == 0
+    return ("" if exact else "≈ ") + price_text(ucr)
+
+
+def minutes_text(minutes: int) -> str:
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
+def gpu_text(profile: Profile) -> tuple[str, str]:
+    """(what GPU, how much GPU memory) of a profile, for its card."""
+    gpu = profile.gpu
+    if gpu is None:
+        return "No GPU (CPU only)", ""
+    if gpu.mig:
+        return f"{gpu.model}, MIG slice {gpu.mig}", _gib(mig_memory_bytes(gpu.mig))
+    per_card = GPU_MEMORY.get(gpu.model)
+    memory = ""
+    if per_card:
+        memory = _gib(per_card) if gpu.count == 1 else f"{gpu.count} × {_gib(per_card)}"
+    cards = "1 full card" if gpu.count == 1 else f"{gpu.count} full cards"
+    return f"{gpu.model}, {cards}", memory
+
+
+def _gib(n: int) -> str:
     return f"{n / 2**30:g} GiB"
 
 
+def _availability(profile: Profile, data: FormData) -> str:
+    if profile.gpu is None:
+        return '<span class="gl-free">Always available</span>'
+    free, total = data.availability.get(profile.slug, (0, 0))
+    cls = "gl-free" if free else "gl-none"
+    text = f"{free} of {total} free"
+    if not free:
+        text += " now: you will wait in the queue"
+    waiting = data.waiting.get(profile.slug, 0)
+    more = f' · <span class="gl-queue">queue: {waiting} waiting</span>' if waiting > 0 else ""
+    return f'<span class="gpulease-availability {cls}">{escape(text)}</span>{more}'
+
+
+def _balance_line(profile: Profile, balance: int | None) -> str:
+    if balance is None:
+        return ""
+    rate = profile.price_per_hour_ucr
+    left = minutes_left(balance, rate)
+    if left is None:
+        return '<span class="gl-minutes">Free: does not use your credit</span>'
+    needed = rate_cost(profile.min_run_s, rate)
+    if balance < needed:
+        return (f'<span class="gl-minutes gl-low">Your balance does not cover its minimum run '
+                f'({escape(format_duration(profile.min_run_s))}, '
+                f'{escape(price_text(needed))} credits)</span>')
+    cls = " gl-low" if left < LOW_BALANCE_MINUTES else ""
+    return (f'<span class="gl-minutes{cls}">Your balance buys about '
+            f'{escape(minutes_text(left))} on it</span>')
+
+
+def _image_options(profile: Profile, data: FormData, checked: bool) -> str:
+    options = []
+    chosen = data.selected_image if checked and data.selected_image in profile.images else None
+    for i, name in enumerate(profile.images):
+        image = data.images.get(name)
+        label = f"{name} — {image.description}" if image and image.description else name
+        sel = " selected" if (name == chosen or (chosen is None and i == 0)) else ""
+        options.append(f'<option value="{escape(name)}"{sel}>{escape(label)}</option>')
+    return "".join(options)
+
+
+def _card(profile: Profile, data: FormData, checked: bool) -> str:
+    slug = escape(profile.slug)
+    gpu, gpu_memory = gpu_text(profile)
+    specs = [f"<span>GPU: {escape(gpu)}</span>"]
+    if gpu_memory:
+        specs.append(f"<span>GPU memory: {escape(gpu_memory)}</span>")
+    specs.append(f"<span>CPU: {escape(_cpu(profile))}</span>")
+    specs.append(f"<span>Memory: {escape(_gib(profile.memory_bytes))}</span>")
+    rate = profile.price_per_hour_ucr
+    description = (f'<div class="gl-muted">{escape(profile.description)}</div>'
+                   if profile.description else "")
+    return f"""
+<label class="gl-card gpulease-profile" data-profile="{slug}">
+  <div class="gl-head">
+    <input type="radio" name="profile" value="{slug}"{" checked" if checked else ""}>
+    <span class="gl-name">{escape(profile.display_name)}</span>
+    <span class="gl-price"><strong>{escape(price_text(rate))} credits/h</strong><br>
+      <small class="gl-per-second">{escape(per_second_text(rate))} credits/s,
+        billed per second</small></span>
+  </div>
+  {description}
+  <div class="gl-specs">{"".join(specs)}</div>
+  <div class="gl-specs">{_availability(profile, data)}
+    {_balance_line(profile, data.balance_ucr)}</div>
+  <div class="gl-image">Image:
+    <select name="image_{slug}" aria-label="image for {escape(profile.display_name)}"
+      >{_image_options(profile, data, checked)}</select></div>
+</label>"""
+
+
+def _cpu(profile: Profile) -> str:
+    cpu = profile.cpu.normalize()
+    text = format(cpu, "f")
+    return f"{text} core" + ("" if cpu == 1 else "s")
+
+
+def _accounts(data: FormData) -> str:
+    if not data.accounts:
+        return ""
+    personal = ('<option value="">your own balance'
+                + (f" ({escape(format_credits(data.balance_ucr))} credits)"
+                   if data.balance_ucr is not None else "") + "</option>")
+    groups = "".join(
+        f'<option value="{escape(account)}"'
+        f'{" selected" if account == data.selected_account else ""}>'
+        f"{escape(account)} ({escape(format_credits(balance))} credits)</option>"
+        for account, balance in data.accounts)
+    return (f'<label class="gl-image">Charge to: <select name="account">{personal}{groups}'
+            "</select></label>")
+
+
+def render_options_form(data: FormData) -> str:
+    """The spawn page's form: one radio card per profile the user may use."""
+    if not data.profiles:
+        return "<p>No profile is available to you. Ask a hub admin for access.</p>"
+    selected = data.selected
+    if selected not in {p.slug for p in data.profiles}:
+        selected = data.profiles[0].slug
+    balance = ""
+    if data.balance_ucr is not None:
+        balance = (f'<div class="gl-balance">Your balance: <strong class="gpulease-balance">'
+                   f"{escape(format_credits(data.balance_ucr))}</strong> credits. "
+                   "Billing is per second while the server runs; an idle server is "
+                   "suspended and stops costing.</div>")
+    cards = "".join(_card(p, data, p.slug == selected) for p in data.profiles)
+    return f'{STYLE}\n<div class="gpulease-form">{balance}{cards}{_accounts(data)}</div>'
+
+
 def options_from_form(formdata: dict[str, list[str]]) -> dict[str, str]:
-    """Form fields -> user_options: the chosen profile and that profile's image."""
+    """Form fields -> user_options: the chosen profile, that profile's image, the account."""
     options: dict[str, str] = {}
     profile = (formdata.get("profile") or [""])[0]
     if profile:
@@ -59,4 +212,7 @@ def options_from_form(formdata: dict[str, list[str]]) -> dict[str, str]:
         image = (formdata.get(f"image_{profile}") or [""])[0]
         if image:
             options["image"] = image
+    account = (formdata.get("account") or [""])[0]
+    if account:
+        options["account"] = account
     return options
