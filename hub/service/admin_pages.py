@@ -1,8 +1,69 @@
-"""Admin pages: profiles editor, inventory, credits, caps and limits, audit log."""
+"""Admin pages: profiles editor, inventory, credits, caps and limits, audit log.
+
+Server-rendered HTML with plain forms (no JavaScript, so the CSP allows no
+script at all); see admin_base.py for who may see and post, and for the CSRF
+protection of the forms. The editor lives in admin_profile_pages.py, credits
+and limits in admin_credit_pages.py; this module has the read-only pages and
+mounts them all.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from urllib.parse import urlencode
+
 from tornado import web
 
-# (path relative to the service prefix, handler class); app.make_app mounts them.
-ROUTES: list[tuple[str, type[web.RequestHandler]]] = []
+from gpulease.hub.service import admin_credit_pages, admin_profile_pages
+from gpulease.hub.service import admin_forms as af
+from gpulease.hub.service.admin_base import AdminPage
+from gpulease.hub.service.audit_handlers import parse_audit_query
+from gpulease.hub.service.views import inventory_view
+
+AUDIT_PAGE = 50
+AUDIT_FILTERS = ("since", "until", "actor", "target", "action")
+
+
+class InventoryPage(AdminPage):
+    @web.authenticated
+    async def get(self):
+        self.viewer()
+        # The same view as GET api/inventory (InventoryHandler), queue included.
+        held = await asyncio.to_thread(self.ctx.assignments.held)
+        queue = getattr(self.ctx, "queue", None)
+        waiting = await asyncio.to_thread(queue.rows) if queue is not None else ()
+        view = inventory_view(self.ctx.inventory, held, waiting)
+        rows = af.inventory_rows(view)
+        self.render("admin_inventory.html", rows=rows, counts=af.inventory_counts(rows),
+                    queue=af.queue_rows(view), has_queue="queue" in view,
+                    source=view.get("label") or view.get("source") or "")
+
+
+class AuditPage(AdminPage):
+    @web.authenticated
+    async def get(self):
+        self.viewer()
+        args = {name: (self.get_argument(name, "") or "").strip() for name in AUDIT_FILTERS}
+        query = parse_audit_query({**args, "limit": str(AUDIT_PAGE),
+                                   "offset": str(af.parse_offset(self.get_argument("offset",
+                                                                                   None)))})
+        entries, total = await asyncio.to_thread(
+            self.ctx.audit.entries, since=query.since, until=query.until, actor=query.actor,
+            target=query.target, action=query.action, limit=query.limit, offset=query.offset)
+        paging = af.Paging(query.offset, query.limit, total)
+        kept = {k: v for k, v in args.items() if v}
+
+        def page_url(offset: int | None) -> str:
+            return "" if offset is None else "?" + urlencode({**kept, "offset": offset})
+
+        self.render("admin_audit.html", rows=[af.audit_row(e) for e in entries],
+                    filters=args, paging=paging, prev_url=page_url(paging.prev_offset),
+                    next_url=page_url(paging.next_offset))
+
+
+ROUTES: list[tuple[str, type[web.RequestHandler]]] = [
+    (r"admin/inventory", InventoryPage),
+    (r"admin/audit", AuditPage),
+    *admin_profile_pages.ROUTES,
+    *admin_credit_pages.ROUTES,
+]

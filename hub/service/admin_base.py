@@ -1,0 +1,69 @@
+"""The base of the admin pages: who may see them, who may post, and the forms' CSRF check.
+
+Reading (GET) needs a gpulease auditor or admin; changing (POST) an admin.
+Auditors get the same pages without any form.
+
+CSRF: the pages log in with the HubOAuth cookie, which a browser sends with
+any cross-site form post. We use JupyterHub's own XSRF scheme rather than a
+second one: every form carries `_xsrf` (`{% module xsrf_form_html() %}`,
+whose value is HubAuthenticated.xsrf_token: signed with the service's cookie
+secret and bound to this login's session and token). HubOAuth already refuses
+cookie authentication on a POST whose `_xsrf` does not match; `post_prepare`
+checks it once more, explicitly, so that a missing or stale token is a clear
+403 ("reload the page") rather than a puzzling "not logged in". The app keeps
+tornado's own `xsrf_cookies=False`: the JSON API is called with tokens in the
+Authorization header, which a browser never adds by itself, and
+BaseAPIHandler.check_xsrf_cookie skips those. No JavaScript is needed, so
+the CSP stays without any script source.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tornado import web
+
+from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.pages import PageHandler
+
+
+class AdminPage(PageHandler):
+    """A page of the admin section (GET: auditors and admins; POST: admins)."""
+
+    def get_template_namespace(self) -> dict[str, Any]:
+        ns = super().get_template_namespace()
+        # Only the signed-in admin sees forms; an error page for an anonymous
+        # caller must render without asking who is calling.
+        ns.update(can_edit=bool(ns.get("user_name")) and self.is_admin())
+        return ns
+
+    def prepare(self) -> None:
+        if self.request.method == "POST":
+            self.check_form_token()
+
+    def check_form_token(self) -> None:
+        try:
+            self.check_xsrf_cookie()
+        except web.HTTPError:
+            raise APIError(403, "This form's security token is missing or stale (it is tied "
+                                "to your login). Reload the page and submit it again.") from None
+
+    def viewer(self) -> dict[str, Any]:
+        """GET (after @web.authenticated): an auditor or admin."""
+        self.require_auditor()
+        return self.caller()
+
+    def editor(self) -> str:
+        """POST: an admin; returns the name the audit log records."""
+        self.require_admin()
+        return self.caller()["name"]
+
+    def form(self) -> dict[str, list[str]]:
+        """The posted form as text values (tornado keeps them as bytes)."""
+        return {name: [v.decode("utf-8", "replace") for v in values]
+                for name, values in self.request.body_arguments.items()}
+
+    def see_other(self, path: str) -> None:
+        """Post/redirect/get: a reload after saving does not post the form again."""
+        prefix = self.settings.get("gpulease_prefix", "/services/gpulease/")
+        self.redirect(prefix + path, status=303)
