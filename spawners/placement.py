@@ -83,13 +83,33 @@ def free_summary(inventory: Inventory, held: Collection[str]) -> str:
     )
 
 
+# The devices of each kind (model, MIG profile or None) of the last inventories
+# seen, by identity: an inventory never changes once read, and the spawn page
+# asks for the availability of every profile against the same one.
+_kinds_cache: dict[int, tuple[Inventory, dict[tuple[str, str | None], frozenset[str]]]] = {}
+
+
+def _kinds(inventory: Inventory) -> dict[tuple[str, str | None], frozenset[str]]:
+    cached = _kinds_cache.get(id(inventory))
+    if cached is not None and cached[0] is inventory:
+        return cached[1]
+    kinds: dict[tuple[str, str | None], set[str]] = defaultdict(set)
+    for d in inventory.allocatable():
+        kinds[(d.model, d.mig_profile)].add(d.uuid)
+    index = {k: frozenset(v) for k, v in kinds.items()}
+    if len(_kinds_cache) >= 8:
+        _kinds_cache.clear()
+    _kinds_cache[id(inventory)] = (inventory, index)
+    return index
+
+
 def availability(
     inventory: Inventory, held: Collection[str], request: DeviceRequest
 ) -> tuple[int, int]:
     """(free, total) devices of the kind `request` asks for (cards, not placements)."""
-    held = set(held)
-    matching = _matching(_devices(inventory), request)
-    return sum(1 for d in matching if d.uuid not in held), len(matching)
+    uuids = _kinds(inventory).get((request.model, request.mig_profile), frozenset())
+    taken = sum(1 for uuid in held if uuid in uuids)
+    return len(uuids) - taken, len(uuids)
 
 
 def place(request: DeviceRequest, inventory: Inventory, held: Collection[str]) -> Placement:

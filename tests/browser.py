@@ -39,9 +39,14 @@ def _missing(what: str) -> None:
     pytest.skip(f"browser tests need {what} (apt-get install chromium; pip install playwright)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
-    """One headless Chromium for the whole session."""
+    """One headless Chromium per test module.
+
+    Not per session: Playwright's sync API keeps its own asyncio loop running
+    in the main thread while it is open, and the asyncio tests of the modules
+    after it could not run theirs.
+    """
     path = chromium_path()
     if not path:
         _missing("Debian's chromium is not installed")
