@@ -1,0 +1,136 @@
+"""Per-user Unix accounts: names, uids, whether an account is ours, reachability (pure)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from types import SimpleNamespace
+
+import pytest
+
+from gpulease.hub.isolation_check import decide, shebang_interpreter, unreachable
+from gpulease.hub.unix_accounts import (
+    GECOS_MARK,
+    UnixAccountError,
+    UnixAccountPolicy,
+    account_problem,
+    blocking_dir,
+    choose_uid,
+    unix_name,
+)
+from gpulease.spawners.cgroups import Mechanism
+
+
+def test_plain_names_get_the_prefix():
+    assert unix_name("ada") == "gl-ada"
+    assert unix_name("bob-2_x", "lab-") == "lab-bob-2_x"
+
+
+def test_unsafe_or_long_names_are_cut_and_hashed_without_collisions():
+    dotted, underscored = unix_name("a.b"), unix_name("a_b")
+    assert dotted != underscored and dotted.startswith("gl-a_b-")
+    long = unix_name("x" * 32)
+    assert len(long) == 32 and long.startswith("gl-xxx")
+    assert unix_name("x" * 32) == long  # stable
+    assert unix_name("x" * 31 + "y") != long
+    email = unix_name("Ada@Lab.org")
+    assert all(c.isalnum() or c in "_-" for c in email) and email == email.lower()
+
+
+def test_uid_is_stable_in_range_and_skips_taken_ids():
+    uid = choose_uid("gl-ada", set(), 61000, 64999)
+    assert 61000 <= uid <= 64999 and choose_uid("gl-ada", set(), 61000, 64999) == uid
+    assert choose_uid("gl-ada", {uid}, 61000, 64999) != uid
+    assert choose_uid("gl-ada", {5, 6}, 5, 7) == 7
+    with pytest.raises(UnixAccountError, match="no free uid"):
+        choose_uid("gl-ada", {5, 6, 7}, 5, 7)
+
+
+def test_policy_refuses_bad_prefix_and_range():
+    with pytest.raises(UnixAccountError, match="prefix"):
+        UnixAccountPolicy(prefix="Bad!")
+    with pytest.raises(UnixAccountError, match="range"):
+        UnixAccountPolicy(uid_min=10, uid_max=5)
+
+
+def _entry(uid=61001, gid=61001, gecos=GECOS_MARK + "ada", name="gl-ada"):
+    return pwd.struct_passwd((name, "x", uid, gid, gecos, "/h", "/bin/bash"))
+
+
+def test_only_accounts_made_by_gpulease_for_that_user_are_used():
+    policy = UnixAccountPolicy()
+    assert account_problem(_entry(), "ada", policy) == ""
+    assert "not made by gpulease" in account_problem(_entry(gecos="Ada L"), "ada", policy)
+    assert "outside" in account_problem(_entry(uid=1000), "ada", policy)
+    assert "uid or gid 0" in account_problem(_entry(uid=0), "ada", policy)
+
+
+def _modes(table):
+    def stat_of(path):
+        if path not in table:
+            raise FileNotFoundError(path)
+        return SimpleNamespace(st_mode=table[path])
+    return stat_of
+
+
+def test_blocking_dir_names_the_first_folder_no_other_account_can_pass():
+    d, f = stat.S_IFDIR, stat.S_IFREG
+    table = {"/": d | 0o755, "/root": d | 0o700, "/root/env": d | 0o755,
+             "/root/env/python": f | 0o755, "/opt": d | 0o755, "/opt/py": f | 0o750}
+    assert blocking_dir("/root/env/python", _modes(table)) == ("/root", 0o700)
+    assert blocking_dir("/opt/py", _modes(table), execute=True) == ("/opt/py", 0o750)
+    assert blocking_dir("/opt", _modes(table)) is None
+    assert blocking_dir("/opt/missing", _modes(table)) == ("/opt/missing", 0)
+
+
+def test_unreachable_lines_name_path_and_mode(tmp_path):
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    os.chmod(hidden, 0o700)
+    (hidden / "x").write_text("")
+    os.chmod(tmp_path, 0o755)
+    problems = unreachable([("the thing", str(hidden / "x"), False)])
+    if any(stat.S_IMODE(os.stat(p).st_mode) & 0o001 == 0 for p in map(str, tmp_path.parents)):
+        assert problems  # an outer folder already blocks: still reported
+    else:
+        assert problems == [f"the thing: {hidden / 'x'} — {hidden} is mode 700, so no other "
+                            "account can reach it"]
+
+
+def test_shebang(tmp_path):
+    script = tmp_path / "s"
+    script.write_text("#!/opt/env/bin/python -E\nprint()\n")
+    assert shebang_interpreter(script) == "/opt/env/bin/python"
+    script.write_text("print()\n")
+    assert shebang_interpreter(script) is None
+
+
+def test_the_start_banner_says_what_holds():
+    none = Mechanism("none", False, "the hub does not run as root")
+    plan = decide(is_root=False, per_user_accounts=True, policy=UnixAccountPolicy(),
+                  mechanism=none, hub_account="lab")
+    assert not plan.unix_accounts
+    assert "single-user or trusted-group setup" in plan.accounts_line
+    assert "servers run as lab, no isolation between users" in plan.accounts_line
+    assert "not enforced on this host" in plan.banner()[1]
+    root = decide(is_root=True, per_user_accounts=True, policy=UnixAccountPolicy(),
+                  mechanism=Mechanism("cgroup1", True, "v1"), hub_account="root")
+    assert root.unix_accounts and "own Unix account" in root.accounts_line
+    settings = root.settings()
+    assert settings["resource_limits"] == "cgroup1" and settings["device_control"] is True
+    off = decide(is_root=True, per_user_accounts=False, policy=UnixAccountPolicy(),
+                 mechanism=none, hub_account="root")
+    assert "per_user_accounts is off" in off.accounts_line
+
+
+def test_server_runs_under_its_unix_name_without_allow_root():
+    from pathlib import Path
+
+    from gpulease.spawners.process_spec import build_process_spec
+
+    spec = build_process_spec(user="ada", home=Path("/s/homes/ada"), device_uuids=(),
+                              local_env=None, run_as_uid=61234, profile_slug="cpu",
+                              image_name="pytorch", unix_user="gl-ada")
+    assert spec.env["USER"] == spec.env["LOGNAME"] == "gl-ada"
+    assert spec.env["HOME"] == "/s/homes/ada" and "--allow-root" not in spec.cmd
