@@ -2,7 +2,9 @@
 #   make run   install into .venv and node_modules, then run the embedded hub
 #   make test  the same install, then lint and the whole test suite
 
-PYTHON ?= python3
+# As root, the per-user accounts must be able to run the environment's
+# interpreter: scripts/pick-python explains the choice.
+PYTHON ?= $(shell scripts/pick-python)
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 # The official configurable-http-proxy is installed with npm inside the project.

@@ -23,12 +23,20 @@ from traitlets import Dict, default
 
 from gpulease.hub.accounts import ensure_first_admin
 from gpulease.hub.app_options import GPULeaseOptions
+from gpulease.hub.audit import RetentionError, parse_retention
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.catalog import CatalogError
 from gpulease.hub.context import get_context
-from gpulease.hub.hub_config import HubSettings, hub_config, project_chp
+from gpulease.hub.hub_config import HubSettings, hub_config, notify_environment, project_chp
+from gpulease.hub.isolation_check import (
+    decide,
+    reachability_error,
+    server_env_paths,
+    unreachable,
+)
 from gpulease.hub.ledger import BillingError
 from gpulease.hub.metering import Meter
+from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.state import (
     StateError,
@@ -36,6 +44,9 @@ from gpulease.hub.state import (
     read_or_create_secret,
     write_cli_file,
 )
+from gpulease.hub.units import parse_duration
+from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
+from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.inventory import InventoryError
 from gpulease.spawners.local import LocalGPUSpawner
 
@@ -49,6 +60,9 @@ gpulease_aliases = {
     "config": "GPULeaseHub.config_file",
     "f": "GPULeaseHub.config_file",
 }
+
+
+AUDIT_PRUNE_EVERY_MS = 24 * 3600 * 1000
 
 
 def _free_port() -> int:
@@ -96,7 +110,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         try:
             self._prepare()
         except (StateError, ProfileError, InventoryError, CatalogError, BillingError,
-                OSError) as e:
+                RetentionError, UnixAccountError, OSError) as e:
             problems = str(e).strip().replace("\n", "\n  ")
             print(f"gpulease: cannot start:\n  {problems}", file=sys.stderr)
             self.exit(1)
@@ -105,6 +119,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         self.update_config(base)
 
     def _prepare(self) -> None:
+        self._audit_retention = parse_retention(self.audit_retention)
         state = prepare_state_dir(self.state_dir)
         self._state = state
         db_url = self.billing_db_url or state.gpulease_db_url
@@ -119,14 +134,23 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # Before any write: a second hub on this database stops here.
         if ctx.meter is None:
             ctx.meter = Meter(ctx.engine, heartbeat_s=self.heartbeat_interval)
+            # read at each call: the backends are configured further down
+            ctx.meter.announce = lambda *notice: announce(ctx.notices, ctx.notify_backends,
+                                                          *notice)
         ctx.meter.acquire_lease()
+        # Spawns queued by a hub that was killed are gone with it.
+        stale = ctx.queue.clear()
+        if stale:
+            self.log.info("Removed %d spawns left in the queue by the previous hub", stale)
         self.log.info("GPU inventory: %s", ctx.inventory.label)
         applied = ctx.profiles.apply_file_if_changed(self.profiles_file)
         if applied is not None:
             self.log.info("Applied profiles file %s: %s", self.profiles_file, applied)
+        self._prune_audit()
         self._first_admin_password = ensure_first_admin(
             ctx.accounts, self.admin_name, os.environ.get("GPULEASE_ADMIN_PASSWORD") or None
         )
+        self._isolation = self._check_isolation(state, ctx)
         cli_token = read_or_create_secret(state.private / "cli_token")
         self._settings = HubSettings(
             state=state,
@@ -146,7 +170,40 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             smtp_starttls=self.smtp_starttls, smtp_username=self.smtp_username,
             public_url=self._public_url(),
             culler=self._culler_settings(ctx.inventory.source),
+            queue_max_wait_s=parse_duration(self.queue_max_wait, "queue_max_wait"),
+            queue_max_length=self.queue_max_length,
+            isolation={**self._isolation.settings(), "homes": str(state.homes)},
         )
+        # Notices the hub posts itself (a queued server started) go out the same ways.
+        ctx.notify_backends = backends_from_env({
+            k: v if isinstance(v, str) else os.environ.get("GPULEASE_SMTP_PASSWORD", "")
+            for k, v in notify_environment(self._settings).items()
+        })
+
+    def _check_isolation(self, state, ctx):
+        """Decide how users are kept apart here; refuse to start when accounts could not work."""
+        import pwd
+
+        try:
+            mechanism = choose_mechanism(HostReader().facts(), self.resource_limits)
+        except ValueError as e:
+            raise StateError(str(e)) from None
+        plan = decide(
+            is_root=os.geteuid() == 0, per_user_accounts=self.per_user_accounts,
+            policy=UnixAccountPolicy(self.unix_account_prefix, self.unix_uid_min,
+                                     self.unix_uid_max),
+            mechanism=mechanism, hub_account=pwd.getpwuid(os.geteuid()).pw_name,
+            device_nodes=self.device_nodes,
+        )
+        if plan.unix_accounts:
+            envs = [image.local_env for image in ctx.catalog.images]
+            problems = unreachable([*server_env_paths(envs),
+                                    ("the homes folder", str(state.homes), False)])
+            if problems:
+                raise StateError(reachability_error(problems, str(state.root)))
+        for line in plan.banner():
+            self.log.info(line)
+        return plan
 
     def _public_url(self) -> str:
         """Where the proxy serves users, for services that reach servers through it."""
@@ -194,9 +251,26 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         self._stopping_tasks: set[asyncio.Task] = set()  # the credit enforcer's stops
         self._heartbeat = PeriodicCallback(self._heartbeat_once, self.heartbeat_interval * 1000)
         self._heartbeat.start()
+        # Once a day is plenty for a retention counted in days; cheap (one DELETE).
+        self._audit_pruner = PeriodicCallback(self._prune_audit_async, AUDIT_PRUNE_EVERY_MS)
+        self._audit_pruner.start()
         url = self.bind_url.rstrip("/") + "/"
         write_cli_file(self._state, url.rsplit("/hub/", 1)[0], self._settings.cli_token)
         self._announce(url)
+
+    def _prune_audit(self) -> None:
+        if self._audit_retention is None:  # "0": keep every entry
+            return
+        pruned = self._ctx.audit.prune(self._audit_retention)
+        if pruned:
+            self.log.info("Audit log: pruned %d entries older than %s", pruned,
+                          self.audit_retention)
+
+    async def _prune_audit_async(self) -> None:
+        try:
+            await asyncio.to_thread(self._prune_audit)
+        except Exception:
+            self.log.exception("audit log pruning failed")
 
     async def _heartbeat_once(self) -> None:
         try:
@@ -239,6 +313,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         meter = self._ctx.meter if getattr(self, "_ctx", None) else None
         if getattr(self, "_heartbeat", None):
             self._heartbeat.stop()
+        if getattr(self, "_audit_pruner", None):
+            self._audit_pruner.stop()
         if meter is not None:
             meter.shutting_down = True
         await super().cleanup()
@@ -246,7 +322,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             meter.release_lease()
 
     def _announce(self, url: str) -> None:
-        lines = [f"gpulease is running at {url}", f"GPU inventory: {self._ctx.inventory.label}"]
+        lines = [f"gpulease is running at {url}", f"GPU inventory: {self._ctx.inventory.label}",
+                 *self._isolation.banner()]
         if self._first_admin_password:
             lines.append(
                 f"First-run admin: user '{self.admin_name}', password "

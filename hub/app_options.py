@@ -7,10 +7,11 @@ docs/config.md (tests/test_docs.py checks).
 
 from __future__ import annotations
 
-from traitlets import Bool, Float, Integer, List, Unicode
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from gpulease.hub.notifier import WebhookURL
+from gpulease.hub.units import parse_duration
 
 
 class GPULeaseOptions(Configurable):
@@ -59,6 +60,33 @@ class GPULeaseOptions(Configurable):
         config=True,
         help="A JupyterHub config file laid over gpulease's defaults (its settings win).",
     )
+    audit_retention = Unicode(
+        "180d",
+        config=True,
+        help="How long the audit log keeps admin changes: days like 180d, or 90s, 30m, 2h; "
+        "0 keeps them forever. Older entries are pruned at start and once a day.",
+    )
+    queue_max_wait = Unicode(
+        "30m",
+        config=True,
+        help="How long a GPU start waits in the queue for a free device (90s, 30m, 2h); past "
+        "it the start fails (503). 0: no queue, refuse at once naming what is free.",
+    )
+    queue_max_length = Integer(
+        500,
+        config=True,
+        help="Most GPU starts waiting in the queue at once; beyond, a start is refused (503). "
+        "JupyterHub's concurrent_spawn_limit is set above it, so a long queue is no 429.",
+    )
+
+    @validate("queue_max_wait")
+    def _valid_queue_max_wait(self, proposal):
+        try:
+            parse_duration(proposal["value"], "queue_max_wait")
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
+
     heartbeat_interval = Float(
         15.0,
         config=True,
@@ -100,4 +128,31 @@ class GPULeaseOptions(Configurable):
     culler_warn_before = Unicode(
         "5m", config=True,
         help="How long before suspending the user is warned (at most half the idle timeout).",
+    )
+
+    # --- isolation between users (docs/security.md)
+    per_user_accounts = Bool(
+        True, config=True,
+        help="When the hub runs as root, run each user's servers as their own Unix account "
+        "(created on first start or by `gpulease users add`). False: every server runs as the "
+        "hub's account, a trusted-group setup with no isolation between users.",
+    )
+    unix_account_prefix = Unicode(
+        "gl-", config=True,
+        help="Prefix of per-user Unix account names (gl-ada for hub user ada); names that are "
+        "too long or unsafe are cut and given a hash.",
+    )
+    unix_uid_min = Integer(61000, config=True, help="Lowest uid of a per-user Unix account.")
+    unix_uid_max = Integer(64999, config=True, help="Highest uid of a per-user Unix account.")
+    resource_limits = Unicode(
+        "auto", config=True,
+        help="How profiles' CPU and memory limits (and GPU device nodes) are enforced: auto "
+        "(systemd when it is the init system, else a writable cgroup v2, else cgroup v1), "
+        "systemd, cgroup2, cgroup1, or none. Needs root; the hub says at start what it uses.",
+    )
+    device_nodes = Dict(
+        config=True,
+        help="Device UUID -> list of device node paths a server holding it may open, for "
+        "declared inventories (their UUIDs have no nodes) and tests. NVML hosts map their "
+        "GPUs and MIG devices themselves.",
     )

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import yaml
 
 from gpulease.hub.cli_billing import BILLING_COMMANDS, add_billing_parsers
+from gpulease.hub.cli_limits import LIMITS_COMMANDS, add_limits_parsers
 from gpulease.hub.client import ClientError, HubClient, client_from
 from gpulease.hub.units import load_yaml_file
 
@@ -43,6 +44,12 @@ def cmd_inventory(client: HubClient, args) -> int:
                 print(f"    {what:<12} {dev['uuid']}  {who}")
     for dev in data.get("gone", []):
         print(f"  GONE {dev['uuid']} still recorded for {_holder(dev['holder'])}")
+    for q in data.get("queue", []):
+        print(f"queued {q['position']}: {_holder(q)} waits for {q['profile']}")
+    isolation = data.get("isolation") or {}
+    for key in ("accounts_summary", "limits_summary"):
+        if isolation.get(key):
+            print(isolation[key])
     return 0
 
 
@@ -103,6 +110,11 @@ def cmd_users(client: HubClient, args) -> int:
         "POST", "api/users", {"name": args.name, "password": password, "admin": args.admin}
     )
     print(f"created user {result['name']}" + (" (admin)" if result["admin"] else ""))
+    if result.get("unix_account"):
+        print(f"Unix account {result['unix_account']} (uid {result['uid']})")
+    if result.get("unix_account_error"):
+        print(f"gpulease: warning: no Unix account yet ({result['unix_account_error']}); "
+              "the first start tries again", file=sys.stderr)
     return 0
 
 
@@ -131,11 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--admin", action="store_true")
     add.add_argument("--password-stdin", action="store_true")
     add_billing_parsers(sub)
+    add_limits_parsers(sub)
     return parser
 
 
 COMMANDS = {"inventory": cmd_inventory, "profiles": cmd_profiles, "users": cmd_users,
-            **BILLING_COMMANDS}
+            **BILLING_COMMANDS, **LIMITS_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

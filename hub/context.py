@@ -20,13 +20,16 @@ from gpulease.hub.audit import AuditLog
 from gpulease.hub.catalog import Catalog, load_catalog
 from gpulease.hub.db import open_database
 from gpulease.hub.ledger import Ledger
+from gpulease.hub.limits import LimitStore
 from gpulease.hub.notices import NoticeStore
 from gpulease.hub.profile_store import ProfileStore
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.inventory import Inventory, discover_inventory
+from gpulease.spawners.queue_store import QueueStore
 
 if TYPE_CHECKING:
     from gpulease.hub.metering import Meter
+    from gpulease.hub.notifier import Notifier
 
 log = logging.getLogger("gpulease")
 
@@ -40,6 +43,9 @@ class GPULeaseContext:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Set by the hub process (GPULeaseHub): per-second metering of its servers.
     meter: Meter | None = None
+    # Set by the hub process: notification backends, for notices it posts itself
+    # (a queued server that started).
+    notify_backends: dict[str, Notifier] = field(default_factory=dict)
 
     @cached_property
     def engine(self) -> Engine:
@@ -76,6 +82,14 @@ class GPULeaseContext:
     @cached_property
     def audit(self) -> AuditLog:
         return AuditLog(self.engine)
+
+    @cached_property
+    def queue(self) -> QueueStore:
+        return QueueStore(self.engine)
+
+    @cached_property
+    def limits(self) -> LimitStore:
+        return LimitStore(self.engine)
 
 
 _contexts: dict[tuple[str, str, str, str], GPULeaseContext] = {}

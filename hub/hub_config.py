@@ -7,9 +7,10 @@ pure function means what the embedded hub runs with is testable without a hub.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from traitlets.config import Config
@@ -40,10 +41,18 @@ SERVICE_SCOPES = [
     "read:servers",
     "delete:servers",
     "admin:server_state",
+    # POST api/servers stores validated options through the hub's PUT/PATCH on
+    # /users/{name}/servers/{server}, which need start:servers (nothing starts).
+    "start:servers",
 ]
 
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+# JupyterHub's own defaults for a start that does not wait in gpulease's queue:
+# Spawner.start_timeout and JupyterHub.concurrent_spawn_limit.
+NORMAL_START_S = 60
+NORMAL_CONCURRENT_SPAWNS = 100
 
 
 def low_balance_banner(s: HubSettings):
@@ -69,26 +78,15 @@ def low_balance_banner(s: HubSettings):
     return banner
 
 
-def suspended_for_home(s: HubSettings):
-    """template_vars callable: the page user's suspended servers, for the home page."""
+def _context_of(s: HubSettings):
+    """The shared gpulease context of this hub (created on first use, in the hub process)."""
 
-    def suspended(user) -> list:
+    def get():
         from gpulease.hub.context import get_context
-        from gpulease.hub.sessions import SessionLedger
-        from gpulease.hub.suspended import suspended_servers
 
-        if user is None:
-            return []
-        ctx = get_context(s.db_url, s.inventory_file, s.catalog_file, s.node_name)
-        try:
-            latest = SessionLedger(ctx.engine).latest_by_server(user.name)
-            timeouts = {p.slug: p.idle_timeout_s for p in ctx.profiles.list()}
-        except Exception:  # a page must render even when the database is away
-            return []
-        active = {name for name, sp in user.spawners.items() if sp.active}
-        return suspended_servers(latest, active, timeouts)
+        return get_context(s.db_url, s.inventory_file, s.catalog_file, s.node_name)
 
-    return suspended
+    return get
 
 
 def _smtp_password(_spawner) -> str:
@@ -142,6 +140,12 @@ class HubSettings:
     smtp_from: str = "gpulease@localhost"
     smtp_starttls: bool = False
     smtp_username: str = ""
+    # The admission queue (GPULeaseHub.queue_max_wait, queue_max_length).
+    queue_max_wait_s: int = 1800
+    queue_max_length: int = 500
+    # Isolation between users (gpulease.hub.isolation_check.IsolationPlan.settings()):
+    # the spawner's unix_*/resource_limits/device_* options; shown by api/inventory.
+    isolation: dict = field(default_factory=dict)
 
 
 def project_chp() -> str | None:
@@ -152,6 +156,8 @@ def project_chp() -> str | None:
 
 
 def hub_config(s: HubSettings) -> Config:
+    from gpulease.hub.home_page import DefaultProfileFormHandler, home_template_var
+
     c = Config()
     hub = c.JupyterHub
     hub.db_url = s.state.hub_db_url
@@ -165,8 +171,14 @@ def hub_config(s: HubSettings) -> Config:
     hub.template_paths = [str(TEMPLATES)]
     hub.template_vars = {
         "gpulease_banner": low_balance_banner(s),
-        "gpulease_suspended": suspended_for_home(s),
+        # the home page's servers, profiles and default profile (hub/home_page.py)
+        "gpulease_home": home_template_var(_context_of(s)),
     }
+    # The home page's default-profile form posts here with the hub's own
+    # cookie and _xsrf (a hub page has no OAuth cookie of the gpulease service).
+    hub.extra_handlers = [
+        (r"/gpulease/default-profile", DefaultProfileFormHandler, {"get_ctx": _context_of(s)}),
+    ]
     hub.services = [
         {
             "name": SERVICE_NAME,
@@ -179,6 +191,8 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_CATALOG_FILE": s.catalog_file,
                 "GPULEASE_NODE_NAME": s.node_name,
                 "GPULEASE_SERVICE_PORT": str(s.service_port),
+                # api/inventory shows it; `users add` makes the Unix account with it
+                "GPULEASE_ISOLATION": json.dumps(s.isolation),
                 **notify_environment(s),
             },
             "oauth_no_confirm": True,
@@ -267,4 +281,14 @@ def hub_config(s: HubSettings) -> Config:
     spawner.catalog_file = s.catalog_file
     spawner.node_name = s.node_name
     spawner.state_dir = str(s.state.root)
+    for key in ("unix_accounts", "unix_prefix", "unix_uid_min", "unix_uid_max",
+                "resource_limits", "device_control", "device_nodes"):
+        if key in s.isolation:
+            setattr(spawner, key, s.isolation[key])
+    # A queued spawn is still a pending start for JupyterHub: its start_timeout
+    # must outlast the wait, and its concurrent_spawn_limit count the queue.
+    spawner.queue_max_wait = float(s.queue_max_wait_s)
+    spawner.queue_max_length = s.queue_max_length
+    spawner.start_timeout = s.queue_max_wait_s + NORMAL_START_S
+    hub.concurrent_spawn_limit = s.queue_max_length + NORMAL_CONCURRENT_SPAWNS
     return c

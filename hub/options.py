@@ -74,18 +74,31 @@ def _values(options: object) -> dict[str, str]:
     return values
 
 
+def _missing_profile(slug: str, deleted: Collection[str], usable: list[Profile]) -> str:
+    # An empty-body start reuses saved options: their profile may since have
+    # been deleted (DELETE api/profiles/{slug}?force=true). Say so, and that a
+    # new choice is needed, rather than a bare "unknown".
+    if slug in deleted:
+        return (f"profile {slug!r} was deleted by an admin; choose a new profile for this "
+                f"server: {_listing(usable)}")
+    return (f"profile {slug!r} does not exist (it may have been deleted by an admin); "
+            f"choose one of: {_listing(usable)}")
+
+
 def _choose_profile(
     slug: str | None, user_groups: set[str], profiles: list[Profile], default: str | None,
+    deleted: Collection[str] = frozenset(),
 ) -> tuple[Profile, str]:
     by_slug = {p.slug: p for p in profiles}
     usable = sorted((p for p in profiles if p.enabled and usable_by(p, user_groups)),
                     key=lambda p: (p.price_per_hour_ucr, p.slug))
     if slug is not None:
         profile = by_slug.get(slug)
-        if profile is None or not profile.enabled:
-            what = "is disabled" if profile is not None else "does not exist"
+        if profile is None:
+            raise _refuse(400, "profile", _missing_profile(slug, deleted, usable))
+        if not profile.enabled:
             raise _refuse(400, "profile",
-                          f"profile {slug!r} {what}; choose one of: {_listing(usable)}")
+                          f"profile {slug!r} is disabled; choose one of: {_listing(usable)}")
         if not usable_by(profile, user_groups):
             raise _refuse(403, "profile",
                           f"profile {slug!r} is only for members of group(s) "
@@ -149,11 +162,16 @@ def resolve_user_options(
     catalog: Catalog,
     default_profile: str | None,
     group_accounts: Collection[str] = frozenset(),
+    deleted_profiles: Collection[str] = frozenset(),
 ) -> ServerChoice:
-    """The profile, image and account of a start, or OptionsRefused(status, message)."""
+    """The profile, image and account of a start, or OptionsRefused(status, message).
+
+    `deleted_profiles` (ProfileStore.deleted_slugs) lets a start whose saved
+    profile was deleted say so plainly.
+    """
     values = _values(options)
     profile, chosen_by = _choose_profile(
-        values.get("profile"), set(user_groups), profiles, default_profile
+        values.get("profile"), set(user_groups), profiles, default_profile, deleted_profiles
     )
     image = _choose_image(values.get("image"), profile, catalog)
     account = _choose_account(values.get("account"), user, set(user_groups), group_accounts)
@@ -164,6 +182,16 @@ def price_text(ucr: int) -> str:
     """Credits with at least 2 decimals and no more than needed: 1_200_000 -> "1.20"."""
     whole, frac = format_credits(ucr).split(".")
     return f"{whole}.{frac.rstrip('0').ljust(2, '0')}"
+
+
+def why_chosen(choice: ServerChoice) -> str:
+    """For a start that named no profile (VS Code's empty body): which rule chose it.
+
+    '' when the request (or the server's saved options) named the profile.
+    """
+    if choice.chosen_by == CHOSEN_BY_REQUEST:
+        return ""
+    return f"no profile was chosen, so your {choice.chosen_by} ({choice.profile.slug}) is used"
 
 
 def options_summary(choice: ServerChoice) -> str:

@@ -16,9 +16,10 @@ from pathlib import Path
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
+from gpulease.hub.audit import AuditLog
 from gpulease.hub.catalog import Catalog
+from gpulease.hub.db import audit_log, settings, user_prefs, utcnow
 from gpulease.hub.db import profiles as profiles_table
-from gpulease.hub.db import settings, user_prefs, utcnow
 from gpulease.hub.profiles import (
     FieldError,
     Profile,
@@ -31,6 +32,9 @@ from gpulease.hub.units import json_loads
 log = logging.getLogger("gpulease.profiles")
 
 PROFILES_FILE_HASH = "profiles_file_sha256"
+# Who the audit log names for changes made by `gpulease up --profiles FILE`.
+PROFILES_FILE_ACTOR = "profiles-file"
+_AUDIT_ACTIONS = {"created": "profile.create", "updated": "profile.update"}
 
 
 @dataclass(frozen=True)
@@ -53,10 +57,23 @@ def spec_text(profile: Profile) -> str:
     return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _row_spec(slug: str, spec: str, enabled: bool) -> dict:
+    """A stored row as the audit log shows it: the file form, slug first."""
+    try:
+        stored = json_loads(spec)
+    except ValueError:
+        stored = {"unreadable_spec": spec}
+    if not isinstance(stored, dict):
+        stored = {"unreadable_spec": spec}
+    return {"slug": slug, **{k: v for k, v in stored.items() if k != "slug"},
+            "enabled": bool(enabled)}
+
+
 class ProfileStore:
     def __init__(self, engine: Engine, catalog: Catalog):
         self.engine = engine
         self.catalog = catalog
+        self.audit = AuditLog(engine)
 
     # --- reading ---------------------------------------------------------------
 
@@ -87,6 +104,22 @@ class ProfileStore:
         found = [p for p in map(self._from_row, rows) if p is not None]
         return sorted(found, key=lambda p: (p.price_per_hour_ucr, p.slug))
 
+    def exists(self, slug: str) -> bool:
+        """Whether a row exists, even one that no longer reads as a valid profile."""
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(profiles_table.c.slug).where(profiles_table.c.slug == slug)
+            ).first() is not None
+
+    def deleted_slugs(self) -> set[str]:
+        """Profiles the audit log saw deleted that do not exist again (within its retention)."""
+        query = select(audit_log.c.target).where(audit_log.c.action == "profile.delete")
+        with self.engine.connect() as conn:
+            targets = set(conn.execute(query.distinct()).scalars())
+            current = set(conn.execute(select(profiles_table.c.slug)).scalars())
+        slugs = {t.removeprefix("profile:") for t in targets if t.startswith("profile:")}
+        return slugs - current
+
     def get(self, slug: str) -> Profile | None:
         with self.engine.connect() as conn:
             row = conn.execute(
@@ -113,6 +146,24 @@ class ProfileStore:
         if errors:
             raise ProfileError(errors)
 
+    def _write_audited(self, conn: Connection, profile: Profile, actor: str | None) -> str:
+        """`_write`, and with an `actor` its audit entry in the same transaction.
+
+        A change is then never kept without its record, nor the reverse.
+        """
+        if actor is None:
+            return self._write(conn, profile)
+        row = conn.execute(
+            select(profiles_table.c.spec, profiles_table.c.enabled)
+            .where(profiles_table.c.slug == profile.slug)
+        ).first()
+        outcome = self._write(conn, profile)
+        if outcome != "unchanged":
+            before = None if row is None else _row_spec(profile.slug, row.spec, row.enabled)
+            self.audit.record(actor, _AUDIT_ACTIONS[outcome], f"profile:{profile.slug}",
+                              before, profile.to_spec(), conn=conn)
+        return outcome
+
     def _write(self, conn: Connection, profile: Profile) -> str:
         """Insert or update one profile inside the caller's transaction."""
         text = spec_text(profile)
@@ -135,37 +186,54 @@ class ProfileStore:
         )
         return "updated"
 
-    def _apply(self, conn: Connection, profiles: list[Profile], prune: bool) -> ApplyResult:
+    def _delete(self, conn: Connection, slugs: list[str], actor: str | None) -> list[str]:
+        """Delete rows inside the caller's transaction; returns the slugs that existed."""
+        rows = conn.execute(
+            select(profiles_table).where(profiles_table.c.slug.in_(slugs))
+        ).all() if slugs else []
+        if not rows:
+            return []
+        conn.execute(delete(profiles_table).where(
+            profiles_table.c.slug.in_([r.slug for r in rows])))
+        if actor is not None:
+            now = utcnow()
+            for row in rows:
+                self.audit.record(actor, "profile.delete", f"profile:{row.slug}",
+                                  _row_spec(row.slug, row.spec, row.enabled), None,
+                                  conn=conn, at=now)
+        return sorted(r.slug for r in rows)
+
+    def _apply(self, conn: Connection, profiles: list[Profile], prune: bool,
+               actor: str | None = None) -> ApplyResult:
         result = ApplyResult()
         for profile in profiles:
-            getattr(result, self._write(conn, profile)).append(profile.slug)
+            getattr(result, self._write_audited(conn, profile, actor)).append(profile.slug)
         if prune:
             keep = {p.slug for p in profiles}
             stored = conn.execute(select(profiles_table.c.slug)).scalars().all()
             gone = sorted(slug for slug in stored if slug not in keep)
-            if gone:
-                conn.execute(delete(profiles_table).where(profiles_table.c.slug.in_(gone)))
-            result.deleted.extend(gone)
+            result.deleted.extend(self._delete(conn, gone, actor))
         return result
 
-    def upsert(self, profile: Profile) -> str:
-        """'created', 'updated' or 'unchanged'."""
+    def upsert(self, profile: Profile, actor: str | None = None) -> str:
+        """'created', 'updated' or 'unchanged'; an `actor` gets the change audited."""
         self._validate([profile])
         with self.engine.begin() as conn:
-            return self._write(conn, profile)
+            return self._write_audited(conn, profile, actor)
 
-    def delete(self, slug: str) -> bool:
+    def delete(self, slug: str, actor: str | None = None) -> bool:
         with self.engine.begin() as conn:
-            gone = conn.execute(delete(profiles_table).where(profiles_table.c.slug == slug))
-        return gone.rowcount > 0
+            return bool(self._delete(conn, [slug], actor))
 
-    def apply(self, profiles: list[Profile], prune: bool = False) -> ApplyResult:
+    def apply(self, profiles: list[Profile], prune: bool = False,
+              actor: str | None = None) -> ApplyResult:
         """Upsert every profile (and with `prune` delete the others) in one transaction."""
         self._validate(profiles)
         with self.engine.begin() as conn:
-            return self._apply(conn, profiles, prune)
+            return self._apply(conn, profiles, prune, actor)
 
-    def apply_file_if_changed(self, path: str | Path) -> ApplyResult | None:
+    def apply_file_if_changed(self, path: str | Path,
+                              actor: str | None = PROFILES_FILE_ACTOR) -> ApplyResult | None:
         """Apply a profiles file (upsert, no prune) when its bytes changed since last applied.
 
         The file is read and validated before the database is touched; edits
@@ -181,7 +249,7 @@ class ProfileStore:
         with self.engine.begin() as conn:
             if _get_setting(conn, PROFILES_FILE_HASH) == digest:
                 return None
-            result = self._apply(conn, profiles, prune=False)
+            result = self._apply(conn, profiles, prune=False, actor=actor)
             _set_setting(conn, PROFILES_FILE_HASH, digest)
         return result
 

@@ -170,6 +170,12 @@ def _parse_groups(value: object, p: _Problems) -> tuple[str, ...] | None:
     if not isinstance(value, list) or not all(isinstance(g, str) and g for g in value):
         p.add("groups", f"must be a list of group names ([] = everyone), got {value!r}")
         return None
+    # A stray space or a comma-joined list would silently match no hub group.
+    odd = [g for g in value if g != g.strip() or "," in g or not g.isprintable()]
+    if odd:
+        p.add("groups", f"{', '.join(map(repr, odd))}: a group name has no surrounding spaces, "
+                        "commas or control characters; list each group as its own item")
+        return None
     if len(set(value)) != len(value):
         p.add("groups", "lists a group twice")
         return None
@@ -296,3 +302,28 @@ def dump_profiles(profiles: list[Profile]) -> str:
 def usable_by(profile: Profile, user_groups: set[str]) -> bool:
     """Whether a user in `user_groups` may use `profile` (no groups: everyone)."""
     return not profile.groups or bool(set(profile.groups) & set(user_groups))
+
+
+def saved_profile(user_options: object) -> str | None:
+    """The profile slug a server's saved `user_options` name, if any."""
+    if not isinstance(user_options, dict):
+        return None
+    value = user_options.get("profile")
+    if isinstance(value, list) and len(value) == 1:  # a form's list of one string
+        value = value[0]
+    return value if isinstance(value, str) and value else None
+
+
+def servers_saving(users: list[dict], slug: str) -> list[dict]:
+    """Servers whose saved options name profile `slug`, from hub user models.
+
+    `users` are JupyterHub user models fetched with `include_stopped_servers`;
+    each result is {"user", "server", "running"}, sorted by user then server.
+    """
+    found = []
+    for user in users:
+        for name, server in (user.get("servers") or {}).items():
+            if saved_profile((server or {}).get("user_options")) == slug:
+                running = not server.get("stopped", False) or bool(server.get("pending"))
+                found.append({"user": user.get("name"), "server": name, "running": running})
+    return sorted(found, key=lambda s: (str(s["user"]), s["server"]))

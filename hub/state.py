@@ -62,13 +62,42 @@ def prepare_state_dir(root: str | os.PathLike) -> StateDir:
     """Create the layout if missing and check who can read `private/`."""
     state = StateDir(Path(root).resolve())
     state.root.mkdir(parents=True, exist_ok=True)
+    check_not_world_writable(state.root)
     if not state.private.exists():
         state.private.mkdir(mode=0o700)
     check_private(state.private)
+    for item in sorted(state.private.iterdir()):
+        tighten_private_file(item)
     if not state.homes.exists():
         state.homes.mkdir(mode=0o755)
-        os.chmod(state.homes, 0o755)
+    check_not_world_writable(state.homes)
+    homes = state.homes.stat()
+    if stat.S_IMODE(homes.st_mode) != 0o755 and homes.st_uid == os.getuid():
+        os.chmod(state.homes, 0o755)  # homes/ lists the homes; each home is its user's alone
     return state
+
+
+def check_not_world_writable(path: Path) -> None:
+    """Anyone who can write here could swap `private/` or a home for their own."""
+    mode = path.stat().st_mode
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        raise StateError(
+            f"{path} is writable by every account (mode {stat.S_IMODE(mode):o}): anyone could "
+            f"replace what the hub keeps there. Run `chmod o-w {path}`"
+        )
+
+
+def tighten_private_file(path: Path) -> None:
+    """A database or secret in `private/`: the hub's account only.
+
+    The 0700 folder already keeps everyone else out (checked above, and the
+    hub refuses to start otherwise); files that SQLite or an older gpulease
+    made with the umask's 0644 are tightened too, so that moving one out of
+    the folder does not expose it.
+    """
+    st = path.lstat()
+    if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
 
 
 def check_private(path: Path) -> None:

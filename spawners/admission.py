@@ -56,15 +56,20 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     groups = {g.name for g in spawner.user.groups}
 
     def resolve_and_check_credit() -> ServerChoice:
+        profiles = ctx.profiles.list(include_disabled=True)
+        asked = user_options.get("profile") if isinstance(user_options, dict) else None
+        # Only a profile that is gone needs the audit log's word on whether it was deleted.
+        gone = isinstance(asked, str) and asked not in {p.slug for p in profiles}
         choice = resolve_user_options(
             user_options,
             user=user,
             user_groups=groups,
-            profiles=ctx.profiles.list(include_disabled=True),
+            profiles=profiles,
             catalog=ctx.catalog,
             default_profile=ctx.profiles.get_default_profile(user),
             # the ledger names accounts "group:NAME"; options speaks of group names
             group_accounts={a.partition(":")[2] for a in ctx.ledger.group_accounts()},
+            deleted_profiles=ctx.profiles.deleted_slugs() if gone else frozenset(),
         )
         profile = choice.profile
         needed = rate_cost(profile.min_run_s, profile.price_per_hour_ucr)

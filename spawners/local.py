@@ -22,20 +22,25 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
-from traitlets import Unicode, default
+from traitlets import Bool, Dict, Float, Integer, Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
-from gpulease.hub.options import ServerChoice
+from gpulease.hub.my_servers import option_value
+from gpulease.hub.options import ServerChoice, why_chosen
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.state import StateDir, ensure_home
 from gpulease.hub.units import format_credits
+from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
+from gpulease.spawners import isolation
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options
-from gpulease.spawners.options_form import options_from_form, render_options_form
-from gpulease.spawners.placement import NoFit, availability
-from gpulease.spawners.process_spec import build_process_spec
+from gpulease.spawners.cgroups import CgroupError
+from gpulease.spawners.options_form import FormData, options_from_form, render_options_form
+from gpulease.spawners.placement import availability
+from gpulease.spawners.process_spec import build_process_spec, filter_server_env
 from gpulease.spawners.process_tree import end_processes, process_tree
+from gpulease.spawners.queue_runner import Refused, queue_progress, runner_for, tell_started
 
 
 class LocalGPUSpawner(LocalProcessSpawner):
@@ -61,11 +66,58 @@ class LocalGPUSpawner(LocalProcessSpawner):
         help="The state folder; homes are its homes/<user> folders, shared by a user's servers.",
     )
 
+    queue_max_wait = Float(
+        1800.0,
+        config=True,
+        help="Seconds a GPU start may wait in the queue for a free device; 0: refuse at once "
+        "(503, naming what is free). Set by `gpulease up` from GPULeaseHub.queue_max_wait.",
+    )
+    queue_max_length = Integer(
+        500, config=True, help="Most spawns waiting in the queue; beyond, a start is refused (503)."
+    )
+    queue_poll_interval = Float(
+        5.0,
+        config=True,
+        help="Seconds between passes over the queue while spawns wait (releases in this hub "
+        "also wake it at once).",
+    )
+
+    # --- isolation (docs/security.md); `gpulease up` sets these from GPULeaseHub's options
+    unix_accounts = Bool(
+        False,
+        config=True,
+        help="Run each user's servers as their own Unix account (created on first start; "
+        "needs root). Set by `gpulease up` from GPULeaseHub.per_user_accounts.",
+    )
+    unix_prefix = Unicode("gl-", config=True, help="Prefix of the per-user Unix account names.")
+    unix_uid_min = Integer(61000, config=True, help="Lowest uid of a per-user Unix account.")
+    unix_uid_max = Integer(64999, config=True, help="Highest uid of a per-user Unix account.")
+    resource_limits = Unicode(
+        "none",
+        config=True,
+        help="How the profile's CPU and memory are enforced: systemd, cgroup2, cgroup1 or none. "
+        "Set by `gpulease up` from what the host allows (GPULeaseHub.resource_limits).",
+    )
+    device_control = Bool(
+        False,
+        config=True,
+        help="Let a server open only its assigned GPU device nodes (cgroup devices controller "
+        "or systemd DevicePolicy). Set by `gpulease up` where the host allows it.",
+    )
+    device_nodes = Dict(
+        config=True,
+        help="Device UUID -> list of device node paths, for declared inventories (whose "
+        "synthetic UUIDs have no nodes) and for tests; on NVML hosts the map comes from NVML.",
+    )
+
     gpulease_choice: ServerChoice | None = None
+    gpulease_isolation: isolation.Prepared | None = None
+    gpulease_cgroup: dict | None = None  # what to remove when the server stops (kept in state)
     gpulease_devices: tuple[str, ...] = ()
     gpulease_balance: int = 0  # the account's balance when this start was admitted
     _options_to_restore: tuple[dict | None] | None = None
     _stopping: bool = False
+    _gpulease_admitted: bool = False  # this start is past the limits and the queue
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
@@ -87,18 +139,37 @@ class LocalGPUSpawner(LocalProcessSpawner):
 
     @staticmethod
     def _render_form(spawner: LocalGPUSpawner) -> str:
+        """Gather what the spawn page shows; options_form.render_options_form renders it."""
         ctx = spawner.gpulease
+        name = spawner.user.name
         groups = {g.name for g in spawner.user.groups}
-        profiles = [p for p in ctx.profiles.list(include_disabled=False) if usable_by(p, groups)]
+        profiles = sorted(
+            (p for p in ctx.profiles.list(include_disabled=False) if usable_by(p, groups)),
+            key=lambda p: (p.price_per_hour_ucr, p.slug),
+        )
         held = set(ctx.assignments.held())
         avail = {
             p.slug: availability(ctx.inventory, held, p.gpu.device_request())
             for p in profiles
             if p.gpu
         }
+        queue = getattr(ctx, "queue", None)  # the admission queue, where there is one
+        waiting = queue.waiting_by_profile() if hasattr(queue, "waiting_by_profile") else {}
+        group_accounts = [a for a in ctx.ledger.group_accounts() if a.partition(":")[2] in groups]
+        balances = ctx.ledger.balances([f"user:{name}", *group_accounts])
         orm_spawner = spawner.orm_spawner
-        saved = (orm_spawner.user_options or {}).get("profile") if orm_spawner else None
-        return render_options_form(profiles, avail, saved)
+        saved = dict(orm_spawner.user_options or {}) if orm_spawner else {}
+        return render_options_form(FormData(
+            profiles=profiles,
+            availability=avail,
+            selected=option_value(saved, "profile") or ctx.profiles.get_default_profile(name),
+            selected_image=option_value(saved, "image"),
+            waiting=waiting or {},
+            balance_ucr=int(balances.get(f"user:{name}", 0)),
+            images={image.name: image for image in ctx.catalog.images},
+            accounts=[(a, int(balances.get(a, 0))) for a in group_accounts],
+            selected_account=option_value(saved, "account"),
+        ))
 
     def options_from_form(self, formdata):
         return options_from_form(formdata)
@@ -118,30 +189,57 @@ class LocalGPUSpawner(LocalProcessSpawner):
     # --- the process ------------------------------------------------------------
 
     def make_preexec_fn(self, name):
-        # Servers run as the hub's own account here; per-user Unix accounts are
-        # the isolation layer's job (docs/security.md).
-        return None
+        # Join the server's cgroup, then become the user's Unix account
+        # (spawners/isolation.py); neither without per-user accounts and limits.
+        prepared = self.gpulease_isolation
+        return isolation.preexec_for(prepared) if prepared else None
 
     def user_env(self, env):
-        return env
+        return env  # HOME, USER, SHELL come from _spec: the home is the state folder's
 
     def get_env(self):
         env = super().get_env()
         env.update(self._spec().env)
-        return env
+        state = StateDir(Path(self._state_root()))
+        return filter_server_env(env, isolation.SECRET_ENV, isolation.hub_secrets(state))
+
+    def _isolation_settings(self) -> isolation.IsolationSettings:
+        return isolation.IsolationSettings(
+            unix_accounts=self.unix_accounts,
+            policy=UnixAccountPolicy(self.unix_prefix, self.unix_uid_min, self.unix_uid_max),
+            limits=self.resource_limits, devices=self.device_control,
+            device_nodes=dict(self.device_nodes), state_root=self._state_root(),
+            nvml=self.gpulease.inventory.source == "nvml",
+        )
 
     def _spec(self):
         choice = self.gpulease_choice
         image = choice.image if choice else None
+        prepared = self.gpulease_isolation
+        account = prepared.account if prepared else None
         return build_process_spec(
             user=self.user.name,
             home=StateDir(Path(self._state_root())).home_of(self.user.name),
             device_uuids=self.gpulease_devices,
             local_env=image.local_env if image else None,
-            run_as_uid=os.getuid(),
+            run_as_uid=account.uid if account else os.getuid(),
             profile_slug=choice.profile.slug if choice else "",
             image_name=image.name if image else "",
+            unix_user=account.name if account else "",
         )
+
+    async def _isolate(self, choice: ServerChoice, home: Path) -> None:
+        """The server's account and limits, before it starts; a failure fails the start."""
+        profile = choice.profile
+        try:
+            self.gpulease_isolation = await asyncio.to_thread(
+                isolation.prepare, self._isolation_settings(), self.user.name, self.name, home,
+                profile.cpu, profile.memory_bytes, self.gpulease_devices,
+            )
+        except (UnixAccountError, CgroupError, OSError) as e:
+            self.log.error("cannot isolate %s: %s", self._log_name, e)
+            raise web.HTTPError(500, f"Cannot start the server: {e}") from None
+        self.gpulease_cgroup = self.gpulease_isolation.state() or None
 
     def _state_root(self):
         if not self.state_dir:
@@ -154,41 +252,64 @@ class LocalGPUSpawner(LocalProcessSpawner):
             self.refuse(400, "No profile was resolved for this start")
         ctx = self.gpulease
         home = ensure_home(StateDir(Path(self._state_root())), self.user.name)
+        self._gpulease_admitted = False
+        admitted = None
         if choice.profile.gpu is not None:
             try:
-                placement = await asyncio.to_thread(
-                    ctx.assignments.claim,
-                    self.user.name,
-                    self.name,
-                    choice.profile.slug,
-                    choice.profile.gpu.device_request(),
-                    ctx.inventory,
-                )
-            except NoFit as nofit:
-                self.refuse(nofit.status, f"Cannot start {choice.profile.slug}: {nofit.message}")
-            except SQLAlchemyError as e:
-                self.log.error("gpulease database error placing %s: %s", self._log_name, e)
-                self.refuse(503, DATABASE_DOWN)
-            self.gpulease_devices = tuple(placement.uuids)
+                admitted = await self._admit(choice)
+            finally:
+                self._gpulease_admitted = True
+            self.gpulease_devices = tuple(admitted.placement.uuids)
         else:
+            self._gpulease_admitted = True
             await asyncio.to_thread(ctx.assignments.release, self.user.name, self.name, "restart")
             self.gpulease_devices = ()
         self._options_to_restore = None
-        spec = self._spec()
-        self.cmd = list(spec.cmd)
+        self.gpulease_isolation = None
         self.notebook_dir = str(home)
         self.popen_kwargs = {**self.popen_kwargs, "cwd": str(home)}
         self.log.info(
             "%s placed on %s", self._log_name, ", ".join(self.gpulease_devices) or "no GPU"
         )
         try:
-            ip, port = await super().start()
+            await self._isolate(choice, home)
+            spec = self._spec()
+            self.cmd = [*self.gpulease_isolation.cmd_prefix, *spec.cmd]
+            try:
+                ip, port = await super().start()
+            except PermissionError:
+                raise web.HTTPError(
+                    500, f"Cannot start the server: {self.cmd[0]} cannot be run as "
+                    f"{self._spec().env['USER']} (permission denied on its way or its "
+                    "interpreter); see docs/security.md") from None
             if await self._wait_until_answering(ip, port):
                 await self._open_session(choice)
+                if admitted is not None and admitted.queued:
+                    await tell_started(ctx, self.user.name, self.name, choice.profile.slug,
+                                       admitted.waited_s)
             return ip, port
         except BaseException:
             await self._release("server_died")
+            await self._remove_cgroup()
             raise
+
+    async def _admit(self, choice: ServerChoice):
+        """Limits, then devices now or a place in the queue (gpulease.spawners.queue_runner)."""
+        profile = choice.profile
+        # Read the hub's ORM here, on the event loop's thread.
+        groups = {g.name: {u.name for u in g.users} for g in self.user.groups}
+        runner = runner_for(self.gpulease, self.queue_poll_interval)
+        try:
+            return await runner.admit(
+                self.user.name, self.name, profile.slug, profile.gpu.device_request(),
+                user_groups=set(groups), group_members=groups,
+                max_wait=self.queue_max_wait, max_length=self.queue_max_length,
+            )
+        except Refused as refused:
+            self.refuse(refused.status, f"Cannot start {profile.slug}: {refused.message}")
+        except SQLAlchemyError as e:
+            self.log.error("gpulease database error placing %s: %s", self._log_name, e)
+            self.refuse(503, DATABASE_DOWN)
 
     async def _wait_until_answering(self, ip: str, port: int) -> bool:
         """Return as soon as the server answers HTTP (True), or its process ended.
@@ -236,15 +357,24 @@ class LocalGPUSpawner(LocalProcessSpawner):
             return
         profile = choice.profile
         price = format_credits(profile.price_per_hour_ucr)
+        why = why_chosen(choice)  # an empty-body start (VS Code) is told what it got
         yield {"progress": 10,
                "message": f"Starting {profile.display_name} ({choice.image.name}) at "
-                          f"{price} credits/h, charged to {choice.account}"}
+                          f"{price} credits/h, charged to {choice.account}"
+                          + (f"; {why}" if why else "")}
         left = minutes_left(self.gpulease_balance, profile.price_per_hour_ucr)
         if left is not None and left < LOW_BALANCE_MINUTES:
             yield {"progress": 20,
                    "message": f"Low balance: {format_credits(self.gpulease_balance)} credits on "
                               f"{choice.account}, about {left} min at this price. The server "
                               "stops when the balance reaches zero."}
+        if profile.gpu is not None:
+            runner = runner_for(self.gpulease, self.queue_poll_interval)
+            async for event in queue_progress(
+                runner, self.user.name, self.name, profile.gpu.device_request().describe(),
+                lambda: self._spawn_pending and not self._gpulease_admitted,
+            ):
+                yield event
 
     async def stop(self, now=False):
         # LocalProcessSpawner.stop polls while it waits for the process to end:
@@ -255,10 +385,13 @@ class LocalGPUSpawner(LocalProcessSpawner):
             await super().stop(now=now)
         finally:
             self._stopping = False
+            self._gpulease_admitted = False  # the next start is admitted afresh
             # What the user started (a background training run, a terminal's
             # jobs) must not outlive the server and keep using a GPU that is
             # handed to someone else next.
             await asyncio.to_thread(end_processes, leftovers)
+            # Its cgroup catches what escaped the process tree (double fork, setsid).
+            await self._remove_cgroup()
             # A stop through JupyterHub's own API or pages counts as the user's;
             # gpulease's api/stop records its reason on the session beforehand.
             await self._release("user")
@@ -276,7 +409,14 @@ class LocalGPUSpawner(LocalProcessSpawner):
             pass
         elif held or (meter is not None and (self.user.name, self.name) in meter.live):
             await self._release("server_died")
+        if status is not None and not self._stopping:
+            await self._remove_cgroup()  # died: JupyterHub does not call stop()
         return status
+
+    async def _remove_cgroup(self) -> None:
+        cgroup, self.gpulease_cgroup = self.gpulease_cgroup, None
+        if cgroup:
+            await asyncio.to_thread(isolation.cleanup, cgroup)
 
     async def _release(self, reason: str) -> None:
         """Release the devices and close the billing session, with the stop's reason."""
@@ -287,6 +427,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
             await asyncio.to_thread(ctx.meter.close, user, server, reason)
         try:
             await asyncio.to_thread(ctx.assignments.release, user, server, reason)
+            runner_for(ctx, self.queue_poll_interval).released()  # a queued spawn may fit now
         except SQLAlchemyError as e:
             # The server is stopped all the same; its devices are released as
             # soon as the database answers again (and at the latest at restart).
@@ -301,11 +442,14 @@ class LocalGPUSpawner(LocalProcessSpawner):
         state = super().get_state()
         if self.gpulease_devices:
             state["gpulease_devices"] = list(self.gpulease_devices)
+        if self.gpulease_cgroup:
+            state["gpulease_cgroup"] = self.gpulease_cgroup
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.gpulease_devices = tuple(state.get("gpulease_devices", ()))
+        self.gpulease_cgroup = state.get("gpulease_cgroup") or self.gpulease_cgroup
 
     def clear_state(self):
         super().clear_state()

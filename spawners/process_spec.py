@@ -55,13 +55,31 @@ def build_process_spec(
     run_as_uid: int,
     profile_slug: str,
     image_name: str,
+    unix_user: str = "",
 ) -> ProcessSpec:
+    """`unix_user`: the account the server runs as, when it is not named like the hub user."""
     env = {
         "HOME": str(home),
-        "USER": user,
+        "USER": unix_user or user,
+        "LOGNAME": unix_user or user,
         "SHELL": "/bin/bash",
         "GPULEASE_PROFILE": profile_slug,
         "GPULEASE_IMAGE": image_name,
         **device_env(device_uuids),
     }
     return ProcessSpec(cmd=singleuser_command(local_env, run_as_uid), env=env, cwd=str(home))
+
+
+def filter_server_env(env: dict[str, str], secret_names: tuple[str, ...],
+                      secret_values: set[str]) -> dict[str, str]:
+    """The server's environment without any of the hub's secrets.
+
+    JupyterHub already passes only `env_keep` from the hub's own environment;
+    this is the last check, by name and by value, so that a secret reaching
+    the spawner some other way (a config's `environment`, an inherited
+    variable) still stays out of a notebook's `os.environ`.
+    """
+    return {
+        k: v for k, v in env.items()
+        if k not in secret_names and not any(secret in v for secret in secret_values)
+    }

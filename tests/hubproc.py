@@ -22,6 +22,8 @@ from typing import Any
 
 import requests
 
+from tests.isolation_env import hub_python, relocate_state
+
 ROOT = Path(__file__).resolve().parent.parent
 CHP = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
 
@@ -64,13 +66,22 @@ class HubProcess:
             self.api_port = free_port()
         if getattr(self, "_log", None):
             self._log.close()
-        self.log_path = self.state.parent / f"hub-{uuid.uuid4().hex[:6]}.log"
+        # logs stay beside the test's own folder, also when the state moves (below)
+        self._log_dir = getattr(self, "_log_dir", None) or self.state.parent
+        self.log_path = self._log_dir / f"hub-{uuid.uuid4().hex[:6]}.log"
+        # As root, servers run as per-user accounts: the hub's Python and the
+        # state folder must be reachable by them (tests/isolation_env.py).
+        python, no_accounts = hub_python()
+        if os.geteuid() == 0 and not no_accounts:
+            self.state = relocate_state(self.state)
         args = [
-            sys.executable, "-m", "gpulease.hub.cli", "up",
+            python, "-m", "gpulease.hub.cli", "up",
             f"--state={self.state}",
             f"--port={self.port}",
             f"--JupyterHub.hub_port={self.hub_port}",
             f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{self.api_port}",
+            *(["--GPULeaseHub.per_user_accounts=False"] if no_accounts and os.geteuid() == 0
+              else []),
             *self.extra_args,
         ]
         env = {**os.environ, "GPULEASE_ADMIN_PASSWORD": self.admin_password, **self.env}

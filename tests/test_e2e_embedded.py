@@ -38,8 +38,10 @@ def hub(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
     config = base / "gpulease_config.py"
     config.write_text(USER_CONFIG)
+    # No queue: a start without capacity is refused at once (tests/test_e2e_queue.py
+    # covers the queue).
     h = HubProcess(state=base / "state", admin_password=ADMIN_PW,
-                   extra_args=[f"--config={config}"]).start()
+                   extra_args=[f"--config={config}", "--GPULeaseHub.queue_max_wait=0"]).start()
     yield h
     h.close()
 

@@ -81,7 +81,10 @@ def test_world_readable_state_folder_is_refused(tmp_path):
 
 def test_user_config_file_wins_over_gpulease_defaults(tmp_path):
     config = tmp_path / "my_config.py"
-    config.write_text("c.JupyterHub.cleanup_servers = False\nc.LocalGPUSpawner.node_name = 'mine'\n")
+    config.write_text("c.JupyterHub.cleanup_servers = False\nc.LocalGPUSpawner.node_name = 'mine'\n"
+                      # in-process, as root, this interpreter may be out of per-user accounts'
+                      # reach (tests/isolation_env.py); their checks: test_isolation_e2e.py
+                      "c.GPULeaseHub.per_user_accounts = False\n")
     app = GPULeaseHub(state_dir=str(tmp_path / "s"), config_file=str(config))
     try:
         app.load_config_file()

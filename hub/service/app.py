@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -64,6 +65,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         template_path=str(TEMPLATES),
         gpulease_prefix=prefix,
         gpulease_hub_home=url_path_join(env.get("JUPYTERHUB_BASE_URL", "/"), "hub/home"),
+        # how users are kept apart on this host (gpulease.hub.isolation_check)
+        gpulease_isolation=json.loads(env.get("GPULEASE_ISOLATION") or "{}"),
     )
 
 

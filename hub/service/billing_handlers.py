@@ -37,6 +37,53 @@ def _billing_error(e: BillingError) -> APIError:
     return APIError(getattr(e, "status", 400), e.message, errors)
 
 
+def parse_entry_account(text: Any, field: str = "account") -> str:
+    """The account of a grant or adjustment ("user:NAME" or "group:NAME"), canonical."""
+    if not isinstance(text, str) or not text:
+        raise _field_error(field, 'account must be "user:NAME" or "group:NAME"')
+    try:
+        return parse_account(text)
+    except BillingError as e:
+        raise _field_error(field, e.message) from None
+
+
+def parse_entry_amount(raw: Any, kind: str) -> int:
+    """µcr of a grant (positive) or an adjustment (signed, non-zero) from credits text."""
+    if raw is None or raw == "":
+        raise _field_error("amount", "amount is required (credits, e.g. \"12.5\")")
+    try:
+        amount = parse_credits(raw)
+    except ValueError as e:
+        raise _field_error("amount", str(e)) from None
+    if amount == 0:
+        raise _field_error("amount", "amount must not be zero")
+    if amount < 0 and kind == "grant":
+        raise _field_error("amount", "a grant must be positive; take credits away with "
+                                     "an adjustment (api/adjustments, with a note)")
+    return amount
+
+
+def parse_entry_note(note: Any, kind: str) -> str:
+    if not isinstance(note, str):
+        raise _field_error("note", "note must be a string")
+    if kind == "adjustment" and not note.strip():
+        raise _field_error("note", "an adjustment needs a note saying why")
+    return note
+
+
+def parse_monthly_cap(raw: Any) -> int | None:
+    """A member's monthly cap in µcr from credits; None removes the cap."""
+    if raw is None:
+        return None
+    try:
+        monthly = parse_credits(raw)
+    except ValueError as e:
+        raise _field_error("monthly", str(e)) from None
+    if monthly < 0:
+        raise _field_error("monthly", "a monthly cap must not be negative")
+    return monthly
+
+
 class BillingHandler(BaseAPIHandler):
     """Shared helpers: the ledger, the hub's user model, period parameters."""
 
@@ -60,6 +107,41 @@ class BillingHandler(BaseAPIHandler):
                                    self.get_argument("until", None))
         except bv.PeriodError as e:
             raise _field_error(e.field, e.message) from None
+
+    async def entry_input(self, kind: str, account: Any, amount: Any, note: Any,
+                          field: str = "account") -> tuple[str, int, str]:
+        """The checks of a grant or adjustment, shared by the API and the credits page."""
+        account = parse_entry_account(account, field)
+        if account.startswith("user:"):
+            await self.hub_user(account.split(":", 1)[1], field=field, missing=400)
+        amount = parse_entry_amount(amount, kind)
+        note = parse_entry_note(note, kind)
+        if kind == "adjustment" and not await self.run(self.ledger.account_exists, account):
+            raise _field_error("account", f"unknown account {account}: it has no ledger "
+                                          "entries yet (grant credits to create it)")
+        return account, amount, note
+
+    async def write_entry(self, kind: str, account: str, amount: int, note: str) -> int:
+        """Append a grant or adjustment by the caller, and audit it; returns the entry id."""
+        actor = self.caller()["name"]
+        write = self.ledger.grant if kind == "grant" else self.ledger.adjust
+        before = await self.run(self.ledger.balance, account)
+        entry_id = await self.run(write, account, amount, note=note, actor=actor)
+        after = await self.run(self.ledger.balance, account)
+        # The ledger writes in its own transaction: the record follows right after.
+        action = "credits.grant" if kind == "grant" else "credits.adjust"
+        await self.run(self.ctx.audit.record, actor, action, account,
+                       {"balance": bv.money(before)},
+                       {"balance": bv.money(after), "amount": bv.money(amount), "note": note,
+                        "entry_id": entry_id})
+        return entry_id
+
+    async def write_cap(self, account: str, user: str, monthly: int | None) -> None:
+        """Set (None: remove) a member's monthly cap on a group account, and audit it."""
+        before = await self.run(self.ledger.cap_of, account, user)
+        await self.run(self.ledger.set_cap, account, user, monthly)
+        await self.run(self.ctx.audit.record, self.caller()["name"], "cap.set", account,
+                       _cap_view(account, user, before), _cap_view(account, user, monthly))
 
     async def run(self, fn, *args, **kwargs) -> Any:
         """Call a ledger function in a thread; its BillingErrors become API errors."""
@@ -152,56 +234,17 @@ class _EntryHandler(BillingHandler):
         if unknown:
             raise APIError(400, f"Unknown fields: {', '.join(sorted(unknown))}; "
                                 "allowed: account (or user), amount, note")
-        account = await self._account(body)
-        amount = self._amount(body.get("amount"))
-        note = body.get("note", "")
-        if not isinstance(note, str):
-            raise _field_error("note", "note must be a string")
-        if self.kind == "adjustment" and not note.strip():
-            raise _field_error("note", "an adjustment needs a note saying why")
-        if self.kind == "adjustment" and not await self.run(self.ledger.account_exists,
-                                                            account):
-            raise _field_error("account", f"unknown account {account}: it has no ledger "
-                                          "entries yet (grant credits to create it)")
-        actor = self.caller()["name"]
-        write = self.ledger.grant if self.kind == "grant" else self.ledger.adjust
-        entry_id = await self.run(write, account, amount, note=note, actor=actor)
+        if "account" in body and "user" in body:
+            raise _field_error("account", "give either account or user, not both")
+        field = "user" if "user" in body else "account"
+        raw = body.get(field)
+        text = f"user:{raw}" if field == "user" and isinstance(raw, str) and raw else raw
+        account, amount, note = await self.entry_input(
+            self.kind, text, body.get("amount"), body.get("note", ""), field=field)
+        entry_id = await self.write_entry(self.kind, account, amount, note)
         balance = await self.run(self.ledger.balance, account)
         entry = await self.run(_entry, self.ctx.engine, entry_id)
         self.write_json(bv.entry_view(entry, balance), 201)
-
-    async def _account(self, body: dict) -> str:
-        if "account" in body and "user" in body:
-            raise _field_error("account", "give either account or user, not both")
-        if "user" in body:
-            raw, field = body["user"], "user"
-            text = f"user:{raw}" if isinstance(raw, str) and raw else None
-        else:
-            raw, field = body.get("account"), "account"
-            text = raw
-        if not isinstance(text, str) or not text:
-            raise _field_error(field, 'account must be "user:NAME" or "group:NAME"')
-        try:
-            account = parse_account(text)
-        except BillingError as e:
-            raise _field_error(field, e.message) from None
-        if account.startswith("user:"):
-            await self.hub_user(account.split(":", 1)[1], field=field, missing=400)
-        return account
-
-    def _amount(self, raw: Any) -> int:
-        if raw is None:
-            raise _field_error("amount", "amount is required (credits, e.g. \"12.5\")")
-        try:
-            amount = parse_credits(raw)
-        except ValueError as e:
-            raise _field_error("amount", str(e)) from None
-        if amount == 0:
-            raise _field_error("amount", "amount must not be zero")
-        if amount < 0 and self.kind == "grant":
-            raise _field_error("amount", "a grant must be positive; take credits away with "
-                                         "an adjustment (api/adjustments, with a note)")
-        return amount
 
 
 def _entry(engine: Engine, entry_id: int) -> dict[str, Any]:
@@ -232,16 +275,9 @@ class CapHandler(BillingHandler):
         body = self.json_body()
         if not isinstance(body, dict) or set(body) != {"monthly"}:
             raise APIError(400, 'The body must be {"monthly": CREDITS} (null removes the cap)')
-        monthly = body["monthly"]
-        if monthly is not None:
-            try:
-                monthly = parse_credits(monthly)
-            except ValueError as e:
-                raise _field_error("monthly", str(e)) from None
-            if monthly < 0:
-                raise _field_error("monthly", "a monthly cap must not be negative")
+        monthly = parse_monthly_cap(body["monthly"])
         await self.hub_user(user)
-        await self.run(self.ledger.set_cap, account, user, monthly)
+        await self.write_cap(account, user, monthly)
         self.write_json(_cap_view(account, user, monthly))
 
     async def _group_account(self, group: str) -> str:

@@ -14,7 +14,13 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from gpulease.hub.accounts import AccountError, validate_password, validate_username
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE
-from gpulease.hub.profiles import ProfileError, parse_profile, parse_profiles_document, usable_by
+from gpulease.hub.profiles import (
+    ProfileError,
+    parse_profile,
+    parse_profiles_document,
+    servers_saving,
+    usable_by,
+)
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import inventory_view, profile_view
 from gpulease.hub.units import json_loads
@@ -97,12 +103,13 @@ class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
             message, errors = self._reason, []
         self.finish(json.dumps({"status": status_code, "message": message, "errors": errors}))
 
-    async def hub_api(self, method: str, path: str, body: Any = None) -> Any:
+    async def hub_api(self, method: str, path: str, body: Any = None,
+                      headers: dict[str, str] | None = None) -> Any:
         request = HTTPRequest(
             f"{self.hub_api_url}{path}",
             method=method,
             headers={"Authorization": f"token {self.hub_api_token}",
-                     "Content-Type": "application/json"},
+                     "Content-Type": "application/json", **(headers or {})},
             body=json.dumps(body) if body is not None else (None if method == "GET" else ""),
             allow_nonstandard_methods=True,
         )
@@ -114,7 +121,9 @@ class InventoryHandler(BaseAPIHandler):
     async def get(self):
         self.require_auditor()
         held = await asyncio.to_thread(self.ctx.assignments.held)
-        self.write_json(inventory_view(self.ctx.inventory, held))
+        queue = await asyncio.to_thread(self.ctx.queue.rows)
+        isolation = self.settings.get("gpulease_isolation", {})
+        self.write_json(inventory_view(self.ctx.inventory, held, queue, isolation))
 
 
 class ProfilesHandler(BaseAPIHandler):
@@ -126,7 +135,9 @@ class ProfilesHandler(BaseAPIHandler):
             groups = set(model.get("groups") or [])
             profiles = [p for p in profiles if p.enabled and usable_by(p, groups)]
         held = set(await asyncio.to_thread(self.ctx.assignments.held))
-        views = [profile_view(p, self.ctx.inventory, held, admin=admin) for p in profiles]
+        waiting = await asyncio.to_thread(self.ctx.queue.waiting_by_profile)
+        views = [profile_view(p, self.ctx.inventory, held, admin=admin,
+                              queued=waiting.get(p.slug, 0)) for p in profiles]
         self.write_json({"profiles": views})
 
     async def put(self):
@@ -139,13 +150,18 @@ class ProfilesHandler(BaseAPIHandler):
         if not isinstance(prune, bool):
             raise APIError(400, "prune must be true or false",
                            [{"field": "prune", "message": "must be a boolean"}])
+        if not isinstance(body.get("profiles"), list):
+            raise APIError(400, "profiles must be a list of profiles",
+                           [{"field": "profiles", "message": "must be a list"}])
         try:
-            profiles = parse_profiles_document(
-                {"profiles": body.get("profiles")}, self.ctx.catalog, "request"
-            )
+            # Nothing is written unless every profile is valid: errors name
+            # "profiles[i] (slug): field".
+            profiles = parse_profiles_document({"profiles": body["profiles"]},
+                                               self.ctx.catalog, "")
         except ProfileError as e:
-            raise APIError(400, "Invalid profiles", _field_errors(e)) from None
-        result = await asyncio.to_thread(self.ctx.profiles.apply, profiles, prune)
+            raise APIError(400, "Invalid profiles: nothing was changed", _field_errors(e)) from None
+        actor = self.caller()["name"]
+        result = await asyncio.to_thread(self.ctx.profiles.apply, profiles, prune, actor)
         self.write_json(
             {"created": result.created, "updated": result.updated,
              "unchanged": result.unchanged, "deleted": result.deleted}
@@ -165,9 +181,51 @@ class ProfileHandler(BaseAPIHandler):
             profile = parse_profile(body, self.ctx.catalog, slug=slug)
         except ProfileError as e:
             raise APIError(400, f"Invalid profile {slug}", _field_errors(e)) from None
-        outcome = await asyncio.to_thread(self.ctx.profiles.upsert, profile)
+        actor = self.caller()["name"]
+        outcome = await asyncio.to_thread(self.ctx.profiles.upsert, profile, actor)
         self.write_json({"slug": slug, "result": outcome, **profile.to_spec()},
                         201 if outcome == "created" else 200)
+
+    async def delete(self, slug: str):
+        """Delete a profile; 409 while servers keep it in their saved options, unless forced."""
+        self.require_admin()
+        force = self.get_argument("force", "false").lower()
+        if force not in ("true", "false", "1", "0", ""):
+            raise APIError(400, f"force must be true or false, got {force!r}",
+                           [{"field": "force", "message": "must be true or false"}])
+        if not await asyncio.to_thread(self.ctx.profiles.exists, slug):
+            raise APIError(404, f"No profile {slug}",
+                           [{"field": "slug", "message": f"no profile {slug}"}])
+        using = servers_saving(await self._all_users(), slug)
+        if using and force not in ("true", "1"):
+            names = ", ".join(f"{s['user']}/{s['server'] or '(default)'} "
+                              f"({'running' if s['running'] else 'stopped'})" for s in using)
+            message = (f"Profile {slug} is still saved by {len(using)} server(s): {names}. "
+                       "Delete with ?force=true to remove it anyway: those servers then ask "
+                       "for a new profile at their next start (running ones keep running).")
+            self.write_json({"status": 409, "message": message,
+                             "errors": [{"field": "slug", "message": message}],
+                             "servers": using}, 409)
+            return
+        if not await asyncio.to_thread(self.ctx.profiles.delete, slug, self.caller()["name"]):
+            raise APIError(404, f"No profile {slug}",
+                           [{"field": "slug", "message": f"no profile {slug}"}])
+        self.write_json({"slug": slug, "result": "deleted", "servers": using})
+
+    async def _all_users(self) -> list[dict]:
+        """Every hub user with their servers, stopped ones included (page by page)."""
+        users: list[dict] = []
+        paginated = {"Accept": "application/jupyterhub-pagination+json"}
+        try:
+            while True:
+                page = await self.hub_api(
+                    "GET", f"/users?include_stopped_servers=1&offset={len(users)}",
+                    headers=paginated)
+                users.extend(page["items"])
+                if not page["items"] or page["_pagination"].get("next") is None:
+                    return users
+        except HTTPClientError as e:
+            raise APIError(502, f"The hub did not list its users' servers: {e}") from None
 
 
 class UsersHandler(BaseAPIHandler):
@@ -205,7 +263,13 @@ class UsersHandler(BaseAPIHandler):
             # Nothing half-written: without its hub user the account is useless.
             await asyncio.to_thread(self.ctx.accounts.delete, name)
             raise APIError(502, f"The hub refused to create user {name}: {e}") from None
-        self.write_json({"name": name, "admin": admin}, 201)
+        # Never the password: who created which account, and whether an admin.
+        await asyncio.to_thread(self.ctx.audit.record, self.caller()["name"], "user.create",
+                                f"user:{name}", None, {"name": name, "admin": admin})
+        result: dict[str, Any] = {"name": name, "admin": admin}
+        result.update(await asyncio.to_thread(
+            make_unix_account, name, self.settings.get("gpulease_isolation", {})))
+        self.write_json(result, 201)
 
     async def _create_hub_user(self, name: str, admin: bool) -> None:
         try:
@@ -215,6 +279,36 @@ class UsersHandler(BaseAPIHandler):
                 raise
         if admin:
             await self.hub_api("PATCH", f"/users/{name}", {"admin": True})
+
+
+def make_unix_account(name: str, isolation: dict) -> dict[str, str]:
+    """The user's Unix account and home, made now rather than at the first start.
+
+    A failure does not undo the hub user: the first start tries again and
+    says why it cannot; the answer carries the reason for the CLI to show.
+    """
+    if not isolation.get("unix_accounts") or not isolation.get("homes"):
+        return {}
+    from pathlib import Path
+
+    from gpulease.hub.state import StateDir, ensure_home
+    from gpulease.hub.unix_accounts import (
+        UnixAccountError,
+        UnixAccountPolicy,
+        ensure_unix_account,
+        own_home,
+    )
+
+    homes = Path(isolation["homes"])
+    try:
+        policy = UnixAccountPolicy(isolation["unix_prefix"], isolation["unix_uid_min"],
+                                   isolation["unix_uid_max"])
+        home = ensure_home(StateDir(homes.parent), name)
+        account = ensure_unix_account(name, policy, home)
+        own_home(home, account)
+    except (UnixAccountError, OSError, KeyError) as e:
+        return {"unix_account_error": str(e)}
+    return {"unix_account": account.name, "uid": str(account.uid)}
 
 
 class RootHandler(BaseAPIHandler):

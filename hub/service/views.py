@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpulease.hub.profiles import Profile
 from gpulease.spawners.assignments import Holder
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import availability
+from gpulease.spawners.queue_store import QueuedSpawn
 
 
-def inventory_view(inventory: Inventory, held: dict[str, Holder]) -> dict[str, Any]:
-    """DESIGN.md's `api/inventory`: devices free, held (by whom) or gone."""
+def inventory_view(
+    inventory: Inventory, held: dict[str, Holder], queue: Sequence[QueuedSpawn] = (),
+    isolation: dict | None = None,
+) -> dict[str, Any]:
+    """DESIGN.md's `api/inventory`: devices free, held (by whom) or gone, and the queue."""
     present = inventory.device_uuids()
     nodes = []
     for node in inventory.nodes:
@@ -43,7 +48,21 @@ def inventory_view(inventory: Inventory, held: dict[str, Holder]) -> dict[str, A
         "label": inventory.label,
         "nodes": nodes,
         "gone": gone,
-        "queue": [],
+        "queue": [{"user": q.user, "server": q.server, "profile": q.profile,
+                   "position": q.position, "since": q.enqueued_at.isoformat() + "Z"}
+                  for q in queue],
+        "isolation": isolation_view(isolation or {}),
+    }
+
+
+def isolation_view(isolation: dict) -> dict[str, Any]:
+    """How users are kept apart on this host (docs/security.md); unknown outside `gpulease up`."""
+    return {
+        "unix_accounts": bool(isolation.get("unix_accounts")),
+        "limits": isolation.get("resource_limits", "unknown"),
+        "device_control": bool(isolation.get("device_control")),
+        "accounts_summary": isolation.get("accounts", ""),
+        "limits_summary": isolation.get("limits", ""),
     }
 
 
@@ -64,8 +83,12 @@ def _device(uuid: str, profile: str | None, memory: int | None, held: dict[str, 
 
 
 def profile_view(
-    profile: Profile, inventory: Inventory, held: set[str], *, admin: bool
+    profile: Profile, inventory: Inventory, held: set[str], *, admin: bool, queued: int = 0
 ) -> dict[str, Any]:
+    """A profile as in the file, plus `availability` {free, total, queued}.
+
+    `queued`: spawns of this profile waiting in the queue (QueueStore.waiting_by_profile).
+    """
     spec = {"slug": profile.slug, **profile.to_spec()}
     if not admin:
         spec.pop("enabled", None)
@@ -73,5 +96,5 @@ def profile_view(
         free, total = availability(inventory, held, profile.gpu.device_request())
     else:
         free, total = None, None
-    spec["availability"] = {"free": free, "total": total, "queued": 0}
+    spec["availability"] = {"free": free, "total": total, "queued": queued}
     return spec
