@@ -81,10 +81,7 @@ def home_data(ctx: Any, user: Any) -> HomeData:
         profiles = ctx.profiles.list(include_disabled=False)
         latest = SessionLedger(ctx.engine).latest_by_server(user.name)
         default = ctx.profiles.get_default_profile(user.name)
-        queue = getattr(ctx, "queue", None)  # the admission queue, where there is one
-        positions = {}
-        if queue is not None and hasattr(queue, "position"):
-            positions = {f.name: queue.position(user.name, f.name) for f in facts if f.pending}
+        positions = {f.name: ctx.queue.position(user.name, f.name) for f in facts if f.pending}
     except Exception as e:  # noqa: BLE001 - shown as "states unavailable", logged
         log.warning("home page of %s without gpulease's data: %s", user.name, e)
         return HomeData(servers=server_states(facts, {}, {}, {}, utcnow()), unavailable=True)

@@ -153,8 +153,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
             for p in profiles
             if p.gpu
         }
-        queue = getattr(ctx, "queue", None)  # the admission queue, where there is one
-        waiting = queue.waiting_by_profile() if hasattr(queue, "waiting_by_profile") else {}
+        waiting = ctx.queue.waiting_by_profile()
         group_accounts = [a for a in ctx.ledger.group_accounts() if a.partition(":")[2] in groups]
         balances = ctx.ledger.balances([f"user:{name}", *group_accounts])
         orm_spawner = spawner.orm_spawner
@@ -164,7 +163,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
             availability=avail,
             selected=option_value(saved, "profile") or ctx.profiles.get_default_profile(name),
             selected_image=option_value(saved, "image"),
-            waiting=waiting or {},
+            waiting=waiting,
             balance_ucr=int(balances.get(f"user:{name}", 0)),
             images={image.name: image for image in ctx.catalog.images},
             accounts=[(a, int(balances.get(a, 0))) for a in group_accounts],

@@ -230,7 +230,7 @@ def test_memory_beyond_the_profile_kills_the_kernel_not_the_hub(hub, ada, bob, m
         assert open(f"{cpu}/cpu.cfs_quota_us").read().strip() == "100000"
     token, url = ada
     with pytest.raises(Exception):  # noqa: B017 - the kernel dies: no reply, or an error
-        run_in_kernel(hub.url, url, token, "x = b'x' * (1 << 30); print(len(x))", timeout=30)
+        run_in_kernel(hub.url, url, token, "x = b'x' * (1 << 30); print(len(x))", timeout=8)
     if mechanism.kind == "cgroup1":
         oom = open(f"{_cgroup_file(hub, 'memory', 'ada', mechanism)}/memory.oom_control").read()
         print(f"\n[isolation] ada's memory cgroup after 1 GiB: {oom.split()}")

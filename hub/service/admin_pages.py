@@ -30,8 +30,7 @@ class InventoryPage(AdminPage):
         self.viewer()
         # The same view as GET api/inventory (InventoryHandler), queue included.
         held = await asyncio.to_thread(self.ctx.assignments.held)
-        queue = getattr(self.ctx, "queue", None)
-        waiting = await asyncio.to_thread(queue.rows) if queue is not None else ()
+        waiting = await asyncio.to_thread(self.ctx.queue.rows)
         view = inventory_view(self.ctx.inventory, held, waiting)
         rows = af.inventory_rows(view)
         self.render("admin_inventory.html", rows=rows, counts=af.inventory_counts(rows),

@@ -201,14 +201,11 @@ class MyServersHandler(ServerAPIHandler):
 
     async def states(self, user: str, facts: list[ServerFacts]):
         ctx = self.ctx
-        queue = getattr(ctx, "queue", None)  # the admission queue, where there is one
 
         def gather():
             latest = SessionLedger(ctx.engine).latest_by_server(user)
             timeouts = {p.slug: p.idle_timeout_s for p in ctx.profiles.list()}
-            positions = {}
-            if queue is not None and hasattr(queue, "position"):
-                positions = {f.name: queue.position(user, f.name) for f in facts if f.pending}
+            positions = {f.name: ctx.queue.position(user, f.name) for f in facts if f.pending}
             return server_states(facts, latest, timeouts, positions, utcnow())
 
         # A database error answers 503 naming it (BaseAPIHandler.write_error).
