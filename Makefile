@@ -38,6 +38,8 @@ test: install lint
 bench: install
 	$(BIN)/python bench/spawn.py --spawns 20
 	$(BIN)/python bench/billing.py
+	$(BIN)/python bench/culler.py
+	$(BIN)/python bench/pages.py
 
 # Rebuild the committed prebuilt labextension after editing singleuser/labextension/src
 # (needs Node and npm; installs never need it).
