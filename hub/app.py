@@ -27,7 +27,13 @@ from gpulease.hub.audit import RetentionError, parse_retention
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.catalog import CatalogError
 from gpulease.hub.context import get_context
-from gpulease.hub.hub_config import HubSettings, hub_config, notify_environment, project_chp
+from gpulease.hub.hub_config import (
+    HubSettings,
+    hub_config,
+    hub_page_handlers,
+    notify_environment,
+    project_chp,
+)
 from gpulease.hub.isolation_check import (
     decide,
     reachability_error,
@@ -224,6 +230,13 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             "gpu_source": gpu,
             "warn_before": self.culler_warn_before,
         }
+
+    def init_handlers(self):
+        super().init_handlers()
+        # First, ahead of JupyterHub's catch-all 404 (a subclass's own routes,
+        # rather than the deprecated extra_handlers).
+        self.handlers[:0] = self.add_url_prefix(self.hub_prefix,
+                                                hub_page_handlers(self._settings))
 
     async def init_spawners(self):
         count = await super().init_spawners()

@@ -89,6 +89,18 @@ def _context_of(s: HubSettings):
     return get
 
 
+def hub_page_handlers(s: HubSettings) -> list[tuple]:
+    """Handlers gpulease adds to the hub itself, under its prefix (GPULeaseHub.init_handlers).
+
+    The home page's default-profile form posts here with the hub's own cookie
+    and _xsrf: a hub page has no OAuth cookie of the gpulease service.
+    """
+    from gpulease.hub.home_page import DefaultProfileFormHandler
+
+    return [(r"/gpulease/default-profile", DefaultProfileFormHandler,
+             {"get_ctx": _context_of(s)})]
+
+
 def _smtp_password(_spawner) -> str:
     # Evaluated when the service starts (JupyterHub calls callables in a
     # spawner's environment): the secret never enters the Config.
@@ -156,7 +168,7 @@ def project_chp() -> str | None:
 
 
 def hub_config(s: HubSettings) -> Config:
-    from gpulease.hub.home_page import DefaultProfileFormHandler, home_template_var
+    from gpulease.hub.home_page import home_template_var
 
     c = Config()
     hub = c.JupyterHub
@@ -174,11 +186,6 @@ def hub_config(s: HubSettings) -> Config:
         # the home page's servers, profiles and default profile (hub/home_page.py)
         "gpulease_home": home_template_var(_context_of(s)),
     }
-    # The home page's default-profile form posts here with the hub's own
-    # cookie and _xsrf (a hub page has no OAuth cookie of the gpulease service).
-    hub.extra_handlers = [
-        (r"/gpulease/default-profile", DefaultProfileFormHandler, {"get_ctx": _context_of(s)}),
-    ]
     hub.services = [
         {
             "name": SERVICE_NAME,
