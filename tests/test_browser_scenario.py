@@ -130,5 +130,11 @@ def test_admin_and_researcher_in_chromium(hub, chromium, browser_context, reques
     assert "profile.create" in audit and f"profile:{SLUG}" in audit and "admin" in audit
     assert PROBE in audit or "&lt;script&gt;" not in audit
 
+    # the hub's menu leads to gpulease's usage page (the session is there)
+    ada.goto(f"{hub.url}/hub/home")
+    ada.locator("nav").get_by_role("link", name="Usage").click()
+    ada.wait_for_url(re.compile(r".*/services/gpulease/usage.*"))
+    assert SLUG in ada.inner_text("main")
+
     # the probe never ran anywhere
     assert dialogs == []
