@@ -151,6 +151,31 @@ def test_a_queued_start_waits_with_its_position_and_starts_when_a_slice_frees(hu
         stop(hub, n, tokens[n])
 
 
+def test_an_empty_body_start_as_vs_code_sends_waits_in_the_queue_on_its_saved_profile(hub, admin):
+    """VS Code sends no body: a named server saved for the slice profile queues like the web."""
+    tokens = {n: make_user(hub, admin, n) for n in ("gus", "hal", "ivy")}
+    for n in ("gus", "hal"):
+        assert start(hub, n, tokens[n]).status_code in (201, 202)
+        hub.wait_server_ready(n, tokens[n])
+    r = hub.service("POST", "api/servers", tokens["ivy"],
+                    {"name": "remote", "user_options": {"profile": "slice"}})
+    assert r.status_code == 201, r.text
+    r = requests.post(f"{hub.url}/hub/api/users/ivy/servers/remote",
+                      headers={"Authorization": f"token {tokens['ivy']}"}, timeout=30)
+    assert r.status_code == 202, r.text  # no body at all, as VS Code's extension
+    wait_for_progress(hub, "ivy", tokens["ivy"], WAITING, server="remote")
+    assert queue_of(hub, admin) == [
+        {"user": "ivy", "server": "remote", "profile": "slice", "position": 1}]
+    stop(hub, "gus", tokens["gus"])
+    hub.wait_server_ready("ivy", tokens["ivy"], server="remote", timeout=20)
+    inventory = hub.service("GET", "api/inventory", admin).json()
+    held = [d["profile"] for n in inventory["nodes"] for g in n["gpus"] for d in g["devices"]
+            if d["holder"] and (d["holder"]["user"], d["holder"]["server"]) == ("ivy", "remote")]
+    assert held == ["1g.18gb"]  # the saved profile's slice, once one was free
+    for n, server in (("hal", ""), ("ivy", "remote")):
+        stop(hub, n, tokens[n], server)
+
+
 def test_stopping_a_queued_start_takes_it_out_of_the_queue(hub, admin):
     tokens = {n: make_user(hub, admin, n) for n in ("dee", "eli", "fay")}
     for n in ("dee", "eli"):
