@@ -98,3 +98,22 @@ def test_discovery_without_a_declared_file_uses_nvml(inventory):
     found = discover_inventory(None, socket.gethostname())
     assert found.source == "nvml"
     assert found.device_uuids() == inventory.device_uuids()
+
+
+def test_device_nodes_of_every_gpu_and_mig_device_exist(inventory):
+    """What the devices cgroup allows a server: its GPU's /dev/nvidiaN and, for a MIG
+    device, the GPU- and compute-instance capability files. Read only."""
+    import os
+    import stat
+
+    from gpulease.spawners.devices import nvml_device_map
+
+    mapping = nvml_device_map()
+    assert set(mapping) == set(inventory.device_uuids()) | {
+        g.uuid for n in inventory.nodes for g in n.gpus}
+    for uuid, nodes in mapping.items():
+        assert re.fullmatch(r"/dev/nvidia\d+", nodes[0]), (uuid, nodes)
+        for path in nodes:
+            assert stat.S_ISCHR(os.stat(path).st_mode), (uuid, path)
+        if uuid.startswith("MIG-"):
+            assert len(nodes) == 3, (uuid, nodes)  # the GPU node + two capability files
