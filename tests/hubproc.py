@@ -216,14 +216,24 @@ def run_in_kernel(base_url: str, server_path: str, token: str, code: str, timeou
     Returns the text the code printed. The kernel is shut down afterwards
     unless `keep_kernel` (then it stays, idle, with what the code started).
     """
-    from websockets.sync.client import connect
-
     headers = {"Authorization": f"token {token}"}
     api = f"{base_url}{server_path}api"
     r = requests.post(f"{api}/kernels", json={"name": "python3"}, headers=headers, timeout=60)
     r.raise_for_status()
     kernel_id = r.json()["id"]
     ws_url = api.replace("http://", "ws://") + f"/kernels/{kernel_id}/channels"
+    try:
+        return execute_over_websocket(ws_url, code, headers, timeout)
+    finally:
+        if not keep_kernel:
+            requests.delete(f"{api}/kernels/{kernel_id}", headers=headers, timeout=30)
+
+
+def execute_over_websocket(ws_url: str, code: str, headers: dict[str, str] | None = None,
+                           timeout: float = 60) -> str:
+    """Send one execute_request on a kernel's websocket; the text it printed once idle."""
+    from websockets.sync.client import connect
+
     msg_id = uuid.uuid4().hex
     message = {
         "header": {"msg_id": msg_id, "username": "e2e", "session": uuid.uuid4().hex,
@@ -234,22 +244,18 @@ def run_in_kernel(base_url: str, server_path: str, token: str, code: str, timeou
         "channel": "shell", "buffers": [],
     }
     out: list[str] = []
-    try:
-        with connect(ws_url, additional_headers=headers, open_timeout=30) as ws:
-            ws.send(json.dumps(message))
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                reply = json.loads(ws.recv(timeout=timeout))
-                if reply.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                kind = reply["header"]["msg_type"]
-                if kind == "stream":
-                    out.append(reply["content"]["text"])
-                elif kind == "error":
-                    raise RuntimeError("\n".join(reply["content"]["traceback"]))
-                elif kind == "status" and reply["content"]["execution_state"] == "idle":
-                    break
-    finally:
-        if not keep_kernel:
-            requests.delete(f"{api}/kernels/{kernel_id}", headers=headers, timeout=30)
-    return "".join(out)
+    with connect(ws_url, additional_headers=headers or {}, open_timeout=30) as ws:
+        ws.send(json.dumps(message))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            reply = json.loads(ws.recv(timeout=timeout))
+            if reply.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = reply["header"]["msg_type"]
+            if kind == "stream":
+                out.append(reply["content"]["text"])
+            elif kind == "error":
+                raise RuntimeError("\n".join(reply["content"]["traceback"]))
+            elif kind == "status" and reply["content"]["execution_state"] == "idle":
+                return "".join(out)
+    raise TimeoutError(out)

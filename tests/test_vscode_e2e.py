@@ -31,7 +31,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from gpulease.singleuser.ws_token import accepts_url_token, is_websocket_handshake
-from tests.hubproc import HubProcess
+from tests.hubproc import HubProcess, execute_over_websocket
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,30 +126,7 @@ def ws_url(server_url: str, kernel_id: str, token: str) -> str:
 
 def execute(server_url: str, kernel_id: str, token: str, code: str, timeout: float = 60) -> str:
     """Run `code` on a kernel over its websocket, as VS Code does: no header, no cookie."""
-    msg_id = uuid.uuid4().hex
-    request = {
-        "header": {"msg_id": msg_id, "username": "vscode", "session": uuid.uuid4().hex,
-                   "msg_type": "execute_request", "version": "5.3", "date": ""},
-        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-        "content": {"code": code, "silent": False, "store_history": True,
-                    "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
-    }
-    out: list[str] = []
-    with connect(ws_url(server_url, kernel_id, token), open_timeout=30) as ws:
-        ws.send(json.dumps(request))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            reply = json.loads(ws.recv(timeout=timeout))
-            if reply.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind = reply["header"]["msg_type"]
-            if kind == "stream":
-                out.append(reply["content"]["text"])
-            elif kind == "error":
-                raise RuntimeError("\n".join(reply["content"]["traceback"]))
-            elif kind == "status" and reply["content"]["execution_state"] == "idle":
-                return "".join(out)
-    raise TimeoutError(out)
+    return execute_over_websocket(ws_url(server_url, kernel_id, token), code, None, timeout)
 
 
 def ws_refusal(server_url: str, kernel_id: str, token: str, **kwargs) -> int:
