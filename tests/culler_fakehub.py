@@ -64,6 +64,12 @@ def make_server(i: int, recent: datetime) -> FakeServer:
     """Server number i; its kind is KINDS[i % 10]; 'recent' is a minute before the deciding pass."""
     kind = KINDS[i % len(KINDS)]
     s = FakeServer(f"u{i}", "train" if i % 3 == 0 else "", kind, devices=[f"MIG-{i}"])
+    return shape(s, recent)
+
+
+def shape(s: FakeServer, recent: datetime) -> FakeServer:
+    """Give server `s` the signals its kind stands for; 'recent' is when recent activity was."""
+    kind = s.kind
     if kind == "busy-kernel":
         s.kernel_state = "busy"
     elif kind == "kernel-recent":
@@ -72,9 +78,11 @@ def make_server(i: int, recent: datetime) -> FakeServer:
         s.hub_activity = recent
     elif kind == "terminal-recent":
         s.terminal_activity = recent
+    elif kind == "warn-window":
+        s.hub_activity = s.kernel_activity = DECIDE_AT - timedelta(minutes=27)
     elif kind == "dead-hang-cpu-idle":
         s.kernels_fail = "hang"
-    elif kind == "dead-503-cpu-unknown":
+    elif kind in ("dead-503", "dead-503-cpu-unknown"):
         s.kernels_fail = "503"
     return s
 
@@ -282,17 +290,5 @@ def steady_fleet(n: int, seed: int, all_read: bool) -> list[FakeServer]:
     for i in range(n):
         kind = "busy-kernel" if all_read else rng.choices(kinds, weights)[0]
         s = FakeServer(f"u{i}", "train" if i % 4 == 0 else "", kind, devices=[f"MIG-{i}"])
-        if kind == "busy-kernel":
-            s.kernel_state = "busy"
-        elif kind == "kernel-recent":
-            s.kernel_activity = RECENT
-        elif kind == "hub-recent":
-            s.hub_activity = RECENT
-        elif kind == "terminal-recent":
-            s.terminal_activity = RECENT
-        elif kind == "warn-window":
-            s.hub_activity = s.kernel_activity = DECIDE_AT - timedelta(minutes=27)
-        elif kind == "dead-503":
-            s.kernels_fail = "503"
-        servers.append(s)
+        servers.append(shape(s, RECENT))
     return servers

@@ -180,6 +180,16 @@ class HubProcess:
         if r.status_code != 201:
             raise RuntimeError(f"grant to {account}: {r.status_code} {r.text}")
 
+    def add_user(self, admin_token: str, name: str, credit: str | None = "100") -> str:
+        """A researcher with a local account (and `credit` granted); returns their token."""
+        password = f"{name}-pw-12345"
+        r = self.service("POST", "api/users", admin_token, {"name": name, "password": password})
+        if r.status_code != 201:
+            raise RuntimeError(f"user {name}: {r.status_code} {r.text}")
+        if credit is not None:
+            self.grant(admin_token, f"user:{name}", credit)
+        return self.token_for(name, password)
+
     def cli(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "gpulease.hub.cli", *args],

@@ -54,15 +54,6 @@ def admin(hub):
     return hub.token_for("admin", PW)
 
 
-def make_user(hub, admin, name: str, credit: str | None) -> str:
-    password = f"{name}-pw-12345"
-    r = hub.service("POST", "api/users", admin, {"name": name, "password": password})
-    assert r.status_code == 201, r.text
-    if credit is not None:
-        hub.grant(admin, f"user:{name}", credit)
-    return hub.token_for(name, password)
-
-
 def sessions_of(hub, token) -> list[dict]:
     r = hub.service("GET", "api/usage", token)
     assert r.status_code == 200, r.text
@@ -82,7 +73,7 @@ def credits(text: str) -> int:
 
 
 def test_a_session_is_billed_to_the_second(hub, admin):
-    token = make_user(hub, admin, "ada", "10")
+    token = hub.add_user(admin, "ada", "10")
     t0 = time.monotonic()
     r = hub.api("POST", "users/ada/server", token, {"user_options": {"profile": "cpu"}})
     assert r.status_code in (201, 202), r.text
@@ -105,7 +96,7 @@ def test_a_session_is_billed_to_the_second(hub, admin):
 
 
 def test_no_credit_is_402_naming_balance_and_need(hub, admin):
-    token = make_user(hub, admin, "bea", None)
+    token = hub.add_user(admin, "bea", None)
     r = hub.api("POST", "users/bea/servers/x", token, {"user_options": {"profile": "cpu"}})
     assert r.status_code == 402, r.text
     message = r.json()["message"]
@@ -115,7 +106,7 @@ def test_no_credit_is_402_naming_balance_and_need(hub, admin):
 
 
 def test_low_balance_is_told_in_progress_banner_and_api(hub, admin):
-    token = make_user(hub, admin, "cy", "5")
+    token = hub.add_user(admin, "cy", "5")
     r = hub.api("POST", "users/cy/server", token, {"user_options": {"profile": "minute"}})
     assert r.status_code in (201, 202), r.text
     hub.wait_server_ready("cy", token)
@@ -149,7 +140,7 @@ def test_low_balance_is_told_in_progress_banner_and_api(hub, admin):
 
 
 def test_out_of_credit_stops_the_server_within_a_heartbeat(hub, admin):
-    token = make_user(hub, admin, "dee", "4")
+    token = hub.add_user(admin, "dee", "4")
     r = hub.api("POST", "users/dee/server", token, {"user_options": {"profile": "pricey"}})
     assert r.status_code in (201, 202), r.text
     hub.wait_server_ready("dee", token)
@@ -181,7 +172,7 @@ def test_a_second_hub_on_the_same_database_refuses_to_meter(hub):
 
 
 def test_hub_sigkill_carries_running_sessions_and_closes_dead_ones(hub, admin):
-    token = make_user(hub, admin, "eve", "10")
+    token = hub.add_user(admin, "eve", "10")
     for server in ("keep", "dies"):
         r = hub.api("POST", f"users/eve/servers/{server}", token,
                     {"user_options": {"profile": "cpu"}})
@@ -233,7 +224,7 @@ def _server_pid(hub, user: str, server: str) -> int:
 
 
 def test_group_account_charged_and_member_cap_enforced(hub, admin):
-    token = make_user(hub, admin, "gus", None)
+    token = hub.add_user(admin, "gus", None)
     assert hub.api("POST", "groups/lab", admin).status_code in (201, 409)
     assert hub.api("POST", "groups/lab/users", admin, {"users": ["gus"]}).status_code == 200
     hub.grant(admin, "group:lab", "50")
@@ -260,7 +251,7 @@ def test_group_account_charged_and_member_cap_enforced(hub, admin):
     group = hub.service("GET", "api/usage?account=group:lab", admin).json()
     assert credits(group["totals"]["cost"]) == credits(session["cost"]) > 0
     # someone outside the group cannot charge it
-    outsider = make_user(hub, admin, "hal", "5")
+    outsider = hub.add_user(admin, "hal", "5")
     r = hub.api("POST", "users/hal/server", outsider,
                 {"user_options": {"profile": "cpu", "account": "group:lab"}})
     assert r.status_code in (400, 403), r.text

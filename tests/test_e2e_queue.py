@@ -81,14 +81,6 @@ def admin(hub):
     return hub.token_for("admin", ADMIN_PW)
 
 
-def make_user(hub: HubProcess, admin: str, name: str) -> str:
-    password = f"{name}-pw-12345"
-    r = hub.service("POST", "api/users", admin, {"name": name, "password": password})
-    assert r.status_code == 201, r.text
-    hub.grant(admin, f"user:{name}")
-    return hub.token_for(name, password)
-
-
 def start(hub, user, token, profile="slice", server=""):
     path = f"users/{user}/servers/{server}" if server else f"users/{user}/server"
     return hub.api("POST", path, token, {"user_options": {"profile": profile}})
@@ -126,7 +118,7 @@ def wait_for_progress(hub, user, token, text, server="", timeout=20.0) -> list[s
 
 
 def test_a_queued_start_waits_with_its_position_and_starts_when_a_slice_frees(hub, admin):
-    tokens = {n: make_user(hub, admin, n) for n in ("ada", "bob", "cy")}
+    tokens = {n: hub.add_user(admin, n) for n in ("ada", "bob", "cy")}
     for n in ("ada", "bob"):
         assert start(hub, n, tokens[n]).status_code in (201, 202)
         hub.wait_server_ready(n, tokens[n])
@@ -153,7 +145,7 @@ def test_a_queued_start_waits_with_its_position_and_starts_when_a_slice_frees(hu
 
 def test_an_empty_body_start_as_vs_code_sends_waits_in_the_queue_on_its_saved_profile(hub, admin):
     """VS Code sends no body: a named server saved for the slice profile queues like the web."""
-    tokens = {n: make_user(hub, admin, n) for n in ("gus", "hal", "ivy")}
+    tokens = {n: hub.add_user(admin, n) for n in ("gus", "hal", "ivy")}
     for n in ("gus", "hal"):
         assert start(hub, n, tokens[n]).status_code in (201, 202)
         hub.wait_server_ready(n, tokens[n])
@@ -177,7 +169,7 @@ def test_an_empty_body_start_as_vs_code_sends_waits_in_the_queue_on_its_saved_pr
 
 
 def test_stopping_a_queued_start_takes_it_out_of_the_queue(hub, admin):
-    tokens = {n: make_user(hub, admin, n) for n in ("dee", "eli", "fay")}
+    tokens = {n: hub.add_user(admin, n) for n in ("dee", "eli", "fay")}
     for n in ("dee", "eli"):
         assert start(hub, n, tokens[n]).status_code in (201, 202)
         hub.wait_server_ready(n, tokens[n])
@@ -195,7 +187,7 @@ def test_stopping_a_queued_start_takes_it_out_of_the_queue(hub, admin):
 
 
 def test_a_start_over_the_users_limit_is_409_and_keeps_its_options(hub, admin):
-    token = make_user(hub, admin, "dora")
+    token = hub.add_user(admin, "dora")
     r = hub.service("PUT", "api/limits/user:dora", admin, {"max_slices": 1})
     assert r.status_code == 200, r.text
     assert r.json() == {"subject": "user:dora", "max_gpus": None, "max_slices": 1}
@@ -220,7 +212,7 @@ def test_a_start_over_the_users_limit_is_409_and_keeps_its_options(hub, admin):
 
 @pytest.fixture(scope="module")
 def people(hub, admin):
-    tokens = {n: make_user(hub, admin, n) for n in ("audrey", "uma")}
+    tokens = {n: hub.add_user(admin, n) for n in ("audrey", "uma")}
     hub.api("POST", "groups/auditors", admin)
     r = hub.api("POST", "groups/auditors/users", admin, {"users": ["audrey"]})
     assert r.status_code == 200, r.text
@@ -297,7 +289,7 @@ def test_queue_max_wait(tmp_path_factory, wait):
                   quick=False)
     try:
         admin = h.token_for("admin", ADMIN_PW)
-        tokens = {n: make_user(h, admin, n) for n in ("a1", "a3")}
+        tokens = {n: h.add_user(admin, n) for n in ("a1", "a3")}
         for server in ("x", "y"):  # both slices held
             assert start(h, "a1", tokens["a1"], server=server).status_code in (201, 202)
             h.wait_server_ready("a1", tokens["a1"], server)
