@@ -85,6 +85,33 @@ Index(
 )
 Index("ix_assignments_holder", assignments.c.user_name, assignments.c.server_name)
 
+# Devices kept from placement because their last server's cgroup could not be
+# emptied (something of that server may still use them). Open while
+# `returned_at` is NULL; it closes when the cgroup empties ('emptied') or an
+# admin returns the device ('admin:NAME'). `cgroup` is JSON: kind, unit, dirs.
+out_of_service = Table(
+    "out_of_service",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("device_uuid", String(128), nullable=False),
+    Column("node", String(253), nullable=False),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("profile_slug", String(63), nullable=False),
+    Column("cgroup", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("since", DateTime, nullable=False),
+    Column("returned_at", DateTime, nullable=True),
+    Column("returned_by", String(255), nullable=True),
+)
+Index(
+    "uq_out_of_service_open_device",
+    out_of_service.c.device_uuid,
+    unique=True,
+    sqlite_where=out_of_service.c.returned_at.is_(None),
+    postgresql_where=out_of_service.c.returned_at.is_(None),
+)
+
 # Local accounts of the embedded shape: argon2id hashes, never a password.
 local_accounts = Table(
     "local_accounts",
