@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from gpulease.hub.shown import shown
 from gpulease.hub.units import load_yaml
 
 IMAGE_NAME = re.compile(r"[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?")
@@ -66,13 +67,13 @@ def _optional_text(entry: dict, key: str, where: str, errors: list[str]) -> str 
         return None
     text = _text(value)
     if text is None or not text:
-        errors.append(f"{where}: {key} must be a non-empty string, got {value!r}")
+        errors.append(f"{where}: {key} must be a non-empty string, got {shown(value)}")
     return text or None
 
 
 def _parse_image(entry: object, where: str, errors: list[str]) -> Image | None:
     if not isinstance(entry, dict):
-        errors.append(f"{where}: each image is a mapping, got {entry!r}")
+        errors.append(f"{where}: each image is a mapping, got {shown(entry)}")
         return None
     before = len(errors)
     unknown = sorted(str(key) for key in entry if key not in _KEYS)
@@ -81,7 +82,7 @@ def _parse_image(entry: object, where: str, errors: list[str]) -> Image | None:
     name = entry.get("name")
     if not isinstance(name, str) or not IMAGE_NAME.fullmatch(name):
         errors.append(f"{where}: name is required: lower-case letters, digits, '-', '.', '_'"
-                      f" (got {name!r})")
+                      f" (got {shown(name)})")
     image = entry.get("image")
     if not isinstance(image, str) or not image.strip():
         errors.append(f"{where}: image (the container image reference) is required")
@@ -89,7 +90,7 @@ def _parse_image(entry: object, where: str, errors: list[str]) -> Image | None:
     if not isinstance(frameworks, dict) or not all(
         isinstance(k, str) and _text(v) for k, v in frameworks.items()
     ):
-        errors.append(f"{where}: frameworks maps names to versions, got {frameworks!r}")
+        errors.append(f"{where}: frameworks maps names to versions, got {shown(frameworks)}")
         frameworks = {}
     description = entry.get("description", "")
     if not isinstance(description, str):
@@ -123,7 +124,7 @@ def parse_catalog(data: object, source: str = "catalog") -> Catalog:
             continue
         if image.name in seen:
             first = seen[image.name]
-            errors.append(f"{where}: duplicate name {image.name!r} (also images[{first}])")
+            errors.append(f"{where}: duplicate name {shown(image.name)} (also images[{first}])")
             continue
         seen[image.name] = index
         images.append(image)

@@ -21,6 +21,7 @@ from sqlalchemy import Engine, delete, insert, select, update
 
 from gpulease.hub.db import limits
 from gpulease.hub.ledger import advisory_lock
+from gpulease.hub.shown import shown
 
 if TYPE_CHECKING:
     from gpulease.hub.audit import AuditLog
@@ -56,7 +57,7 @@ class Limit:
 def parse_subject(text: object) -> str:
     """`user:NAME` or `group:NAME`, else LimitError naming `subject`."""
     if not isinstance(text, str) or not _SUBJECT.fullmatch(text):
-        message = f"{text!r} is not a limit subject; use user:NAME or group:NAME"
+        message = f"{shown(text)} is not a limit subject; use user:NAME or group:NAME"
         raise LimitError(message, [("subject", message)])
     return text
 
@@ -81,7 +82,7 @@ def parse_limit_body(body: object) -> dict[str, int | None]:
             values[key] = None
         elif isinstance(value, bool) or not isinstance(value, int):
             errors.append((key, f"must be a whole number of devices (0 or more) or null, "
-                                f"not {value!r}"))
+                                f"not {shown(value)}"))
         elif not 0 <= value <= MAX_LIMIT:
             errors.append((key, f"must be between 0 and {MAX_LIMIT} (or null), not {value}"))
         else:

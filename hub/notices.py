@@ -27,6 +27,7 @@ from sqlalchemy import Engine, and_, delete, insert, or_, select, update
 
 from gpulease.hub.db import notices, notification_prefs, utcnow
 from gpulease.hub.ledger import advisory_lock
+from gpulease.hub.shown import shown
 
 __all__ = [
     "CHANNELS", "KINDS", "STOP_KINDS", "WARNING_KINDS", "Notice", "NoticeError",
@@ -81,7 +82,7 @@ def validate_prefs(channel: object, address: object) -> Prefs:
     """The prefs as stored, or NoticeError naming `channel` or `address`."""
     if channel not in CHANNELS:
         raise NoticeError("channel", f"channel must be one of {', '.join(CHANNELS)}; "
-                                     f"got {channel!r}")
+                                     f"got {shown(channel)}")
     if address is None:
         address = ""
     if not isinstance(address, str):
@@ -93,7 +94,7 @@ def validate_prefs(channel: object, address: object) -> Prefs:
         if not address:
             raise NoticeError("address", "email needs an address (name@example.org)")
         if len(address) > 254 or not _EMAIL.fullmatch(address):
-            raise NoticeError("address", f"{address!r} is not an email address "
+            raise NoticeError("address", f"{shown(address)} is not an email address "
                                          "(name@example.org)")
         return Prefs("email", address)
     if address and (not _MENTION.fullmatch(address)
@@ -111,7 +112,7 @@ def _check_notice(user: object, server: object, kind: object, message: object) -
     if not isinstance(server, str) or len(server) > 255:
         raise NoticeError("server", 'server must be a server name ("" for the default server)')
     if kind not in KINDS:
-        raise NoticeError("kind", f"unknown kind {kind!r}; allowed: {', '.join(KINDS)}")
+        raise NoticeError("kind", f"unknown kind {shown(kind)}; allowed: {', '.join(KINDS)}")
     if not isinstance(message, str) or not message.strip():
         raise NoticeError("message", "message must be a non-empty string")
     if len(message) > MAX_MESSAGE:
@@ -172,7 +173,7 @@ class NoticeStore:
         if kinds is not None:
             unknown = set(kinds) - set(KINDS)
             if unknown:
-                raise NoticeError("kind", f"unknown kind {sorted(unknown)[0]!r}; "
+                raise NoticeError("kind", f"unknown kind {shown(sorted(unknown)[0])}; "
                                           f"allowed: {', '.join(KINDS)}")
             where = and_(where, notices.c.kind.in_(list(kinds)))
         with self.engine.begin() as conn:

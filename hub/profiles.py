@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from gpulease.hub.catalog import Catalog
+from gpulease.hub.shown import shown
 from gpulease.hub.units import (
     credits_text,
     format_duration,
@@ -126,7 +127,7 @@ def _names(values) -> str:
 
 def _parse_gpu(value: object, p: _Problems) -> GpuSpec | None:
     if not isinstance(value, dict):
-        p.add("gpu", f"must be a mapping like {{model: H200, mig: 1g.18gb}}, got {value!r}")
+        p.add("gpu", f"must be a mapping like {{model: H200, mig: 1g.18gb}}, got {shown(value)}")
         return None
     for key in sorted(str(k) for k in value if k not in GPU_KEYS):
         p.add(f"gpu.{key}", f"unknown key; allowed: {_names(GPU_KEYS)}")
@@ -134,18 +135,19 @@ def _parse_gpu(value: object, p: _Problems) -> GpuSpec | None:
     problems = len(p.errors)
     model_ok = isinstance(model, str) and model in KNOWN_MODELS
     if not model_ok:
-        what = "is required" if model is None else f"{model!r} is not a known GPU model"
+        what = "is required" if model is None else f"{shown(model)} is not a known GPU model"
         p.add("gpu.model", f"{what}; known models: {_names(KNOWN_MODELS)}")
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPU_COUNT:
-        p.add("gpu.count", f"must be a whole number from 1 to {MAX_GPU_COUNT}, got {count!r}")
+        p.add("gpu.count", f"must be a whole number from 1 to {MAX_GPU_COUNT}, got {shown(count)}")
     if mig is not None:
         valid = valid_mig_profiles(model) if model_ok else None
         if not isinstance(mig, str):
-            p.add("gpu.mig", f"must be a MIG profile name like 1g.18gb, got {mig!r}")
+            p.add("gpu.mig", f"must be a MIG profile name like 1g.18gb, got {shown(mig)}")
         elif model_ok and valid is None:
             p.add("gpu.mig", f"{model} has no MIG profiles; omit mig to use whole GPUs")
         elif valid is not None and mig not in valid:
-            p.add("gpu.mig", f"{mig!r} is not a MIG profile of {model}; valid: {_names(valid)}")
+            p.add("gpu.mig",
+                  f"{shown(mig)} is not a MIG profile of {model}; valid: {_names(valid)}")
         if isinstance(count, int) and count > 1:
             p.add("gpu.count", "a MIG profile gets one slice: use mig or count > 1, not both")
     return GpuSpec(model, mig, count) if len(p.errors) == problems else None
@@ -154,12 +156,13 @@ def _parse_gpu(value: object, p: _Problems) -> GpuSpec | None:
 def _parse_images(value: object, catalog: Catalog, check: bool, p: _Problems) -> tuple | None:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         p.add("images", f"must be a non-empty list of image names from the catalog "
-                        f"({_names(catalog.names())}), got {value!r}")
+                        f"({_names(catalog.names())}), got {shown(value)}")
         return None
-    problems = [f"{n!r} is listed twice" for n in sorted({v for v in value if value.count(v) > 1})]
+    twice = sorted({v for v in value if value.count(v) > 1})
+    problems = [f"{shown(n)} is listed twice" for n in twice]
     if check:
         known = _names(catalog.names())
-        problems += [f"{n!r} is not in the image catalog; known: {known}"
+        problems += [f"{shown(n)} is not in the image catalog; known: {known}"
                      for n in value if catalog.get(n) is None]
     for message in problems:
         p.add("images", message)
@@ -168,12 +171,12 @@ def _parse_images(value: object, catalog: Catalog, check: bool, p: _Problems) ->
 
 def _parse_groups(value: object, p: _Problems) -> tuple[str, ...] | None:
     if not isinstance(value, list) or not all(isinstance(g, str) and g for g in value):
-        p.add("groups", f"must be a list of group names ([] = everyone), got {value!r}")
+        p.add("groups", f"must be a list of group names ([] = everyone), got {shown(value)}")
         return None
     # A stray space or a comma-joined list would silently match no hub group.
     odd = [g for g in value if g != g.strip() or "," in g or not g.isprintable()]
     if odd:
-        p.add("groups", f"{', '.join(map(repr, odd))}: a group name has no surrounding spaces, "
+        p.add("groups", f"{', '.join(map(shown, odd))}: a group name has no surrounding spaces, "
                         "commas or control characters; list each group as its own item")
         return None
     if len(set(value)) != len(value):
@@ -208,22 +211,22 @@ def parse_profile(
     """
     p = _Problems(where)
     if not isinstance(data, dict):
-        p.add("profile", f"must be a mapping of {_names(KEYS)}, got {data!r}")
+        p.add("profile", f"must be a mapping of {_names(KEYS)}, got {shown(data)}")
         raise ProfileError(p.errors)
     for key in sorted(str(k) for k in data if k not in KEYS):
         p.add(key, f"unknown key; allowed: {_names(KEYS)}")
     given = data.get("slug", slug)
     if slug is not None and given != slug:
-        p.add("slug", f"{given!r} differs from the profile being written, {slug!r}")
+        p.add("slug", f"{shown(given)} differs from the profile being written, {shown(slug)}")
     if not isinstance(given, str) or not SLUG.fullmatch(given):
         p.add("slug", "is required: 1-63 lower-case letters, digits and '-', starting and ending"
-                      f" with a letter or digit (got {given!r})")
+                      f" with a letter or digit (got {shown(given)})")
     display_name = data.get("display_name")
     if not isinstance(display_name, str) or not display_name.strip():
-        p.add("display_name", f"is required: a non-empty string (got {display_name!r})")
+        p.add("display_name", f"is required: a non-empty string (got {shown(display_name)})")
     description = data.get("description", "")
     if not isinstance(description, str):
-        p.add("description", f"must be a string, got {description!r}")
+        p.add("description", f"must be a string, got {shown(description)}")
     gpu = data.get("gpu")
     gpu_spec = _parse_gpu(gpu, p) if gpu is not None else None
     cpu = _required(p, data, "cpu", parse_cpu, "cores, like 4 or 0.5")
@@ -232,7 +235,7 @@ def parse_profile(
     images = _parse_images(data.get("images"), catalog, check_catalog, p)
     price = _required(p, data, "price_per_hour", parse_credits, 'credits per hour like "1.20"')
     if price is not None and price < 0:
-        p.add("price_per_hour", f"must not be negative, got {data['price_per_hour']!r}")
+        p.add("price_per_hour", f"must not be negative, got {shown(data['price_per_hour'])}")
     durations = {
         name: _attempt(p, name, parse_duration, data.get(name, default))
         for name, default in DEFAULTS.items()
@@ -242,7 +245,7 @@ def parse_profile(
     groups = _parse_groups(data.get("groups", []), p)
     enabled = data.get("enabled", True)
     if not isinstance(enabled, bool):
-        p.add("enabled", f"must be true or false, got {enabled!r}")
+        p.add("enabled", f"must be true or false, got {shown(enabled)}")
     if p.errors:
         raise ProfileError(p.errors)
     return Profile(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from gpulease.hub.shown import shown
+
 UCR_PER_CREDIT = 1_000_000
 CREDIT_DECIMALS = 6
 # Amounts are stored in signed 64-bit integer columns.
@@ -39,18 +41,18 @@ def parse_duration(value: object, field: str = "") -> int:
     match = _DURATION.fullmatch(value) if isinstance(value, str) and value else None
     if match is None:
         # A bare number is refused on purpose: is 30 seconds, minutes or hours?
-        raise ValueError(f"{_prefix(field)}{value!r} is not a duration; {DURATION_HINT}")
+        raise ValueError(f"{_prefix(field)}{shown(value)} is not a duration; {DURATION_HINT}")
     hours, minutes, seconds = (int(part or 0) for part in match.groups())
     total = hours * 3600 + minutes * 60 + seconds
     if total > MAX_DURATION_S:
-        raise ValueError(f"{_prefix(field)}{value!r} is too long (at most {MAX_DURATION_S}s)")
+        raise ValueError(f"{_prefix(field)}{shown(value)} is too long (at most {MAX_DURATION_S}s)")
     return total
 
 
 def format_duration(seconds: int) -> str:
     """Canonical text of a duration: 5400 -> "1h30m", 90 -> "1m30s", 0 -> "0"."""
     if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0:
-        raise ValueError(f"a duration is a non-negative integer of seconds, got {seconds!r}")
+        raise ValueError(f"a duration is a non-negative integer of seconds, got {shown(seconds)}")
     if seconds == 0:
         return "0"
     hours, rest = divmod(seconds, 3600)
@@ -71,26 +73,26 @@ def parse_quantity(value: object) -> int:
     """Bytes from a Kubernetes quantity: binary Ki..Ei, decimal k..E, or plain bytes."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
-            raise ValueError(f"{value!r} is negative; {QUANTITY_HINT}")
+            raise ValueError(f"{shown(value)} is negative; {QUANTITY_HINT}")
         return value
     if isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value():
         return parse_quantity(int(value))
     match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise ValueError(f"{value!r} is not a quantity; {QUANTITY_HINT}")
+        raise ValueError(f"{shown(value)} is not a quantity; {QUANTITY_HINT}")
     whole, _, frac = match.group(1).partition(".")
     factor = _QUANTITY_SUFFIXES[match.group(2) or ""]
     # Integer arithmetic: Decimal would round beyond its 28-digit context.
     scaled, rest = divmod(int(whole + frac) * factor, 10 ** len(frac))
     if rest:
-        raise ValueError(f"{value!r} is not a whole number of bytes; {QUANTITY_HINT}")
+        raise ValueError(f"{shown(value)} is not a whole number of bytes; {QUANTITY_HINT}")
     return scaled
 
 
 def format_quantity(n: int) -> str:
     """Shortest exact quantity text for `n` bytes, preferring binary units: 34359738368 -> 32Gi."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"a quantity is a non-negative integer of bytes, got {n!r}")
+        raise ValueError(f"a quantity is a non-negative integer of bytes, got {shown(n)}")
     best = str(n)
     for suffix, factor in _QUANTITY_SUFFIXES.items():
         if suffix and n and n % factor == 0:
@@ -110,10 +112,10 @@ def parse_cpu(value: object) -> Decimal:
         text = str(value)
     match = _CPU.fullmatch(text) if text is not None else None
     if match is None:
-        raise ValueError(f"{value!r} is not a CPU amount; cores look like 4, 0.5 or 500m")
+        raise ValueError(f"{shown(value)} is not a CPU amount; cores look like 4, 0.5 or 500m")
     cores = Decimal(match.group(1)) if match.group(1) else Decimal(match.group(2)).scaleb(-3)
     if cores <= 0:
-        raise ValueError(f"{value!r} is not more than 0 cores")
+        raise ValueError(f"{shown(value)} is not more than 0 cores")
     return cores
 
 
@@ -129,28 +131,28 @@ def parse_credits(value: object) -> int:
     floating point, where 0.1 is not 0.1, so the amount may not be what was written.
     """
     if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not an amount of credits; {CREDITS_HINT}")
+        raise ValueError(f"{shown(value)} is not an amount of credits; {CREDITS_HINT}")
     if isinstance(value, float):
         raise ValueError(
-            f"{value!r} was read as a binary float, which cannot hold decimal amounts "
+            f"{shown(value)} was read as a binary float, which cannot hold decimal amounts "
             "exactly; pass credits as a string or Decimal"
         )
     if isinstance(value, int):
         amount = Decimal(value)
     elif isinstance(value, str):
         if not _CREDITS.fullmatch(value):
-            raise ValueError(f"{value!r} is not an amount of credits; {CREDITS_HINT}")
+            raise ValueError(f"{shown(value)} is not an amount of credits; {CREDITS_HINT}")
         amount = Decimal(value)
     elif isinstance(value, Decimal):
         if not value.is_finite():
-            raise ValueError(f"{value!r} is not a finite amount of credits; {CREDITS_HINT}")
+            raise ValueError(f"{shown(value)} is not a finite amount of credits; {CREDITS_HINT}")
         amount = value
     else:
-        raise ValueError(f"{value!r} is not an amount of credits; {CREDITS_HINT}")
+        raise ValueError(f"{shown(value)} is not an amount of credits; {CREDITS_HINT}")
     # Comparison is exact for any Decimal, so a huge exponent is caught before
     # any arithmetic could round it.
     if abs(amount) > _MAX_CREDITS:
-        raise ValueError(f"{value!r} is out of range (at most {_MAX_CREDITS} credits)")
+        raise ValueError(f"{shown(value)} is out of range (at most {_MAX_CREDITS} credits)")
     sign, digits, exponent = amount.as_tuple()
     assert isinstance(exponent, int)
     digits = list(digits)
@@ -158,7 +160,7 @@ def parse_credits(value: object) -> int:
         digits.pop()
         exponent += 1
     if exponent < -CREDIT_DECIMALS:
-        raise ValueError(f"{value!r} has more than {CREDIT_DECIMALS} decimals; {CREDITS_HINT}")
+        raise ValueError(f"{shown(value)} has more than {CREDIT_DECIMALS} decimals; {CREDITS_HINT}")
     magnitude = int("".join(map(str, digits)) or "0") * 10 ** (exponent + CREDIT_DECIMALS)
     return -magnitude if sign else magnitude
 
@@ -166,7 +168,7 @@ def parse_credits(value: object) -> int:
 def format_credits(ucr: int) -> str:
     """Decimal text with 6 decimals: 12_500_000 -> "12.500000"."""
     if isinstance(ucr, bool) or not isinstance(ucr, int):
-        raise ValueError(f"micro-credits are an integer, got {ucr!r}")
+        raise ValueError(f"micro-credits are an integer, got {shown(ucr)}")
     whole, frac = divmod(abs(ucr), UCR_PER_CREDIT)
     return f"{'-' if ucr < 0 else ''}{whole}.{frac:06d}"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from gpulease.hub.shown import shown
 from gpulease.hub.units import parse_quantity
 from gpulease.spawners.gpu_models import (
     GPU_MEMORY,
@@ -123,7 +124,8 @@ _GPU_KEYS = {"model", "memory", "mig", "driver"}
 def _unknown_keys(data: dict, allowed: set[str], where: str, errors: list[str]) -> None:
     for key in data:
         if key not in allowed:
-            errors.append(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+            errors.append(f"{where}: unknown key {shown(key)} "
+                          f"(allowed: {', '.join(sorted(allowed))})")
 
 
 def _parse_mig(
@@ -142,7 +144,7 @@ def _parse_mig(
     for slot, profile in enumerate(raw):
         if not isinstance(profile, str) or profile not in valid:
             errors.append(
-                f"{where}.mig[{slot}]: {profile!r} is not a MIG profile of {model} "
+                f"{where}.mig[{slot}]: {shown(profile)} is not a MIG profile of {model} "
                 f"(valid: {', '.join(valid)})"
             )
             continue
@@ -185,7 +187,7 @@ def _parse_gpu(raw: object, node: str, index: int, where: str, errors: list[str]
     driver = raw.get("driver")
     if driver is not None and not isinstance(driver, str):
         # An unquoted 570.10 reads as the float 570.1: insist on the string.
-        errors.append(f"{where}.driver: {driver!r} must be a quoted string, like \"580.159\"")
+        errors.append(f"{where}.driver: {shown(driver)} must be a quoted string, like \"580.159\"")
         driver = None
     mig_enabled = "mig" in raw
     mig_devices = _parse_mig(raw["mig"], model, node, index, where, errors) if mig_enabled else ()
@@ -204,7 +206,7 @@ def _parse_node(raw: object, where: str, names: set[str], errors: list[str]) -> 
         errors.append(f"{where}.name: missing (a node name such as local)")
         return None
     if name in names:
-        errors.append(f"{where}.name: duplicate node name {name!r}")
+        errors.append(f"{where}.name: duplicate node name {shown(name)}")
     names.add(name)
     gpus_raw = raw.get("gpus", [])
     if not isinstance(gpus_raw, list):

@@ -130,7 +130,7 @@ def test_bad_memory_and_unquoted_driver():
     assert _errors(_one_gpu(model="H200", memory="141GB", driver=580.1)) == [
         "inv.yaml: nodes[0].gpus[0].memory: '141GB' is not a quantity; quantities look like "
         "32Gi, 512Mi, 8G or a number of bytes",
-        "inv.yaml: nodes[0].gpus[0].driver: 580.1 must be a quoted string, like \"580.159\"",
+        "inv.yaml: nodes[0].gpus[0].driver: the number 580.1 must be a quoted string, like \"580.159\"",
     ]
 
 
