@@ -21,6 +21,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, func, insert, literal, select, text
 
 from gpulease.hub.db import account_caps, ledger_entries, sessions, utcnow
+from gpulease.hub.holds import Held, OpenRun, credit_refusal
+from gpulease.hub.shown import shown
 from gpulease.hub.units import MAX_UCR, format_credits, rate_cost
 
 __all__ = [
@@ -49,7 +51,7 @@ class BillingError(Exception):
 def parse_account(text: str, *, default_user: str | None = None) -> str:
     """Canonical account text: "user:NAME" or "group:NAME"; "" -> the default user's."""
     if not isinstance(text, str):
-        raise BillingError(400, f"{text!r} is not an account; accounts are {ACCOUNT_FORMS}",
+        raise BillingError(400, f"an account is text, {ACCOUNT_FORMS}; got {shown(text)}",
                            "account")
     value = text.strip()
     if not value and default_user is not None:
@@ -103,8 +105,8 @@ def _accrued(rows: Iterable[Any]) -> int:
 
 def _check_amount(amount_ucr: object) -> int:
     if isinstance(amount_ucr, bool) or not isinstance(amount_ucr, int):
-        raise BillingError(400, f"amount: {amount_ucr!r} is not an integer of micro-credits",
-                           "amount")
+        raise BillingError(400, f"amount: {shown(amount_ucr)} is not an integer of "
+                                "micro-credits", "amount")
     if not MIN_UCR <= amount_ucr <= MAX_UCR:
         raise BillingError(400, f"amount: {amount_ucr} µcr overflows 64 bits (at most "
                                 f"{format_credits(MAX_UCR)} credits)", "amount")
@@ -146,7 +148,7 @@ class Ledger:
     def _append(self, account: str, kind: str, amount: int, note: str, actor: str,
                 now: dt.datetime | None, *, must_exist: bool) -> int:
         if not isinstance(note, str):
-            raise BillingError(400, f"note: {note!r} is not text", "note")
+            raise BillingError(400, f"note: must be text, got {shown(note)}", "note")
         with self.engine.begin() as conn:
             advisory_lock(conn, f"ledger:{account}")
             total = conn.execute(
@@ -269,30 +271,48 @@ class Ledger:
                     s.ended_at.is_(None), s.account == account, s.user_name == user))
             return -int(charged or 0) + _accrued(running)
 
+    def open_runs(self, account: str) -> list[OpenRun]:
+        """The account's open sessions, with what each accrued to its last confirmation."""
+        s = sessions.c
+        query = (select(s.user_name, s.server_name, s.profile_slug, s.rate_per_hour_ucr,
+                        s.started_at, s.last_confirmed_at)
+                 .where(s.ended_at.is_(None), s.account == parse_account(account)))
+        with self.engine.connect() as conn:
+            return [OpenRun((r.user_name, r.server_name), r.profile_slug,
+                            int(r.rate_per_hour_ucr), r.started_at, _accrued([r]))
+                    for r in conn.execute(query)]
+
     def check_start(self, account: str, user: str, needed_ucr: int,
-                    now: dt.datetime | None = None, *, what: str = "") -> None:
+                    now: dt.datetime | None = None, *, what: str = "",
+                    rate_per_hour_ucr: int = 0, held: Held = Held(),
+                    member_held: Held = Held()) -> None:
         """Refuse (402) a start that the balance or the member's monthly cap cannot cover.
 
-        A need of 0 (a free profile) is never refused for credit: a user in debt
-        must still be able to reach their files on a CPU-only profile.
+        `held` is what other starts and running minimum runs already hold on
+        the account (gpulease.hub.holds), `member_held` this member's part.
+        A free profile (no price, no minimum run) is never refused for credit:
+        a user in debt must still be able to reach their files on it. A paid
+        one with `min_run: 0` still needs credit above zero.
         """
         account = parse_account(account)
         now = now or utcnow()
         purpose = f" for {what}" if what else ""
         if account.startswith("group:") and not self.account_exists(account):
             raise BillingError(404, f"unknown account {account}", "account")
-        if needed_ucr <= 0:
+        if needed_ucr <= 0 and rate_per_hour_ucr <= 0:
             return
-        balance = self.balance(account, now)
-        if balance < needed_ucr:
-            raise BillingError(402, f"Not enough credit on {account}: balance "
-                                    f"{format_credits(balance)}, needs "
-                                    f"{format_credits(needed_ucr)}{purpose}", "account")
+        refusal = credit_refusal(account, self.balance(account, now), held, needed_ucr,
+                                 rate_per_hour_ucr, purpose)
+        if refusal is not None:
+            raise BillingError(402, refusal, "account")
         cap = self.cap_of(account, user) if account.startswith("group:") else None
         if cap is not None:
             spent = self.member_spend(account, user, month_start(now), now)
-            if spent + needed_ucr > cap:
+            committed = spent + member_held.amount_ucr
+            if committed + needed_ucr > cap or (needed_ucr <= 0 and committed >= cap):
+                also = (f" and {format_credits(member_held.amount_ucr)} held for "
+                        f"{member_held.describe()}" if member_held.amount_ucr else "")
                 raise BillingError(402, f"Starting would take you over your monthly cap of "
                                         f"{format_credits(cap)} on {account}: spent "
-                                        f"{format_credits(spent)} this month, needs "
+                                        f"{format_credits(spent)} this month{also}, needs "
                                         f"{format_credits(needed_ucr)}{purpose}", "account")

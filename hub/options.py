@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gpulease.hub.catalog import Catalog, Image
 from gpulease.hub.profiles import FieldError, Profile, usable_by
+from gpulease.hub.shown import kind_of, shown
 from gpulease.hub.units import format_credits
 
 ALLOWED_KEYS = ("profile", "image", "account")
@@ -56,7 +57,7 @@ def _values(options: object) -> dict[str, str]:
     if not isinstance(options, dict):
         raise _refuse(400, "user_options",
                       f"user_options must be a JSON object with keys {', '.join(ALLOWED_KEYS)}, "
-                      f"got {type(options).__name__}")
+                      f"got {kind_of(options)}")
     unknown = sorted(str(key) for key in options if key not in ALLOWED_KEYS)
     if unknown:
         raise _refuse(400, unknown[0],
@@ -68,7 +69,7 @@ def _values(options: object) -> dict[str, str]:
         if isinstance(value, list) and len(value) == 1:
             value = value[0]
         if not isinstance(value, str):
-            raise _refuse(400, key, f"user_options {key} must be a string, got {value!r}")
+            raise _refuse(400, key, f"user_options {key} must be a string, got {shown(value)}")
         if value:  # a blank form choice means "the default"
             values[key] = value
     return values
@@ -176,6 +177,17 @@ def resolve_user_options(
     image = _choose_image(values.get("image"), profile, catalog)
     account = _choose_account(values.get("account"), user, set(user_groups), group_accounts)
     return ServerChoice(profile=profile, image=image, account=account, chosen_by=chosen_by)
+
+
+def resolved_options(choice: ServerChoice) -> dict[str, str]:
+    """The user_options that name what a start resolved, to save on the server.
+
+    An empty-body start resolved by the default profile or the CPU fallback
+    saves these, so that the culler, pages, usage and a later resume read the
+    same profile, image and account as this start got.
+    """
+    return {"profile": choice.profile.slug, "image": choice.image.name,
+            "account": choice.account}
 
 
 def price_text(ucr: int) -> str:

@@ -9,17 +9,29 @@ them, so that only a refusal in that same start puts them back.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jupyterhub import orm
 from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import object_session
 
+from gpulease.hub.db import utcnow
+from gpulease.hub.holds import Hold, held_on
 from gpulease.hub.ledger import BillingError
-from gpulease.hub.options import OptionsRefused, ServerChoice, options_summary, resolve_user_options
-from gpulease.hub.units import format_credits, format_duration, rate_cost
+from gpulease.hub.options import (
+    CHOSEN_BY_REQUEST,
+    OptionsRefused,
+    ServerChoice,
+    options_summary,
+    resolve_user_options,
+    resolved_options,
+)
+from gpulease.hub.units import format_duration, rate_cost
 
 if TYPE_CHECKING:
+    from gpulease.hub.context import GPULeaseContext
     from gpulease.spawners.local import LocalGPUSpawner
 
 DATABASE_DOWN = (
@@ -54,6 +66,10 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     user = spawner.user.name
     # Read the hub's ORM here, on its own thread, not in the worker thread below.
     groups = {g.name for g in spawner.user.groups}
+    server = spawner.name
+
+    def still_spawning() -> bool:  # JupyterHub's flags: the spawn has not ended
+        return bool(spawner._spawn_pending or spawner._start_pending)
 
     def resolve_and_check_credit() -> ServerChoice:
         profiles = ctx.profiles.list(include_disabled=True)
@@ -71,13 +87,8 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
             group_accounts={a.partition(":")[2] for a in ctx.ledger.group_accounts()},
             deleted_profiles=ctx.profiles.deleted_slugs() if gone else frozenset(),
         )
-        profile = choice.profile
-        needed = rate_cost(profile.min_run_s, profile.price_per_hour_ucr)
-        ctx.ledger.check_start(
-            choice.account, user, needed,
-            what=f"{profile.slug} needs {format_credits(needed)} for its minimum run of "
-                 f"{format_duration(profile.min_run_s)}",
-        )
+        admit_for_credit(ctx, (user, server), choice, {p.slug: p.min_run_s for p in profiles},
+                         alive=still_spawning)
         spawner.gpulease_balance = ctx.ledger.balance(choice.account)
         return choice
 
@@ -91,6 +102,52 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
         spawner.log.error("gpulease database error resolving options: %s", e)
         spawner.refuse(503, DATABASE_DOWN)
     spawner.gpulease_choice = choice
+    if choice.chosen_by != CHOSEN_BY_REQUEST:
+        _save_resolved(spawner, choice)
     spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(choice), choice.chosen_by)
 
 
+def admit_for_credit(ctx: GPULeaseContext, key: tuple[str, str], choice: ServerChoice,
+                     min_run_s: dict[str, int], alive: Callable[[], bool]) -> None:
+    """Check credit and hold the start's minimum run, as one step (gpulease.hub.holds).
+
+    Runs in a worker thread; the lock serialises the starts of this hub process,
+    so starts sent at once cannot together spend more than the balance. The
+    hold lasts while `alive()` and until the server's session opens.
+    """
+    profile, (user, _server), account = choice.profile, key, choice.account
+    needed = rate_cost(profile.min_run_s, profile.price_per_hour_ucr)
+    holds = ctx.holds
+    with holds.lock:
+        pending = holds.on(account)
+        paid = needed > 0 or profile.price_per_hour_ucr > 0
+        runs = ctx.ledger.open_runs(account) if paid else []  # a free start is never refused
+        ctx.ledger.check_start(
+            account, user, needed,
+            what=f"{profile.slug}'s minimum run of {format_duration(profile.min_run_s)}",
+            rate_per_hour_ucr=profile.price_per_hour_ucr,
+            held=held_on(pending, runs, min_run_s),
+            member_held=held_on(pending, runs, min_run_s, user=user),
+        )
+        if needed > 0:
+            holds.add(Hold(key, account, needed, utcnow(), alive=alive))
+
+
+def _save_resolved(spawner: LocalGPUSpawner, choice: ServerChoice) -> None:
+    """Save what a start that named no profile resolved, as the server's user_options.
+
+    The culler, pages, usage, the API and a later empty-body resume then all
+    read the same profile. A refusal later in this start (limits, queue) puts
+    back what was saved before, through LocalGPUSpawner.refuse.
+    """
+    orm_spawner = spawner.orm_spawner
+    before = orm_spawner.user_options
+    if spawner._options_to_restore is None:
+        spawner._options_to_restore = (dict(before) if isinstance(before, dict) else None,)
+    resolved = resolved_options(choice)
+    orm_spawner.user_options = resolved
+    orm_spawner._gpulease_prior_options = None  # this write is not a request's
+    spawner.user_options = dict(resolved)
+    session = object_session(orm_spawner)
+    if session is not None:
+        session.commit()
