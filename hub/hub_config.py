@@ -208,7 +208,11 @@ def hub_config(s: HubSettings) -> Config:
             # auditor's browser can open the admin report.
             "oauth_client_allowed_scopes": [ADMIN_SCOPE, AUDIT_SCOPE],
         },
-        {"name": CLI_SERVICE_NAME, "api_token": s.cli_token, "display": False},
+        # The CLI's token is a hub admin: `users add --admin` makes a hub admin,
+        # which JupyterHub lets only an admin do, and the gpulease service stays
+        # no admin (it forwards the caller's token for that one request). The
+        # token is in private/, readable only by the hub's account.
+        {"name": CLI_SERVICE_NAME, "api_token": s.cli_token, "display": False, "admin": True},
     ]
     hub.load_roles = [
         {

@@ -253,15 +253,29 @@ class UsersHandler(BaseAPIHandler):
             errors.append({"field": "admin", "message": "must be true or false"})
         if errors:
             raise APIError(400, "Invalid user", errors)
+        # JupyterHub lets only a hub admin grant admin: that is asked of the
+        # caller, whose own token makes the admin (docs/security.md); the
+        # service itself is no hub admin.
+        caller_token = self.hub_auth.get_token(self, in_cookie=False) if admin else None
+        if admin and not caller_token:
+            raise APIError(403, "Making a hub admin needs a hub admin's API token in the "
+                                "Authorization header (the gpulease CLI sends one)",
+                           [{"field": "admin", "message": "needs a hub admin's token"}])
         try:
             await asyncio.to_thread(self.ctx.accounts.create, name, password)
         except AccountError as e:
             raise APIError(409, str(e), [{"field": "name", "message": str(e)}]) from None
         try:
-            await self._create_hub_user(name, admin)
+            await self._create_hub_user(name, caller_token)
         except HTTPClientError as e:
             # Nothing half-written: without its hub user the account is useless.
             await asyncio.to_thread(self.ctx.accounts.delete, name)
+            if admin and e.code == 403:
+                raise APIError(403, f"Cannot make {name} a hub admin: only a hub admin may, and "
+                                    f"{self.caller().get('name')} is not one; "
+                                    "create the user without admin, or ask a hub admin",
+                               [{"field": "admin", "message": "only a hub admin may grant "
+                                                              "admin"}]) from None
             raise APIError(502, f"The hub refused to create user {name}: {e}") from None
         # Never the password: who created which account, and whether an admin.
         await asyncio.to_thread(self.ctx.audit.record, self.caller()["name"], "user.create",
@@ -271,14 +285,17 @@ class UsersHandler(BaseAPIHandler):
             make_unix_account, name, self.settings.get("gpulease_isolation", {})))
         self.write_json(result, 201)
 
-    async def _create_hub_user(self, name: str, admin: bool) -> None:
+    async def _create_hub_user(self, name: str, admin_token: str | None) -> None:
+        """The hub user; an admin only through `admin_token`, the calling hub admin's."""
+        as_caller = {"Authorization": f"token {admin_token}"} if admin_token else None
         try:
-            await self.hub_api("POST", f"/users/{name}")
+            await self.hub_api("POST", f"/users/{name}", {"admin": True} if admin_token else None,
+                               headers=as_caller)
         except HTTPClientError as e:
             if e.code != 409:  # a hub user of that name may exist already
                 raise
-        if admin:
-            await self.hub_api("PATCH", f"/users/{name}", {"admin": True})
+            if admin_token:
+                await self.hub_api("PATCH", f"/users/{name}", {"admin": True}, headers=as_caller)
 
 
 def make_unix_account(name: str, isolation: dict) -> dict[str, str]:
