@@ -267,6 +267,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # Once a day is plenty for a retention counted in days; cheap (one DELETE).
         self._audit_pruner = PeriodicCallback(self._prune_audit_async, AUDIT_PRUNE_EVERY_MS)
         self._audit_pruner.start()
+        # Out-of-service devices return once their last server's cgroup is empty.
+        self._oos_check = PeriodicCallback(self._recheck_out_of_service,
+                                           self.heartbeat_interval * 1000)
+        self._oos_check.start()
         url = self.bind_url.rstrip("/") + "/"
         write_cli_file(self._state, url.rsplit("/hub/", 1)[0], self._settings.cli_token)
         self._announce(url)
@@ -278,6 +282,16 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         if pruned:
             self.log.info("Audit log: pruned %d entries older than %s", pruned,
                           self.audit_retention)
+
+    async def _recheck_out_of_service(self) -> None:
+        # A spawn waiting for one of them gets it at the queue's next poll.
+        from gpulease.spawners import isolation, quarantine
+
+        try:
+            await asyncio.to_thread(quarantine.recheck, self._ctx.assignments,
+                                    lambda cgroup: isolation.cleanup(cgroup, wait_s=1.0))
+        except Exception:
+            self.log.exception("checking out-of-service devices failed")
 
     async def _prune_audit_async(self) -> None:
         try:

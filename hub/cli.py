@@ -28,6 +28,8 @@ def _yaml_safe(value):
 
 
 def cmd_inventory(client: HubClient, args) -> int:
+    if getattr(args, "action", None) == "return":
+        return _return_device(client, args)
     data = client.call("GET", "api/inventory")
     if args.json:
         print(json.dumps(data, indent=2))
@@ -41,6 +43,9 @@ def cmd_inventory(client: HubClient, args) -> int:
             for dev in gpu["devices"]:
                 what = dev["profile"] or "whole GPU"
                 who = f"held by {_holder(dev['holder'])}" if dev["holder"] else "free"
+                if dev["state"] == "out_of_service":
+                    who = (f"OUT OF SERVICE: processes of {_holder(dev['holder'])} are still in "
+                           f"its cgroup (`gpulease inventory return {dev['uuid']}`)")
                 print(f"    {what:<12} {dev['uuid']}  {who}")
     for dev in data.get("gone", []):
         print(f"  GONE {dev['uuid']} still recorded for {_holder(dev['holder'])}")
@@ -50,6 +55,14 @@ def cmd_inventory(client: HubClient, args) -> int:
     for key in ("accounts_summary", "limits_summary"):
         if isolation.get(key):
             print(isolation[key])
+    return 0
+
+
+def _return_device(client: HubClient, args) -> int:
+    """`inventory return UUID [--force]`: an out-of-service device back to the pool."""
+    result = client.call("POST", f"api/inventory/{args.uuid}/return", {"force": args.force})
+    forced = f" (forced; pids still there: {result['pids_left']})" if result["forced"] else ""
+    print(f"device {result['uuid']} is back in service{forced}")
     return 0
 
 
@@ -129,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("up", help="run the embedded hub (see `gpulease up --help-all`)", add_help=False)
     inv = sub.add_parser("inventory", help="GPUs and MIG devices, what is free, who holds what")
     inv.add_argument("--json", action="store_true")
+    inv_sub = inv.add_subparsers(dest="action")
+    ret = inv_sub.add_parser(
+        "return", help="return an out-of-service device to the pool (admins; refused while "
+        "processes of its last server remain, unless --force)")
+    ret.add_argument("uuid", help="the device's UUID, as `gpulease inventory` shows it")
+    ret.add_argument("--force", action="store_true",
+                     help="return it even though processes are still in its cgroup")
     prof = sub.add_parser("profiles", help="list, export or apply profiles")
     prof_sub = prof.add_subparsers(dest="action", required=True)
     prof_sub.add_parser("list")

@@ -7,11 +7,17 @@ the CLI all open this database): SQLite takes its write lock up front
 advisory lock before reading. The partial unique index on open rows is the
 last guard: should two claims still pick the same device, the second fails
 with IntegrityError and is retried from the start.
+
+A device whose last server's cgroup could not be emptied is *out of service*
+(`take_out_of_service`): its assignment closes, an `out_of_service` row opens
+in the same transaction, and `held()` and every claim count it as taken
+until it returns (`return_to_service`: its cgroup emptied, or an admin).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +26,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from gpulease.hub.db import assignments, utcnow
+from gpulease.hub.db import assignments, out_of_service, utcnow
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, place
 
@@ -31,13 +37,29 @@ ADVISORY_LOCK_KEY = 0x6770_756C_6561_7365 & 0x7FFF_FFFF_FFFF_FFFF
 CLAIM_ATTEMPTS = 5
 
 _open = assignments.c.released_at.is_(None)
+_out = out_of_service.c.returned_at.is_(None)
+HELD, OUT_OF_SERVICE = "held", "out_of_service"
 
 
 @dataclass(frozen=True)
 class Holder:
+    """Who holds a device; for an out-of-service device, the server whose cgroup kept it."""
+
     user: str
     server: str
     profile: str
+    since: dt.datetime
+    state: str = HELD  # HELD | OUT_OF_SERVICE
+
+
+@dataclass(frozen=True)
+class OutOfService:
+    device_uuid: str
+    user: str
+    server: str
+    profile: str
+    cgroup: dict  # kind, unit, dirs (gpulease.spawners.cgroup_kill.Emptied.state)
+    detail: str  # what was left in it
     since: dt.datetime
 
 
@@ -81,8 +103,11 @@ class AssignmentStore:
                     now = utcnow()
                     # A (re)start re-places: what this server held is free for it.
                     self._release_in(conn, user, server, "restart", now)
-                    held = conn.execute(select(assignments.c.device_uuid).where(_open))
-                    placement = place(request, inventory, set(held.scalars()))
+                    held = set(conn.execute(
+                        select(assignments.c.device_uuid).where(_open)).scalars())
+                    held |= set(conn.execute(
+                        select(out_of_service.c.device_uuid).where(_out)).scalars())
+                    placement = place(request, inventory, held)
                     conn.execute(insert(assignments), [
                         {"device_uuid": d.uuid, "node": d.node, "user_name": user,
                          "server_name": server, "profile_slug": profile, "claimed_at": now}
@@ -113,10 +138,66 @@ class AssignmentStore:
             return self._release_in(conn, user, server, reason, utcnow())
 
     def held(self) -> dict[str, Holder]:
-        """Open assignments by device uuid."""
+        """Devices that are not free, by uuid: open assignments, and those out of service."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(assignments).where(_open).order_by(assignments.c.id))
-            return {row.device_uuid: _holder(row) for row in rows}
+            taken = {row.device_uuid: _holder(row) for row in rows}
+            for row in conn.execute(select(out_of_service).where(_out)):
+                taken.setdefault(row.device_uuid, Holder(
+                    row.user_name, row.server_name, row.profile_slug, row.since,
+                    OUT_OF_SERVICE))
+            return taken
+
+    # --- out of service ------------------------------------------------------------
+
+    def take_out_of_service(self, user: str, server: str, reason: str, cgroup: dict,
+                            detail: str) -> list[str]:
+        """Close a server's assignments (`reason`) and keep its devices from placement.
+
+        One transaction, under the claim lock: no claim sees them free in between.
+        """
+        with self.engine.begin() as conn:
+            self._lock(conn)
+            now = utcnow()
+            mine = _open & (assignments.c.user_name == user) & (assignments.c.server_name == server)
+            rows = list(conn.execute(select(assignments).where(mine).order_by(assignments.c.id)))
+            if not rows:
+                return []
+            conn.execute(update(assignments).where(mine)
+                         .values(released_at=now, release_reason=reason))
+            already = set(conn.execute(
+                select(out_of_service.c.device_uuid).where(_out)).scalars())
+            new = [{"device_uuid": r.device_uuid, "node": r.node, "user_name": user,
+                    "server_name": server, "profile_slug": r.profile_slug,
+                    "cgroup": json.dumps(cgroup), "detail": detail, "since": now}
+                   for r in rows if r.device_uuid not in already]
+            if new:
+                conn.execute(insert(out_of_service), new)
+        uuids = [r.device_uuid for r in rows]
+        log.error("devices %s of %s/%s are out of service: %s", ", ".join(uuids), user,
+                  server or "(default)", detail)
+        return uuids
+
+    def out_of_service(self) -> dict[str, OutOfService]:
+        """Open out-of-service records by device uuid."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(out_of_service).where(_out).order_by(out_of_service.c.id))
+            return {r.device_uuid: OutOfService(
+                r.device_uuid, r.user_name, r.server_name, r.profile_slug, json.loads(r.cgroup),
+                r.detail, r.since) for r in rows}
+
+    def return_to_service(self, uuid: str, by: str) -> OutOfService | None:
+        """Put a device back in the pool; None if it was not out of service."""
+        with self.engine.begin() as conn:
+            row = conn.execute(select(out_of_service).where(
+                _out, out_of_service.c.device_uuid == uuid)).first()
+            if row is None:
+                return None
+            conn.execute(update(out_of_service).where(out_of_service.c.id == row.id)
+                         .values(returned_at=utcnow(), returned_by=by))
+        log.warning("device %s is back in service (%s)", uuid, by)
+        return OutOfService(row.device_uuid, row.user_name, row.server_name, row.profile_slug,
+                            json.loads(row.cgroup), row.detail, row.since)
 
     def devices_of(self, user: str, server: str) -> list[str]:
         with self.engine.connect() as conn:

@@ -13,26 +13,32 @@ mechanism (`choose_mechanism`), what to write where for one server
 adapter (`HostReader`, `apply_plan`, `join_plan`, `remove_plan`) does the
 file writes; `join_plan` runs in the server's process between fork and exec,
 as root, before the process drops to the user's uid, so every child of the
-server is born inside the limits.
+server is born inside the limits. `remove_plan` ends everything in a
+stopped server's cgroups (cgroup.kill, the v1 freezer, or kill rounds:
+gpulease.spawners.cgroup_kill) before it removes them.
+
+Names (`unit_name`) are unambiguous across every pair of user and server
+names: one tenant's start or stop never touches another's cgroup or unit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
-import re
 import shutil
-import signal
-import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+from gpulease.spawners.cgroup_kill import Emptied, empty_cgroup, remove_dirs
 from gpulease.spawners.devices import DeviceRule
 
 PARENT = "gpulease"  # our folder at the top of each hierarchy
 CPU_PERIOD_US = 100_000
 MECHANISMS = ("auto", "systemd", "cgroup2", "cgroup1", "none")
+UNIT_MAX = 120  # "gpulease-" + name + ".scope" stays far below systemd's 255
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,10 @@ def parse_mounts(text: str) -> tuple[dict[str, str], str | None]:
             v2 = point
         elif fstype == "cgroup":
             for opt in options.split(","):
-                if opt in ("cpu", "cpuacct", "memory", "devices", "pids", "cpuset"):
+                # freezer: stopping a server ends what keeps forking (cgroup_kill);
+                # name=systemd: where systemd tracks its scopes without cgroup v2.
+                if opt in ("cpu", "cpuacct", "memory", "devices", "pids", "cpuset", "freezer",
+                           "name=systemd"):
                     v1.setdefault(opt, point)
     return v1, v2
 
@@ -143,17 +152,38 @@ def choose_mechanism(facts: HostFacts, wanted: str = "auto") -> Mechanism:
     return Mechanism("none", False, "; ".join(reasons) or f"{wanted} is not available")
 
 
+def _escape(text: str) -> str:
+    """[a-z0-9-] as is, every other UTF-8 byte as `_xx`: one text, one result, no '.'."""
+    return "".join(c if c in _PLAIN else "".join(f"_{b:02x}" for b in c.encode())
+                   for c in text)
+
+
 def unit_name(unix_user: str, server: str, tag: str) -> str:
-    """A cgroup/unit name for one server; `tag` tells hubs on one host apart."""
-    raw = f"{unix_user}-{server or 'default'}-{tag}"
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)[:120]
+    """A cgroup/unit name for one server; `tag` tells hubs on one host apart.
+
+    `USER.SERVER.TAG`, each part escaped (`_escape`): '.' appears in no
+    escaped part, so the parts are read back unambiguously and two servers
+    never share a name (user `ab` with server `c-default` and user `ab-c`'s
+    default server differ). The default server is `_`, which no escaped name
+    is (an escape is always `_` and two hex digits). Valid as a systemd unit
+    name and as a cgroup folder name; a name longer than UNIT_MAX keeps the
+    user's part and a 128-bit hash of the whole (one '.', so never equal to
+    an unhashed name).
+    """
+    full = f"{_escape(unix_user)}.{_escape(server) if server else '_'}.{_escape(tag)}"
+    if len(full) <= UNIT_MAX:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:32]
+    return f"{_escape(unix_user)[:UNIT_MAX - len(digest) - 1]}.{digest}"
 
 
 def cpu_quota_us(cpu: Decimal, period: int = CPU_PERIOD_US) -> int:
     return max(1000, math.ceil(cpu * period))
 
 
-def plan_v1(v1: dict[str, str], unit: str, limits: Limits, devices: bool) -> CgroupPlan:
+def plan_v1(v1: dict[str, str], unit: str, limits: Limits, devices: bool,
+            freezer: bool = False) -> CgroupPlan:
+    """`freezer`: also a folder in v1's freezer hierarchy, so a stop can freeze, then kill."""
     mem = f"{v1['memory']}/{PARENT}/{unit}"
     cpu = f"{v1['cpu']}/{PARENT}/{unit}"
     dirs = [mem] + ([cpu] if cpu != mem else [])
@@ -171,6 +201,10 @@ def plan_v1(v1: dict[str, str], unit: str, limits: Limits, devices: bool) -> Cgr
             dirs.append(dev)
         writes.append(Write(f"{dev}/devices.deny", "a"))
         writes += [Write(f"{dev}/devices.allow", rule.v1()) for rule in limits.devices]
+    if freezer and "freezer" in v1:
+        frz = f"{v1['freezer']}/{PARENT}/{unit}"
+        if frz not in dirs:
+            dirs.append(frz)
     return CgroupPlan("cgroup1", unit, tuple(dirs), tuple(writes))
 
 
@@ -191,7 +225,12 @@ def systemd_command(unit: str, limits: Limits, uid: int | None, gid: int | None,
     """The prefix that runs a server in its own transient scope, as the user.
 
     systemd-run itself drops to `uid`/`gid` after creating the scope, so the
-    server's preexec_fn must not (systemd-run needs root to create it).
+    server's preexec_fn must not (systemd-run needs root to create it). In
+    --scope mode systemd-run only calls setresgid/setresuid: it never calls
+    setgroups, and a scope has no SupplementaryGroups= to set. So the
+    supplementary groups of the hub (gid 0 under sudo) would pass to the
+    server: isolation.preexec_for sets the user's own groups before
+    systemd-run runs (root keeps its uid, so it may still make the scope).
     """
     cmd = [systemd_run, "--scope", "--quiet", "--collect", f"--unit={unit}",
            "-p", f"MemoryMax={limits.memory_bytes}", "-p", "MemorySwapMax=0",
@@ -231,7 +270,7 @@ class HostReader:
                 pass
         writable = set()
         if is_root:
-            wanted = {v1.get(c) for c in ("memory", "cpu", "devices")}
+            wanted = {v1.get(c) for c in ("memory", "cpu", "devices", "freezer")}
             if v2 and {"memory", "cpu"} <= controllers:
                 wanted.add(v2)
             for point in sorted(p for p in wanted if p):
@@ -280,37 +319,9 @@ def join_plan(dirs: tuple[str, ...]) -> None:
             f.write(pid)
 
 
-def cgroup_pids(dirs: tuple[str, ...]) -> set[int]:
-    pids: set[int] = set()
-    for folder in dirs:
-        try:
-            pids |= {int(x) for x in Path(folder, "cgroup.procs").read_text().split()}
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
-def remove_plan(plan: CgroupPlan, wait_s: float = 5.0) -> list[int]:
-    """Kill what is left in the server's cgroups (nothing escapes by double fork), then remove them.
-
-    Returns the pids that had to be killed.
-    """
-    killed = sorted(cgroup_pids(plan.dirs))
-    for pid in killed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    deadline = time.monotonic() + wait_s
-    for folder in plan.dirs:
-        while True:
-            try:
-                os.rmdir(folder)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-    return killed
+def remove_plan(plan: CgroupPlan, wait_s: float = 5.0) -> Emptied:
+    """End everything in the server's cgroups (cgroup_kill), then remove them if empty."""
+    emptied = empty_cgroup(plan.kind, plan.unit, plan.dirs, wait_s)
+    if emptied.empty:
+        remove_dirs(plan.dirs)
+    return emptied

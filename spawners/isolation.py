@@ -3,7 +3,9 @@
 LocalGPUSpawner calls `prepare` before a server starts (the Unix account,
 the home handed to it, the cgroup with the profile's CPU, memory and device
 nodes), passes `preexec_for` to Popen (join the cgroup, then drop to the
-user's uid, between fork and exec) and `cleanup` when the server stops.
+user's uid and own groups, between fork and exec) and `cleanup` when the
+server stops: it ends everything in the cgroup and says whether it is empty
+(a server's devices are released only then: gpulease.spawners.quarantine).
 `hub_secrets` lists the values that must never reach a server's
 environment (gpulease.spawners.process_spec.filter_server_env drops them).
 """
@@ -29,7 +31,9 @@ from gpulease.hub.unix_accounts import (
     ensure_unix_account,
     own_home,
 )
+from gpulease.spawners.cgroup_kill import Emptied, cgroup_pids, empty_cgroup
 from gpulease.spawners.cgroups import (
+    CgroupError,
     CgroupPlan,
     HostReader,
     Limits,
@@ -113,15 +117,23 @@ def prepare(s: IsolationSettings, hub_user: str, server: str, home: Path, cpu: D
     limits = Limits(memory_bytes, cpu, rules, paths)
     unit = unit_name(account.name if account else hub_user, server, hub_tag(s.state_root))
     if s.limits == "systemd":
-        prefix = systemd_command(f"gpulease-{unit}", limits, account.uid if account else None,
+        scope = f"gpulease-{unit}.scope"
+        prefix = systemd_command(scope, limits, account.uid if account else None,
                                  account.gid if account else None)
-        return Prepared(account, None, f"gpulease-{unit}.scope", tuple(prefix))
+        return Prepared(account, None, scope, tuple(prefix))
     facts = HostReader().facts()
     if s.limits == "cgroup2":
         plan = plan_v2(facts.v2 or "/sys/fs/cgroup", unit, limits)
     else:
-        plan = plan_v1(facts.v1, unit, limits, s.devices)
-    remove_plan(plan, wait_s=1.0)  # a stale cgroup of this server from a killed hub
+        plan = plan_v1(facts.v1, unit, limits, s.devices,
+                       freezer=facts.v1.get("freezer") in facts.writable)
+    # A stale cgroup of this very server (a killed hub, a stop that could not
+    # empty it): what is left in it must not join the new run and its devices.
+    stale = remove_plan(plan, wait_s=2.0)
+    if not stale.empty:
+        raise CgroupError(
+            f"the processes of this server's last run cannot be ended ({stale.describe()}); "
+            "it can start again once they are gone (an admin sees them in `gpulease inventory`)")
     apply_plan(plan)
     return Prepared(account, plan, "", ())
 
@@ -132,29 +144,73 @@ def preexec_for(prepared: Prepared) -> Callable[[], None] | None:
     # With systemd, systemd-run creates the scope as root and drops privileges itself.
     become = (set_user_setuid(prepared.account.name, chdir=False)
               if prepared.account and not prepared.cmd_prefix else None)
-    if not dirs and become is None:
+    groups = (own_groups(prepared.account)
+              if prepared.account and prepared.cmd_prefix else None)
+    if not dirs and become is None and groups is None:
         return None
 
     def preexec() -> None:
         if dirs:
             join_plan(dirs)
+        if groups is not None:
+            # systemd-run --scope never calls setgroups: without this the
+            # server would keep the hub's supplementary groups (gid 0 under
+            # sudo). Still root here, so systemd-run can make its scope; an
+            # error aborts the start (Popen raises) rather than run with them.
+            os.setgroups(groups)
         if become is not None:
             become()
 
     return preexec
 
 
-def cleanup(state: dict) -> None:
-    """Remove a stopped server's cgroup (killing anything left in it) or stop its scope."""
+def own_groups(account: UnixAccount) -> list[int]:
+    """The account's own groups (as initgroups would give it), never gid 0."""
+    return [g for g in os.getgrouplist(account.name, account.gid) if g != 0]
+
+
+def cleanup(state: dict, wait_s: float = 5.0) -> Emptied | None:
+    """End everything in a stopped server's cgroup, then remove it (or stop its scope).
+
+    Returns what it came to (None: the server had no cgroup); `.empty` says
+    whether its devices may go to someone else.
+    """
     if not state:
-        return
+        return None
     if state.get("kind") == "systemd":
-        subprocess.run(["systemctl", "stop", state["unit"]], capture_output=True, timeout=30)
-        return
-    killed = remove_plan(CgroupPlan(state["kind"], state.get("unit", ""),
-                                    tuple(state.get("dirs", ())), ()))
-    if killed:
-        log.info("killed %d processes left in the cgroup of %s", len(killed), state.get("unit"))
+        return _cleanup_scope(state, wait_s)
+    emptied = remove_plan(CgroupPlan(state["kind"], state.get("unit", ""),
+                                     tuple(state.get("dirs", ())), ()), wait_s)
+    if emptied.killed:
+        log.info("cgroup of %s: %s", state.get("unit"), emptied.describe())
+    return emptied
+
+
+def _cleanup_scope(state: dict, wait_s: float) -> Emptied:
+    """A systemd scope: kill through its cgroup (as for the others), then stop the unit."""
+    unit = state["unit"]
+    dirs = tuple(state.get("dirs") or scope_dirs(unit))
+    emptied = empty_cgroup("systemd", unit, dirs, wait_s) if dirs else None
+    subprocess.run(["systemctl", "stop", unit], capture_output=True, timeout=30)
+    if emptied is None:  # systemd would not say where the scope lives: its stop must do
+        return Emptied("systemd", unit, (), "systemctl stop", 0, ())
+    left = tuple(sorted(cgroup_pids(dirs)))
+    return Emptied("systemd", unit, dirs, emptied.how, emptied.killed, left)
+
+
+def scope_dirs(unit: str) -> tuple[str, ...]:
+    """Where a running scope's cgroup is (cgroup v2, else v1's name=systemd hierarchy)."""
+    try:
+        done = subprocess.run(["systemctl", "show", "--property=ControlGroup", "--value", unit],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    path = done.stdout.strip()
+    if done.returncode != 0 or not path.startswith("/"):
+        return ()
+    facts = HostReader().facts()
+    root = facts.v2 or facts.v1.get("name=systemd")
+    return (f"{root}{path}",) if root else ()
 
 
 def hub_secrets(state: StateDir) -> set[str]:

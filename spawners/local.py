@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
@@ -35,6 +36,7 @@ from gpulease.hub.units import format_credits
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options
+from gpulease.spawners.cgroup_kill import Emptied, cgroup_pids, devices_may_go
 from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.options_form import FormData, options_from_form, render_options_form
 from gpulease.spawners.placement import availability
@@ -389,10 +391,10 @@ class LocalGPUSpawner(LocalProcessSpawner):
             # jobs) must not outlive the server and keep using a GPU that is
             # handed to someone else next.
             await asyncio.to_thread(end_processes, leftovers)
-            # Its cgroup catches what escaped the process tree (double fork, setsid).
-            await self._remove_cgroup()
             # A stop through JupyterHub's own API or pages counts as the user's;
             # gpulease's api/stop records its reason on the session beforehand.
+            # _release first ends what escaped the process tree (double fork,
+            # setsid, a respawn loop) through the cgroup.
             await self._release("user")
 
     async def poll(self):
@@ -412,28 +414,54 @@ class LocalGPUSpawner(LocalProcessSpawner):
             await self._remove_cgroup()  # died: JupyterHub does not call stop()
         return status
 
-    async def _remove_cgroup(self) -> None:
+    async def _remove_cgroup(self) -> Emptied | None:
+        """End everything in the server's cgroup and remove it; None: it had none."""
         cgroup, self.gpulease_cgroup = self.gpulease_cgroup, None
-        if cgroup:
-            await asyncio.to_thread(isolation.cleanup, cgroup)
+        if not cgroup:
+            return None
+        try:
+            emptied = await asyncio.to_thread(isolation.cleanup, cgroup)
+        except (OSError, subprocess.SubprocessError) as e:
+            self.log.error("cannot end the processes of %s: %s", self._log_name, e)
+            dirs = tuple(cgroup.get("dirs", ()))
+            # What is in it decides; a scope whose folder is unknown counts as not empty.
+            left = tuple(sorted(cgroup_pids(dirs))) if dirs else (-1,)
+            emptied = Emptied(cgroup.get("kind", ""), cgroup.get("unit", ""), dirs,
+                              f"an error ({e})", 0, left)
+        if not emptied.empty:
+            self.log.error("%s stopped, but its cgroup is not empty: %s", self._log_name,
+                           emptied.describe())
+        return emptied
 
     async def _release(self, reason: str) -> None:
-        """Release the devices and close the billing session, with the stop's reason."""
+        """Release the devices and close the billing session, with the stop's reason.
+
+        The devices go back to the pool only once the server's cgroup is
+        empty; when it cannot be emptied they are out of service until it
+        is (gpulease.spawners.quarantine, checked on every heartbeat).
+        """
+        emptied = await self._remove_cgroup()
         ctx = self.gpulease
         user, server = self.user.name, self.name
         self.gpulease_devices = ()
         if ctx.meter is not None:
             await asyncio.to_thread(ctx.meter.close, user, server, reason)
+        if devices_may_go(emptied):
+            def give_back() -> object:
+                return ctx.assignments.release(user, server, reason)
+        else:
+            def give_back() -> object:
+                return ctx.assignments.take_out_of_service(user, server, reason, emptied.state(),
+                                                           emptied.describe())
         try:
-            await asyncio.to_thread(ctx.assignments.release, user, server, reason)
+            await asyncio.to_thread(give_back)
             runner_for(ctx, self.queue_poll_interval).released()  # a queued spawn may fit now
         except SQLAlchemyError as e:
             # The server is stopped all the same; its devices are released as
             # soon as the database answers again (and at the latest at restart).
             self.log.error("cannot release the devices of %s yet: %s", self._log_name, e)
             if ctx.meter is not None:
-                ctx.meter.deferred.append(
-                    lambda: ctx.assignments.release(user, server, reason))
+                ctx.meter.deferred.append(give_back)
 
     # --- state across hub restarts -------------------------------------------------
 

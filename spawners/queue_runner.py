@@ -69,6 +69,8 @@ def holdings_from(held: Mapping[str, Holder], inventory: Inventory) -> list[Hold
     kinds = {d.uuid: d.mig_profile is not None for d in inventory.allocatable()}
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for uuid, holder in held.items():
+        if holder.state != "held":  # out of service: taken, but from no one's limit
+            continue
         # A device gone from the inventory still counts, by the shape of its UUID.
         is_slice = kinds.get(uuid, uuid.startswith("MIG-"))
         counts[(holder.user, holder.server)][1 if is_slice else 0] += 1

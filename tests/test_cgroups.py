@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from decimal import Decimal
 
 import pytest
@@ -115,9 +117,51 @@ def test_v2_plan_and_systemd_command():
 
 
 def test_units_and_quota():
-    assert unit_name("gl-ada", "", "ab12") == "gl-ada-default-ab12"
-    assert unit_name("gl-ada", "my server/1", "t") == "gl-ada-my_server_1-t"
+    assert unit_name("gl-ada", "", "ab12") == "gl-ada._.ab12"
+    assert unit_name("gl-ada", "my server/1", "t") == "gl-ada.my_20server_2f1.t"
     assert cpu_quota_us(Decimal("0.5")) == 50000 and cpu_quota_us(Decimal("0.001")) == 1000
+
+
+# systemd's unit name alphabet (unit-name.c VALID_CHARS), without '@' (templates)
+UNIT_CHARS = re.compile(r"^[A-Za-z0-9:_.\\-]+$")
+
+
+def _names() -> list[str]:
+    """Valid user names (DESIGN.md) built from pieces that collide when joined with '-'."""
+    parts = ["a", "ab", "c", "ab-c", "c-default", "default", "d", "x1", "b-c-d", "z" * 30]
+    names = set(parts)
+    for x, y in itertools.product(parts, repeat=2):
+        names.add(f"{x}-{y}"[:32].rstrip("-"))
+    return sorted(n for n in names if USER_NAME.match(n))
+
+
+USER_NAME = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
+
+
+def test_unit_names_are_unambiguous_for_every_user_and_server():
+    """User `ab` + server `c-default` and user `ab-c`'s default server were one name."""
+    users = [f"gl-{n}" for n in _names()]
+    servers = sorted({"", "default", "_", "c", "c-default", "x.y", "x_2ey", "Gpu", "ü", "a/b",
+                      *(n for n in _names() if len(n) <= 30)})
+    seen: dict[str, tuple[str, str]] = {}
+    for user, server in itertools.product(users, servers):
+        name = unit_name(user, server, "0a1b2c3d")
+        assert name not in seen, f"{(user, server)} and {seen[name]} share {name}"
+        seen[name] = (user, server)
+        assert UNIT_CHARS.match(name) and "/" not in name and name not in (".", "..")
+        assert len(f"gpulease-{name}.scope") <= 255 and len(name) <= 120
+    assert len(seen) > 9_000
+    assert unit_name("gl-ab", "c-default", "t") != unit_name("gl-ab-c", "", "t")
+    assert unit_name("gl-ab", "default", "t") != unit_name("gl-ab", "", "t")
+    assert unit_name("gl-ab", "", "t1") != unit_name("gl-ab", "", "t2")  # two hubs
+
+
+def test_long_names_are_cut_with_a_hash_and_stay_apart():
+    long_a, long_b = "s" * 200, "s" * 199 + "t"
+    a, b = unit_name("gl-ada", long_a, "t"), unit_name("gl-ada", long_b, "t")
+    assert a != b and len(a) <= 120 and len(b) <= 120 and a.startswith("gl-ada.")
+    assert a.count(".") == 1  # unhashed names have two: a cut name is never one of them
+    assert unit_name("gl-ada", "s" * 40, "t").count(".") == 2
 
 
 def test_device_rules_and_node_map():

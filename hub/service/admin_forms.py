@@ -179,7 +179,7 @@ def inventory_rows(view: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def inventory_counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    counts = {"free": 0, "held": 0, "gone": 0}
+    counts = {"free": 0, "held": 0, "out_of_service": 0, "gone": 0}
     for row in rows:
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     return counts

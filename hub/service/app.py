@@ -14,7 +14,14 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulease.hub.context import get_context
-from gpulease.hub.service import admin_pages, audit_handlers, limit_handlers, pages, server_handlers
+from gpulease.hub.service import (
+    admin_pages,
+    audit_handlers,
+    inventory_handlers,
+    limit_handlers,
+    pages,
+    server_handlers,
+)
 from gpulease.hub.service import billing_handlers as b
 from gpulease.hub.service import handlers as h
 from gpulease.hub.service import notice_handlers as n
@@ -52,7 +59,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"usage", pages.UsagePage),
         (r"admin/report", pages.ReportPage),
     ]
-    for module in (audit_handlers, limit_handlers, server_handlers, admin_pages):
+    for module in (audit_handlers, limit_handlers, server_handlers, admin_pages,
+                   inventory_handlers):
         routes += module.ROUTES
     handlers = [(url_path_join(prefix, path), cls, args) for path, cls in routes]
     handlers += n.notice_routes(prefix, args, env)

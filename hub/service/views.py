@@ -16,7 +16,11 @@ def inventory_view(
     inventory: Inventory, held: dict[str, Holder], queue: Sequence[QueuedSpawn] = (),
     isolation: dict | None = None,
 ) -> dict[str, Any]:
-    """DESIGN.md's `api/inventory`: devices free, held (by whom) or gone, and the queue."""
+    """DESIGN.md's `api/inventory`: devices free, held (by whom), out of service or gone.
+
+    `out_of_service`: the device's last server stopped but its cgroup could
+    not be emptied; `holder` is that server. Also the queue.
+    """
     present = inventory.device_uuids()
     nodes = []
     for node in inventory.nodes:
@@ -72,7 +76,7 @@ def _device(uuid: str, profile: str | None, memory: int | None, held: dict[str, 
         "uuid": uuid,
         "profile": profile,
         "memory_bytes": memory,
-        "state": "held" if holder else "free",
+        "state": holder.state if holder else "free",  # "held" | "out_of_service"
         "holder": (
             {"user": holder.user, "server": holder.server, "profile": holder.profile,
              "since": holder.since.isoformat() + "Z"}
