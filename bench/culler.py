@@ -2,13 +2,16 @@
 
   pass   10,000 simulated servers behind a FAKE hub (tests/culler_fakehub.py's
          FakeCullerHub, in a process of its own on loopback): paginated users,
-         each server's /api/kernels and /api/terminals, api/profiles, api/stop.
-         The culler sees them once (its memory starts there), then the clock
-         moves 31 minutes and the next pass is timed: listing, reading whatever
-         must be read, deciding and POSTing the stops. The mix is a steady state
-         (most servers busy or recently used, some in the warning window, a few
-         past the timeout, 1% dead). `culler_pass_all_read_s` is the worst case:
-         every server quiet by the cheap signals, so every one's kernels are read.
+         the kernel state the servers pushed to the gpulease service (one
+         `GET api/server-activity` for all of them: the culler never contacts
+         a server), api/profiles, api/stop. The culler sees them once (its
+         memory starts there), then the clock moves 31 minutes and the next
+         pass is timed: listing, reading the pushed state, deciding and
+         POSTing the stops. The mix is a steady state (most servers busy or
+         recently used, some in the warning window, a few past the timeout,
+         1% pushing nothing). `culler_pass_all_read_s` is the case where every
+         server is quiet by hub, CPU and GPU and only its pushed busy kernel
+         keeps it (formerly the worst case: every server's own API was read).
   week   a seeded week of research sessions replayed minute by minute under
          gpulease's rule (policy.decide) and under jupyterhub-idle-culler's rule
          (hub last_activity older than the timeout, reported every 5 minutes),
@@ -104,7 +107,7 @@ async def one_pass(n: int, seed: int, all_read: bool, procs: int) -> tuple[float
     actions: dict[str, int] = {}
     for d in report.decisions.values():
         actions[d.action] = actions.get(d.action, 0) + 1
-    return seconds, {"culler_cpu_s": round(cpu_s, 2), "read": report.read,
+    return seconds, {"culler_cpu_s": round(cpu_s, 2), "kernels": report.kernel_views,
                      "stops": len(report.stops), "errors": len(report.errors), **actions}
 
 # --- the replayed week ----------------------------------------------------------------

@@ -121,11 +121,13 @@ def notify_environment(s: HubSettings) -> dict:
 
 
 # What the idle culler needs: users, their servers and activity, each server's
-# state (pid, devices), its kernels, and gpulease's api/stop to suspend.
+# state (its pid for the CPU reading, its devices), and the gpulease service
+# (the kernel state servers pushed, api/stop to suspend, notices). Never
+# access:servers: the culler does not contact users' servers, and a token
+# sent to one could be logged by the user's own code there.
 CULLER_SCOPES = [
     "list:users", "read:users:name", "read:users:activity", "read:servers",
-    "admin:server_state", "access:servers", f"access:services!service={SERVICE_NAME}",
-    ADMIN_SCOPE,
+    "admin:server_state", f"access:services!service={SERVICE_NAME}", ADMIN_SCOPE,
 ]
 
 
@@ -278,8 +280,9 @@ def hub_config(s: HubSettings) -> Config:
     auth.admin_users = {s.admin_name}
 
     spawner = c.LocalGPUSpawner
-    # Every server's extension asks the gpulease service for its notices with
-    # the server's own token, which therefore may reach that service.
+    # Every server's extension asks the gpulease service for its notices, and
+    # pushes its kernel state there for the culler, with the server's own
+    # token, which therefore may reach that service.
     spawner.environment = {
         "GPULEASE_SERVICE_URL": f"http://127.0.0.1:{s.service_port}/services/gpulease/",
         "JUPYTERHUB_ACTIVITY_INTERVAL": "60",  # the culler's user-activity signal, per minute

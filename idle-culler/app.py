@@ -55,18 +55,20 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument("--cpu-source", default=default("cpu-source", "process"),
                    choices=["process", "none"], help="process (embedded) | none")
     p.add_argument("--hub-url", default=default("hub-url", env.get("JUPYTERHUB_PUBLIC_URL", "")),
-                   help="public proxy URL to reach servers and the gpulease service")
+                   help="public proxy URL to reach the gpulease service (never the servers)")
     p.add_argument("--concurrency", type=int, default=int(default("concurrency", "50")))
     p.add_argument("--warn-before", type=parse_duration, default=default("warn-before", "5m"),
                    help="notice lead time, at most half a timeout (default 5m)")
-    p.add_argument("--server-timeout", type=float, default=float(default("server-timeout", "2")),
-                   help="seconds to wait for a server's kernels API (default 2)")
+    p.add_argument("--stale-after", type=parse_duration, default=default("stale-after", "3m"),
+                   help="how long a server's pushed kernel state counts as current "
+                        "(default 3m: three of gpulease.singleuser's 60 s heartbeats)")
     p.add_argument("--log-level", default=default("log-level", "INFO"))
     args = p.parse_args(argv)
     if not args.hub_url:
         p.error("--hub-url (or GPULEASE_CULLER_HUB_URL) is required: the proxy's public URL")
-    if isinstance(args.warn_before, str):
-        args.warn_before = parse_duration(args.warn_before)
+    for name in ("warn_before", "stale_after"):  # defaults are not parsed by argparse
+        if isinstance(getattr(args, name), str):
+            setattr(args, name, parse_duration(getattr(args, name)))
     return args
 
 
@@ -125,7 +127,7 @@ def make_app(culler: Culler, prefix: str, *, public_metrics: bool = False) -> we
 def build(args, env: dict[str, str]) -> Culler:
     config = CullerConfig(interval_s=args.interval, cpu_threshold=args.cpu_threshold,
                           gpu_threshold=args.gpu_threshold, concurrency=args.concurrency,
-                          server_timeout_s=args.server_timeout, warn_before_s=args.warn_before)
+                          stale_after_s=float(args.stale_after), warn_before_s=args.warn_before)
     hub = HubClient(env["JUPYTERHUB_API_URL"], args.hub_url, env["JUPYTERHUB_API_TOKEN"])
     return Culler(hub, cpu_source(args.cpu_source), gpu_source(args.gpu_source), config=config,
                   notices=ServiceNotices(hub))
@@ -149,9 +151,10 @@ def main(argv: list[str] | None = None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         watcher = asyncio.create_task(_exit_with_hub(os.getppid(), stop))
-        log.info("gpulease-culler: every %ss, cpu > %g%%, gpu > %g%% (%s), servers via %s",
-                 args.interval, args.cpu_threshold, args.gpu_threshold, args.gpu_source,
-                 args.hub_url)
+        log.info("gpulease-culler: every %ss, cpu > %g%%, gpu > %g%% (%s), kernels as pushed "
+                 "to the gpulease service at %s (current for %ss)", args.interval,
+                 args.cpu_threshold, args.gpu_threshold, args.gpu_source, args.hub_url,
+                 args.stale_after)
         try:
             await culler.run_forever(stop)
         finally:

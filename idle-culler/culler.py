@@ -1,11 +1,10 @@
 """The culler's loop: list running servers, read their signals, decide, warn and suspend.
 
-Reading is staged to spare the servers: the cheap signals (hub activity,
-CPU, GPU) come first, and a server's own API (kernels, terminals) is read
-only when those alone would warn or suspend it. More signals can only make a
-server more active, so skipping them when the answer is already 'keep' (or
-a max-runtime action, which activity does not change) changes no decision.
-Every failure is per server: logged, never the end of the pass.
+A pass makes a few requests whatever the number of servers: the hub's
+users (paged), the gpulease service's profiles, inventory and the kernel
+and terminal state the servers pushed (pushed.py). It never contacts a
+user's server. CPU and GPU are sampled per server. Every failure is per
+server: logged, never the end of the pass.
 """
 
 from __future__ import annotations
@@ -23,22 +22,21 @@ import aiohttp
 from gpulease.idle_culler.cpu import CpuSource
 from gpulease.idle_culler.gpu import GpuActivitySource, combine
 from gpulease.idle_culler.hubapi import HubClient, HubError, ProfileLimits, ServerInfo
-from gpulease.idle_culler.kernels import (
-    NO_ANSWER,
-    NOT_SUPPORTED,
-    read_activity,
-    read_kernels,
-    read_terminals,
-)
 from gpulease.idle_culler.metrics import CullerMetrics
 from gpulease.idle_culler.policy import (
     KEEP,
     SUSPEND,
-    WARN,
     Decision,
     ServerMemory,
     decide,
     observe,
+)
+from gpulease.idle_culler.pushed import (
+    DEFAULT_STALE_AFTER_S,
+    KernelView,
+    PushedActivity,
+    parse_server_activity,
+    view_for,
 )
 from gpulease.idle_culler.signals import ServerSnapshot
 
@@ -51,11 +49,9 @@ class CullerConfig:
     interval_s: float = 30.0
     cpu_threshold: float = 10.0
     gpu_threshold: float = 5.0
-    concurrency: int = 50
-    slow_lane: int = 500
-    # jupyter_server answers /api/kernels in milliseconds; a server that takes
-    # longer is judged without its kernels this pass (never suspended for it).
-    server_timeout_s: float = 2.0
+    concurrency: int = 50  # CPU and GPU readings in flight
+    # How long a server's pushed kernel state counts as current (pushed.py).
+    stale_after_s: float = DEFAULT_STALE_AFTER_S
     warn_before_s: int = 300
     # For a server whose profile no longer exists (deleted with force).
     default_limits: ProfileLimits = ProfileLimits(1800, 0)
@@ -88,7 +84,8 @@ class PassReport:
     decisions: dict[Key, Decision] = field(default_factory=dict)
     stops: dict[Key, int] = field(default_factory=dict)  # HTTP status of api/stop
     errors: dict[Key, str] = field(default_factory=dict)
-    read: int = 0  # servers whose own API was read this pass
+    # How each server's kernels were known: fresh, stale, waiting, not_pushed, unknown.
+    kernel_views: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -113,9 +110,9 @@ class Culler:
         self.profiles: dict[str, ProfileLimits] | None = None
         self.holders: dict[Key, list[str]] | None = None
         self.last_pass: tuple[datetime, PassReport] | None = None
-        self.slow: set[Key] = set()
-        # Servers without gpulease.singleuser: read through jupyter_server's own API.
-        self.plain_servers: set[Key] = set()
+        # What the servers pushed, as of the last read (None: it could not be read).
+        self.pushed: PushedActivity | None = None
+        self.pushed_error = "not read yet"
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         next_full = time.monotonic()
@@ -168,6 +165,8 @@ class Culler:
         report = PassReport()
         wanted = set(keys)
         limit = asyncio.Semaphore(self.config.concurrency)
+        # Fresh pushes of just these users: one of them may have run a cell since the pass.
+        await self._refresh_activity({u for u, _ in wanted})
 
         async def one_user(name: str) -> None:
             async with limit:
@@ -197,22 +196,17 @@ class Culler:
         self.memory.pop(key, None)
         self.warned.pop(key, None)
         self.deadlines.pop(key, None)
-        self.slow.discard(key)
-        self.plain_servers.discard(key)
 
     async def run_pass(self) -> PassReport:
         t0 = time.monotonic()
-        servers, _, _ = await asyncio.gather(
+        servers, _, _, _ = await asyncio.gather(
             self.hub.running_servers(self.config.page_size),
-            self._refresh_profiles(), self._refresh_holders())
+            self._refresh_profiles(), self._refresh_holders(), self._refresh_activity())
         report = PassReport()
         limit = asyncio.Semaphore(self.config.concurrency)
-        # Servers that did not answer last time wait out their timeouts in a
-        # lane of their own, so a few hung servers cannot hold every slot.
-        slow_lane = asyncio.Semaphore(self.config.slow_lane)
 
         async def one(info: ServerInfo) -> None:
-            async with slow_lane if info.key in self.slow else limit:
+            async with limit:
                 try:
                     await self._judge(info, report)
                 except Exception as e:  # one server's trouble never ends the pass
@@ -228,8 +222,9 @@ class Culler:
         report.seconds = time.monotonic() - t0
         self.last_pass = (self.clock(), report)
         self.metrics.pass_seconds.observe(report.seconds)
-        log.info("culler pass: %d servers, %d read, %d stopped, %d errors in %.2fs",
-                 len(servers), report.read, len(report.stops), len(report.errors), report.seconds)
+        log.info("culler pass: %d servers, %d stopped, %d errors in %.2fs; kernels %s",
+                 len(servers), len(report.stops), len(report.errors), report.seconds,
+                 ", ".join(f"{k} {n}" for k, n in sorted(report.kernel_views.items())) or "-")
         return report
 
     async def _refresh_profiles(self) -> None:
@@ -239,6 +234,20 @@ class Culler:
             log.warning("culler: cannot read the profiles (%s); %s", e,
                         "keeping the last ones" if self.profiles is not None else
                         "no server is stopped until they can be read")
+
+    async def _refresh_activity(self, users: set[str] | None = None) -> None:
+        """The servers' pushed kernel state: all of it, or just these users' (merged)."""
+        try:
+            fresh = parse_server_activity(await self.hub.server_activity(users))
+        except Exception as e:
+            self.pushed, self.pushed_error = None, f"{type(e).__name__}: {e}"[:200]
+            log.warning("culler: cannot read the servers' pushed state (%s); nobody is "
+                        "suspended until it can be read", self.pushed_error)
+            return
+        if users is not None and self.pushed is not None:
+            merged = {k: v for k, v in self.pushed.servers.items() if k[0] not in users}
+            fresh = PushedActivity(fresh.since, merged | fresh.servers)
+        self.pushed, self.pushed_error = fresh, ""
 
     async def _refresh_holders(self) -> None:
         try:
@@ -257,13 +266,12 @@ class Culler:
             return []
         return None
 
-    async def _snapshot(self, info: ServerInfo) -> ServerSnapshot:
-        """The server with its cheap signals (hub, CPU, GPU) and its own API assumed quiet.
+    def _kernel_view(self, info: ServerInfo) -> KernelView:
+        return view_for(self.pushed, self.pushed_error, info.key, info.started, self.clock(),
+                        self.config.stale_after_s)
 
-        Stage one judges with no kernels and no terminals: the most idle the
-        server could possibly be. Only a warning or a suspension from that
-        needs the real kernels and terminals.
-        """
+    async def _snapshot(self, info: ServerInfo, view: KernelView) -> ServerSnapshot:
+        """The server with all its signals: hub, pushed kernels and terminals, CPU, GPU."""
         limits = (self.profiles or {}).get(info.profile, self.config.default_limits)
         devices = self._devices(info)
         cpu = await self.cpu.read(info.key, info.state)
@@ -274,8 +282,11 @@ class Culler:
             gpu, gpu_source = None, "devices of this server unknown" if devices is None else "none"
         return ServerSnapshot(
             user=info.user, server=info.server, profile=info.profile, started=info.started,
-            hub_last_activity=info.last_activity, kernels=(),
-            terminals_last_activity=None, cpu_percent=cpu.percent, cpu_error=cpu.error,
+            hub_last_activity=info.last_activity, kernels=view.kernels,
+            kernels_error=view.error, kernels_source=view.source,
+            hub_activity_only=view.hub_activity_only,
+            terminals_last_activity=view.terminals_last_activity, terminals_error=view.error,
+            cpu_percent=cpu.percent, cpu_error=cpu.error,
             gpu_percent=gpu, gpu_source=gpu_source, has_gpu=devices != [],
             idle_timeout_s=limits.idle_timeout_s, max_runtime_s=limits.max_runtime_s,
             warn_before_s=self.config.warn_before_s,
@@ -286,7 +297,9 @@ class Culler:
                       gpu_threshold=self.config.gpu_threshold)
 
     async def _judge(self, info: ServerInfo, report: PassReport) -> None:
-        snap = await self._snapshot(info)
+        view = self._kernel_view(info)
+        report.kernel_views[view.kind] = report.kernel_views.get(view.kind, 0) + 1
+        snap = await self._snapshot(info, view)
         c = self.config
         memory = observe(self.memory.get(info.key), snap, self.clock(),
                          cpu_threshold=c.cpu_threshold, gpu_threshold=c.gpu_threshold,
@@ -294,51 +307,14 @@ class Culler:
         self.memory[info.key] = memory
         self.metrics.server(info.user, info.server, snap.cpu_percent, snap.gpu_percent)
         decision = self._decide(snap, memory)
-        if decision.action in (WARN, SUSPEND):
-            report.read += 1
-            snap, terminals_note = await self._read_server(info, snap, memory)
-            decision = self._decide(snap, memory)
-            if terminals_note:
-                # decide() built this dict for this decision alone: completing it is safe.
-                decision.signals["terminals"] = terminals_note
-        else:
-            not_read = "not read: the other signals decide"
-            decision.signals.update(kernels=not_read, terminals=not_read)
+        if view.hold and decision.action == SUSPEND:
+            decision = replace(decision, action=KEEP,
+                               reason=f"{decision.reason}; not suspending: {view.hold}")
         if self.profiles is None and decision.stops:
             decision = replace(decision, action=KEEP,
                                reason=decision.reason + "; profiles unknown: not stopping")
         report.decisions[info.key] = decision
         await self._act(info, snap, decision, report)
-
-    async def _read_server(self, info: ServerInfo, snap: ServerSnapshot,
-                           memory: ServerMemory) -> tuple[ServerSnapshot, str]:
-        """The server's kernels and terminals: one read where gpulease.singleuser runs.
-
-        Returns the completed snapshot and, when the terminals were not read,
-        why (a busy kernel already decides).
-        """
-        timeout = self.config.server_timeout_s
-        if info.key not in self.plain_servers:
-            state = await read_activity(self.hub, info.url, timeout)
-            if state.kernels_error != NOT_SUPPORTED:
-                self._note_answer(info.key, state.kernels_error)
-                return replace(snap, kernels=state.kernels, kernels_error=state.kernels_error,
-                               terminals_last_activity=state.terminals_last_activity,
-                               terminals_error=state.terminals_error), ""
-            self.plain_servers.add(info.key)  # an image without gpulease.singleuser
-        kernels, error = await read_kernels(self.hub, info.url, timeout)
-        self._note_answer(info.key, error)
-        snap = replace(snap, kernels=kernels, kernels_error=error)
-        if self._decide(snap, memory).action not in (WARN, SUSPEND):
-            return snap, "not read: the kernels decide"
-        when, error = await read_terminals(self.hub, info.url, timeout)
-        return replace(snap, terminals_last_activity=when, terminals_error=error), ""
-
-    def _note_answer(self, key: Key, error: str) -> None:
-        if error == NO_ANSWER:
-            self.slow.add(key)
-        else:
-            self.slow.discard(key)
 
     async def _act(self, info: ServerInfo, snap: ServerSnapshot, decision: Decision,
                    report: PassReport) -> None:

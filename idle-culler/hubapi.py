@@ -1,4 +1,9 @@
-"""The culler's thin HTTP adapter: the hub's REST API, the gpulease service, the servers.
+"""The culler's thin HTTP adapter: the hub's REST API and the gpulease service.
+
+Never a user's server: the culler's token holds far more than any user
+(custom:gpulease:admin), and a server is user code that could log it. The
+servers' kernels and terminals come from what they pushed to the gpulease
+service (idle-culler/pushed.py).
 
 One pooled client with a bounded number of connections serves the whole
 pass; every request has a timeout. Nothing here decides anything.
@@ -99,7 +104,7 @@ class HubError(Exception):
 
 
 class HubClient:
-    """HTTP to the hub API, the gpulease service and the servers, with keep-alive.
+    """HTTP to the hub API and the gpulease service, with keep-alive.
 
     A pass makes thousands of small requests: pooled keep-alive connections
     (aiohttp) instead of a new one per request.
@@ -108,7 +113,7 @@ class HubClient:
     def __init__(self, api_url: str, public_url: str, token: str, *,
                  timeout_s: float = 10.0) -> None:
         self.api_url = api_url.rstrip("/")  # e.g. http://127.0.0.1:8081/hub/api
-        self.public_url = public_url.rstrip("/")  # the proxy: servers and services
+        self.public_url = public_url.rstrip("/")  # the proxy, for the gpulease service
         self.token = token
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
@@ -181,12 +186,11 @@ class HubClient:
         body = await self.request("GET", f"{self.public_url}/services/gpulease/api/inventory")
         return parse_holders(body)
 
-    async def server_json(self, server_url: str, path: str, timeout_s: float) -> Any:
-        # no_track_activity: jupyter_server must not count the culler's own
-        # reads as the user's activity (the proxy still sees them; see the
-        # deployment notes on last_activity_interval).
-        url = f"{self.public_url}{server_url}{path}?no_track_activity=1"
-        return await self.request("GET", url, timeout_s=timeout_s)
+    async def server_activity(self, users: set[str] | None = None) -> Any:
+        """What servers pushed (`GET api/server-activity`): all of them, or these users'."""
+        query = "?" + urlencode([("user", u) for u in sorted(users)]) if users else ""
+        return await self.request(
+            "GET", f"{self.public_url}/services/gpulease/api/server-activity{query}")
 
     async def stop(self, user: str, server: str, reason: str) -> int:
         """Stop through the gpulease service, which closes the session with `reason`."""

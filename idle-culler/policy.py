@@ -16,7 +16,11 @@ for its profile's idle timeout:
 
 A signal that cannot be read is listed as 'unknown: why' and contributes
 nothing, but a pass in which neither the kernels nor the CPU could be read
-never suspends: nothing on the server's side confirms the idleness.
+never suspends: nothing on the server's side confirms the idleness. The
+kernels and terminals are what the server pushed (idle-culler/pushed.py);
+a server that pushes nothing (an image without gpulease.singleuser) is
+judged on the hub's activity instead, which then confirms, and its kernels
+are listed as 'not pushed: hub activity only'.
 """
 
 from __future__ import annotations
@@ -119,7 +123,9 @@ def decide(
     if hub:
         quiet_since.append(hub)
 
-    if snapshot.kernels is None:
+    if snapshot.hub_activity_only:
+        signals["kernels"] = f"not pushed: hub activity only; {snapshot.kernels_error}"
+    elif snapshot.kernels is None:
         signals["kernels"] = f"unknown: {snapshot.kernels_error or 'not read'}"
     else:
         busy = [k.id for k in snapshot.kernels if k.execution_state in _ACTIVE_KERNEL_STATES]
@@ -129,8 +135,12 @@ def decide(
         if times:
             quiet_since.append(max(times))
         signals["kernels"] = _kernels_text(snapshot, len(busy), max(times) if times else None)
+        if snapshot.kernels_source:
+            signals["kernels"] += f"; {snapshot.kernels_source}"
 
-    if snapshot.terminals_error:
+    if snapshot.hub_activity_only:
+        signals["terminals"] = "not pushed: hub activity only"
+    elif snapshot.terminals_error:
         signals["terminals"] = f"unknown: {snapshot.terminals_error}"
     elif snapshot.terminals_last_activity:
         signals["terminals"] = f"last activity {_ts(snapshot.terminals_last_activity)}"
@@ -161,7 +171,7 @@ def decide(
 
     idle_since = None if active_now else max(quiet_since)
     idle_for = 0.0 if idle_since is None else max(0.0, (now - idle_since).total_seconds())
-    confirmed = snapshot.kernels is not None or cpu is not None
+    confirmed = snapshot.kernels is not None or cpu is not None or snapshot.hub_activity_only
     return _choose(snapshot, now, idle_since, idle_for, active_now, confirmed, signals)
 
 

@@ -15,7 +15,7 @@ DEFAULT_WARN_BEFORE_S = 300
 
 @dataclass(frozen=True)
 class KernelState:
-    """One kernel as the server's own `/api/kernels` reports it."""
+    """One kernel as its server pushed it (jupyter_server's kernel model)."""
 
     id: str
     execution_state: str  # 'busy', 'idle', 'starting', 'dead', ...
@@ -46,6 +46,10 @@ class ServerSnapshot:
     kernels_error: str = ""
     terminals_error: str = ""  # non-empty: terminals could not be read
     cpu_error: str = ""
+    kernels_source: str = ""  # how the kernels are known, for the log: "pushed 12s ago"
+    # The server pushes no kernel state (no gpulease.singleuser): the hub's
+    # activity stands in for its kernels and terminals and may confirm idleness.
+    hub_activity_only: bool = False
 
     @property
     def key(self) -> tuple[str, str]:

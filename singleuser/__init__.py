@@ -2,8 +2,9 @@
 
 A jupyter-server extension (enabled by the `jupyter_server_config.d/gpulease.json`
 file that installing gpulease puts in the environment) that counts only real
-use as activity (activity.py) and serves `GET {base_url}gpulease/notices` and, for the idle culler,
-`GET {base_url}gpulease/activity` (kernels and terminals in one read),
+use as activity (activity.py), serves `GET {base_url}gpulease/notices`, pushes
+its kernel and terminal state to the gpulease service with its own token for
+the idle culler, which never contacts a server (activity_push.py),
 accepts `?token=` on websocket handshakes from non-browser clients such as
 VS Code (ws_token.py),
 and the prebuilt JupyterLab extension
@@ -29,10 +30,19 @@ def _jupyter_labextension_paths():
 
 
 def _load_jupyter_server_extension(serverapp):
-    from . import activity_state, notices, ws_token
+    from . import notices, ws_token
     from .activity import install
+    from .activity_push import ActivityPusher
 
     install()  # activity = use, not an open tab's polling (see activity.py)
     ws_token.install(serverapp)  # ?token= on non-browser websockets: VS Code (see ws_token.py)
     notices.setup_handlers(serverapp)
-    activity_state.setup_handlers(serverapp)  # kernels + terminals in one read, for the culler
+    # kernels + terminals pushed to the gpulease service, for the culler
+    serverapp.web_app.settings["gpulease_pusher"] = ActivityPusher(serverapp)
+
+
+async def _start_jupyter_server_extension(serverapp):
+    # Called once the server's event loop runs (jupyter_server's extension start hook).
+    pusher = serverapp.web_app.settings.get("gpulease_pusher")
+    if pusher is not None:
+        pusher.start()

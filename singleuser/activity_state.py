@@ -1,50 +1,45 @@
-"""`GET {base_url}gpulease/activity`: kernels and terminals in one answer, for the idle culler.
+"""This server's kernels and terminals, in the shape it pushes to the gpulease service.
 
-The culler needs both the kernels' execution states and the terminals' last
-activity of a server it is about to warn or suspend. jupyter_server serves
-them as two requests; across thousands of servers that doubles the culler's
-reads, so this answers both at once:
-
-    {"kernels": [<jupyter_server kernel model>...],
+    {"kernels": [{"id", "execution_state", "last_activity", "connections"}...],
      "terminals": [{"name", "last_activity"}...] | null}
 
-`terminals` is null when the server has no terminal support. Reading it
-never counts as the user's activity (a GET; see activity.py). It needs the
-same permissions as listing kernels and terminals.
+`terminals` is null when the server has no terminal support. Reading is
+in-process (the kernel manager's and terminal manager's own memory): no
+request, so looking every second costs next to nothing. What changes the
+culler's view at once (a kernel started, stopped, turned busy or idle, a
+client attached, a terminal opened or closed) is `state_key`; the kernels'
+and terminals' last activity, which moves with every output message, is
+`activity_key`.
 """
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from jupyter_client.jsonutil import json_default
-from jupyter_server.auth.decorator import authorized
-from jupyter_server.base.handlers import APIHandler
-from jupyter_server.utils import ensure_async, url_path_join
-from tornado import web
+from jupyter_server.utils import ensure_async
 
-PATH = "gpulease/activity"
+KERNEL_KEYS = ("id", "execution_state", "last_activity", "connections")
 
 
-class ActivityStateHandler(APIHandler):
-    auth_resource = "kernels"
-
-    @web.authenticated
-    @authorized
-    async def get(self) -> None:
-        kernels = await ensure_async(self.kernel_manager.list_kernels())
-        terminals_manager = self.settings.get("terminal_manager")
-        terminals = None
-        if terminals_manager is not None:
-            terminals = [
-                {"name": t.get("name"), "last_activity": t.get("last_activity")}
-                for t in terminals_manager.list()
-            ]
-        self.finish(json.dumps({"kernels": kernels, "terminals": terminals},
-                               default=json_default))
+async def collect(serverapp: Any) -> dict[str, Any]:
+    kernels = await ensure_async(serverapp.kernel_manager.list_kernels())
+    terminals_manager = serverapp.web_app.settings.get("terminal_manager")
+    terminals = None
+    if terminals_manager is not None:
+        terminals = [{"name": t.get("name"), "last_activity": t.get("last_activity")}
+                     for t in terminals_manager.list()]
+    return {"kernels": [{k: model.get(k) for k in KERNEL_KEYS} for model in kernels],
+            "terminals": terminals}
 
 
-def setup_handlers(serverapp) -> None:
-    web_app = serverapp.web_app
-    route = url_path_join(web_app.settings["base_url"], PATH)
-    web_app.add_handlers(".*$", [(route, ActivityStateHandler)])
+def state_key(body: dict[str, Any]) -> tuple:
+    kernels = sorted((k["id"], k["execution_state"], k["connections"]) for k in body["kernels"])
+    terminals = None if body["terminals"] is None else sorted(
+        str(t["name"]) for t in body["terminals"])
+    return (tuple(kernels), None if terminals is None else tuple(terminals))
+
+
+def activity_key(body: dict[str, Any]) -> tuple:
+    times = [str(k["last_activity"]) for k in body["kernels"]]
+    times += [str(t["last_activity"]) for t in body["terminals"] or ()]
+    return tuple(sorted(times))

@@ -45,17 +45,32 @@ def notices_url(env: Mapping[str, str]) -> str | None:
     """
     if env.get("GPULEASE_NOTICES_URL"):
         return env["GPULEASE_NOTICES_URL"]
+    return service_url(env, "api/notices")
+
+
+def service_url(env: Mapping[str, str], path: str) -> str | None:
+    """`path` of the gpulease service: under `GPULEASE_SERVICE_URL`, else the hub's URLs."""
     if env.get("GPULEASE_SERVICE_URL"):
-        return url_path_join(env["GPULEASE_SERVICE_URL"], "api/notices")
+        return url_path_join(env["GPULEASE_SERVICE_URL"], path)
     origin_from = env.get("JUPYTERHUB_PUBLIC_HUB_URL") or env.get("JUPYTERHUB_API_URL")
     if not origin_from:
         return None
     parts = urlsplit(origin_from)
     if not parts.scheme or not parts.netloc:
         return None
-    path = url_path_join(env.get("JUPYTERHUB_BASE_URL") or "/", "services", SERVICE_NAME,
-                         "api/notices")
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    full = url_path_join(env.get("JUPYTERHUB_BASE_URL") or "/", "services", SERVICE_NAME, path)
+    return urlunsplit((parts.scheme, parts.netloc, full, "", ""))
+
+
+def ssl_options(env: Mapping[str, str]) -> dict[str, str]:
+    """With internal_ssl the hub hands the server a client certificate."""
+    ssl = {}
+    for key, env_key in (("client_key", "JUPYTERHUB_SSL_KEYFILE"),
+                         ("client_cert", "JUPYTERHUB_SSL_CERTFILE"),
+                         ("ca_certs", "JUPYTERHUB_SSL_CLIENT_CA")):
+        if env.get(env_key):
+            ssl[key] = env[env_key]
+    return ssl
 
 
 def for_server(payload: Any, server_name: str) -> list[dict[str, Any]]:
@@ -87,15 +102,8 @@ class NoticesSource:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> NoticesSource:
-        ssl = {}
-        # With internal_ssl the hub hands the server a client certificate.
-        for key, env_key in (("client_key", "JUPYTERHUB_SSL_KEYFILE"),
-                             ("client_cert", "JUPYTERHUB_SSL_CERTFILE"),
-                             ("ca_certs", "JUPYTERHUB_SSL_CLIENT_CA")):
-            if env.get(env_key):
-                ssl[key] = env[env_key]
         return cls(url=notices_url(env), token=env.get("JUPYTERHUB_API_TOKEN", ""),
-                   server_name=env.get("JUPYTERHUB_SERVER_NAME", ""), ssl_options=ssl)
+                   server_name=env.get("JUPYTERHUB_SERVER_NAME", ""), ssl_options=ssl_options(env))
 
     async def get(self) -> dict[str, Any]:
         if time.monotonic() - self._at < self.cache_seconds:

@@ -1,8 +1,9 @@
 """FakeCullerHub: a TEST DOUBLE of the hub, proxy and gpulease-service endpoints the culler calls.
 
-Paginated `GET /hub/api/users?state=active`, each server's `/api/kernels` and
-`/api/terminals` (some hang or answer 503), `api/profiles`, `api/inventory`
-and `api/stop`. Used by tests/test_culler_pass.py and bench/culler.py; never
+Paginated `GET /hub/api/users?state=active`, the kernel state servers pushed
+(`api/server-activity`: some pushed long ago, some never), `api/profiles`,
+`api/inventory` and `api/stop`. Nothing answers under `/user/`: the culler
+never contacts a server. Used by tests/test_culler_pass.py and bench/culler.py; never
 outside tests. Its timestamps are fixed relative to REF and the culler's
 clock is moved instead. (No tests in here; the name only follows the
 test_culler_* file pattern.)
@@ -10,7 +11,6 @@ test_culler_* file pattern.)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import socket
@@ -27,8 +27,10 @@ from gpulease.idle_culler.hubapi import HubClient
 REF = datetime(2025, 3, 3, 9, 0, tzinfo=UTC)
 TOKEN = "culler-secret"
 KINDS = ["idle", "busy-kernel", "kernel-recent", "hub-recent", "cpu-busy", "gpu-busy",
-         "gpu-memory-only", "dead-hang-cpu-idle", "dead-503-cpu-unknown", "terminal-recent"]
-STOPPED_KINDS = {"idle", "gpu-memory-only", "dead-hang-cpu-idle"}
+         "gpu-memory-only", "stale-busy-push", "no-push-cpu-unknown", "terminal-recent"]
+# stale-busy-push: its last push (an hour old) said busy; no-push-cpu-unknown: never
+# pushed (no gpulease.singleuser), judged on the hub's activity alone.
+STOPPED_KINDS = {"idle", "gpu-memory-only", "stale-busy-push", "no-push-cpu-unknown"}
 
 
 def iso(when: datetime) -> str:
@@ -46,10 +48,10 @@ class FakeServer:
     kernel_state: str = "idle"
     kernel_activity: datetime = REF - timedelta(hours=1)
     terminal_activity: datetime | None = None
-    kernels_fail: str = ""  # "hang" | "503" | ""
     devices: list[str] = field(default_factory=list)
-    # Runs gpulease.singleuser (answers gpulease/activity); False: a plain image.
+    # Runs gpulease.singleuser (pushes its state); False: a plain image, never pushes.
     singleuser: bool = True
+    pushed: datetime | None = None  # None: just now (FakeCullerHub.push_time)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -80,35 +82,42 @@ def shape(s: FakeServer, recent: datetime) -> FakeServer:
         s.terminal_activity = recent
     elif kind == "warn-window":
         s.hub_activity = s.kernel_activity = DECIDE_AT - timedelta(minutes=27)
-    elif kind == "dead-hang-cpu-idle":
-        s.kernels_fail = "hang"
-    elif kind in ("dead-503", "dead-503-cpu-unknown"):
-        s.kernels_fail = "503"
+    elif kind == "stale-busy-push":
+        s.kernel_state, s.pushed = "busy", REF - timedelta(hours=1)
+    elif kind in ("no-push", "no-push-cpu-unknown"):
+        s.singleuser = False
     return s
 
 
 def sources_for(servers: list[FakeServer]) -> tuple[StaticCpuSource, StaticGpuSource]:
     cpu = StaticCpuSource({s.key: 250.0 for s in servers if s.kind == "cpu-busy"}, default=0.5)
-    cpu.values.update({s.key: None for s in servers if s.kind == "dead-503-cpu-unknown"})
+    cpu.values.update({s.key: None for s in servers if s.kind == "no-push-cpu-unknown"})
     gpu = StaticGpuSource({d: 60.0 for s in servers if s.kind == "gpu-busy" for d in s.devices},
                           default=0.0)
     return cpu, gpu
 
 
 class FakeCullerHub:
-    """The hub API (paginated users), servers' kernels/terminals, and the gpulease service."""
+    """The hub API (paginated users) and the gpulease service, with what servers pushed."""
 
-    def __init__(self, servers: list[FakeServer], *, hang_s: float = 3.0,
-                 profiles: dict | None = None) -> None:
+    def __init__(self, servers: list[FakeServer], *, profiles: dict | None = None,
+                 clock: Clock | None = None) -> None:
         self.servers = {s.key: s for s in servers}
-        self.hang_s = hang_s
         self.profiles = profiles or {"h200-1g": ("30m", "0")}
         self.profiles_fail = False
+        self.activity_fail = False
+        self.clock = clock  # pushes are "just now" by it; without one, just before DECIDE_AT
+        self.since = REF - timedelta(hours=3)  # when the service's memory of pushes began
         self.stops: list[dict] = []
         self.pages = 0
-        self.server_reads = 0
+        self.activity_reads: list[list[str]] = []  # ?user= of each read ([]: all)
         self.user_reads = 0
         self._models: list[dict] | None = None
+
+    def push_time(self, s: FakeServer) -> datetime:
+        if s.pushed is not None:
+            return s.pushed
+        return (self.clock() if self.clock else DECIDE_AT) - timedelta(seconds=10)
 
     def app(self) -> web.Application:
         args = {"hub": self}
@@ -118,8 +127,7 @@ class FakeCullerHub:
             (r"/services/gpulease/api/profiles", ProfilesHandler, args),
             (r"/services/gpulease/api/inventory", InventoryHandler, args),
             (r"/services/gpulease/api/stop", StopHandler, args),
-            (r"/user/([^/]+)/(?:([^/]+)/)?api/(kernels|terminals)", ServerApiHandler, args),
-            (r"/user/([^/]+)/(?:([^/]+)/)?gpulease/(activity)", ServerApiHandler, args),
+            (r"/services/gpulease/api/server-activity", ServerActivityHandler, args),
         ], log_function=lambda handler: None)
 
     def user_models(self) -> list[dict]:
@@ -204,29 +212,28 @@ class StopHandler(FakeHandler):
         self.finish(body)
 
 
-class ServerApiHandler(FakeHandler):
-    async def get(self, user: str, name: str | None, what: str) -> None:
-        assert self.get_argument("no_track_activity") == "1"
-        self.hub.server_reads += 1
-        s = self.hub.servers.get((user, name or ""))
-        if s is None:
+class ServerActivityHandler(FakeHandler):
+    """What the gpulease service answers: the servers that pushed (not the plain ones)."""
+
+    def get(self) -> None:
+        users = self.get_arguments("user")
+        self.hub.activity_reads.append(users)
+        if self.hub.activity_fail:
             raise web.HTTPError(503)
-        if s.kernels_fail == "hang":
-            await asyncio.sleep(self.hub.hang_s)
-            return  # the culler gave up long ago; answer nothing
-        if s.kernels_fail == "503":
-            raise web.HTTPError(503)
-        kernels = [{"id": f"k-{user}", "name": "python3", "execution_state": s.kernel_state,
-                    "last_activity": iso(s.kernel_activity), "connections": 0}]
-        terminals = [] if s.terminal_activity is None else [
-            {"name": "1", "last_activity": iso(s.terminal_activity)}]
-        if what == "activity":
-            if not s.singleuser:
-                raise web.HTTPError(404)
-            body = {"kernels": kernels, "terminals": terminals}
-        else:
-            body = kernels if what == "kernels" else terminals
-        self.finish(json.dumps(body))
+        wanted = set(users)
+        servers = []
+        for s in self.hub.servers.values():
+            if not s.singleuser or (wanted and s.user not in wanted):
+                continue
+            servers.append({
+                "user": s.user, "server": s.name, "pushed": iso(self.hub.push_time(s)),
+                "kernels": [{"id": f"k-{s.user}", "execution_state": s.kernel_state,
+                             "last_activity": iso(s.kernel_activity), "connections": 0}],
+                "terminals": {"count": 0 if s.terminal_activity is None else 1,
+                              "last_activity": s.terminal_activity and iso(s.terminal_activity)},
+            })
+        self.finish(json.dumps({"since": iso(self.hub.since), "now": iso(DECIDE_AT),
+                                "servers": servers}))
 
 
 def free_port() -> int:
@@ -267,7 +274,7 @@ async def start(servers, **kw):
 
 def culler_for(client, servers, clock, notices=None, **config):
     cpu, gpu = sources_for(servers)
-    cfg = CullerConfig(server_timeout_s=0.5, **config)
+    cfg = CullerConfig(**config)
     return Culler(client, cpu, gpu, notices=notices or RecordingNotices(), config=cfg,
                   clock=clock)
 
@@ -278,7 +285,7 @@ RECENT = DECIDE_AT - timedelta(minutes=1)
 # stops them; the warning window holds about warn_before / typical idle time.
 MIX = [("hub-recent", 0.50), ("cpu-busy", 0.15), ("gpu-busy", 0.10), ("busy-kernel", 0.05),
        ("kernel-recent", 0.05), ("terminal-recent", 0.02), ("warn-window", 0.08),
-       ("idle", 0.03), ("gpu-memory-only", 0.01), ("dead-503", 0.01)]
+       ("idle", 0.03), ("gpu-memory-only", 0.01), ("no-push", 0.01)]
 
 
 def steady_fleet(n: int, seed: int, all_read: bool) -> list[FakeServer]:

@@ -1,11 +1,11 @@
-"""The culler's pass over a FAKE hub: pagination, 2,000 servers, dead kernel endpoints, stops."""
+"""The culler's pass over a FAKE hub: pagination, 2,000 servers, pushed state fresh, stale or
+missing, stops; never a request to a server."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import aiohttp
-import pytest
 
 from gpulease.idle_culler.app import make_app
 from tests.culler_fakehub import (
@@ -20,17 +20,14 @@ from tests.culler_fakehub import (
 )
 
 
-@pytest.mark.parametrize("images", ["singleuser", "plain", "mixed"])
-async def test_one_pass_over_2000_servers_suspends_only_the_idle_ones(images):
-    """The same decisions whether servers answer gpulease/activity (one read) or
-    only jupyter_server's api/kernels and api/terminals (an image without
-    gpulease.singleuser)."""
+async def test_one_pass_over_2000_servers_suspends_only_the_idle_ones():
+    """Kernels come from one read of what the servers pushed to the gpulease service;
+    a stale push stops counting as busy; a server that never pushed is judged on
+    the hub's activity, and its decision says so."""
     decide_at = REF + timedelta(minutes=31)
     servers = [make_server(i, decide_at - timedelta(minutes=1)) for i in range(2000)]
-    for i, s in enumerate(servers):
-        s.singleuser = images == "singleuser" or (images == "mixed" and i % 7 < 3)
-    hub, http, client = await start(servers)
     clock = Clock(REF)
+    hub, http, client = await start(servers, clock=clock)
     culler = culler_for(client, servers, clock)
     try:
         first = await culler.run_pass()  # the culler's first sight: nothing is idle yet
@@ -49,28 +46,58 @@ async def test_one_pass_over_2000_servers_suspends_only_the_idle_ones(images):
     assert {(b["user"], b["server"]) for b in hub.stops} == expected
     assert {b["reason"] for b in hub.stops} == {"idle"}
     by_kind = {s.kind: report.decisions[s.key] for s in servers}
-    assert by_kind["dead-hang-cpu-idle"].signals["kernels"] == "unknown: no answer in time"
-    assert "neither kernels nor CPU" in by_kind["dead-503-cpu-unknown"].reason
-    assert by_kind["dead-503-cpu-unknown"].signals["kernels"] == "unknown: HTTP 503"
+    assert by_kind["busy-kernel"].action == "keep"
+    assert "pushed 10s ago" in by_kind["busy-kernel"].signals["kernels"]
+    stale = by_kind["stale-busy-push"].signals["kernels"]
+    assert stale.startswith("1 kernel(s), 0 busy") and "stale: pushed" in stale
+    no_push = by_kind["no-push-cpu-unknown"]
+    assert no_push.signals["kernels"].startswith("not pushed: hub activity only")
+    assert no_push.signals["cpu"].startswith("unknown") and no_push.action == "suspend"
     assert by_kind["gpu-memory-only"].signals["gpu"].startswith("0.0% compute")
-    assert by_kind["hub-recent"].signals["kernels"].startswith("not read")
-    # Servers busy by the cheap signals were not asked for their kernels.
-    assert report.read == 1400
-    # One request per server read where gpulease.singleuser answers; where it
-    # does not, the first 404 is remembered and the two plain reads follow.
-    plain = {s.key for s in servers if not s.singleuser}
-    answered = {s.key for s in servers if not s.kernels_fail
-                and not report.decisions[s.key].signals["kernels"].startswith("not read")}
-    assert culler.plain_servers == (plain & answered) - expected
-    if images == "singleuser":
-        assert hub.server_reads <= 2 * 1400
+    # One read of the pushed state per pass, whatever the number of servers.
+    assert hub.activity_reads == [[], []]
+    assert report.kernel_views == {"fresh": 1600, "stale": 200, "not_pushed": 200}
     assert len(culler.memory) == 2000 - len(expected)
+
+
+async def test_nobody_is_suspended_while_the_pushed_state_is_unknown_or_on_its_way():
+    """The service's pushed state unreadable, or the service just restarted (its
+    memory of pushes empty): an idle server with idle CPU is kept until it can be told."""
+    servers = [make_server(0, REF)]  # idle
+    clock = Clock(REF)
+    hub, http, client = await start(servers, clock=clock)
+    culler = culler_for(client, servers, clock)
+    try:
+        await culler.run_pass()
+        clock.now = REF + timedelta(hours=1)
+        hub.activity_fail = True
+        report = await culler.run_pass()
+        decision = report.decisions[servers[0].key]
+        assert decision.action == "keep" and "could not be read (HubError: HTTP 503" in \
+            decision.reason
+        assert decision.signals["kernels"].startswith("unknown: the gpulease service's")
+        # The service restarted a minute ago and this server has not pushed since.
+        hub.activity_fail, hub.since = False, clock.now - timedelta(minutes=1)
+        servers[0].singleuser = False
+        report = await culler.run_pass()
+        decision = report.decisions[servers[0].key]
+        assert decision.action == "keep" and "no push yet" in decision.reason
+        assert report.kernel_views == {"waiting": 1}
+        assert hub.stops == []
+        # Three minutes after the restart a server that still has not pushed is a
+        # server that does not push: the hub's activity decides.
+        clock.now += timedelta(minutes=3)
+        report = await culler.run_pass()
+        assert report.decisions[servers[0].key].action == "suspend"
+    finally:
+        http.stop()
+        await client.close()
 
 
 async def test_warning_then_activity_cancels_it():
     server = make_server(0, REF)
-    hub, http, client = await start([server])
     clock, notices = Clock(REF), RecordingNotices()
+    hub, http, client = await start([server], clock=clock)
     culler = culler_for(client, [server], clock, notices)
     try:
         await culler.run_pass()
@@ -151,27 +178,30 @@ async def test_metrics_and_health_are_served():
     assert health["service"] == "gpulease-culler" and health["last_pass"]["servers"] == 10
 
 
-async def test_a_hung_server_moves_to_the_slow_lane_and_is_never_suspended_unconfirmed():
-    hung = make_server(7, REF)  # kernels endpoint hangs
-    servers = [hung]
-    hub, http, client = await start(servers, hang_s=1.0)
+async def test_a_server_that_stops_pushing_counts_as_busy_only_until_its_last_push():
+    """Freshness: a push that said 'busy' is believed for stale_after_s; then the
+    server is idle from that push and suspended an idle timeout later."""
+    server = make_server(1, REF)  # busy kernel, CPU idle
     clock = Clock(REF)
-    culler = culler_for(client, servers, clock)
-    culler.cpu.values[hung.key] = None  # and its CPU cannot be read either
+    hub, http, client = await start([server], clock=clock)
+    culler = culler_for(client, [server], clock)
     try:
         await culler.run_pass()
         clock.now = REF + timedelta(hours=3)
         report = await culler.run_pass()
-        decision = report.decisions[hung.key]
-        assert decision.action == "keep" and "neither kernels nor CPU" in decision.reason
-        assert hung.key in culler.slow
-        assert hub.stops == []
-        # Once it answers again it leaves the slow lane; its idle kernels confirm the idleness.
-        hung.kernels_fail = ""
+        assert report.decisions[server.key].action == "keep"  # busy, pushed 10 s ago
+        server.pushed = clock.now  # its last push; then the pushes stop
+        clock.now += timedelta(minutes=2)
         report = await culler.run_pass()
-        assert hung.key not in culler.slow
-        assert report.decisions[hung.key].action == "suspend"
-        assert hub.stops == [{"user": "u7", "server": "", "reason": "idle"}]
+        assert report.decisions[server.key].reason == "active now: kernels"
+        clock.now += timedelta(minutes=2)  # 4 minutes: stale
+        report = await culler.run_pass()
+        decision = report.decisions[server.key]
+        assert decision.action == "keep" and decision.idle_since == server.pushed
+        clock.now = server.pushed + timedelta(minutes=30)
+        report = await culler.run_pass()
+        assert report.decisions[server.key].action == "suspend"
+        assert hub.stops == [{"user": "u1", "server": "", "reason": "idle"}]
     finally:
         http.stop()
         await client.close()
@@ -207,8 +237,8 @@ async def test_a_due_deadline_rechecks_only_the_warned_servers():
     warned = [s for s in servers if s.kind == "idle"][:3]
     for s in warned:  # quiet for 27 of their 30 minutes at the pass below
         s.hub_activity = s.kernel_activity = REF + timedelta(minutes=3)
-    hub, http, client = await start(servers)
     clock = Clock(REF)
+    hub, http, client = await start(servers, clock=clock)
     culler = culler_for(client, servers, clock)
     try:
         await culler.run_pass()
@@ -217,7 +247,7 @@ async def test_a_due_deadline_rechecks_only_the_warned_servers():
         assert {k for k, d in report.decisions.items() if d.action == "warn"} >= {
             s.key for s in warned}
         assert all(culler.deadlines[s.key] == REF + timedelta(minutes=33) for s in warned)
-        pages, reads, user_reads = hub.pages, hub.server_reads, hub.user_reads
+        pages, reads, user_reads = hub.pages, len(hub.activity_reads), hub.user_reads
         stopped_before = len(hub.stops)
         clock.now = REF + timedelta(minutes=33, seconds=1)
         due = culler.due_warnings()
@@ -227,7 +257,8 @@ async def test_a_due_deadline_rechecks_only_the_warned_servers():
         report = await culler.recheck(due)
         assert hub.pages == pages  # no listing of every user
         assert hub.user_reads - user_reads == len({u for u, _ in due})
-        assert hub.server_reads - reads == len(due)
+        # one read of the pushed state, of just these users
+        assert hub.activity_reads[reads:] == [sorted({u for u, _ in due})]
         assert set(report.decisions) == set(due)
         assert report.decisions[warned[0].key].action == "keep"
         assert {(b["user"], b["server"]) for b in hub.stops[stopped_before:]} == {

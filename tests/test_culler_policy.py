@@ -134,6 +134,19 @@ def test_without_kernels_and_cpu_a_server_is_never_suspended():
     assert run(replace(s, kernels=()), 30).action == SUSPEND
 
 
+def test_a_server_that_pushes_no_kernel_state_is_judged_on_hub_activity_and_says_so():
+    """No gpulease.singleuser in the image: the hub's activity alone confirms (with CPU
+    unknown too, e.g. the cluster shape), and the decision names the fallback."""
+    s = snap(kernels=None, kernels_error="no state pushed", hub_activity_only=True,
+             cpu_percent=None, cpu_error="no CPU source configured", has_gpu=False)
+    assert run(s, 20).action == KEEP
+    d = run(s, 30)
+    assert d.action == SUSPEND
+    assert d.signals["kernels"] == "not pushed: hub activity only; no state pushed"
+    assert d.signals["terminals"] == "not pushed: hub activity only"
+    assert run(replace(s, hub_last_activity=T0 + 15 * MIN), 30).action == KEEP
+
+
 def test_culler_restart_never_makes_a_busy_server_look_idle():
     # The server has run 10 hours; the hub saw nothing for hours and its kernel
     # went quiet long ago, but a script burns CPU. The culler restarts now and

@@ -1,4 +1,5 @@
-"""The culler's signal readers: kernels parser, CPU of a process tree, NVML/GPM, Prometheus."""
+"""The culler's signal readers: pushed kernel state and its freshness, CPU of a process tree,
+NVML/GPM, Prometheus."""
 
 import asyncio
 import json
@@ -6,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -22,36 +23,60 @@ from gpulease.idle_culler.gpu import (
     combine,
 )
 from gpulease.idle_culler.hubapi import parse_holders, parse_profiles, servers_from_users
-from gpulease.idle_culler.kernels import parse_kernels, parse_terminals
+from gpulease.idle_culler.pushed import NOT_PUSHED, parse_server_activity, view_for
 
-# --- kernels and terminals --------------------------------------------------------
+# --- pushed kernels and terminals ---------------------------------------------------
 
-# As jupyter_server 2 answers GET /api/kernels and /api/terminals.
-KERNELS_JSON = """[
- {"id": "0b4f", "name": "python3", "last_activity": "2025-03-03T09:41:07.123456Z",
-  "execution_state": "busy", "connections": 0},
- {"id": "9c2e", "name": "python3", "last_activity": "2025-03-03T08:12:00.000000Z",
-  "execution_state": "idle", "connections": 2}
-]"""
-TERMINALS_JSON = """[{"name": "1", "last_activity": "2025-03-03T09:00:00.000000Z"},
- {"name": "2", "last_activity": "2025-03-03T09:30:00.5Z"}]"""
+# As the gpulease service answers GET api/server-activity.
+ACTIVITY_JSON = """{"since": "2025-03-03T06:00:00.000Z", "now": "2025-03-03T09:42:00.000Z",
+ "servers": [
+  {"user": "ada", "server": "", "pushed": "2025-03-03T09:41:50.000Z",
+   "kernels": [{"id": "0b4f", "execution_state": "busy", "connections": 0,
+                "last_activity": "2025-03-03T09:41:07.123Z"},
+               {"id": "9c2e", "execution_state": "idle", "connections": 2,
+                "last_activity": "2025-03-03T08:12:00.000Z"}],
+   "terminals": {"count": 2, "last_activity": "2025-03-03T09:30:00.500Z"}},
+  {"user": "bob", "server": "gpu", "pushed": "2025-03-03T09:00:00.000Z",
+   "kernels": [], "terminals": null}]}"""
+NOW = datetime(2025, 3, 3, 9, 42, tzinfo=UTC)
+STARTED = datetime(2025, 3, 3, 8, tzinfo=UTC)
 
 
-def test_kernels_parser_reads_state_activity_and_clients():
-    kernels = parse_kernels(json.loads(KERNELS_JSON))
-    assert [k.id for k in kernels] == ["0b4f", "9c2e"]
-    assert kernels[0].execution_state == "busy" and kernels[0].connections == 0
-    assert kernels[0].last_activity == datetime(2025, 3, 3, 9, 41, 7, 123456, tzinfo=UTC)
-    assert kernels[1].connections == 2
-    assert parse_kernels([]) == ()
+def test_pushed_state_parser_reads_state_activity_clients_and_terminals():
+    activity = parse_server_activity(json.loads(ACTIVITY_JSON))
+    assert activity.since == datetime(2025, 3, 3, 6, tzinfo=UTC)
+    ada = activity.servers[("ada", "")]
+    assert [k.id for k in ada.kernels] == ["0b4f", "9c2e"]
+    assert ada.kernels[0].execution_state == "busy" and ada.kernels[1].connections == 2
+    assert ada.kernels[0].last_activity == datetime(2025, 3, 3, 9, 41, 7, 123000, tzinfo=UTC)
+    assert ada.terminals == 2
+    assert ada.terminals_last_activity == datetime(2025, 3, 3, 9, 30, 0, 500000, tzinfo=UTC)
+    bob = activity.servers[("bob", "gpu")]
+    assert bob.kernels == () and bob.terminals is None
     with pytest.raises(ValueError):
-        parse_kernels({"message": "Forbidden"})
+        parse_server_activity({"message": "Forbidden"})
 
 
-def test_terminals_parser_takes_the_latest():
-    assert parse_terminals(json.loads(TERMINALS_JSON)) == datetime(2025, 3, 3, 9, 30, 0, 500000,
-                                                                   tzinfo=UTC)
-    assert parse_terminals([]) is None
+def test_freshness_rule():
+    activity = parse_server_activity(json.loads(ACTIVITY_JSON))
+    fresh = view_for(activity, "", ("ada", ""), STARTED, NOW)
+    assert fresh.kind == "fresh" and fresh.source == "pushed 10s ago" and not fresh.hold
+    assert fresh.kernels[0].execution_state == "busy"
+    # Older than stale_after_s: nothing is busy now; busy kernels were active until the push.
+    stale = view_for(activity, "", ("ada", ""), STARTED, NOW + timedelta(minutes=4))
+    assert stale.kind == "stale" and "stale: pushed 250s ago" in stale.source
+    assert [(k.execution_state, k.last_activity) for k in stale.kernels] == [
+        ("idle", datetime(2025, 3, 3, 9, 41, 50, tzinfo=UTC)),
+        ("idle", datetime(2025, 3, 3, 8, 12, tzinfo=UTC))]
+    # A push of an earlier run of the server does not count; a server that never
+    # pushed is judged on the hub's activity, unless its push may still be on its way.
+    restarted = view_for(activity, "", ("bob", "gpu"), NOW - timedelta(minutes=10), NOW)
+    assert restarted.kind == "not_pushed" and restarted.hub_activity_only
+    assert restarted.error == NOT_PUSHED
+    waiting = view_for(activity, "", ("cy", ""), NOW - timedelta(seconds=30), NOW)
+    assert waiting.kind == "waiting" and waiting.kernels is None and "no push yet" in waiting.hold
+    unknown = view_for(None, "HTTP 503", ("ada", ""), STARTED, NOW)
+    assert unknown.kind == "unknown" and "HTTP 503" in unknown.hold
 
 
 def test_hub_models_to_servers_profiles_and_holders():

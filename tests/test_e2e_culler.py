@@ -6,12 +6,19 @@ client attached is not suspended; (c) a process burning CPU with no kernel
 activity is not suspended; (d) a busy GPU signal, served by a stand-in
 Prometheus through the same DCGM source the cluster uses, keeps a server
 alive; (e) the warning reaches a local SMTP server and webhook, and activity
-cancels it; (f) max_runtime stops a busy server.
+cancels it; (f) max_runtime stops a busy server; (h) a researcher whose
+~/.jupyter/jupyter_server_config.py logs every request's headers is suspended
+without any credential but her own reaching her server, and her server's own
+token cannot set another server's state.
+
+The culler reads kernels and terminals only from what servers pushed to the
+gpulease service (gpulease.singleuser, with each server's own token).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -273,3 +280,119 @@ def test_g_an_open_but_idle_tab_does_not_keep_a_server(hub, admin):
     assert polls >= 3 and time.monotonic() - t0 >= IDLE - 4
     hub.wait_server_stopped(name, token)
     assert last_session(hub, token)["end_reason"] == "idle"
+
+
+# A researcher's own Jupyter config, as anyone may put in their home: it records
+# every request the server receives, headers included, and the server's token.
+HEADER_LOGGER = """
+import json, os
+
+with open(os.path.expanduser("~/server-token.txt"), "w") as f:
+    f.write(os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+
+
+def _log_request(handler):
+    r = handler.request
+    with open(os.path.expanduser("~/seen-requests.jsonl"), "a") as f:
+        f.write(json.dumps({"method": r.method, "uri": r.uri, "headers": dict(r.headers)}))
+        f.write("\\n")
+
+
+c.ServerApp.tornado_settings = {"log_function": _log_request}
+"""
+
+
+def _plant_config(home, text: str) -> None:
+    """~/.jupyter/jupyter_server_config.py, owned like the home (her Unix account as root)."""
+    st = os.stat(home)
+    folder = home / ".jupyter"
+    folder.mkdir(exist_ok=True)
+    (folder / "jupyter_server_config.py").write_text(text)
+    for path in (folder, folder / "jupyter_server_config.py"):
+        os.chown(path, st.st_uid, st.st_gid)
+
+
+def _credentials(request: dict) -> set[str]:
+    """Every token a request carried: Authorization header, ?token=, token cookies."""
+    from urllib.parse import parse_qs, urlsplit
+
+    found = set()
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    if headers.get("authorization"):
+        found.add(headers["authorization"].split(None, 1)[-1])
+    found.update(parse_qs(urlsplit(request["uri"]).query).get("token", []))
+    return found
+
+
+def test_h_nothing_privileged_reaches_a_users_server(hub, admin):
+    eve, eve_token = user(hub, admin)
+    bob, bob_token = user(hub, admin)
+    home = hub.state / "homes" / eve
+    _plant_config(home, HEADER_LOGGER)
+    srv = start(hub, eve, eve_token, "slow")  # 20 s idle timeout: time for what follows
+    # She uses her server once with her own token (so the log shows tokens are seen).
+    r = requests.get(f"{hub.url}{srv['url']}api/status",
+                     headers={"Authorization": f"token {eve_token}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    start(hub, bob, bob_token, "slow")
+    seen_path, token_path = home / "seen-requests.jsonl", home / "server-token.txt"
+
+    # Her server pushes its state, with its own token, to the gpulease service.
+    def pushed(name: str) -> list[dict]:
+        r = hub.service("GET", f"api/server-activity?user={name}", admin)
+        assert r.status_code == 200, r.text
+        return r.json()["servers"]
+
+    deadline = time.monotonic() + 15
+    while not (pushed(eve) and pushed(bob)):
+        assert time.monotonic() < deadline, hub.log()[-3000:]
+        time.sleep(0.3)
+    assert [(s["user"], s["server"]) for s in pushed(eve)] == [(eve, "")]
+    # Researchers cannot read what servers pushed.
+    assert hub.service("GET", "api/server-activity", eve_token).status_code == 403
+
+    # With the token she finds in her server, she cannot set anyone else's state.
+    server_token = token_path.read_text()
+    forged = {"kernels": [{"id": "forged", "execution_state": "idle", "connections": 0,
+                           "last_activity": "2000-01-01T00:00:00Z"}], "terminals": None}
+    r = hub.service("PUT", "api/server-activity", server_token,
+                    {**forged, "user": bob, "server": ""})
+    assert r.status_code == 400 and "names no user or server" in r.text, r.text
+    r = hub.service("PUT", "api/server-activity", eve_token, forged)  # her personal token
+    assert r.status_code == 403 and "server's own token" in r.text, r.text
+    r = hub.service("PUT", "api/server-activity", server_token, forged)
+    assert r.status_code == 204, r.text  # accepted: for her own server, whatever it says
+    everyone = hub.service("GET", "api/server-activity", admin).json()["servers"]
+    assert [(s["user"], s["server"]) for s in everyone
+            if any(k["id"] == "forged" for k in s["kernels"])] == [(eve, "")]
+    huge = {"kernels": [], "terminals": None, "pad": "x" * 300_000}
+    r = hub.service("PUT", "api/server-activity", server_token, huge)
+    assert r.status_code == 413 and "at most 262144 bytes" in r.json()["message"], r.text
+
+    # She leaves it: the culler's passes judge it idle and suspend it.
+    hub.wait_server_stopped(eve, eve_token, timeout=60)
+    assert last_session(hub, eve_token)["end_reason"] == "idle"
+    decision = [line for line in hub.log().splitlines()
+                if f"suspend {eve}/(default):" in line]
+    assert decision and "pushed " in decision[-1] and "'kernels'" in decision[-1], decision
+
+    seen = [json.loads(line) for line in seen_path.read_text().splitlines()]
+    assert seen, "the researcher's logger recorded nothing"
+    tokens = set().union(*(_credentials(req) for req in seen))
+    assert eve_token in tokens  # the logger does see credentials
+    for token in tokens:
+        r = requests.get(f"{hub.url}/hub/api/user",
+                         headers={"Authorization": f"token {token}"}, timeout=10)
+        if r.status_code == 200:
+            who = r.json()
+            assert (who.get("kind"), who["name"]) == ("user", eve), (
+                f"a credential of {who.get('kind')} {who['name']} reached {eve}'s server "
+                f"(scopes {who.get('scopes')})")
+        else:  # revoked when her server stopped: it must have been that server's own token
+            assert token == server_token, f"an unknown credential reached her server: {r.text}"
+    # Beyond her own request, only unauthenticated readiness checks of `api` came.
+    others = [req for req in seen if not _credentials(req)]
+    assert {(req["method"], req["uri"].split("?")[0]) for req in others} <= {
+        ("GET", f"{srv['url']}api")}, others
+    hub.api("DELETE", f"users/{bob}/server", bob_token)
+    hub.wait_server_stopped(bob, bob_token)

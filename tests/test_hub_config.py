@@ -48,8 +48,12 @@ def test_culler_service_and_its_role(tmp_path):
     services = {svc["name"]: svc for svc in c.JupyterHub.services}
     assert services[CULLER_SERVICE_NAME]["environment"]["GPULEASE_CULLER_INTERVAL"] == "30"
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
-    assert {"list:users", "admin:server_state", "access:servers"} <= set(
-        roles["gpulease-culler"]["scopes"])
+    scopes = set(roles["gpulease-culler"]["scopes"])
+    assert {"list:users", "read:servers", "admin:server_state", ADMIN_SCOPE} <= scopes
+    # It never contacts users' servers: no access to them, filtered or not.
+    assert not [s for s in scopes if s.split("!")[0] in ("access:servers", "servers")]
+    # A server's own token reaches the gpulease service, to push its kernel state.
+    assert f"access:services!service={SERVICE_NAME}" in c.LocalGPUSpawner.server_token_scopes
     assert roles["gpulease-culler"]["services"] == [CULLER_SERVICE_NAME]
     assert c.JupyterHub.last_activity_interval == 0
     assert CULLER_SERVICE_NAME not in {svc["name"] for svc in hub_config(settings(tmp_path))

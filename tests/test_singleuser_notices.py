@@ -4,7 +4,8 @@ A real `jupyter server` (the same ServerApp `jupyterhub-singleuser` runs, with
 the environment's config, so the extension is enabled the way installs enable
 it) is started with the environment the hub gives a named server. A tiny HTTP
 server on loopback stands in for the gpulease hub service's
-`GET /services/gpulease/api/notices`.
+`GET /services/gpulease/api/notices` and `PUT .../api/server-activity`, where
+the server pushes its kernel and terminal state.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -45,13 +47,24 @@ HUB_NOTICES = {
 
 
 class FakeGpuleaseService:
-    """Stands in for the gpulease hub service: answers `/services/gpulease/api/notices`."""
+    """Stands in for the gpulease hub service: notices, and the pushes of kernel state."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, str | None]] = []
+        self.pushes: list[tuple[float, str | None, dict]] = []  # (time, Authorization, body)
         service = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self):  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length))
+                service.pushes.append((time.monotonic(), self.headers.get("Authorization"),
+                                       body))
+                if self.path != "/services/gpulease/api/server-activity":
+                    return self._send(404, {"message": "not found"})
+                self.send_response(204)
+                self.end_headers()
+
             def do_GET(self):  # noqa: N802
                 service.requests.append((self.path, self.headers.get("Authorization")))
                 if self.path != "/services/gpulease/api/notices":
@@ -290,34 +303,52 @@ def test_an_open_tabs_polling_is_not_activity_but_use_is(server):
     assert server.get("api/status").json()["last_activity"] > before
 
 
-def test_activity_state_answers_kernels_and_terminals_in_one_read(server):
-    """`gpulease/activity`, the culler's single read: the same kernel models as
-    api/kernels, the terminals' activity, authenticated, and not activity itself."""
-    from gpulease.idle_culler.kernels import parse_activity
+def test_the_server_pushes_its_kernels_with_its_own_token_promptly(server, service):
+    """What the culler knows of a server's kernels is what the server pushed: with
+    its own token, at start, and within seconds of a kernel starting or ending. The
+    body is what the gpulease service accepts (validated by the service's own parser)."""
+    from gpulease.hub.server_activity import parse_push
 
+    deadline = time.monotonic() + 20
+    while not service.pushes:  # the first push goes out when the server starts
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.2)
     headers = {"Authorization": f"token {BROWSER_TOKEN}"}
+    t0 = time.monotonic()
     kernel = requests.post(server.url + "api/kernels", json={"name": "python3"},
                            headers=headers, timeout=60)
     kernel.raise_for_status()
-    terminal = requests.post(server.url + "api/terminals", headers=headers, timeout=20)
+    kernel_id = kernel.json()["id"]
     try:
-        before = server.get("api/status").json()["last_activity"]
-        time.sleep(0.05)
-        r = server.get("gpulease/activity?no_track_activity=1")
-        assert r.status_code == 200, server.output()
-        body = r.json()
-        ids = {k["id"] for k in body["kernels"]}
-        assert kernel.json()["id"] in ids
-        assert {k["id"] for k in server.get("api/kernels").json()} == ids
-        state = parse_activity(body)
-        assert state.kernels and all(k.execution_state for k in state.kernels)
-        if terminal.status_code == 200:  # the environment has jupyter_server_terminals
-            assert state.terminals_last_activity is not None
-        assert server.get("api/status").json()["last_activity"] == before
-        assert server.get("gpulease/activity", token=None).status_code in (302, 403)
+        deadline = time.monotonic() + 15
+        while not [b for t, _, b in service.pushes if t > t0
+                   and kernel_id in {k["id"] for k in b["kernels"]}]:
+            assert time.monotonic() < deadline, f"no push of the new kernel:\n{server.output()}"
+            time.sleep(0.2)
     finally:
-        requests.delete(server.url + f"api/kernels/{kernel.json()['id']}", headers=headers,
-                        timeout=20)
-        if terminal.status_code == 200:
-            requests.delete(server.url + f"api/terminals/{terminal.json()['name']}",
-                            headers=headers, timeout=20)
+        requests.delete(server.url + f"api/kernels/{kernel_id}", headers=headers, timeout=20)
+    # The first push with the kernel came within seconds of its start, not a heartbeat later.
+    first = min(t for t, _, b in service.pushes
+                if kernel_id in {k["id"] for k in b["kernels"]})
+    assert first - t0 < 10
+    assert {auth for _, auth, _ in service.pushes} == {f"token {SERVER_TOKEN}"}
+    for _, _, body in service.pushes:
+        parse_push(body, "alice", "gpu2", datetime.now(UTC))  # raises on anything refused
+    # The server serves no state of its own to anyone: nothing to read there any more.
+    assert server.get("gpulease/activity").status_code == 404
+
+
+def test_push_timing_rule():
+    from gpulease.singleuser.activity_push import Sent, push_due
+
+    rule = {"interval": 60.0, "min_gap": 5.0}
+    assert push_due(None, (), (), 0.0, **rule)
+    last = Sent(100.0, ("idle",), ("t1",))
+    assert not push_due(last, ("idle",), ("t1",), 159.0, **rule)
+    assert push_due(last, ("idle",), ("t1",), 160.0, **rule)  # heartbeat
+    assert push_due(last, ("busy",), ("t1",), 100.5, **rule)  # a state change: at once
+    assert not push_due(last, ("idle",), ("t2",), 104.0, **rule)  # activity alone: min_gap
+    assert push_due(last, ("idle",), ("t2",), 105.0, **rule)
+    failed = Sent(100.0, None, None)
+    assert not push_due(failed, ("busy",), (), 104.0, **rule)
+    assert push_due(failed, ("busy",), (), 105.0, **rule)

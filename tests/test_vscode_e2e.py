@@ -375,18 +375,27 @@ def test_refused_starts_keep_a_named_servers_saved_profile(hub, admin, tokens, b
     assert not [k for k in holders(hub, admin) if k.startswith("ivy/")]
 
 
-def test_vscode_kernel_activity_counts_for_the_culler(hub, tokens, vera_server):
+def test_vscode_kernel_activity_counts_for_the_culler(hub, admin, tokens, vera_server):
     """Executions over the websocket (no browser) move both signals the culler reads:
-    the kernels' activity (GET gpulease/activity) and the hub's last_activity."""
+    the kernels' activity, as the server pushed it to the gpulease service (GET
+    api/server-activity), and the hub's last_activity."""
     url, kernel, token = vera_server["url"], vera_server["kernel"], tokens["vera"]
     time.sleep(2.5)  # let any start-up activity be reported first
     before = datetime.now(UTC)
     assert execute(url, kernel, token, "print(6 * 7)").strip() == "42"
 
-    r = requests.get(f"{url}gpulease/activity", headers=auth(token), timeout=30)
-    assert r.status_code == 200, r.text
-    (state,) = [k for k in r.json()["kernels"] if k["id"] == kernel]
-    assert datetime.fromisoformat(state["last_activity"].replace("Z", "+00:00")) >= before
+    deadline = time.monotonic() + 15
+    while True:  # pushed within seconds (at most min_gap for activity alone)
+        r = hub.service("GET", "api/server-activity?user=vera", admin)
+        assert r.status_code == 200, r.text
+        pushed = [k for s in r.json()["servers"] if s["server"] == "vscode"
+                  for k in s["kernels"] if k["id"] == kernel]
+        seen = pushed and datetime.fromisoformat(
+            pushed[0]["last_activity"].replace("Z", "+00:00"))
+        if seen and seen >= before:
+            break
+        assert time.monotonic() < deadline, f"pushed kernel state {pushed} not after {before}"
+        time.sleep(0.5)
 
     deadline = time.monotonic() + 15
     while True:

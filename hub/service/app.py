@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+from datetime import UTC, datetime
 from pathlib import Path
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
@@ -14,7 +15,9 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulease.hub.context import get_context
+from gpulease.hub.server_activity import ActivityStore
 from gpulease.hub.service import (
+    activity_handlers,
     admin_pages,
     audit_handlers,
     inventory_handlers,
@@ -60,7 +63,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"admin/report", pages.ReportPage),
     ]
     for module in (audit_handlers, limit_handlers, server_handlers, admin_pages,
-                   inventory_handlers):
+                   activity_handlers, inventory_handlers):
         routes += module.ROUTES
     handlers = [(url_path_join(prefix, path), cls, args) for path, cls in routes]
     handlers += n.notice_routes(prefix, args, env)
@@ -75,6 +78,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         gpulease_hub_home=url_path_join(env.get("JUPYTERHUB_BASE_URL", "/"), "hub/home"),
         # how users are kept apart on this host (gpulease.hub.isolation_check)
         gpulease_isolation=json.loads(env.get("GPULEASE_ISOLATION") or "{}"),
+        # what servers pushed of their kernels and terminals, for the culler
+        gpulease_server_activity=ActivityStore(since=datetime.now(UTC)),
     )
 
 

@@ -1,0 +1,113 @@
+"""Servers push their kernel and terminal state here; the idle culler reads it.
+
+- `PUT api/server-activity` `{"kernels": [{"id", "execution_state",
+  "last_activity", "connections"}], "terminals": [{"name", "last_activity"}] | null}`
+  — a server, with its own token (`JUPYTERHUB_API_TOKEN`). The state is
+  stored for the server the token belongs to (hub/server_activity.server_of),
+  never for a user or server named in the body. 204; 400 field by field; 403
+  for a token that is not one server's own; 413 over 256 KiB.
+- `GET api/server-activity[?user=NAME...]` — gpulease admins (the culler):
+  `{"since", "now", "servers": [{"user", "server", "pushed", "kernels":
+  [...], "terminals": {"count", "last_activity"} | null}]}`. `since` is when
+  this service's memory began: a server not listed has not pushed since then.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from jupyterhub.services.auth import UserNotAllowed
+from tornado import web
+
+from gpulease.hub.server_activity import (
+    MAX_BODY_BYTES,
+    ActivityStore,
+    PushError,
+    iso,
+    parse_push,
+    server_of,
+)
+from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.handlers import BaseAPIHandler
+from gpulease.hub.units import json_loads
+
+
+def _api_error(e: PushError) -> APIError:
+    return APIError(e.status, e.message, [{"field": f, "message": m} for f, m in e.errors])
+
+
+@web.stream_request_body
+class ServerActivityHandler(BaseAPIHandler):
+    """The body is streamed so that its size is bounded before it is read."""
+
+    @property
+    def store(self) -> ActivityStore:
+        return self.settings["gpulease_server_activity"]
+
+    async def prepare(self) -> None:
+        self._chunks: list[bytes] = []
+        self._size = 0
+        # Identify the token without blocking the loop: thousands of servers
+        # push, and HubAuth's synchronous lookup would wait for the hub inline.
+        # (A browser's cookie, for GET, takes HubOAuth's usual path.)
+        token = self.hub_auth.get_token(self, in_cookie=False)
+        if token:
+            try:
+                model = await self.hub_auth.user_for_token(token, sync=False)
+            except web.HTTPError as e:
+                raise APIError(503, "The hub cannot identify this token now "
+                                    f"({e.log_message or e.status_code}); try again") from None
+            try:
+                self._hub_auth_user_cache = self.check_hub_user(model) if model else None
+            except UserNotAllowed:
+                self._hub_auth_user_cache = None
+        if self.request.method != "PUT":
+            return
+        length = self.request.headers.get("Content-Length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            raise APIError(413, f"A server's state is at most {MAX_BODY_BYTES} bytes "
+                                f"(Content-Length {length[:20]})")
+        # Chunked bodies: the connection is cut once past the bound.
+        self.request.connection.set_max_body_size(MAX_BODY_BYTES)
+
+    def data_received(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size <= MAX_BODY_BYTES:
+            self._chunks.append(chunk)
+
+    async def put(self) -> None:
+        user, server = self._own_server()
+        if self._size > MAX_BODY_BYTES:
+            raise APIError(413, f"A server's state is at most {MAX_BODY_BYTES} bytes")
+        body = b"".join(self._chunks)
+        if not body:
+            raise APIError(400, "A JSON body is required")
+        try:
+            data = json_loads(body.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"The body is not valid JSON: {e}") from None
+        try:
+            push = parse_push(data, user, server, datetime.now(UTC))
+        except PushError as e:
+            raise _api_error(e) from None
+        self.store.put(push)
+        self.set_status(204)
+        self.finish()
+
+    async def get(self) -> None:
+        self.require_admin()
+        now = datetime.now(UTC)
+        users = set(self.get_arguments("user")) or None
+        listed = ",".join(p.as_json for p in self.store.pushes(now, users))
+        head = json.dumps({"since": iso(self.store.since), "now": iso(now)})[:-1]
+        self.finish(f'{head}, "servers": [{listed}]}}')
+
+    def _own_server(self) -> tuple[str, str]:
+        try:
+            return server_of(self.caller())
+        except PushError as e:
+            raise _api_error(e) from None
+
+
+ROUTES = [(r"api/server-activity", ServerActivityHandler)]
