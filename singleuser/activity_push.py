@@ -14,8 +14,9 @@ When to push (`push_due`, checked every `check_interval` in-process):
   terminal), at most every `min_gap` seconds;
 - otherwise every `interval` seconds, a heartbeat that keeps the state fresh
   for the culler (which counts a push as current for a few heartbeats only).
-A failed push is retried no sooner than `min_gap` later; failures are logged
-once per kind, never raised.
+A failed push is retried after `min_gap`, doubling with each failure up to
+`interval` (a service down or refusing does not get a request a second from
+every server); failures are logged once per kind, never raised.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Sent:
     at: float  # time.monotonic()
     state: tuple | None  # None: the last try failed
     activity: tuple | None
+    failures: int = 0  # tries failed in a row
 
 
 def push_due(last: Sent | None, state: tuple, activity: tuple, now: float, *,
@@ -53,8 +55,8 @@ def push_due(last: Sent | None, state: tuple, activity: tuple, now: float, *,
     if last is None:
         return True
     since = now - last.at
-    if last.state is None:  # the previous try failed
-        return since >= min_gap
+    if last.state is None:  # the previous tries failed: back off
+        return since >= min(interval, min_gap * 2 ** max(0, last.failures - 1))
     if state != last.state:
         return True
     if activity != last.activity:
@@ -70,8 +72,8 @@ class ActivityPusher(LoggingConfigurable):
         terminals; a look that finds nothing to push costs no request.""").tag(config=True)
     min_gap = Float(5.0, help="""Least seconds between pushes made for activity alone (the
         kernels' last activity moving while output streams), and before a failed push is
-        tried again. A kernel starting, stopping or turning busy or idle is pushed at
-        once.""").tag(config=True)
+        tried again (doubling while it keeps failing). A kernel starting, stopping or
+        turning busy or idle is pushed at once.""").tag(config=True)
 
     def __init__(self, serverapp: Any, env: Mapping[str, str] = os.environ, **kwargs: Any):
         super().__init__(parent=serverapp, **kwargs)
@@ -91,6 +93,7 @@ class ActivityPusher(LoggingConfigurable):
 
     def start(self) -> None:
         if self.enabled and self._task is None:
+            self.log.info("gpulease: pushing this server's kernel state to %s", self.url)
             self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -109,7 +112,11 @@ class ActivityPusher(LoggingConfigurable):
                         min_gap=self.min_gap):
             return False
         ok = await self._send(body)
-        self.last = Sent(now, state if ok else None, activity if ok else None)
+        if ok:
+            self.last = Sent(now, state, activity)
+        else:
+            failures = self.last.failures + 1 if self.last and self.last.state is None else 1
+            self.last = Sent(now, None, None, failures)
         return ok
 
     async def _send(self, body: dict[str, Any]) -> bool:

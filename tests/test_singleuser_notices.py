@@ -349,6 +349,10 @@ def test_push_timing_rule():
     assert push_due(last, ("busy",), ("t1",), 100.5, **rule)  # a state change: at once
     assert not push_due(last, ("idle",), ("t2",), 104.0, **rule)  # activity alone: min_gap
     assert push_due(last, ("idle",), ("t2",), 105.0, **rule)
-    failed = Sent(100.0, None, None)
+    failed = Sent(100.0, None, None, failures=1)
     assert not push_due(failed, ("busy",), (), 104.0, **rule)
     assert push_due(failed, ("busy",), (), 105.0, **rule)
+    # failing on: 5, 10, 20, 40 s, then the heartbeat's 60 s
+    assert [next(t for t in range(200) if push_due(Sent(0.0, None, None, n), (), (), float(t),
+                                                   **rule)) for n in (1, 2, 3, 4, 5, 9)] == [
+        5, 10, 20, 40, 60, 60]
