@@ -223,6 +223,7 @@ class ActivityStore:
     _of_user: dict[str, dict[str, None]] = field(default_factory=dict)  # ordered sets
 
     def put(self, push: Push) -> None:
+        push.as_json  # noqa: B018 - serialised now, spread over the pushes, not all at one GET
         key = (push.user, push.server)
         self._pushes.pop(key, None)  # re-inserted last: the dict stays in push order
         self._pushes[key] = push
