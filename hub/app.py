@@ -44,6 +44,7 @@ from gpulease.hub.ledger import BillingError
 from gpulease.hub.metering import Meter
 from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
+from gpulease.hub.server_control import HubServerControl
 from gpulease.hub.state import (
     StateError,
     prepare_state_dir,
@@ -261,7 +262,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     async def start(self):
         await super().start()
-        self._stopping_tasks: set[asyncio.Task] = set()  # the credit enforcer's stops
+        # What the heartbeat sees of the servers and how it stops them (credit, caps).
+        self._servers = HubServerControl(self, self._ctx)
         self._heartbeat = PeriodicCallback(self._heartbeat_once, self.heartbeat_interval * 1000)
         self._heartbeat.start()
         # Once a day is plenty for a retention counted in days; cheap (one DELETE).
@@ -301,40 +303,9 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     async def _heartbeat_once(self) -> None:
         try:
-            await self._ctx.meter.heartbeat(self._server_is_running, self._stop_server)
+            await self._ctx.meter.heartbeat(self._servers)
         except Exception:
             self.log.exception("billing heartbeat failed")
-
-    async def _server_is_running(self, user_name: str, server_name: str) -> bool:
-        orm_user = orm.User.find(self.db, user_name)
-        if orm_user is None:
-            return False
-        spawner = self.users[orm_user].spawners.get(server_name)
-        if spawner is None or not spawner.active:
-            return False
-        return await spawner.poll() is None
-
-    async def _stop_server(self, user_name: str, server_name: str) -> None:
-        """Stop a server from inside the hub, as its REST API would."""
-        orm_user = orm.User.find(self.db, user_name)
-        if orm_user is None:
-            return
-        user = self.users[orm_user]
-        spawner = user.spawners.get(server_name)
-        if spawner is None or spawner.pending or not spawner.active:
-            return
-
-        async def stop() -> None:
-            try:
-                await self.proxy.delete_user(user, server_name)
-                await user.stop(server_name)
-            except Exception:
-                self.log.exception("could not stop %s", spawner._log_name)
-
-        # Keep a reference: the event loop holds tasks only weakly.
-        task = asyncio.ensure_future(stop())
-        self._stopping_tasks.add(task)
-        task.add_done_callback(self._stopping_tasks.discard)
 
     async def cleanup(self):
         meter = self._ctx.meter if getattr(self, "_ctx", None) else None

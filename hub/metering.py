@@ -10,8 +10,15 @@ loop around them:
   confirmed in one write, so a crashed hub loses or over-bills at most one
   interval; when the database cannot be reached, servers keep running and
   what could not be written (confirmations, closes) is written when it returns;
-- accounts at or below zero have their servers stopped (`out_of_credit`), and
-  users with less than LOW_BALANCE_MINUTES left are told;
+- a server the hub counts as running with no open session (it answered after
+  its start returned and its session could not be written, or it was started
+  before a restart without one) gets one, logged as a warning with the gap;
+- accounts at or below zero have their servers stopped (`out_of_credit`), so
+  do members whose monthly cap on a group account is spent (`account_cap`):
+  a stop is asked on every heartbeat until the server is gone, pending or
+  not, and a stop not done by the next heartbeat has its process tree killed
+  (the decisions: `gpulease.hub.enforcement`);
+- users with less than LOW_BALANCE_MINUTES left are told;
 - a lease in the database makes sure two hubs never meter the same sessions.
 """
 
@@ -25,13 +32,28 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.hub import metrics
 from gpulease.hub.db import utcnow
-from gpulease.hub.ledger import LOW_BALANCE_MINUTES, Ledger, minutes_left
+from gpulease.hub.enforcement import (
+    ACCOUNT_CAP,
+    CapUse,
+    Metered,
+    Repair,
+    RunningServer,
+    StopOrder,
+    StopProgress,
+    missing_sessions,
+    stop_actions,
+    who_must_stop,
+)
+from gpulease.hub.ledger import LOW_BALANCE_MINUTES, Ledger, minutes_left, month_start
+from gpulease.hub.member_caps import capped_spends
+from gpulease.hub.notifier import render_account_cap
 from gpulease.hub.sessions import Session, SessionLedger
 from gpulease.hub.units import format_credits
 
@@ -49,7 +71,25 @@ class LiveSession:
     account: str
     rate_per_hour_ucr: int
     last_alive: datetime
-    stopping: bool = False
+
+
+class HubServers(Protocol):
+    """The hub's side of the heartbeat (gpulease.hub.server_control over JupyterHub)."""
+
+    async def is_running(self, user: str, server: str) -> bool:
+        """Its process runs (polls it: a dead one has its session closed there)."""
+
+    def is_active(self, user: str, server: str) -> bool:
+        """The hub still counts it: running, starting or stopping."""
+
+    async def running(self) -> list[RunningServer]:
+        """Servers the hub counts as running and ready, with what a session needs."""
+
+    async def stop(self, user: str, server: str) -> None:
+        """Start a stop as the REST API would, pending or not; none while one is in flight."""
+
+    async def kill(self, user: str, server: str) -> int:
+        """SIGKILL the server's process tree now (a stop that did not complete); how many."""
 
 
 @dataclass
@@ -70,12 +110,18 @@ class Meter:
     live: dict[Key, LiveSession] = field(default_factory=dict)
     pending: list[PendingClose] = field(default_factory=list)
     low: dict[str, str] = field(default_factory=dict)
-    # Tells a user their credit runs low (kind, user, server, profile, minutes left);
-    # set by the hub to post a notice and notify by the user's channel.
-    announce: Callable[[str, str, str, str, float], Awaitable[None]] | None = None
+    # Tells a user of a notice (kind, user, server, profile, minutes, optionally its
+    # (subject, text)): credit low, a cap stop; set by the hub to post a notice and
+    # notify by the user's channel.
+    announce: Callable[..., Awaitable[None]] | None = None
     shutting_down: bool = False
     # Writes that failed while the database was unreachable, retried each heartbeat.
     deferred: list[Callable[[], object]] = field(default_factory=list)
+    # Stops the heartbeat enforces (out of credit, a member's cap) until the server is gone.
+    stopping: dict[Key, StopProgress] = field(default_factory=dict)
+    # A stop not done after this long has the server's process tree killed; None:
+    # by the next heartbeat.
+    kill_after: float | None = None
 
     def __post_init__(self) -> None:
         self.sessions = SessionLedger(self.engine)
@@ -84,6 +130,11 @@ class Meter:
     @property
     def lease_ttl_s(self) -> float:
         return 3 * self.heartbeat_s
+
+    @property
+    def kill_after_s(self) -> float:
+        # Half an interval: the next heartbeat after the first stop kills, timer jitter or not.
+        return self.heartbeat_s / 2 if self.kill_after is None else self.kill_after
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -157,34 +208,73 @@ class Meter:
 
     # --- heartbeat ------------------------------------------------------------------
 
-    async def heartbeat(
-        self,
-        is_running: Callable[[str, str], Awaitable[bool]],
-        stop_server: Callable[[str, str], Awaitable[None]],
-    ) -> None:
+    async def heartbeat(self, hub: HubServers) -> None:
+        """Confirm, repair, enforce: one pass over what the hub runs (see the module doc)."""
         now = utcnow()
         for key, live in list(self.live.items()):
-            if await is_running(*key):
+            if await hub.is_running(*key):
                 live.last_alive = max(live.last_alive, now)
-        accounts = {live.account for live in self.live.values()}
+            elif key in self.live and not hub.is_active(*key):
+                # The hub no longer counts it at all, and nothing closed its
+                # session (a stop that failed halfway): bill to when it was seen.
+                log.warning("%s/%s: server gone with its session %d open; closing it",
+                            key[0], key[1] or "(default)", live.session_id)
+                await asyncio.to_thread(self.close, *key, "server_died")
+        try:
+            running = await hub.running()
+        except Exception:  # the repair waits for the next heartbeat; the rest goes on
+            log.exception("heartbeat: could not list the running servers")
+            running = []
         try:
             # Database work runs in a thread: an unreachable database must not
             # freeze the hub's event loop (and so every running server's proxy).
-            await asyncio.to_thread(self._write_heartbeat, now)
-            balances = await asyncio.to_thread(self.ledger.balances, accounts) if accounts else {}
+            facts = await asyncio.to_thread(self._write_and_read, now, running)
         except SQLAlchemyError as e:
             metrics.HEARTBEAT_FAILURES.inc()
             log.error("heartbeat: billing database unreachable, servers keep running and "
                       "are billed when it returns: %s", e)
             return
-        await self._enforce_credit(balances, stop_server)
+        if facts is None:  # another hub meters this database now
+            return
+        balances, caps = facts
+        self._order_stops(now, balances, caps)
+        await self._enforce_stops(hub, now)
+        await self._tell_low_balances(balances)
 
-    def _write_heartbeat(self, now: datetime) -> None:
+    def _write_and_read(self, now: datetime, running: list[RunningServer]
+                        ) -> tuple[dict[str, int], dict[tuple[str, str], CapUse]] | None:
+        if not self._write_heartbeat(now):
+            return None
+        for repair in missing_sessions(running, set(self.live), now):
+            self._repair(repair, now)
+        accounts = {live.account for live in self.live.values()}
+        balances = self.ledger.balances(accounts) if accounts else {}
+        pairs = {(live.account, user) for (user, _), live in self.live.items()
+                 if live.rate_per_hour_ucr > 0 and live.account.startswith("group:")}
+        caps = {pair: CapUse(*figures) for pair, figures in
+                capped_spends(self.engine, pairs, month_start(now)).items()}
+        return balances, caps
+
+    def _repair(self, repair: Repair, now: datetime) -> None:
+        s = repair.server
+        user, server = s.key
+        session = self.open(user, server, s.profile, s.account, s.rate_per_hour_ucr, repair.since)
+        # It runs now: confirmed up to now at once, so the gap is billed from this heartbeat.
+        self.live[s.key].last_alive = now
+        self.sessions.confirm([session.id], now)
+        metrics.METERING_GAPS.inc()
+        log.warning("%s/%s runs on %s with no open billing session (gap of %.0f s, since %s); "
+                    "opened session %d from %s", user, server or "(default)", s.profile,
+                    repair.gap_s, _iso(s.answered_at or s.started_at), session.id,
+                    _iso(repair.since))
+
+    def _write_heartbeat(self, now: datetime) -> bool:
+        """Renew the lease, write what is pending, confirm; False: the lease is lost."""
         if not self.sessions.renew_lease(self.holder, self.lease_ttl_s, now=now):
             log.critical("another hub took over metering of this database; "
                          "this hub stops confirming sessions")
             self.live.clear()
-            return
+            return False
         pending, self.pending = self.pending, []
         for close in pending:
             self._write_close(close)
@@ -201,24 +291,62 @@ class Meter:
             by_time.setdefault(live.last_alive, []).append(live.session_id)
         for at, ids in by_time.items():
             self.sessions.confirm(ids, at)
+        return True
 
-    async def _enforce_credit(
-        self, balances: dict[str, int], stop_server: Callable[[str, str], Awaitable[None]]
-    ) -> None:
+    def _order_stops(self, now: datetime, balances: dict[str, int],
+                     caps: dict[tuple[str, str], CapUse]) -> None:
+        metered = [Metered(key, live.account, live.rate_per_hour_ucr)
+                   for key, live in self.live.items()]
+        for order in who_must_stop(metered, balances, caps):
+            if order.key not in self.stopping:
+                user, server = order.key
+                log.warning("%s/%s: %s; stopping the server (%s)", user, server or "(default)",
+                            order.why, order.reason)
+                self.stopping[order.key] = StopProgress(order, now)
+
+    async def _enforce_stops(self, hub: HubServers, now: datetime) -> None:
+        """Push every ordered stop until its server is gone (a stop per heartbeat, then kill)."""
+        for key, progress in list(self.stopping.items()):
+            user, server = key
+            if key not in self.live and not hub.is_active(user, server):
+                del self.stopping[key]  # gone, its session closed with the reason
+                continue
+            order = progress.order
+            if key in self.live and not progress.reason_recorded:
+                try:
+                    await asyncio.to_thread(self.sessions.request_end_reason, user, server,
+                                            order.reason)
+                    progress.reason_recorded = True
+                except SQLAlchemyError as e:  # tried again next heartbeat
+                    log.error("could not record %s for %s/%s: %s", order.reason, user, server, e)
+                if order.reason == ACCOUNT_CAP and progress.attempts == 0:
+                    await self._tell_cap_stop(order)
+            actions = stop_actions(progress, now, self.kill_after_s)
+            if "kill" in actions and await hub.kill(user, server):
+                progress.killed += 1
+                waited = (now - progress.first_at).total_seconds()
+                log.warning("%s/%s: the %s stop had not completed after %.0f s (%d tries); "
+                            "killed its processes", user, server or "(default)", order.reason,
+                            waited, progress.attempts)
+            progress.attempts += 1
+            await hub.stop(user, server)
+
+    async def _tell_cap_stop(self, order: StopOrder) -> None:
+        if self.announce is None or order.cap is None:
+            return
+        user, server = order.key
+        live = self.live.get(order.key)
+        rendered = render_account_cap(user, server, live.profile if live else None,
+                                      order.account, order.cap.cap_ucr, order.cap.spent_ucr)
+        await self.announce("suspended", user, server, live.profile if live else None, None,
+                            rendered)
+
+    async def _tell_low_balances(self, balances: dict[str, int]) -> None:
         low: dict[str, str] = {}
         for (user, server), live in list(self.live.items()):
-            balance = balances.get(live.account, 0)
-            if balance <= 0 and live.rate_per_hour_ucr > 0 and not live.stopping:
-                live.stopping = True
-                log.warning("%s/%s: %s is out of credit (%s); stopping the server",
-                            user, server or "(default)", live.account, format_credits(balance))
-                try:
-                    await asyncio.to_thread(
-                        self.sessions.request_end_reason, user, server, "out_of_credit")
-                except SQLAlchemyError as e:
-                    log.error("could not record out_of_credit for %s/%s: %s", user, server, e)
-                await stop_server(user, server)
+            if (user, server) in self.stopping:
                 continue
+            balance = balances.get(live.account, 0)
             left = minutes_left(balance, live.rate_per_hour_ucr)
             if left is not None and left < LOW_BALANCE_MINUTES:
                 low[user] = (f"Low balance: {live.account} has {format_credits(balance)} credits, "
@@ -227,3 +355,7 @@ class Meter:
                     # once when the balance turns low, not every heartbeat
                     await self.announce("credit_low", user, server, live.profile, left)
         self.low = low
+
+
+def _iso(moment: datetime | None) -> str:
+    return "an unknown time" if moment is None else f"{moment:%Y-%m-%dT%H:%M:%SZ}"

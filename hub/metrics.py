@@ -18,6 +18,10 @@ OPEN_SESSIONS = Gauge("gpulease_open_sessions", "Billing sessions open now")
 SESSIONS_CLOSED = Counter(
     "gpulease_sessions_closed", "Billing sessions closed, by end reason", ["reason"]
 )
+METERING_GAPS = Counter(
+    "gpulease_metering_gaps",
+    "Running servers the heartbeat found without an open billing session (and opened one)",
+)
 HEARTBEAT_FAILURES = Counter(
     "gpulease_heartbeat_failures", "Heartbeats that could not reach the billing database"
 )

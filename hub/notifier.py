@@ -28,10 +28,11 @@ from urllib.parse import urlsplit
 from traitlets import TraitError, Unicode
 
 from gpulease.hub.notices import NoticeStore, Prefs
+from gpulease.hub.units import format_credits
 
 __all__ = [
     "Notifier", "SmtpNotifier", "WebhookNotifier", "WebhookURL", "announce", "backends_from_env",
-    "check_webhook_url", "dispatch", "render", "subject_for",
+    "check_webhook_url", "dispatch", "render", "render_account_cap", "subject_for",
 ]
 
 log = logging.getLogger("gpulease.notifier")
@@ -117,6 +118,17 @@ def render(kind: str, user: str, server: str, profile: str | None, minutes: floa
     else:
         raise ValueError(f"unknown notice kind {kind!r}")
     return subject_for(kind, user, server, deadline), text
+
+
+def render_account_cap(user: str, server: str, profile: str | None, account: str,
+                       cap_ucr: int, spent_ucr: int) -> tuple[str, str]:
+    """(subject, text) of the `suspended` notice of a stop at a member's monthly cap."""
+    what = f"Your {_server(server)}" + (f" ({profile})" if profile else "")
+    text = (f"{what} was suspended: you have spent {format_credits(spent_ucr)} credits on "
+            f"{account} this month, your monthly cap there of {format_credits(cap_ucr)} "
+            f"credits. Ask the group's admin to raise the cap, or resume it on another "
+            f"account or a free profile. Your files are kept.")
+    return f"[gpulease] {user}: your {_server(server)} was suspended (monthly cap)", text
 
 
 # --- backends ----------------------------------------------------------------------
@@ -259,15 +271,17 @@ _sending: set[asyncio.Task] = set()
 
 
 async def announce(store: NoticeStore, backends: Mapping[str, Notifier], kind: str, user: str,
-                   server: str, profile: str | None, minutes: float | None) -> None:
-    """Post a notice the hub itself raises (queued_started, credit_low) and tell its user.
+                   server: str, profile: str | None, minutes: float | None,
+                   rendered: tuple[str, str] | None = None) -> None:
+    """Post a notice the hub itself raises (queued_started, credit_low, a cap's
+    suspend: `rendered` (subject, text) instead of `render`'s) and tell its user.
 
     The notice is posted before this returns; the message goes out in the
     background (a slow mail server must not delay a start or a heartbeat),
     and only when the notice is new, not a repeat of an open one. Never
     raises: what triggered it goes on whether or not the user could be told.
     """
-    subject, text = render(kind, user, server, profile, minutes, None)
+    subject, text = rendered or render(kind, user, server, profile, minutes, None)
     try:
         notice = await asyncio.to_thread(store.post, user, server, kind, text)
     except Exception as e:

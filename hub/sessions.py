@@ -27,8 +27,8 @@ from gpulease.hub.units import MAX_UCR, rate_cost
 __all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_alive",
            "session_from_row"]
 
-END_REASONS = ("user", "idle", "out_of_credit", "max_runtime", "admin", "server_died",
-               "hub_shutdown", "hub_lost")
+END_REASONS = ("user", "idle", "out_of_credit", "account_cap", "max_runtime", "admin",
+               "server_died", "hub_shutdown", "hub_lost")
 _LEASE_ID = 1
 _open = sessions.c.ended_at.is_(None)
 
@@ -184,7 +184,7 @@ class SessionLedger:
         if row is None or row.ended_at is not None:
             return None if row is None else session_from_row(row)
         ended = max(ended, row.started_at)
-        # A reason given through api/stop (idle, out_of_credit, admin...) says
+        # A reason given through api/stop (idle, out_of_credit, account_cap, admin...) says
         # why the server went better than whoever noticed it stopping.
         final = row.requested_end_reason or reason
         closed = conn.execute(

@@ -11,6 +11,7 @@ from gpulease.hub.units import format_duration
 SUSPEND_REASONS = {
     "idle": "Suspended after {timeout} idle",
     "out_of_credit": "Suspended: out of credit",
+    "account_cap": "Suspended: your monthly cap on {account} is spent",
     "max_runtime": "Stopped at its maximum runtime",
 }
 
@@ -36,5 +37,5 @@ def suspended_servers(
             continue
         timeout = format_duration(idle_timeouts.get(session.profile, 0)).replace("m", " min")
         out.append(SuspendedServer(server, session.profile, session.end_reason or "",
-                                   template.format(timeout=timeout)))
+                                   template.format(timeout=timeout, account=session.account)))
     return out

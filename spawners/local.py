@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, Dict, Float, Integer, Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
@@ -41,7 +42,7 @@ from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.options_form import FormData, options_from_form, render_options_form
 from gpulease.spawners.placement import availability
 from gpulease.spawners.process_spec import build_process_spec, filter_server_env
-from gpulease.spawners.process_tree import end_processes, process_tree
+from gpulease.spawners.process_tree import end_processes, kill_tree, process_tree
 from gpulease.spawners.queue_runner import Refused, queue_progress, runner_for, tell_started
 
 
@@ -120,6 +121,9 @@ class LocalGPUSpawner(LocalProcessSpawner):
     _options_to_restore: tuple[dict | None] | None = None
     _stopping: bool = False
     _gpulease_admitted: bool = False  # this start is past the limits and the queue
+    gpulease_answered_at: datetime | None = None  # this run's first HTTP answer (UTC)
+    _gpulease_opening: bool = False  # its billing session is being written now
+    _gpulease_watch: asyncio.Task | None = None  # waits for a late first answer
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
@@ -254,6 +258,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
         ctx = self.gpulease
         home = ensure_home(StateDir(Path(self._state_root())), self.user.name)
         self._gpulease_admitted = False
+        self.gpulease_answered_at = None
         admitted = None
         if choice.profile.gpu is not None:
             try:
@@ -283,11 +288,14 @@ class LocalGPUSpawner(LocalProcessSpawner):
                     500, f"Cannot start the server: {self.cmd[0]} cannot be run as "
                     f"{self._spec().env['USER']} (permission denied on its way or its "
                     "interpreter); see docs/security.md") from None
-            if await self._wait_until_answering(ip, port):
-                await self._open_session(choice)
-                if admitted is not None and admitted.queued:
-                    await tell_started(ctx, self.user.name, self.name, choice.profile.slug,
-                                       admitted.waited_s)
+            answered = await self._wait_until_answering(ip, port, self.http_timeout)
+            if answered:
+                await self._first_answer(choice, admitted)
+            elif answered is None:
+                # Still starting (a slow config in the home, a slow image):
+                # JupyterHub keeps waiting for it after start returns, and so
+                # does billing, which must open at its first answer.
+                self._watch_first_answer(ip, port, choice, admitted)
             return ip, port
         except BaseException:
             await self._release("server_died")
@@ -312,8 +320,11 @@ class LocalGPUSpawner(LocalProcessSpawner):
             self.log.error("gpulease database error placing %s: %s", self._log_name, e)
             self.refuse(503, DATABASE_DOWN)
 
-    async def _wait_until_answering(self, ip: str, port: int) -> bool:
-        """Return as soon as the server answers HTTP (True), or its process ended.
+    async def _wait_until_answering(self, ip: str, port: int,
+                                    timeout: float | None) -> bool | None:
+        """True as soon as the server answers HTTP (any status; `gpulease_answered_at`
+        says when), False once its process ended or this run is being stopped, None
+        after `timeout` seconds without an answer (None: no limit).
 
         Billing starts at that answer. It also saves time: JupyterHub's own
         readiness check tries once at once, then backs off with growing random
@@ -322,17 +333,51 @@ class LocalGPUSpawner(LocalProcessSpawner):
         """
         client = AsyncHTTPClient()
         url = f"http://{ip}:{port}{self.server.base_url}api"
+        proc = self.proc
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.http_timeout
-        while loop.time() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                return False  # died: JupyterHub's own check reports it
+        deadline = None if timeout is None else loop.time() + timeout
+        while deadline is None or loop.time() < deadline:
+            if proc is None or proc.poll() is not None or self.proc is not proc or self._stopping:
+                return False  # died (JupyterHub's own check reports it), or stopped
             try:
                 await client.fetch(url, raise_error=False, request_timeout=2, connect_timeout=1)
-                return True
-            except OSError:
+            except (OSError, HTTPClientError, TimeoutError):
+                # Refused while it starts, or tornado's 599 (HTTPClientError, not
+                # OSError) when it accepts but does not answer yet: keep waiting.
                 await asyncio.sleep(0.05)
-        return False
+                continue
+            self.gpulease_answered_at = utcnow()
+            return True
+        return None
+
+    async def _first_answer(self, choice: ServerChoice, admitted) -> None:
+        """The server answered: bill it from now on, and tell a queued user it started."""
+        await self._open_session(choice)
+        if admitted is not None and admitted.queued:
+            await tell_started(self.gpulease, self.user.name, self.name, choice.profile.slug,
+                               admitted.waited_s)
+
+    def _watch_first_answer(self, ip: str, port: int, choice: ServerChoice, admitted) -> None:
+        """After start returned unanswered: open the session at the first answer, if any."""
+        proc = self.proc
+        returned = utcnow()
+
+        async def watch() -> None:
+            try:
+                if not await self._wait_until_answering(ip, port, None):
+                    return  # ended or stopped before it ever answered
+                if self._stopping or self.proc is not proc:
+                    return
+                late = (self.gpulease_answered_at - returned).total_seconds()
+                self.log.warning("%s first answered %.1f s after its start returned (a slow "
+                                 "start); its billing session opens now", self._log_name, late)
+                await self._first_answer(choice, admitted)
+            except web.HTTPError:
+                pass  # the database is away: the heartbeat opens it from the answer's time
+            except Exception:
+                self.log.exception("watching for the first answer of %s", self._log_name)
+
+        self._gpulease_watch = asyncio.ensure_future(watch())  # a reference keeps it alive
 
     async def _open_session(self, choice: ServerChoice) -> None:
         try:  # a suspended notice lasts until the server runs again
@@ -343,14 +388,28 @@ class LocalGPUSpawner(LocalProcessSpawner):
         if meter is None:  # not under `gpulease up` (no metering configured)
             return
         profile = choice.profile
+        self._gpulease_opening = True  # not a gap for the heartbeat's repair
         try:
             await asyncio.to_thread(
                 meter.open, self.user.name, self.name, profile.slug, choice.account,
-                profile.price_per_hour_ucr, utcnow(),
+                profile.price_per_hour_ucr, self.gpulease_answered_at or utcnow(),
             )
         except SQLAlchemyError as e:
             self.log.error("cannot open the billing session of %s: %s", self._log_name, e)
             raise web.HTTPError(503, DATABASE_DOWN) from None
+        finally:
+            self._gpulease_opening = False
+
+    async def kill_now(self) -> int:
+        """SIGKILL the server and what it started, at once: a stop that did not complete
+        (a server that ignores SIGINT and SIGTERM, a stop that hangs). The stop in
+        flight then sees the process gone and finishes as any stop does, cgroup and
+        devices included; with none in flight, the next poll does. How many it killed."""
+        sent = await asyncio.to_thread(kill_tree, self.pid)
+        if sent:
+            self.log.warning("killed %s (%d processes): its stop did not complete",
+                             self._log_name, sent)
+        return sent
 
     async def progress(self):
         choice = self.gpulease_choice

@@ -30,3 +30,23 @@ def end_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> None:
             proc.kill()
         except psutil.Error:
             pass
+
+
+def kill_tree(pid: int) -> int:
+    """SIGKILL `pid` and every descendant it has now; how many were sent (its cgroup
+    catches what forks in between)."""
+    if not pid:
+        return 0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    sent = 0
+    for proc in procs:
+        try:
+            proc.kill()
+            sent += 1
+        except psutil.Error:
+            pass
+    return sent

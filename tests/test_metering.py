@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
+from dataclasses import dataclass, field
 
 import pytest
 from sqlalchemy.exc import OperationalError
 
 from gpulease.hub.db import utcnow
+from gpulease.hub.enforcement import (
+    ACCOUNT_CAP,
+    OUT_OF_CREDIT,
+    CapUse,
+    Metered,
+    RunningServer,
+    StopOrder,
+    StopProgress,
+    missing_sessions,
+    stop_actions,
+    who_must_stop,
+)
+from gpulease.hub.ledger import month_start
+from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.metering import Meter
 from gpulease.hub.sessions import MeterConflict
 
@@ -26,20 +42,59 @@ def meter(engine):
     return m
 
 
-async def always_running(user, server):
-    return True
+Key = tuple[str, str]
+
+
+@dataclass
+class FakeHub:
+    """The hub's side of the heartbeat (HubServers): what runs, and what it was asked."""
+
+    alive: set[Key] = field(default_factory=set)  # process runs
+    active: set[Key] = field(default_factory=set)  # the hub counts it (running, pending)
+    ready: list[RunningServer] = field(default_factory=list)
+    stops: list[Key] = field(default_factory=list)
+    kills: list[Key] = field(default_factory=list)
+
+    def add(self, key: Key, alive: bool = True) -> None:
+        self.active.add(key)
+        if alive:
+            self.alive.add(key)
+
+    def gone(self, key: Key) -> None:
+        self.alive.discard(key)
+        self.active.discard(key)
+
+    async def is_running(self, user, server):
+        return (user, server) in self.alive
+
+    def is_active(self, user, server):
+        return (user, server) in self.active
+
+    async def running(self):
+        return list(self.ready)
+
+    async def stop(self, user, server):
+        self.stops.append((user, server))
+
+    async def kill(self, user, server):
+        self.kills.append((user, server))
+        return 1
+
+
+def always_running(*keys: Key) -> FakeHub:
+    hub = FakeHub()
+    for key in keys:
+        hub.add(key)
+    return hub
 
 
 def test_heartbeat_confirms_and_stops_accounts_at_zero(meter):
     meter.ledger.grant("user:a", 5_000_000, note="t", actor="test")
     started = utcnow() - dt.timedelta(seconds=10)
     meter.open("a", "", "pricey", "user:a", RATE, started)
-    stopped = []
-
-    async def stop(user, server):
-        stopped.append((user, server))
-
-    run(meter.heartbeat(always_running, stop))
+    hub = always_running(("a", ""))
+    run(meter.heartbeat(hub))
+    stopped = hub.stops
     assert stopped == [("a", "")]
     session = meter.sessions.open_for("a", "")
     assert session.requested_end_reason == "out_of_credit"
@@ -67,8 +122,9 @@ def test_low_balance_notice(meter):
 
     async def beats():
         meter.open("b", "", "pricey", "user:b", RATE, utcnow())
-        await meter.heartbeat(always_running, None)
-        await meter.heartbeat(always_running, None)
+        hub = always_running(("b", ""))
+        await meter.heartbeat(hub)
+        await meter.heartbeat(hub)
         await asyncio.sleep(0.2)  # the message goes out in the background
 
     run(beats())
@@ -104,7 +160,7 @@ def test_closes_that_fail_are_written_when_the_database_returns(meter, monkeypat
     meter.close("d", "", "user", ended=ended)
     assert meter.sessions.open_for("d", "") is not None and len(meter.pending) == 1
     monkeypatch.setattr(meter.sessions, "close", real_close)
-    run(meter.heartbeat(always_running, None))
+    run(meter.heartbeat(always_running(("d", ""))))
     closed = meter.sessions.get(s.id)
     assert closed.ended == ended and closed.billed_seconds() == 7
     assert meter.pending == []
@@ -122,3 +178,160 @@ def test_a_second_meter_is_refused(engine, meter):
     other = Meter(engine, heartbeat_s=1)
     with pytest.raises(MeterConflict):
         other.acquire_lease()
+
+
+# --- the heartbeat's decisions (gpulease.hub.enforcement), pure ---------------------
+
+T0 = dt.datetime(2025, 3, 10, 12, 0, 0)
+
+
+def at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def test_missing_sessions_bill_from_the_first_answer_when_known_else_from_now():
+    seen = RunningServer(("a", ""), "cpu", "user:a", RATE, answered_at=at(5), started_at=at(0))
+    unseen = RunningServer(("b", "x"), "cpu", "user:b", RATE, started_at=at(-100))
+    metered = RunningServer(("c", ""), "cpu", "user:c", RATE, answered_at=at(1))
+    repairs = missing_sessions([seen, unseen, metered], {("c", "")}, at(30))
+    assert [(r.server.key, r.since, r.gap_s) for r in repairs] == [
+        (("a", ""), at(5), 25.0),
+        (("b", "x"), at(30), 130.0),  # not known to have run before: logged, not billed
+    ]
+
+
+def test_who_must_stop_out_of_credit_before_cap_and_never_free_sessions():
+    sessions = [
+        Metered(("a", ""), "user:a", RATE),
+        Metered(("b", ""), "group:lab", RATE),
+        Metered(("c", ""), "group:lab", RATE),
+        Metered(("d", ""), "group:lab", 0),  # free: never stopped for money
+        Metered(("e", ""), "user:e", RATE),
+        Metered(("f", ""), "group:poor", RATE),
+    ]
+    balances = {"user:a": 0, "group:lab": 50_000_000, "user:e": 1, "group:poor": -5}
+    caps = {("group:lab", "b"): CapUse(5_000_000, 5_000_000),  # reached: stop
+            ("group:lab", "c"): CapUse(5_000_000, 4_999_999),
+            ("group:lab", "d"): CapUse(0, 10),
+            ("group:poor", "f"): CapUse(1, 100)}
+    orders = who_must_stop(sessions, balances, caps)
+    assert [(o.key[0], o.reason) for o in orders] == [
+        ("a", OUT_OF_CREDIT), ("b", ACCOUNT_CAP), ("f", OUT_OF_CREDIT)]
+    cap = orders[1]
+    assert cap.cap == CapUse(5_000_000, 5_000_000)
+    assert "5.000000" in cap.why and "group:lab" in cap.why and "monthly cap" in cap.why
+
+
+def test_stop_actions_stop_every_heartbeat_and_kill_once_a_stop_had_its_time():
+    order = StopOrder(("a", ""), OUT_OF_CREDIT, "user:a", "out")
+    progress = StopProgress(order, first_at=at(0))
+    assert stop_actions(progress, at(0), 7.5) == ("stop",)
+    progress.attempts = 1
+    assert stop_actions(progress, at(7), 7.5) == ("stop",)
+    assert stop_actions(progress, at(15), 7.5) == ("kill", "stop")
+
+
+# --- the heartbeat, on a real database with the hub replaced by FakeHub ---------------
+
+
+def test_a_running_server_without_a_session_gets_one_from_its_first_answer(meter, caplog):
+    meter.ledger.grant("user:g", 100_000_000, note="t", actor="test")
+    answered = utcnow() - dt.timedelta(seconds=20)
+    hub = always_running(("g", "slow"))
+    hub.ready = [RunningServer(("g", "slow"), "pricey", "user:g", RATE, answered_at=answered)]
+    with caplog.at_level(logging.WARNING, logger="gpulease.metering"):
+        run(meter.heartbeat(hub))
+    session = meter.sessions.open_for("g", "slow")
+    assert session is not None and session.started == answered
+    assert ("g", "slow") in meter.live and session.billed_seconds() >= 20
+    assert "no open billing session" in caplog.text and "gap of 2" in caplog.text
+    # the next heartbeat finds no gap: one session, not a second
+    caplog.clear()
+    run(meter.heartbeat(hub))
+    assert "no open billing session" not in caplog.text
+    assert meter.sessions.open_for("g", "slow").id == session.id
+
+
+def test_an_out_of_credit_stop_is_retried_and_killed_until_the_server_is_gone(meter):
+    meter.ledger.grant("user:h", 1_000_000, note="t", actor="test")
+    meter.open("h", "", "pricey", "user:h", RATE, utcnow() - dt.timedelta(seconds=5))
+    hub = always_running(("h", ""))
+    meter.kill_after = 0  # every heartbeat after the first kills
+    run(meter.heartbeat(hub))
+    assert hub.stops == [("h", "")] and hub.kills == []
+    run(meter.heartbeat(hub))  # a SIGTERM-ignoring server: still there
+    assert hub.stops == [("h", "")] * 2 and hub.kills == [("h", "")]
+    # a pending (starting or stopping) server is still pushed
+    hub.alive.discard(("h", ""))
+    run(meter.heartbeat(hub))
+    assert len(hub.stops) == 3 and len(hub.kills) == 2
+    # gone: its session closes with the reason, and nothing more is asked
+    meter.close("h", "", "server_died")
+    hub.gone(("h", ""))
+    run(meter.heartbeat(hub))
+    assert len(hub.stops) == 3 and meter.stopping == {}
+    (session,) = [s for s in meter.sessions.latest_by_server("h").values()]
+    assert session.end_reason == "out_of_credit"
+
+
+def test_a_stop_is_not_killed_before_it_had_a_heartbeat(meter):
+    meter.ledger.grant("user:i", 1_000_000, note="t", actor="test")
+    meter.open("i", "", "pricey", "user:i", RATE, utcnow() - dt.timedelta(seconds=5))
+    hub = always_running(("i", ""))
+    run(meter.heartbeat(hub))
+    run(meter.heartbeat(hub))  # at once: the stop has had no time (heartbeat_s is 1)
+    assert hub.kills == [] and len(hub.stops) == 2
+
+
+def test_a_member_at_their_cap_is_stopped_with_account_cap_and_told(meter):
+    from gpulease.hub.notices import NoticeStore
+    from gpulease.hub.notifier import announce
+
+    store = NoticeStore(meter.engine)
+    meter.announce = lambda *n: announce(store, {}, *n)
+    meter.ledger.grant("group:lab", 1_000_000_000, note="t", actor="test")
+    meter.ledger.set_cap("group:lab", "j", 3_000_000)  # 3 credits a month
+    meter.ledger.set_cap("group:lab", "k", 300_000_000)
+    meter.open("j", "", "pricey", "group:lab", RATE, utcnow() - dt.timedelta(seconds=4))
+    meter.open("k", "", "pricey", "group:lab", RATE, utcnow() - dt.timedelta(seconds=4))
+    hub = always_running(("j", ""), ("k", ""))
+    run(meter.heartbeat(hub))
+    assert hub.stops == [("j", "")]
+    assert meter.sessions.open_for("j", "").requested_end_reason == "account_cap"
+    (notice,) = store.active("j")
+    assert notice.kind == "suspended"
+    assert "monthly cap" in notice.message and "3.000000" in notice.message
+    assert "group:lab" in notice.message
+    meter.close("j", "", "user")
+    (session,) = meter.sessions.latest_by_server("j").values()
+    assert session.end_reason == "account_cap"
+
+
+def test_a_session_whose_server_the_hub_forgot_is_closed_at_its_last_sight(meter):
+    meter.ledger.grant("user:l", 100_000_000, note="t", actor="test")
+    t0 = utcnow() - dt.timedelta(seconds=30)
+    s = meter.open("l", "", "pricey", "user:l", RATE, t0)
+    meter.mark_alive("l", "", t0 + dt.timedelta(seconds=10))
+    run(meter.heartbeat(FakeHub()))
+    closed = meter.sessions.get(s.id)
+    assert closed.end_reason == "server_died" and closed.billed_seconds() == 10
+
+
+def test_capped_spends_agree_with_member_spend(meter):
+    ledger = meter.ledger
+    ledger.grant("group:lab", 1_000_000_000, note="t", actor="test")
+    ledger.grant("group:other", 1_000_000_000, note="t", actor="test")
+    ledger.set_cap("group:lab", "m", 10_000_000)
+    ledger.set_cap("group:other", "n", 1)
+    now = utcnow()
+    done = meter.open("m", "a", "p", "group:lab", RATE, now - dt.timedelta(seconds=30))
+    meter.close("m", "a", "user", ended=now - dt.timedelta(seconds=20))
+    meter.sessions.get(done.id)
+    meter.open("m", "b", "p", "group:lab", RATE, now - dt.timedelta(seconds=5))
+    meter.open("o", "", "p", "group:lab", RATE, now)  # no cap: not reported
+    since = month_start(now)
+    found = capped_spends(meter.engine, {("group:lab", "m"), ("group:lab", "o"),
+                                         ("group:other", "n"), ("user:m", "m")}, since)
+    assert found == {("group:lab", "m"): (10_000_000, ledger.member_spend("group:lab", "m", since)),
+                     ("group:other", "n"): (1, 0)}
+    assert found[("group:lab", "m")][1] == 10_000_000  # the closed run; the open one unconfirmed
