@@ -44,7 +44,12 @@ PROFILES = {"profiles": [
      "images": ["pytorch"], "price_per_hour": "3600", "min_run": "1s"},
 ]}
 
-SLOW_CONFIG = f"import time\ntime.sleep({HTTP_TIMEOUT + 2})\n"
+# Answers just after http_timeout, counted from the process's own start (a
+# loaded machine may take seconds to reach the config at all).
+SLOW_CONFIG = f"""
+import time, psutil
+time.sleep(max(0.0, psutil.Process().create_time() + {HTTP_TIMEOUT} + 1 - time.time()))
+"""
 
 # Holds the port the hub gave this server, accepting nothing: the hub's probes
 # connect and then time out (599) until it lets go and the real server binds.
