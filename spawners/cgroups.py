@@ -145,7 +145,9 @@ def choose_mechanism(facts: HostFacts, wanted: str = "auto") -> Mechanism:
         if mem and cpu and mem in facts.writable and cpu in facts.writable:
             dev = facts.v1.get("devices")
             devices = bool(dev and dev in facts.writable)
-            names = ["memory", "cpu", *(["devices"] if devices else [])]
+            frz = facts.v1.get("freezer")
+            names = ["memory", "cpu", *(["devices"] if devices else []),
+                     *(["freezer"] if frz and frz in facts.writable else [])]
             return Mechanism("cgroup1", devices, "v1 controllers " + ", ".join(names)
                              + f" under {os.path.dirname(mem)}/*/{PARENT}")
         reasons.append("no writable cgroup v1 memory and cpu hierarchies")

@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from gpulease.spawners.cgroups import HostReader, choose_mechanism
+from gpulease.spawners.cgroups import HostReader, choose_mechanism, unit_name
 from gpulease.spawners.isolation import hub_tag
 from tests.hubproc import HubProcess, run_in_kernel
 from tests.isolation_env import hub_python, shared_tmpdir
@@ -225,14 +225,14 @@ def test_server_environment_holds_no_hub_secret(hub, ada):
 
 def _cgroup_file(hub, controller: str, name: str, mech) -> str:
     tag = hub_tag(str(hub.state.resolve()))
-    return f"/sys/fs/cgroup/{controller}/gpulease/gl-{name}-default-{tag}"
+    return f"/sys/fs/cgroup/{controller}/gpulease/{unit_name(f'gl-{name}', '', tag)}"
 
 
 def test_memory_beyond_the_profile_kills_the_kernel_not_the_hub(hub, ada, bob, mechanism):
     if not mechanism.limits:
         pytest.skip(f"no usable limits mechanism on this host: {mechanism.detail}")
     me = kernel(hub, ada, WHO_AM_I)
-    assert "gpulease/gl-ada-default-" in me["cgroup"], me["cgroup"]
+    assert "gpulease/gl-ada._." in me["cgroup"], me["cgroup"]
     if mechanism.kind == "cgroup1":
         folder = _cgroup_file(hub, "memory", "ada", mechanism)
         assert int(open(f"{folder}/memory.limit_in_bytes").read()) == 256 * 2**20
