@@ -354,7 +354,7 @@ def test_inventory_shows_devices_and_holders(hub, admin):
         assert re.search(r'<td class="num">1</td><td>audrey</td>\s*<td>big</td><td>h200-full</td>',
                          page)
         assert page.count("<td>1g.18gb</td>") == 7 and "<td>full card</td>" in page
-        assert "7 free, 1 held, 0 gone" in " ".join(page.split())
+        assert "7 free, 1 held, 0 out of service, 0 gone" in " ".join(page.split())
         held = re.search(r'<td class="state-held">held</td>\s*<td>bob</td>\s*<td>([^<]*)</td>',
                          page)
         assert held and held.group(1) == SCRIPT_ESCAPED
@@ -490,7 +490,7 @@ def test_inventory_rows_without_a_queue_key():
             "gone": [{"uuid": "M", "state": "gone", "holder": {"user": "u", "server": ""}}]}
     rows = af.inventory_rows(view)
     assert [r["device"] for r in rows] == ["full card", ""]
-    assert af.inventory_counts(rows) == {"free": 1, "held": 0, "gone": 1}
+    assert af.inventory_counts(rows) == {"free": 1, "held": 0, "out_of_service": 0, "gone": 1}
     assert af.queue_rows(view) == []
     assert af.queue_rows({"queue": [{"user": "a", "server": "", "profile": "p"}]})[0][
         "position"] == 1

@@ -259,6 +259,8 @@ def test_a_device_kept_by_a_stuck_cgroup_is_out_of_service_until_it_empties(hub,
     mallory = hub.add_user(admin, "mallory")
     r = hub.api("POST", "users/mallory/server", mallory, {"user_options": {"profile": "gpu"}})
     assert r.status_code == 503, r.text  # never placed on it
+    r = hub.service("POST", f"api/inventory/{GPU}/return", mallory, {"force": True})
+    assert r.status_code == 403, r.text  # admins only
     refused = hub.cli("inventory", "return", GPU)
     assert refused.returncode == 1 and str(NO_SUCH_PID) in refused.stderr, refused.stderr
     forced = hub.cli("inventory", "return", GPU, "--force")
