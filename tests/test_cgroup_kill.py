@@ -48,6 +48,7 @@ while True:                 # fork a child, exit: the chain moves on to a new pi
         os.setsid()
     except OSError:
         pass
+    time.sleep(0.005)       # paced: each orphan's zombie waits for PID 1 to reap it
 """
 
 
@@ -122,12 +123,18 @@ def _marked(marker: str) -> list[int]:
 
 
 def _attack_and_stop(folder: Path) -> Emptied:
+    return _attack_and_stop_with(
+        folder, lambda: empty_cgroup("test", folder.name, [str(folder)], wait_s=5.0))
+
+
+def _attack_and_stop_with(folder: Path, stop) -> Emptied:
+    """Start the respawn loop in `folder`, then `stop()`: nothing of it may be left."""
     marker = f"gpulease-respawn-{uuid.uuid4().hex[:8]}"
     try:
         _start_respawner(folder, marker)
         time.sleep(0.3)
         assert cgroup_pids([str(folder)]), "the respawn loop did not start"
-        emptied = empty_cgroup("test", folder.name, [str(folder)], wait_s=5.0)
+        emptied = stop()
         time.sleep(0.3)  # anything that escaped would have forked on by now
         assert not _marked(marker), "a respawned process survived the stop"
         return emptied

@@ -90,3 +90,41 @@ def test_a_server_started_through_systemd_run_carries_no_gid_0(tmp_path):
     assert uids == {account.uid} and gids == {account.gid}
     assert 0 not in groups, f"the server keeps the hub's groups: {sorted(groups)}"
     assert groups <= set(own_groups(account))
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# `systemctl show --property=ControlGroup --value UNIT` and `systemctl stop UNIT`
+echo "$@" >> "{log}"
+case "$1" in
+  show) echo "{path}" ;;
+esac
+"""
+
+
+def test_a_scope_is_emptied_through_its_cgroup_then_stopped(tmp_path, monkeypatch):
+    """systemd mode's stop: where systemd says the scope lives, cgroup.kill, then `stop`."""
+    from gpulease.spawners.cgroup_kill import remove_dirs
+    from gpulease.spawners.isolation import cleanup
+    from tests.test_cgroup_kill import _attack_and_stop_with, _make, _mounts
+
+    _, v2 = _mounts()
+    folder = _make(v2)
+    if folder is None or not (folder / "cgroup.kill").exists():
+        if folder is not None:
+            remove_dirs([str(folder)])
+        pytest.skip("no writable cgroup v2 with cgroup.kill here (needs root): a scope's "
+                    "stop through its cgroup is not checked on this host")
+    log = tmp_path / "systemctl.log"
+    (tmp_path / "systemctl").write_text(FAKE_SYSTEMCTL.format(
+        log=log, path="/" + folder.relative_to(v2).as_posix()))
+    (tmp_path / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    try:
+        emptied = _attack_and_stop_with(
+            folder, lambda: cleanup({"kind": "systemd", "unit": "gpulease-x._.t.scope"}))
+        assert emptied.empty and emptied.how == "cgroup.kill" and emptied.dirs == (str(folder),)
+        calls = log.read_text().splitlines()
+        assert calls[0].startswith("show --property=ControlGroup")
+        assert calls[-1] == "stop gpulease-x._.t.scope"
+    finally:
+        remove_dirs([str(folder)])
