@@ -188,6 +188,25 @@ def test_a_post_without_its_form_token_is_refused(hub, admin):
     assert "no-token" not in api_profiles(hub)
 
 
+@e2e
+def test_an_authorization_header_that_is_no_token_does_not_skip_the_form_token(hub, admin):
+    """A browser behind a Basic-auth proxy sends `Authorization: Basic` with every
+    request, a cross-site form post included: only a token that authenticates
+    the request may skip the XSRF check, never the header's mere presence."""
+    get(admin, hub, "admin/profiles/new")
+    for header in ("Basic YWRtaW46eA==", "token not-a-real-token", "Bearer", "x" * 4000):
+        fields = {"_xsrf": "", **profile_form(slug="basic-auth")}
+        r = admin.post(url(hub, "admin/profiles/new"), data=fields, allow_redirects=False,
+                       headers={"Authorization": header}, timeout=30)
+        assert r.status_code == 403, (header[:20], r.status_code, r.text[:300])
+        # the JSON API too: the cookie alone (no _xsrf) must not authenticate a write
+        r = admin.put(url(hub, "api/profiles/basic-auth"), json=BASE_PROFILE | {
+            "slug": "basic-auth"}, headers={"Authorization": header}, timeout=30)
+        assert r.status_code == 403, (header[:20], r.status_code, r.text[:300])
+        assert r.json()["status"] == 403
+    assert "basic-auth" not in api_profiles(hub)
+
+
 # --- profiles editor --------------------------------------------------------------------
 
 @e2e

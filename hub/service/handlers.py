@@ -35,10 +35,14 @@ class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
         self.hub_api_token = hub_api_token
 
     def check_xsrf_cookie(self):
-        # Token-authenticated API calls carry no cookie; browser calls carry
-        # the OAuth cookie and the _xsrf check of HubOAuth.
-        if self.request.headers.get("Authorization"):
-            return None
+        # Only a request a token authenticated skips the check, never one that
+        # merely has an Authorization header: a browser behind a Basic-auth
+        # proxy sends `Basic ...` with every request, cross-site posts too, and
+        # `token garbage` falls back to the cookie. Identifying the caller first
+        # sets HubAuth's `_token_authenticated`, which HubAuth's own check
+        # (super) honours; a cookie login is checked against `_xsrf`.
+        if not hasattr(self, "_cached_hub_user"):
+            self.get_current_user()
         return super().check_xsrf_cookie()
 
     def set_default_headers(self) -> None:
