@@ -24,7 +24,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 FREEZE_WAIT_S = 1.0  # how long one round waits for FREEZING to become FROZEN
@@ -40,6 +40,8 @@ class Emptied:
     how: str  # "cgroup.kill" | "freezer" | "signals" | "nothing left"
     killed: int  # SIGKILLs sent (cgroup.kill counts as one)
     left: tuple[int, ...]  # pids still in the cgroup at the deadline; () = empty
+    # Who to look for outside the cgroup: {"uid", "device_nodes"} (device_holders).
+    holding: dict = field(default_factory=dict, compare=False)
 
     @property
     def empty(self) -> bool:
@@ -47,7 +49,7 @@ class Emptied:
 
     def state(self) -> dict:
         """The cgroup as spawner state / an out-of-service record keeps it (isolation.cleanup)."""
-        return {"kind": self.kind, "unit": self.unit, "dirs": list(self.dirs)}
+        return {"kind": self.kind, "unit": self.unit, "dirs": list(self.dirs), **self.holding}
 
     def describe(self) -> str:
         where = ", ".join(self.dirs) or self.unit or "its cgroup"

@@ -17,7 +17,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
@@ -45,7 +45,14 @@ from gpulease.spawners.cgroups import (
     systemd_command,
     unit_name,
 )
-from gpulease.spawners.devices import allowed_nodes, node_paths, nvml_device_map, rules_for
+from gpulease.spawners.device_holders import end_holders, exclusive_nodes
+from gpulease.spawners.devices import (
+    allowed_nodes,
+    node_id,
+    node_paths,
+    nvml_device_map,
+    rules_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +79,15 @@ class Prepared:
     plan: CgroupPlan | None  # the cgroup folders (cgroup1/cgroup2), to join and remove
     unit: str  # the systemd scope's name ("" without systemd)
     cmd_prefix: tuple[str, ...]  # systemd-run ... -- (empty otherwise)
+    # The GPU nodes only this server's devices have, and its uid: whoever holds
+    # them open outside the cgroup at the stop is ended too (device_holders).
+    holding: dict = field(default_factory=dict)
 
     def state(self) -> dict:
         if self.plan is None and not self.unit:
             return {}
         return {"kind": self.plan.kind if self.plan else "systemd", "unit": self.unit,
-                "dirs": list(self.plan.dirs) if self.plan else []}
+                "dirs": list(self.plan.dirs) if self.plan else [], **self.holding}
 
 
 def hub_tag(state_root: str) -> str:
@@ -114,13 +124,14 @@ def prepare(s: IsolationSettings, hub_user: str, server: str, home: Path, cpu: D
                         "(LocalGPUSpawner.device_nodes maps declared devices)",
                         ", ".join(unknown), hub_user, server)
     rules = rules_for(allowed_nodes(paths)) if s.devices else ()
+    holding = _holding(s, paths, device_uuids, account)
     limits = Limits(memory_bytes, cpu, rules, paths)
     unit = unit_name(account.name if account else hub_user, server, hub_tag(s.state_root))
     if s.limits == "systemd":
         scope = f"gpulease-{unit}.scope"
         prefix = systemd_command(scope, limits, account.uid if account else None,
                                  account.gid if account else None)
-        return Prepared(account, None, scope, tuple(prefix))
+        return Prepared(account, None, scope, tuple(prefix), holding)
     facts = HostReader().facts()
     if s.limits == "cgroup2":
         plan = plan_v2(facts.v2 or "/sys/fs/cgroup", unit, limits)
@@ -135,7 +146,18 @@ def prepare(s: IsolationSettings, hub_user: str, server: str, home: Path, cpu: D
             f"the processes of this server's last run cannot be ended ({stale.describe()}); "
             "it can start again once they are gone (an admin sees them in `gpulease inventory`)")
     apply_plan(plan)
-    return Prepared(account, plan, "", ())
+    return Prepared(account, plan, "", (), holding)
+
+
+def _holding(s: IsolationSettings, paths: Sequence[str], uuids: Sequence[str],
+             account: UnixAccount | None) -> dict:
+    """What `cleanup` looks for outside the cgroup: this server's own GPU nodes, by id."""
+    if not paths:
+        return {}
+    ids = [list(i) for i in map(node_id, exclusive_nodes(paths, device_map(s), uuids)) if i]
+    if not ids:
+        return {}
+    return {"uid": account.uid if account else None, "device_nodes": ids}
 
 
 def preexec_for(prepared: Prepared) -> Callable[[], None] | None:
@@ -178,12 +200,30 @@ def cleanup(state: dict, wait_s: float = 5.0) -> Emptied | None:
     if not state:
         return None
     if state.get("kind") == "systemd":
-        return _cleanup_scope(state, wait_s)
-    emptied = remove_plan(CgroupPlan(state["kind"], state.get("unit", ""),
-                                     tuple(state.get("dirs", ())), ()), wait_s)
+        emptied = _cleanup_scope(state, wait_s)
+    else:
+        emptied = remove_plan(CgroupPlan(state["kind"], state.get("unit", ""),
+                                         tuple(state.get("dirs", ())), ()), wait_s)
+    emptied = _end_holders(state, emptied)
     if emptied.killed:
         log.info("cgroup of %s: %s", state.get("unit"), emptied.describe())
     return emptied
+
+
+def _end_holders(state: dict, emptied: Emptied) -> Emptied:
+    """Descriptors on the server's GPU nodes passed out of its cgroup die with it."""
+    holding = {k: state[k] for k in ("uid", "device_nodes") if k in state}
+    if not holding.get("device_nodes"):
+        return emptied
+    killed, left = end_holders(holding["device_nodes"], holding.get("uid"))
+    if killed or left:
+        log.warning("%s: %d process(es) outside the cgroup held its GPU nodes open (%d "
+                    "kill(s)); still holding: %s", state.get("unit"), killed + len(left),
+                    killed, ", ".join(map(str, left)) or "none")
+    how = emptied.how + (f", and {killed} holder(s) of its GPU nodes outside it"
+                         if killed or left else "")
+    return replace(emptied, how=how, killed=emptied.killed + killed,
+                   left=tuple(sorted({*emptied.left, *left})), holding=holding)
 
 
 def _cleanup_scope(state: dict, wait_s: float) -> Emptied:

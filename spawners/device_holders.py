@@ -1,0 +1,121 @@
+"""Open file descriptors on a stopped server's GPU nodes, held by processes outside its cgroup.
+
+The devices cgroup checks a device node when it is *opened*, never when an
+open descriptor is used. A server that holds a GPU node open can pass the
+descriptor (SCM_RIGHTS over a Unix socket in the shared home) to a process
+of another of the same researcher's servers, a CPU-only one, or of a second
+account they control; with the driver's control nodes passed too, and an
+LD_PRELOAD that answers libcuda's open() with them, CUDA runs there. Ending
+the GPU server's cgroup does not touch that process: it goes on using the
+GPU after the server is stopped, unbilled, while the device is handed to
+the next tenant.
+
+So before a device goes back, everything that holds one of its *own*
+nodes (the full GPU's `/dev/nvidiaN`, a MIG device's capability nodes; not
+a node it shares with other devices, such as a MIG device's parent GPU) is
+found by reading every process's `/proc/PID/fd`, and those that belong to a
+tenant (the stopped server's own account, or any process inside a gpulease
+server's cgroup) are SIGKILLed. The driver's own daemons and the hub (root,
+or outside every gpulease cgroup) are left alone. A holder that cannot be
+ended keeps the device out of service like a cgroup that cannot be emptied
+(gpulease.spawners.quarantine).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+NodeId = tuple[str, int, int]  # ("c" | "b", major, minor)
+
+
+def exclusive_nodes(mine: Sequence[str], device_map: Mapping[str, Sequence[str]],
+                    my_uuids: Iterable[str]) -> tuple[str, ...]:
+    """The nodes of `mine` that no other device of the map has (a MIG parent GPU is shared)."""
+    own = set(my_uuids)
+    shared = {p for uuid, nodes in device_map.items() if uuid not in own for p in nodes}
+    return tuple(p for p in mine if p not in shared)
+
+
+def is_tenant(uid: int, cgroup_text: str, leaving_uid: int | None) -> bool:
+    """Whether a holder is tenant code that may be killed (never root, never a system daemon)."""
+    if uid == 0:
+        return False
+    if leaving_uid is not None and uid == leaving_uid:
+        return True
+    # Inside any gpulease server's cgroup (v1/v2 folder `gpulease/...`, systemd `gpulease-...`).
+    return any("/gpulease/" in line or ("/gpulease-" in line and line.endswith(".scope"))
+               for line in cgroup_text.splitlines())
+
+
+def _fd_node(path: str) -> NodeId | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISCHR(st.st_mode):
+        return "c", os.major(st.st_rdev), os.minor(st.st_rdev)
+    if stat.S_ISBLK(st.st_mode):
+        return "b", os.major(st.st_rdev), os.minor(st.st_rdev)
+    return None
+
+
+def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
+    """pid → uid of every process with an open descriptor on one of `nodes`."""
+    found: dict[int, int] = {}
+    if not nodes:
+        return found
+    try:
+        pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return found
+    me = os.getpid()
+    for pid in pids:
+        if pid == me:
+            continue
+        folder = f"{proc}/{pid}/fd"
+        try:
+            fds = os.listdir(folder)
+        except OSError:
+            continue  # gone, or a kernel thread
+        for fd in fds:
+            if _fd_node(f"{folder}/{fd}") in nodes:
+                try:
+                    found[pid] = os.stat(f"{proc}/{pid}").st_uid
+                except OSError:
+                    pass
+                break
+    return found
+
+
+def _cgroup_text(pid: int, proc: str) -> str:
+    try:
+        with open(f"{proc}/{pid}/cgroup") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def end_holders(node_ids: Iterable[Sequence], leaving_uid: int | None, wait_s: float = 3.0,
+                *, proc: str = "/proc", kill: Callable[[int, int], None] = os.kill,
+                sleep: Callable[[float], None] = time.sleep,
+                clock: Callable[[], float] = time.monotonic) -> tuple[int, tuple[int, ...]]:
+    """SIGKILL the tenant processes holding `node_ids`; (kills sent, tenant holders left)."""
+    nodes = {(str(k), int(a), int(b)) for k, a, b in node_ids}
+    deadline = clock() + wait_s
+    killed = 0
+    while True:
+        left = sorted(pid for pid, uid in holders(nodes, proc).items()
+                      if is_tenant(uid, _cgroup_text(pid, proc), leaving_uid))
+        if not left or clock() >= deadline:
+            return killed, tuple(left)
+        for pid in left:
+            try:
+                kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        sleep(0.05)
