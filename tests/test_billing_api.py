@@ -254,6 +254,10 @@ def test_stop_validation_and_permissions(hub, tokens):
     r = stop("admin", reason="bored")
     assert r.status_code == 400 and r.json()["errors"][0]["field"] == "reason"
     assert "out_of_credit" in r.json()["message"] and "idle" in r.json()["message"]
+    for wrong, said in ((None, "null (no value)"), (1, "the number 1"), (["idle"], "a list")):
+        r = stop("admin", reason=wrong)  # a JSON value named as written, not as Python's repr
+        assert r.status_code == 400 and said in r.json()["message"], r.text
+        assert "None" not in r.json()["message"] and "['" not in r.json()["message"]
     assert stop("bob", reason="user").status_code == 403  # not bob's server
     assert stop("alice", reason="idle").status_code == 403  # users stop with "user" only
     assert stop("admin", reason="admin", user="nobody").status_code == 404

@@ -24,6 +24,7 @@ from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.handlers import BaseAPIHandler
 from gpulease.hub.sessions import END_REASONS, SessionLedger
+from gpulease.hub.shown import shown
 from gpulease.hub.units import parse_credits
 
 
@@ -305,7 +306,7 @@ class StopHandler(BillingHandler):
             raise _field_error("server", 'server must be a name ("" for the default server)')
         allowed = ", ".join(END_REASONS)
         if reason not in END_REASONS:
-            raise _field_error("reason", f"unknown reason {reason!r}; allowed: {allowed}")
+            raise _field_error("reason", f"unknown reason {shown(reason)}; allowed: {allowed}")
         if not self.is_admin() and (user != me["name"] or reason != "user"):
             raise APIError(403, 'Users may stop only their own servers, with reason "user"; '
                                 "other stops need a gpulease admin")
