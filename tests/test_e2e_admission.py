@@ -207,3 +207,23 @@ def test_only_a_hub_admin_may_create_an_admin(hub, admin):
     r = hub.service("POST", "api/users", token, {"name": "kim", "password": "kim-pw-123456"})
     assert r.status_code == 201, r.text
     assert hub.api("GET", "users/kim", admin).json()["admin"] is False
+
+
+def test_a_gpulease_admin_cannot_take_over_a_hub_admin_without_an_account(hub, admin):
+    """A hub admin made on the hub itself (its admin page, its API, admin_users)
+    has no local account yet: giving it one with a password of the gpulease
+    admin's choosing would make them that hub admin, which JupyterHub lets
+    only a hub admin do ("Only admins can modify other admins")."""
+    r = hub.api("POST", "users/leo", admin, {"admin": True})
+    assert r.status_code == 201, r.text
+    token = hub.add_user(admin, "mia", None)
+    assert hub.api("POST", "groups/gladmins", admin).status_code in (201, 409)
+    assert hub.api("POST", "groups/gladmins/users", admin, {"users": ["mia"]}).status_code == 200
+    r = hub.service("POST", "api/users", token, {"name": "leo", "password": "leo-pw-mine-1"})
+    assert r.status_code == 403, r.text
+    assert "leo is a hub admin" in r.json()["message"], r.text
+    assert hub.login_form("leo", "leo-pw-mine-1").login_status == 403  # no account was made
+    # a hub admin may give it its account
+    r = hub.service("POST", "api/users", admin, {"name": "leo", "password": "leo-pw-admin-1"})
+    assert r.status_code == 201, r.text
+    assert hub.login_form("leo", "leo-pw-admin-1").login_status == 302

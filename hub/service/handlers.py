@@ -265,6 +265,7 @@ class UsersHandler(BaseAPIHandler):
             raise APIError(403, "Making a hub admin needs a hub admin's API token in the "
                                 "Authorization header (the gpulease CLI sends one)",
                            [{"field": "admin", "message": "needs a hub admin's token"}])
+        await self._refuse_taking_over_an_admin(name)
         try:
             await asyncio.to_thread(self.ctx.accounts.create, name, password)
         except AccountError as e:
@@ -288,6 +289,25 @@ class UsersHandler(BaseAPIHandler):
         result.update(await asyncio.to_thread(
             make_unix_account, name, self.settings.get("gpulease_isolation", {})))
         self.write_json(result, 201)
+
+    async def _refuse_taking_over_an_admin(self, name: str) -> None:
+        """A hub user may exist without a local account (made on the hub's own
+        admin page or API, or by admin_users). Giving an existing hub admin an
+        account sets its password: only a hub admin may do that, as JupyterHub
+        lets only admins modify admins; a gpulease admin by group may not."""
+        if self.caller().get("admin"):
+            return
+        try:
+            existing = await self.hub_api("GET", f"/users/{name}")
+        except HTTPClientError as e:
+            if e.code == 404:
+                return
+            raise APIError(502, f"The hub did not say whether user {name} exists: {e}") from None
+        if existing and existing.get("admin"):
+            raise APIError(403, f"{name} is a hub admin already: only a hub admin may give it "
+                                f"a gpulease account and password, and "
+                                f"{self.caller().get('name')} is not one",
+                           [{"field": "name", "message": "an existing hub admin"}])
 
     async def _create_hub_user(self, name: str, admin_token: str | None) -> None:
         """The hub user; an admin only through `admin_token`, the calling hub admin's."""
