@@ -230,6 +230,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             "gpu_threshold": str(self.culler_gpu_threshold),
             "gpu_source": gpu,
             "warn_before": self.culler_warn_before,
+            "stale_after": self.culler_stale_after,
         }
 
     def init_handlers(self):

@@ -129,6 +129,21 @@ class GPULeaseOptions(Configurable):
         "5m", config=True,
         help="How long before suspending the user is warned (at most half the idle timeout).",
     )
+    culler_stale_after = Unicode(
+        "3m", config=True,
+        help="How long a server's pushed kernel and terminal state counts as current for the "
+        "culler (a duration: 90s, 3m); keep it a few of the servers' "
+        "ActivityPusher.interval (60 s). Older pushes keep a server only until they were made.",
+    )
+
+    @validate("culler_stale_after")
+    def _valid_culler_stale_after(self, proposal):
+        try:
+            if parse_duration(proposal["value"], "culler_stale_after") <= 0:
+                raise ValueError("culler_stale_after must be longer than 0 (e.g. 3m)")
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
 
     # --- isolation between users (docs/security.md)
     per_user_accounts = Bool(

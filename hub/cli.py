@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="run the embedded hub (see `gpulease up --help-all`)", add_help=False)
     inv = sub.add_parser("inventory", help="GPUs and MIG devices, what is free, who holds what")
-    inv.add_argument("--json", action="store_true")
+    inv.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
     inv_sub = inv.add_subparsers(dest="action")
     ret = inv_sub.add_parser(
         "return", help="return an out-of-service device to the pool (admins; refused while "
@@ -151,17 +151,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="return it even though processes are still in its cgroup")
     prof = sub.add_parser("profiles", help="list, export or apply profiles")
     prof_sub = prof.add_subparsers(dest="action", required=True)
-    prof_sub.add_parser("list")
-    prof_sub.add_parser("export")
-    apply = prof_sub.add_parser("apply")
-    apply.add_argument("file")
+    prof_sub.add_parser("list", help="every profile, one a line")
+    prof_sub.add_parser("export", help="all profiles as a YAML document (for apply)")
+    apply = prof_sub.add_parser("apply", help="upsert the profiles of a YAML document")
+    apply.add_argument("file", help="a profiles document, as export writes it")
     apply.add_argument("--prune", action="store_true", help="also delete profiles not in the file")
     users = sub.add_parser("users", help="local accounts")
     users_sub = users.add_subparsers(dest="action", required=True)
-    add = users_sub.add_parser("add")
-    add.add_argument("name")
-    add.add_argument("--admin", action="store_true")
-    add.add_argument("--password-stdin", action="store_true")
+    add = users_sub.add_parser("add", help="a local account and its hub user")
+    add.add_argument("name", help="lowercase letters, digits, '_', '.' and '-'; starts with a "
+                                  "letter")
+    add.add_argument("--admin", action="store_true",
+                     help="make a hub admin (needs a hub admin's token; the embedded hub's "
+                          "CLI token is one)")
+    add.add_argument("--password-stdin", action="store_true",
+                     help="read the password from stdin's first line (default: ask twice)")
     add_billing_parsers(sub)
     add_limits_parsers(sub)
     return parser

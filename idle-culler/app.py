@@ -49,20 +49,22 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument("--cpu-threshold", type=float, default=float(default("cpu-threshold", "10")),
                    help="percent of one core above which a server is busy (default 10)")
     p.add_argument("--gpu-threshold", type=float, default=float(default("gpu-threshold", "5")),
-                   help="GPU compute percent above which a server is busy (default 2)")
+                   help="GPU compute percent above which a server is busy (default 5)")
     p.add_argument("--gpu-source", default=default("gpu-source", "nvml"),
                    help="nvml | prometheus:URL | none (default nvml)")
     p.add_argument("--cpu-source", default=default("cpu-source", "process"),
                    choices=["process", "none"], help="process (embedded) | none")
     p.add_argument("--hub-url", default=default("hub-url", env.get("JUPYTERHUB_PUBLIC_URL", "")),
                    help="public proxy URL to reach the gpulease service (never the servers)")
-    p.add_argument("--concurrency", type=int, default=int(default("concurrency", "50")))
+    p.add_argument("--concurrency", type=int, default=int(default("concurrency", "50")),
+                   help="CPU and GPU readings in flight at once (default 50)")
     p.add_argument("--warn-before", type=parse_duration, default=default("warn-before", "5m"),
                    help="notice lead time, at most half a timeout (default 5m)")
     p.add_argument("--stale-after", type=parse_duration, default=default("stale-after", "3m"),
                    help="how long a server's pushed kernel state counts as current "
                         "(default 3m: three of gpulease.singleuser's 60 s heartbeats)")
-    p.add_argument("--log-level", default=default("log-level", "INFO"))
+    p.add_argument("--log-level", default=default("log-level", "INFO"),
+                   help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = p.parse_args(argv)
     if not args.hub_url:
         p.error("--hub-url (or GPULEASE_CULLER_HUB_URL) is required: the proxy's public URL")

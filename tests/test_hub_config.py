@@ -58,3 +58,25 @@ def test_culler_service_and_its_role(tmp_path):
     assert c.JupyterHub.last_activity_interval == 0
     assert CULLER_SERVICE_NAME not in {svc["name"] for svc in hub_config(settings(tmp_path))
                                        .JupyterHub.services}
+
+
+def test_culler_stale_after_is_a_hub_option_that_reaches_the_culler(tmp_path):
+    """The culler runs as a hub service, which does not inherit the hub's
+    environment: how long a push counts is set on the hub and handed over."""
+    from dataclasses import replace
+
+    import pytest
+    from traitlets import TraitError
+
+    from gpulease.hub.app import GPULeaseHub
+    from gpulease.hub.hub_config import CULLER_SERVICE_NAME
+    from gpulease.idle_culler.app import parse_args
+
+    culler = GPULeaseHub(culler_stale_after="90s")._culler_settings("declared")
+    c = hub_config(replace(settings(tmp_path), culler=culler))
+    env = {svc["name"]: svc for svc in c.JupyterHub.services}[CULLER_SERVICE_NAME]["environment"]
+    args = parse_args([], {k: v for k, v in env.items() if isinstance(v, str)})
+    assert args.stale_after == 90
+    assert "culler_stale_after" in GPULeaseHub.class_get_help()
+    with pytest.raises(TraitError, match="not a duration"):
+        GPULeaseHub(culler_stale_after="90")
