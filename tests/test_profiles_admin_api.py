@@ -201,6 +201,14 @@ def test_every_problem_of_one_body_is_answered_at_once(hub, admin):
     assert r.status_code == 400 and r.json()["errors"][0]["field"] == "slug"
 
 
+def test_a_body_slug_that_differs_is_named_as_written_not_as_python(hub, admin):
+    for slug, words in ((None, "slug null (no value) differs"), (7, "slug the number 7 differs"),
+                        ("other", "slug 'other' differs")):
+        r = hub.service("PUT", "api/profiles/bad", admin, {**GOOD, "slug": slug})
+        assert r.status_code == 400 and words in r.json()["message"], r.text
+        assert "None" not in r.json()["message"]
+
+
 def test_bulk_put_with_one_bad_profile_changes_nothing(hub, admin, engine):
     before = slugs(hub, admin)
     entries_before = audit(hub, admin)["total"]

@@ -23,6 +23,7 @@ from gpulease.hub.profiles import (
 )
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import inventory_view, profile_view
+from gpulease.hub.shown import shown
 from gpulease.hub.units import json_loads
 
 
@@ -177,7 +178,8 @@ class ProfileHandler(BaseAPIHandler):
         self.require_admin()
         body = self.json_body()
         if isinstance(body, dict) and "slug" in body and body["slug"] != slug:
-            raise APIError(400, f"The body's slug {body['slug']!r} differs from the URL's {slug!r}",
+            raise APIError(400, f"The body's slug {shown(body['slug'])} differs from the URL's "
+                                f"{shown(slug)}",
                            [{"field": "slug", "message": "must be omitted or equal the URL's"}])
         if isinstance(body, dict):
             body = {k: v for k, v in body.items() if k != "slug"}
