@@ -368,6 +368,15 @@ def test_h_nothing_privileged_reaches_a_users_server(hub, admin):
     huge = {"kernels": [], "terminals": None, "pad": "x" * 300_000}
     r = hub.service("PUT", "api/server-activity", server_token, huge)
     assert r.status_code == 413 and "at most 262144 bytes" in r.json()["message"], r.text
+    # Pushing as fast as she can is rationed before any body is read (hub/push_rate.py),
+    # and the culler's read of everyone's state stays quick.
+    answers = [hub.service("PUT", "api/server-activity", server_token, huge) for _ in range(30)]
+    limited = [r for r in answers if r.status_code == 429]
+    assert limited and all(r.headers.get("Retry-After", "").isdigit() for r in limited), [
+        (r.status_code, r.text[:200]) for r in answers]
+    assert "pushes its state too often" in limited[0].json()["message"]
+    began = time.monotonic()
+    assert pushed(bob) and time.monotonic() - began < 2
 
     # She leaves it: the culler's passes judge it idle and suspend it.
     hub.wait_server_stopped(eve, eve_token, timeout=60)

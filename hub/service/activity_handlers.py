@@ -5,7 +5,9 @@
   — a server, with its own token (`JUPYTERHUB_API_TOKEN`). The state is
   stored for the server the token belongs to (hub/server_activity.server_of),
   never for a user or server named in the body. 204; 400 field by field; 403
-  for a token that is not one server's own; 413 over 256 KiB.
+  for a token that is not one server's own; 413 over 256 KiB; 429 with
+  `Retry-After` beyond the push ration (hub/push_rate.py), before the body
+  is read.
 - `GET api/server-activity[?user=NAME...]` — gpulease admins (the culler):
   `{"since", "now", "servers": [{"user", "server", "pushed", "kernels":
   [...], "terminals": {"count", "last_activity"} | null}]}`. `since` is when
@@ -15,11 +17,13 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 from jupyterhub.services.auth import UserNotAllowed
 from tornado import web
 
+from gpulease.hub.push_rate import PushRate
 from gpulease.hub.server_activity import (
     MAX_BODY_BYTES,
     ActivityStore,
@@ -45,6 +49,10 @@ class ServerActivityHandler(BaseAPIHandler):
     def store(self) -> ActivityStore:
         return self.settings["gpulease_server_activity"]
 
+    @property
+    def rate(self) -> PushRate:
+        return self.settings.setdefault("gpulease_push_rate", PushRate())
+
     async def prepare(self) -> None:
         self._chunks: list[bytes] = []
         self._size = 0
@@ -64,6 +72,16 @@ class ServerActivityHandler(BaseAPIHandler):
                 self._hub_auth_user_cache = None
         if self.request.method != "PUT":
             return
+        # Rationed before the body is read: a flood costs no parsing.
+        user, server = self._own_server()
+        wait = self.rate.wait_s(user, server, time.monotonic())
+        if wait:
+            raise APIError(429, f"This server pushes its state too often: at most "
+                                f"{self.rate.server_per_s:g} a second (bursts of "
+                                f"{self.rate.server_burst:g}) per server and "
+                                f"{self.rate.user_per_s:g} a second per user; "
+                                f"try again in {wait} s",
+                           headers={"Retry-After": str(wait)})
         length = self.request.headers.get("Content-Length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             raise APIError(413, f"A server's state is at most {MAX_BODY_BYTES} bytes "

@@ -100,6 +100,8 @@ class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
                                "not affected. Try again in a minute."), []
         elif isinstance(exc, APIError):
             message, errors = exc.message, exc.errors
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             message, errors = exc.log_message % exc.args if exc.args else exc.log_message, []
         elif status_code >= 500:
