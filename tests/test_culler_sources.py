@@ -128,7 +128,9 @@ async def test_cpu_of_a_burning_tree_versus_a_sleeping_one():
         await asyncio.sleep(1.0)
         busy = await source.read(("b", ""), {"pid": burner.pid})
         quiet = await source.read(("s", ""), {"pid": sleeper.pid})
-        assert busy.percent is not None and busy.percent > 50, busy
+        # A burner gets less than a core when the machine's two are busy (CI runs
+        # hubs alongside): far above the sleeper is what tells them apart.
+        assert busy.percent is not None and busy.percent > 20, busy
         assert quiet.percent is not None and quiet.percent < 5, quiet
     finally:
         for p in (burner, sleeper):

@@ -3,6 +3,7 @@ from decimal import Decimal
 import pytest
 import yaml
 
+from gpulease.hub.shown import shown
 from gpulease.hub.units import (
     MAX_UCR,
     credits_text,
@@ -39,7 +40,7 @@ def test_parse_duration_rejects(bad):
         parse_duration(bad, "min_run")
     message = str(info.value)
     assert message.startswith("min_run: ")
-    assert repr(bad) in message
+    assert shown(bad) in message  # as the file wrote it, never a Python repr
     if "too long" not in message:
         assert "durations look like 90s, 30m, 2h, 1h30m or 0" in message
 
@@ -78,7 +79,7 @@ def test_parse_quantity_accepts(text, n):
 def test_parse_quantity_rejects(bad):
     with pytest.raises(ValueError) as info:
         parse_quantity(bad)
-    assert repr(bad) in str(info.value)
+    assert shown(bad) in str(info.value)
 
 
 @pytest.mark.parametrize("n, text", [
