@@ -19,7 +19,7 @@ from sqlalchemy.orm import object_session
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.holds import Hold, held_on
-from gpulease.hub.ledger import BillingError
+from gpulease.hub.ledger import LOW_BALANCE_MINUTES, BillingError, minutes_left
 from gpulease.hub.options import (
     CHOSEN_BY_REQUEST,
     OptionsRefused,
@@ -27,8 +27,9 @@ from gpulease.hub.options import (
     options_summary,
     resolve_user_options,
     resolved_options,
+    why_chosen,
 )
-from gpulease.hub.units import format_duration, rate_cost
+from gpulease.hub.units import format_credits, format_duration, rate_cost
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -151,3 +152,21 @@ def _save_resolved(spawner: LocalGPUSpawner, choice: ServerChoice) -> None:
     session = object_session(orm_spawner)
     if session is not None:
         session.commit()
+
+
+def start_events(choice: ServerChoice, balance_ucr: int) -> list[dict]:
+    """The spawn progress's first words: what starts, at what price, on which account,
+    why (an empty-body start, as VS Code sends, is told what it got), and a low balance."""
+    profile = choice.profile
+    why = why_chosen(choice)
+    events = [{"progress": 10,
+               "message": f"Starting {profile.display_name} ({choice.image.name}) at "
+                          f"{format_credits(profile.price_per_hour_ucr)} credits/h, charged to "
+                          f"{choice.account}" + (f"; {why}" if why else "")}]
+    left = minutes_left(balance_ucr, profile.price_per_hour_ucr)
+    if left is not None and left < LOW_BALANCE_MINUTES:
+        events.append({"progress": 20,
+                       "message": f"Low balance: {format_credits(balance_ucr)} credits on "
+                                  f"{choice.account}, about {left} min at this price. The "
+                                  "server stops when the balance reaches zero."})
+    return events

@@ -210,6 +210,23 @@ def cleanup(state: dict, wait_s: float = 5.0) -> Emptied | None:
     return emptied
 
 
+def end_everything(state: dict) -> Emptied | None:
+    """`cleanup` that never raises: an error leaves what is in the cgroup to decide.
+
+    A stop must end with an answer to "may its devices go?": when ending the
+    cgroup fails (a folder gone odd, systemctl failing), what is still in it
+    says; a scope whose folder is unknown counts as not empty.
+    """
+    try:
+        return cleanup(state)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.error("cannot end the processes of cgroup %s: %s", state.get("unit"), e)
+        dirs = tuple(state.get("dirs", ()))
+        left = tuple(sorted(cgroup_pids(dirs))) if dirs else (-1,)
+        return Emptied(state.get("kind", ""), state.get("unit", ""), dirs, f"an error ({e})",
+                       0, left)
+
+
 def _end_holders(state: dict, emptied: Emptied) -> Emptied:
     """Descriptors on the server's GPU nodes passed out of its cgroup die with it."""
     holding = {k: state[k] for k in ("uid", "device_nodes") if k in state}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from datetime import datetime
 from pathlib import Path
 
@@ -23,27 +22,23 @@ from jupyterhub.spawner import LocalProcessSpawner
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, Dict, Float, Integer, Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
-from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
-from gpulease.hub.my_servers import option_value
-from gpulease.hub.options import ServerChoice, why_chosen
-from gpulease.hub.profiles import usable_by
+from gpulease.hub.options import ServerChoice
 from gpulease.hub.state import StateDir, ensure_home
-from gpulease.hub.units import format_credits
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
-from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options
-from gpulease.spawners.cgroup_kill import Emptied, cgroup_pids, devices_may_go
+from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
+from gpulease.spawners.cgroup_kill import Emptied, devices_may_go
 from gpulease.spawners.cgroups import CgroupError
-from gpulease.spawners.options_form import FormData, options_from_form, render_options_form
-from gpulease.spawners.placement import availability
+from gpulease.spawners.first_answer import first_answer
+from gpulease.spawners.options_form import options_from_form, render_options_form
 from gpulease.spawners.process_spec import build_process_spec, filter_server_env
 from gpulease.spawners.process_tree import end_processes, kill_tree, process_tree
 from gpulease.spawners.queue_runner import Refused, queue_progress, runner_for, tell_started
+from gpulease.spawners.spawn_form import spawn_form_data
 
 
 class LocalGPUSpawner(LocalProcessSpawner):
@@ -145,36 +140,12 @@ class LocalGPUSpawner(LocalProcessSpawner):
 
     @staticmethod
     def _render_form(spawner: LocalGPUSpawner) -> str:
-        """Gather what the spawn page shows; options_form.render_options_form renders it."""
-        ctx = spawner.gpulease
-        name = spawner.user.name
+        # Read the hub's ORM here; spawn_form gathers the rest from gpulease's context.
         groups = {g.name for g in spawner.user.groups}
-        profiles = sorted(
-            (p for p in ctx.profiles.list(include_disabled=False) if usable_by(p, groups)),
-            key=lambda p: (p.price_per_hour_ucr, p.slug),
-        )
-        held = set(ctx.assignments.held())
-        avail = {
-            p.slug: availability(ctx.inventory, held, p.gpu.device_request())
-            for p in profiles
-            if p.gpu
-        }
-        waiting = ctx.queue.waiting_by_profile()
-        group_accounts = [a for a in ctx.ledger.group_accounts() if a.partition(":")[2] in groups]
-        balances = ctx.ledger.balances([f"user:{name}", *group_accounts])
         orm_spawner = spawner.orm_spawner
         saved = dict(orm_spawner.user_options or {}) if orm_spawner else {}
-        return render_options_form(FormData(
-            profiles=profiles,
-            availability=avail,
-            selected=option_value(saved, "profile") or ctx.profiles.get_default_profile(name),
-            selected_image=option_value(saved, "image"),
-            waiting=waiting,
-            balance_ucr=int(balances.get(f"user:{name}", 0)),
-            images={image.name: image for image in ctx.catalog.images},
-            accounts=[(a, int(balances.get(a, 0))) for a in group_accounts],
-            selected_account=option_value(saved, "account"),
-        ))
+        return render_options_form(
+            spawn_form_data(spawner.gpulease, spawner.user.name, groups, saved))
 
     def options_from_form(self, formdata):
         return options_from_form(formdata)
@@ -331,24 +302,18 @@ class LocalGPUSpawner(LocalProcessSpawner):
         delays while JupyterLab starts; returning only when the server answers
         lets its first try succeed (about a second per spawn, bench/spawn.py).
         """
-        client = AsyncHTTPClient()
-        url = f"http://{ip}:{port}{self.server.base_url}api"
         proc = self.proc
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while deadline is None or loop.time() < deadline:
-            if proc is None or proc.poll() is not None or self.proc is not proc or self._stopping:
-                return False  # died (JupyterHub's own check reports it), or stopped
-            try:
-                await client.fetch(url, raise_error=False, request_timeout=2, connect_timeout=1)
-            except (OSError, HTTPClientError, TimeoutError):
-                # Refused while it starts, or tornado's 599 (HTTPClientError, not
-                # OSError) when it accepts but does not answer yet: keep waiting.
-                await asyncio.sleep(0.05)
-                continue
-            self.gpulease_answered_at = utcnow()
+
+        def still_ours() -> bool:  # died (JupyterHub's own check reports it), or stopped
+            return not (proc is None or proc.poll() is not None or self.proc is not proc
+                        or self._stopping)
+
+        url = f"http://{ip}:{port}{self.server.base_url}api"
+        answered = await first_answer(url, still_ours, timeout)
+        if isinstance(answered, datetime):
+            self.gpulease_answered_at = answered
             return True
-        return None
+        return answered
 
     async def _first_answer(self, choice: ServerChoice, admitted) -> None:
         """The server answered: bill it from now on, and tell a queued user it started."""
@@ -415,19 +380,9 @@ class LocalGPUSpawner(LocalProcessSpawner):
         choice = self.gpulease_choice
         if choice is None:
             return
+        for event in start_events(choice, self.gpulease_balance):
+            yield event
         profile = choice.profile
-        price = format_credits(profile.price_per_hour_ucr)
-        why = why_chosen(choice)  # an empty-body start (VS Code) is told what it got
-        yield {"progress": 10,
-               "message": f"Starting {profile.display_name} ({choice.image.name}) at "
-                          f"{price} credits/h, charged to {choice.account}"
-                          + (f"; {why}" if why else "")}
-        left = minutes_left(self.gpulease_balance, profile.price_per_hour_ucr)
-        if left is not None and left < LOW_BALANCE_MINUTES:
-            yield {"progress": 20,
-                   "message": f"Low balance: {format_credits(self.gpulease_balance)} credits on "
-                              f"{choice.account}, about {left} min at this price. The server "
-                              "stops when the balance reaches zero."}
         if profile.gpu is not None:
             runner = runner_for(self.gpulease, self.queue_poll_interval)
             async for event in queue_progress(
@@ -478,15 +433,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
         cgroup, self.gpulease_cgroup = self.gpulease_cgroup, None
         if not cgroup:
             return None
-        try:
-            emptied = await asyncio.to_thread(isolation.cleanup, cgroup)
-        except (OSError, subprocess.SubprocessError) as e:
-            self.log.error("cannot end the processes of %s: %s", self._log_name, e)
-            dirs = tuple(cgroup.get("dirs", ()))
-            # What is in it decides; a scope whose folder is unknown counts as not empty.
-            left = tuple(sorted(cgroup_pids(dirs))) if dirs else (-1,)
-            emptied = Emptied(cgroup.get("kind", ""), cgroup.get("unit", ""), dirs,
-                              f"an error ({e})", 0, left)
+        emptied = await asyncio.to_thread(isolation.end_everything, cgroup)
         if not emptied.empty:
             self.log.error("%s stopped, but its cgroup is not empty: %s", self._log_name,
                            emptied.describe())

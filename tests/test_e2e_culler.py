@@ -365,12 +365,20 @@ def test_h_nothing_privileged_reaches_a_users_server(hub, admin):
     everyone = hub.service("GET", "api/server-activity", admin).json()["servers"]
     assert [(s["user"], s["server"]) for s in everyone
             if any(k["id"] == "forged" for k in s["kernels"])] == [(eve, "")]
+    # Servers push to the service directly, not through the proxy (GPULEASE_SERVICE_URL):
+    # so do these, whose early refusals would otherwise race the proxy's upload.
+    service_url = hub.api("GET", "services/gpulease", admin).json()["url"].rstrip("/")
+
+    def push_direct(body: dict) -> requests.Response:
+        return requests.put(f"{service_url}/services/gpulease/api/server-activity", json=body,
+                            headers={"Authorization": f"token {server_token}"}, timeout=60)
+
     huge = {"kernels": [], "terminals": None, "pad": "x" * 300_000}
-    r = hub.service("PUT", "api/server-activity", server_token, huge)
+    r = push_direct(huge)
     assert r.status_code == 413 and "at most 262144 bytes" in r.json()["message"], r.text
     # Pushing as fast as she can is rationed before any body is read (hub/push_rate.py),
     # and the culler's read of everyone's state stays quick.
-    answers = [hub.service("PUT", "api/server-activity", server_token, huge) for _ in range(30)]
+    answers = [push_direct(forged) for _ in range(30)]
     limited = [r for r in answers if r.status_code == 429]
     assert limited and all(r.headers.get("Retry-After", "").isdigit() for r in limited), [
         (r.status_code, r.text[:200]) for r in answers]
