@@ -121,3 +121,30 @@ def relocate_state(state: Path) -> Path:
     state.parent.mkdir(parents=True, exist_ok=True)
     state.symlink_to(real, target_is_directory=True)
     return real
+
+
+def why_not_isolated() -> str:
+    """Why this host cannot run servers as per-user accounts ('' when it can)."""
+    if os.geteuid() != 0:
+        return "per-user accounts and cgroups need the hub to run as root (CI runs as root)"
+    return hub_python()[1]
+
+
+def isolation_gate():
+    """`pytestmark` and an autouse fixture for the tests that run as per-user accounts.
+
+    Elsewhere they skip, saying why; under CI=true as root (where they must
+    run) a host that cannot run them fails them instead.
+    """
+    import pytest
+
+    why = why_not_isolated()
+    must_run = os.geteuid() == 0 and os.environ.get("CI", "").lower() == "true"
+    marks = [pytest.mark.e2e, pytest.mark.skipif(bool(why) and not must_run, reason=why or "-")]
+
+    @pytest.fixture(autouse=True)
+    def _runs_where_it_must():
+        if why:
+            pytest.fail(f"CI=true as root, but the isolation tests cannot run: {why}")
+
+    return marks, _runs_where_it_must

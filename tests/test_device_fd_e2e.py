@@ -27,7 +27,7 @@ import pytest
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.device_holders import holders
 from tests.hubproc import HubProcess, run_in_kernel
-from tests.isolation_env import hub_python, shared_tmpdir
+from tests.isolation_env import isolation_gate, shared_tmpdir
 
 ADMIN_PW = "admin-secret-pw"
 GPU = "GPU-declared-box-0"
@@ -62,22 +62,8 @@ while True:
 """
 
 
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "per-user accounts and cgroups need the hub to run as root (CI runs as root)"
-    return hub_python()[1]
-
-
-_WHY_NOT = _why_not()
-_MUST_RUN = os.geteuid() == 0 and os.environ.get("CI", "").lower() == "true"
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bool(_WHY_NOT) and not _MUST_RUN, reason=_WHY_NOT or "-")]
-
-
-@pytest.fixture(autouse=True)
-def _runs_where_it_must():
-    if _WHY_NOT:
-        pytest.fail(f"CI=true as root, but the isolation tests cannot run: {_WHY_NOT}")
+# Runs as per-user accounts: skipped where the host cannot, failed under CI=true as root.
+pytestmark, _runs_where_it_must = isolation_gate()
 
 
 @pytest.fixture(scope="module")

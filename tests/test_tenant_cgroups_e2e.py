@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import subprocess
 import time
 
@@ -30,7 +29,7 @@ from gpulease.hub.db import make_engine, out_of_service, utcnow
 from gpulease.spawners.cgroup_kill import empty_cgroup
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from tests.hubproc import HubProcess, run_in_kernel
-from tests.isolation_env import hub_python, shared_tmpdir
+from tests.isolation_env import isolation_gate, shared_tmpdir
 
 ADMIN_PW = "admin-secret-pw"
 GPU = "GPU-declared-box-0"
@@ -60,22 +59,8 @@ ATTACK = (f"""C='printf . >> "$HOME/{BEATS}"; sleep 0.02; sh -c "$0" "$0" &'; ""
           """i=0; while [ $i -lt 4 ]; do sh -c "$C" "$C" & i=$((i+1)); done""")
 
 
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "per-user accounts and cgroups need the hub to run as root (CI runs as root)"
-    return hub_python()[1]
-
-
-_WHY_NOT = _why_not()
-_MUST_RUN = os.geteuid() == 0 and os.environ.get("CI", "").lower() == "true"
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bool(_WHY_NOT) and not _MUST_RUN, reason=_WHY_NOT or "-")]
-
-
-@pytest.fixture(autouse=True)
-def _runs_where_it_must():
-    if _WHY_NOT:
-        pytest.fail(f"CI=true as root, but the isolation tests cannot run: {_WHY_NOT}")
+# Runs as per-user accounts: skipped where the host cannot, failed under CI=true as root.
+pytestmark, _runs_where_it_must = isolation_gate()
 
 
 @pytest.fixture(scope="module")
