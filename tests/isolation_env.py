@@ -148,3 +148,22 @@ def isolation_gate():
             pytest.fail(f"CI=true as root, but the isolation tests cannot run: {why}")
 
     return marks, _runs_where_it_must
+
+
+def mock_server_catalog(base: Path) -> Path:
+    """A catalog (written in `base`) whose one image, `mock`, runs JupyterHub's mock
+    single-user server: servers that start in milliseconds. As root the servers run
+    as per-user accounts, so its env lives where they can reach it."""
+    import yaml
+
+    python, no_accounts = hub_python()
+    env = (base if no_accounts else shared_tmpdir("mockenv-")) / "mockenv"
+    (env / "bin").mkdir(parents=True)
+    script = env / "bin" / "jupyterhub-singleuser"
+    script.write_text(f"#!/bin/sh\nexec {python} -m jupyterhub.tests.mocksu \"$@\"\n")
+    script.chmod(0o755)
+    catalog = base / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"images": [
+        {"name": "mock", "image": "example.org/mock:1", "description": "mock server",
+         "local_env": str(env)}]}))
+    return catalog

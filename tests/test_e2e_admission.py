@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.hubproc import HubProcess
-from tests.isolation_env import hub_python, shared_tmpdir
+from tests.isolation_env import mock_server_catalog
 
 pytestmark = pytest.mark.e2e
 
@@ -36,17 +36,7 @@ INVENTORY = {"nodes": [{"name": "local", "gpus": [
 
 
 def _files(base: Path) -> list[str]:
-    # As root the servers run as per-user accounts: the mock env must be reachable by them.
-    python, no_accounts = hub_python()
-    env = (base if no_accounts else shared_tmpdir("mockenv-")) / "mockenv"
-    (env / "bin").mkdir(parents=True)
-    script = env / "bin" / "jupyterhub-singleuser"
-    script.write_text(f"#!/bin/sh\nexec {python} -m jupyterhub.tests.mocksu \"$@\"\n")
-    script.chmod(0o755)
-    catalog = base / "catalog.yaml"
-    catalog.write_text(yaml.safe_dump({"images": [
-        {"name": "mock", "image": "example.org/mock:1", "description": "mock server",
-         "local_env": str(env)}]}))
+    catalog = mock_server_catalog(base)
     (base / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
     (base / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY))
     (base / "config.py").write_text("c.Spawner.poll_interval = 1\n")
