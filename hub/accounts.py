@@ -18,7 +18,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from gpulease.hub.db import local_accounts, utcnow
+from gpulease.hub.db import local_accounts, reading, utcnow
 
 log = logging.getLogger("gpulease.accounts")
 
@@ -129,7 +129,7 @@ class LocalAccountStore:
         self.engine = engine
 
     def _hash_of(self, name: str) -> str | None:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return conn.execute(
                 select(local_accounts.c.password_hash).where(local_accounts.c.name == name)
             ).scalar_one_or_none()
@@ -206,7 +206,7 @@ class LocalAccountStore:
         return self._hash_of(name) is not None
 
     def names(self) -> list[str]:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return list(
                 conn.execute(
                     select(local_accounts.c.name).order_by(local_accounts.c.name)

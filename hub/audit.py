@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select
 
 from gpulease.hub.billing_reports import iso_z
-from gpulease.hub.db import audit_log, utcnow
+from gpulease.hub.db import audit_log, reading, utcnow
 from gpulease.hub.units import DURATION_HINT, parse_duration
 
 DEFAULT_RETENTION = dt.timedelta(days=180)
@@ -110,7 +110,7 @@ class AuditLog:
         count = select(func.count()).select_from(query.subquery())
         newest_first = query.order_by(audit_log.c.at.desc(), audit_log.c.id.desc())
         page = newest_first.limit(limit).offset(offset)
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             total = conn.execute(count).scalar_one()
             rows = conn.execute(page).all()
         return [

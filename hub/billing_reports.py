@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Engine, Select, func, literal_column, select
 
-from gpulease.hub.db import sessions
+from gpulease.hub.db import reading, sessions
 from gpulease.hub.ledger import parse_account
 from gpulease.hub.sessions import session_from_row
 from gpulease.hub.units import format_credits
@@ -89,7 +89,7 @@ def usage(engine: Engine, *, user: str | None = None, account: str | None = None
     """Sessions (by start) with billed seconds and cost; `now` is not used: open
     sessions count to their last confirmation, which is what they owe."""
     query = _filtered(select(sessions), user=user, account=account, since=since, until=until)
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         rows = conn.execute(query.order_by(sessions.c.started_at, sessions.c.id)).all()
     listed = []
     for row in rows:
@@ -126,7 +126,7 @@ def report(engine: Engine, *, since: Period, until: Period,
                     func.coalesce(func.sum(sub.c.billed), 0).label("billed_seconds"),
                     func.coalesce(func.sum(_cost(sub)), 0).label("cost"))
              .group_by(sub.c.key).order_by(sub.c.key))
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return [{"key": r.key, "sessions": int(r.sessions),
                  "billed_seconds": int(r.billed_seconds), "cost": int(r.cost)}
                 for r in conn.execute(query)]
@@ -144,7 +144,7 @@ def spend_per_day(engine: Engine, *, user: str | None, account: str | None,
                     since=since, until=until).subquery()
     query = (select(sub.c.day, func.sum(_cost(sub)).label("cost"))
              .group_by(sub.c.day).order_by(sub.c.day))
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         spent = {(d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d))): int(c)
                  for d, c in conn.execute(query)}
     start, end = _moment(since), _moment(until)

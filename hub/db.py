@@ -7,12 +7,24 @@ that its schema evolves through its own Alembic migrations.
 
 Times are stored as naive UTC datetimes (both SQLite and PostgreSQL then
 compare them the same way); `utcnow()` is the one clock used for them.
+
+Transactions: `engine.begin()` is for work that writes. On SQLite it starts
+with BEGIN IMMEDIATE (the write lock up front), so a check-then-insert is
+serialised and waits up to busy_timeout behind another writer. A pure read
+uses `reading(engine)` instead: a deferred BEGIN, a WAL snapshot that never
+waits for a writer; the connection is query-only, so a write slipped into it
+fails at once instead of failing to upgrade its lock later. PostgreSQL needs
+neither (MVCC readers never wait for writers): there both are plain
+transactions. The hub and the service run every database call off their event
+loop (asyncio.to_thread), so a writer that waits blocks only its own request.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import (
@@ -30,7 +42,7 @@ from sqlalchemy import (
     event,
     text,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 metadata = MetaData(
     naming_convention={
@@ -289,11 +301,32 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
-def _sqlite_begin_immediate(conn) -> None:
+# The execution option that marks a connection as read-only (set by `reading`).
+READ_ONLY = "gpulease_read_only"
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    # The one place that decides how a transaction begins on SQLite. A writer:
     # pysqlite's deferred BEGIN lets two writers both read, then one fails to
     # upgrade its lock; BEGIN IMMEDIATE takes the write lock up front, so a
-    # check-then-insert transaction is serialised.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # check-then-insert transaction is serialised. A reader: deferred, so it
+    # reads a WAL snapshot without queueing behind writers; query_only makes a
+    # write in it fail at once (it could not take the write lock safely).
+    read_only = bool(conn.get_execution_options().get(READ_ONLY))
+    info = conn.connection.info
+    if info.get(READ_ONLY, False) != read_only:
+        conn.exec_driver_sql(f"PRAGMA query_only={'ON' if read_only else 'OFF'}")
+        info[READ_ONLY] = read_only
+    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A connection for a pure read: on SQLite it takes no write lock and never waits
+    for a writer (see the module docstring). Only reads may run in it."""
+    with engine.connect() as conn:
+        conn.execution_options(**{READ_ONLY: True})
+        yield conn
 
 
 def make_engine(url: str, **kwargs) -> Engine:
@@ -308,7 +341,7 @@ def make_engine(url: str, **kwargs) -> Engine:
             **kwargs,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
-        event.listen(engine, "begin", _sqlite_begin_immediate)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     if url.startswith("postgresql"):
@@ -344,5 +377,5 @@ def sqlite_url(path: str | os.PathLike) -> str:
 
 
 def ping(engine: Engine) -> None:
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         conn.execute(text("SELECT 1"))

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, literal, select, text
 
-from gpulease.hub.db import account_caps, ledger_entries, sessions, utcnow
+from gpulease.hub.db import account_caps, ledger_entries, reading, sessions, utcnow
 from gpulease.hub.holds import Held, OpenRun, credit_refusal
 from gpulease.hub.shown import shown
 from gpulease.hub.units import MAX_UCR, format_credits, rate_cost
@@ -198,14 +198,14 @@ class Ledger:
                             .limit(1)).first() is not None
 
     def account_exists(self, account: str) -> bool:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return self._exists(conn, parse_account(account))
 
     def group_accounts(self) -> list[str]:
         query = (select(ledger_entries.c.account).distinct()
                  .where(ledger_entries.c.account.like("group:%"))
                  .order_by(ledger_entries.c.account))
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return list(conn.execute(query).scalars())
 
     def balance(self, account: str, now: dt.datetime | None = None) -> int:
@@ -220,7 +220,7 @@ class Ledger:
         wanted = sorted(set(accounts))
         result = dict.fromkeys(wanted, 0)
         s = sessions.c
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             for chunk in (wanted[i:i + _IN_CHUNK] for i in range(0, len(wanted), _IN_CHUNK)):
                 sums = conn.execute(
                     select(ledger_entries.c.account, func.sum(ledger_entries.c.amount_ucr))
@@ -245,13 +245,13 @@ class Ledger:
             query = query.where(ledger_entries.c.created_at >= since)
         if until is not None:
             query = query.where(ledger_entries.c.created_at < until)
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return [dict(row._mapping) for row in conn.execute(query.order_by(ledger_entries.c.id))]
 
     def cap_of(self, account: str, user: str) -> int | None:
         query = select(account_caps.c.monthly_ucr).where(
             account_caps.c.account == parse_account(account), account_caps.c.user_name == user)
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             value = conn.execute(query).scalar()
         return None if value is None else int(value)
 
@@ -260,7 +260,7 @@ class Ledger:
         """What `user` spent on `account` since `month_start`: charges + open accrued."""
         account = parse_account(account)
         e, s = ledger_entries.c, sessions.c
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             charged = conn.execute(
                 select(func.coalesce(func.sum(e.amount_ucr), 0)).where(
                     e.account == account, e.user_name == user, e.kind == "charge",
@@ -277,7 +277,7 @@ class Ledger:
         query = (select(s.user_name, s.server_name, s.profile_slug, s.rate_per_hour_ucr,
                         s.started_at, s.last_confirmed_at)
                  .where(s.ended_at.is_(None), s.account == parse_account(account)))
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return [OpenRun((r.user_name, r.server_name), r.profile_slug,
                             int(r.rate_per_hour_ucr), r.started_at, _accrued([r]))
                     for r in conn.execute(query)]

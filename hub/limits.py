@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, delete, insert, select, update
 
-from gpulease.hub.db import limits
+from gpulease.hub.db import limits, reading
 from gpulease.hub.ledger import advisory_lock
 from gpulease.hub.shown import shown
 
@@ -183,12 +183,12 @@ class LimitStore:
         return Limit(row.subject, row.max_gpus, row.max_slices)
 
     def all(self) -> dict[str, Limit]:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(select(limits).order_by(limits.c.subject))
             return {row.subject: self._limit(row) for row in rows}
 
     def get(self, subject: str) -> Limit | None:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             row = conn.execute(select(limits).where(limits.c.subject == subject)).first()
         return self._limit(row) if row else None
 

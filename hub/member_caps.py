@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterator
 
 from sqlalchemy import Engine, func, select
 
-from gpulease.hub.db import account_caps, ledger_entries, sessions
+from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
 from gpulease.hub.ledger import billed_seconds
 from gpulease.hub.units import rate_cost
 
@@ -36,7 +36,7 @@ def capped_spends(engine: Engine, pairs: Collection[Pair],
     c, e, s = account_caps.c, ledger_entries.c, sessions.c
     caps: dict[Pair, int] = {}
     spent: dict[Pair, int] = {}
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         for chunk in _chunks(sorted({a for a, _ in wanted})):
             for row in conn.execute(select(c.account, c.user_name, c.monthly_ucr)
                                     .where(c.account.in_(chunk))):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, and_, delete, insert, or_, select, update
 
-from gpulease.hub.db import notices, notification_prefs, utcnow
+from gpulease.hub.db import notices, notification_prefs, reading, utcnow
 from gpulease.hub.ledger import advisory_lock
 from gpulease.hub.shown import shown
 
@@ -198,11 +198,11 @@ class NoticeStore:
                     notices.c.deadline >= stale)
         query = (select(notices).where(self._open(user, server), fresh)
                  .order_by(notices.c.created_at, notices.c.id))
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return [_notice(row) for row in conn.execute(query)]
 
     def get_prefs(self, user: str) -> Prefs:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             row = conn.execute(select(notification_prefs)
                                .where(notification_prefs.c.user_name == user)).first()
         return Prefs(row.channel, row.address) if row else Prefs()

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gpulease.hub.audit import AuditLog
 from gpulease.hub.catalog import Catalog
-from gpulease.hub.db import audit_log, settings, user_prefs, utcnow
+from gpulease.hub.db import audit_log, reading, settings, user_prefs, utcnow
 from gpulease.hub.db import profiles as profiles_table
 from gpulease.hub.profiles import (
     FieldError,
@@ -99,14 +99,14 @@ class ProfileStore:
         query = select(profiles_table)
         if not include_disabled:
             query = query.where(profiles_table.c.enabled.is_(True))
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(query).all()
         found = [p for p in map(self._from_row, rows) if p is not None]
         return sorted(found, key=lambda p: (p.price_per_hour_ucr, p.slug))
 
     def exists(self, slug: str) -> bool:
         """Whether a row exists, even one that no longer reads as a valid profile."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return conn.execute(
                 select(profiles_table.c.slug).where(profiles_table.c.slug == slug)
             ).first() is not None
@@ -114,14 +114,14 @@ class ProfileStore:
     def deleted_slugs(self) -> set[str]:
         """Profiles the audit log saw deleted that do not exist again (within its retention)."""
         query = select(audit_log.c.target).where(audit_log.c.action == "profile.delete")
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             targets = set(conn.execute(query.distinct()).scalars())
             current = set(conn.execute(select(profiles_table.c.slug)).scalars())
         slugs = {t.removeprefix("profile:") for t in targets if t.startswith("profile:")}
         return slugs - current
 
     def get(self, slug: str) -> Profile | None:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             row = conn.execute(
                 select(profiles_table).where(profiles_table.c.slug == slug)
             ).first()
@@ -256,7 +256,7 @@ class ProfileStore:
     # --- default profiles --------------------------------------------------------
 
     def get_default_profile(self, user: str) -> str | None:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return conn.execute(
                 select(user_prefs.c.default_profile).where(user_prefs.c.user_name == user)
             ).scalar()

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, case, delete, insert, select, update
 
-from gpulease.hub.db import ledger_entries, meter_lease, sessions, utcnow
+from gpulease.hub.db import ledger_entries, meter_lease, reading, sessions, utcnow
 from gpulease.hub.ledger import BillingError, advisory_lock, billed_seconds, parse_account
 from gpulease.hub.units import MAX_UCR, rate_cost
 
@@ -97,7 +97,7 @@ class SessionLedger:
 
     # --- reading ------------------------------------------------------------------
     def _select(self, *where: Any) -> list[Session]:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(select(sessions).where(*where).order_by(sessions.c.id))
             return [session_from_row(row) for row in rows]
 

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from gpulease.hub.db import assignments, out_of_service, utcnow
+from gpulease.hub.db import assignments, out_of_service, reading, utcnow
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, place
 
@@ -139,7 +139,7 @@ class AssignmentStore:
 
     def held(self) -> dict[str, Holder]:
         """Devices that are not free, by uuid: open assignments, and those out of service."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(select(assignments).where(_open).order_by(assignments.c.id))
             taken = {row.device_uuid: _holder(row) for row in rows}
             for row in conn.execute(select(out_of_service).where(_out)):
@@ -180,7 +180,7 @@ class AssignmentStore:
 
     def out_of_service(self) -> dict[str, OutOfService]:
         """Open out-of-service records by device uuid."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(select(out_of_service).where(_out).order_by(out_of_service.c.id))
             return {r.device_uuid: OutOfService(
                 r.device_uuid, r.user_name, r.server_name, r.profile_slug, json.loads(r.cgroup),
@@ -200,7 +200,7 @@ class AssignmentStore:
                             json.loads(row.cgroup), row.detail, row.since)
 
     def devices_of(self, user: str, server: str) -> list[str]:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return list(conn.execute(
                 select(assignments.c.device_uuid)
                 .where(_open, assignments.c.user_name == user, assignments.c.server_name == server)
@@ -215,7 +215,7 @@ class AssignmentStore:
         `running(user, server)` is asked outside any transaction (it may be
         slow); each release then applies only if the row is still open.
         """
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = list(conn.execute(select(assignments).where(_open).order_by(assignments.c.id)))
         present = inventory.device_uuids()
         alive: dict[tuple[str, str], bool] = {}
@@ -248,7 +248,7 @@ class AssignmentStore:
 
     def history(self, limit: int = 100) -> list[dict[str, Any]]:
         """The latest assignments, open and closed, newest first."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(select(assignments).order_by(assignments.c.id.desc()).limit(limit))
             return [
                 {"device_uuid": r.device_uuid, "node": r.node, "user": r.user_name,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, and_, delete, func, insert, select
 
-from gpulease.hub.db import spawn_queue, utcnow
+from gpulease.hub.db import reading, spawn_queue, utcnow
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,14 @@ class QueueStore:
 
     def rows(self) -> list[QueuedSpawn]:
         """The whole queue, next to be served first."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(select(spawn_queue).order_by(spawn_queue.c.id)).all()
         return [QueuedSpawn(r.user_name, r.server_name, r.profile, i, r.enqueued_at)
                 for i, r in enumerate(rows, start=1)]
 
     def position(self, user: str, server: str) -> int | None:
         """1-based place of a server's spawn in the queue; None when it does not wait."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             row_id = conn.execute(
                 select(spawn_queue.c.id).where(self._this(user, server))
             ).scalar()
@@ -77,7 +77,7 @@ class QueueStore:
 
     def waiting_by_profile(self) -> dict[str, int]:
         """How many spawns wait, per profile slug (profiles nobody waits for are absent)."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(
                 select(spawn_queue.c.profile, func.count()).group_by(spawn_queue.c.profile)
             ).all()

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 from tornado import web
 
-from gpulease.hub.db import account_caps, ledger_entries
+from gpulease.hub.db import account_caps, ledger_entries, reading
 from gpulease.hub.limits import FIELDS as LIMIT_FIELDS
 from gpulease.hub.limits import LimitError, LimitStore, parse_limit_body, parse_subject
 from gpulease.hub.service import billing_views as bv
@@ -34,13 +34,13 @@ ENTRY_FORMS = (
 
 def ledger_accounts(engine: Engine) -> list[str]:
     """Every account with a ledger row (users the hub forgot included)."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return list(conn.execute(select(ledger_entries.c.account).distinct()).scalars())
 
 
 def all_caps(engine: Engine) -> list[dict[str, Any]]:
     query = select(account_caps).order_by(account_caps.c.account, account_caps.c.user_name)
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return [{"account": r.account, "user": r.user_name, "monthly": bv.money(r.monthly_ucr)}
                 for r in conn.execute(query)]
 
@@ -101,7 +101,7 @@ class CreditsPage(AdminPage):
 
 
 def _entry_or_none(engine: Engine, entry_id: int) -> dict[str, Any] | None:
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         row = conn.execute(select(ledger_entries).where(ledger_entries.c.id == entry_id)).first()
     return dict(row._mapping) if row is not None else None
 

@@ -11,7 +11,7 @@ from tornado.escape import url_escape
 from tornado.httpclient import HTTPClientError
 
 from gpulease.hub import billing_reports
-from gpulease.hub.db import ledger_entries
+from gpulease.hub.db import ledger_entries, reading
 from gpulease.hub.ledger import (
     LOW_BALANCE_MINUTES,
     BillingError,
@@ -250,7 +250,7 @@ class _EntryHandler(BillingHandler):
 
 def _entry(engine: Engine, entry_id: int) -> dict[str, Any]:
     """One ledger row as written, with its time (read back: the ledger stamps it)."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         row = conn.execute(select(ledger_entries).where(ledger_entries.c.id == entry_id)).one()
     return {**row._mapping, "created": row.created_at}
 
