@@ -6,4 +6,5 @@ c = get_config()  # noqa: F821 (provided by traitlets when the file is loaded)
 # c.GPULeaseHub.profiles_file = "/etc/gpulease/profiles.yaml"
 # c.GPULeaseHub.inventory_file = ""          # empty: NVML on this host
 # c.LocalAccountsAuthenticator.max_failures = 5
+# c.LocalAccountsAuthenticator.trusted_proxies = ["10.0.0.0/24"]   # an Ingress in front
 # c.Spawner.start_timeout = 120

@@ -9,9 +9,11 @@ JupyterHub calls `authenticate(handler, data)` from two places:
   API handler and `data` is the JSON body's `auth` value, which may be missing
   (None) or any JSON value at all.
 
-Both handlers are tornado RequestHandlers, so the client address is
-`handler.request.remote_ip` (the hub runs tornado with `xheaders=True`, so
-behind the proxy this is the address from X-Forwarded-For / X-Real-Ip).
+Both handlers are tornado RequestHandlers. The address a login is counted
+against is not `handler.request.remote_ip`: with `xheaders=True` tornado takes
+that from the client's own X-Real-Ip / X-Forwarded-For. It is worked out from
+the socket's peer and the X-Forwarded-For entries that trusted proxies
+appended (gpulease.hub.client_address).
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from jupyterhub.auth import Authenticator
-from traitlets import Float, Integer, Unicode, default, observe
+from traitlets import Float, Integer, List, TraitError, Unicode, default, observe, validate
 
 from gpulease.hub.accounts import MAX_NAME_LENGTH, LocalAccountStore
+from gpulease.hub.client_address import Network, login_address, parse_trusted
 from gpulease.hub.db import open_database
 from gpulease.hub.login_throttle import LoginThrottle
+from gpulease.hub.socket_owner import ProxyPeers, peer_and_local
+from gpulease.hub.user_names import is_valid_name
 
 _stores: dict[str, LocalAccountStore] = {}
 _stores_lock = threading.Lock()
@@ -41,9 +47,7 @@ def store_for(db_url: str) -> LocalAccountStore:
         return _stores[db_url]
 
 
-def client_address(handler: Any) -> str | None:
-    request = getattr(handler, "request", None)
-    return getattr(request, "remote_ip", None)
+UNKNOWN_ADDRESS = "unknown"
 
 
 def _loggable(name: str) -> str:
@@ -63,8 +67,11 @@ class LocalAccountsAuthenticator(Authenticator):
 
     max_failures = Integer(
         5,
-        help="""Failed logins for one user name, or from one client address,
-        within `failure_window` seconds that lock that name or address out.""",
+        help="""Failed logins within `failure_window` seconds that lock a user
+        name out from the client address they came from, or lock out a client
+        address that tried several names. Failures for a name from other
+        addresses never lock its owner out: they only delay each try for that
+        name by up to a second.""",
     ).tag(config=True)
 
     failure_window = Float(
@@ -75,14 +82,42 @@ class LocalAccountsAuthenticator(Authenticator):
     lockout_seconds = Float(
         60,
         help="""Length of the first lockout in seconds; each further lockout of
-        the same name or address doubles it, up to `max_lockout_seconds`.
-        While locked out even the right password is refused.""",
+        the same name and address, or address, doubles it, up to
+        `max_lockout_seconds`. While locked out even the right password is
+        refused from that address.""",
     ).tag(config=True)
 
     max_lockout_seconds = Float(
         3600,
         help="Longest lockout in seconds.",
     ).tag(config=True)
+
+    trusted_proxies = List(
+        Unicode(),
+        help="""Addresses or CIDR ranges of proxies in front of the hub's
+        configurable-http-proxy (an Ingress, a load balancer, a TLS proxy)
+        whose X-Forwarded-For entries are believed, e.g. ["10.0.0.0/24"].
+        A login is counted against the address such a proxy saw; without it,
+        against the proxy's own address. The hub's own configurable-http-proxy
+        is always believed; X-Real-Ip never is. Listing loopback trusts every
+        local process, users' servers included.""",
+    ).tag(config=True)
+
+    login_threads = Integer(
+        2,
+        min=1,
+        help="""Threads that check passwords (argon2 and the account lookup).
+        Their own small pool, so that a flood of logins queues there instead
+        of taking the threads the rest of the hub runs on.""",
+    ).tag(config=True)
+
+    @validate("trusted_proxies")
+    def _valid_trusted_proxies(self, proposal: dict) -> list[str]:
+        try:
+            parse_trusted(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"LocalAccountsAuthenticator.{e}") from None
+        return proposal["value"]
 
     @default("allow_all")
     def _default_allow_all(self) -> bool:
@@ -93,6 +128,18 @@ class LocalAccountsAuthenticator(Authenticator):
         # default (on when allowed_users is set) and is moot while allow_all is on.
         return not self.allowed_users
 
+    def validate_username(self, username: str) -> bool:
+        # JupyterHub asks this of every name it makes or logs in (login, POST
+        # /hub/api/users, a rename, admin_users, add_user at start): gpulease's
+        # one rule (gpulease.hub.user_names) on top of JupyterHub's own checks.
+        return super().validate_username(username) and is_valid_name(username)
+
+    def normalize_username(self, username: str) -> str:
+        # No silent lowercasing (JupyterHub's default): "Alice" is refused by
+        # the rule, naming "alice", instead of becoming another name than the
+        # one asked for. The login form's name is lowercased in authenticate.
+        return self.username_map.get(username, username)
+
     # The clock for throttling; tests replace it. Monotonic, so that a wall
     # clock step cannot lift or extend a lockout.
     clock: Callable[[], float] = staticmethod(time.monotonic)
@@ -101,6 +148,8 @@ class LocalAccountsAuthenticator(Authenticator):
         super().__init__(**kwargs)
         self._store: LocalAccountStore | None = None
         self._throttle: LoginThrottle | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._proxy_peers = ProxyPeers(self.log)
 
     @property
     def store(self) -> LocalAccountStore:
@@ -133,8 +182,38 @@ class LocalAccountsAuthenticator(Authenticator):
     def _throttle_config_changed(self, _change: dict) -> None:
         self._throttle = None
 
+    @property
+    def _trusted(self) -> tuple[Network, ...]:
+        return parse_trusted(self.trusted_proxies)
+
+    def client_address(self, handler: Any) -> str:
+        """The address this login is counted against (module docstring)."""
+        request = getattr(handler, "request", None)
+        peer, local = peer_and_local(request)
+        if peer is None:
+            return UNKNOWN_ADDRESS
+        trusted = self._trusted
+        headers = getattr(request, "headers", None)
+        forwarded = headers.get("X-Forwarded-For") if headers is not None else None
+        own_proxy = bool(forwarded) and self._proxy_peers.is_own_proxy(request, peer, local)
+        return login_address(peer[0], forwarded, own_proxy, trusted)
+
+    @property
+    def login_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.login_threads, thread_name_prefix="gpulease-login"
+            )
+        return self._pool
+
+    @observe("login_threads")
+    def _login_threads_changed(self, _change: dict) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        self._pool = None
+
     async def authenticate(self, handler: Any, data: Any) -> str | None:
-        address = client_address(handler)
+        address = self.client_address(handler)
         if not isinstance(data, dict) or not isinstance(data.get("username"), str):
             # e.g. the token endpoint without an `auth` body: no login attempt to count.
             self.log.debug("No username given to authenticate from %s", address)
@@ -148,13 +227,17 @@ class LocalAccountsAuthenticator(Authenticator):
         if not isinstance(password, str):
             password = ""  # still verified, so that the work done stays the same
 
-        wait = self.throttle.check(name, address, self.clock())
-        if wait > 0:
+        verdict = self.throttle.check(name, address, self.clock())
+        if verdict.refused:
             self.log.warning(
                 "Login for user %r from %s refused: locked out for %.0f more seconds",
-                shown, address, wait,
+                shown, address, verdict.refuse_s,
             )  # fmt: skip
             return None
+        if verdict.delay_s:
+            # Other addresses are failing this name: slow the guessing, never
+            # refuse the owner.
+            await asyncio.sleep(verdict.delay_s)
 
         ok = await self._verify(name, password)
         now = self.clock()
@@ -164,18 +247,27 @@ class LocalAccountsAuthenticator(Authenticator):
 
         self.log.warning("Failed login for user %r from %s: wrong name or password", shown, address)
         started = self.throttle.failure(name, address, now)
-        if started:
+        if started.lockout_s:
             self.log.warning(
-                "Too many failed logins for user %r or from %s: locked out for %.0f seconds",
-                shown, address, started,
+                "Too many failed logins for user %r, or for several names, from %s: "
+                "locked out for %.0f seconds from that address",
+                shown, address, started.lockout_s,
+            )  # fmt: skip
+        if started.slowdown_s:
+            self.log.warning(
+                "Too many failed logins for user %r: its tries from other addresses "
+                "wait %.1f s for the next %.0f seconds",
+                shown, self.throttle.delay_s, started.slowdown_s,
             )  # fmt: skip
         return None
 
     async def _verify(self, name: str, password: str) -> bool:
         # argon2 costs tens of milliseconds of CPU and the store queries the
-        # database synchronously: both run off the hub's event loop.
+        # database synchronously: both run off the hub's event loop, in a pool
+        # of their own, so a flood of logins waits there rather than in the
+        # default executor the rest of the hub (and JupyterHub) shares.
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self._verify_sync, name, password)
+        return await loop.run_in_executor(self.login_pool, self._verify_sync, name, password)
 
     def _verify_sync(self, name: str, password: str) -> bool:
         return self.store.verify(name, password)

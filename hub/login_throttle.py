@@ -1,11 +1,22 @@
 """Login rate limiting: pure bookkeeping, the clock passed in by the caller.
 
-Failures are counted separately per user name (one account guessed from many
-addresses) and per client address (many accounts guessed from one address).
+Failures are counted under three keys, each with its own window and lockout:
+
+- a name from one address (`PAIR`): the one guessing a password is locked
+  out of that name, from that address;
+- one address, any names (`ADDRESS`): one address guessing many names is
+  locked out of every name;
+- one name, any address (`USER`): many addresses guessing one name only slow
+  it down. Tries for the name from addresses that are not locked out wait
+  `delay_s` (at most a second) first, so that nobody can lock a user out of
+  their own account by failing logins for it from somewhere else.
+
 `max_failures` failures of a key inside `window_s` lock that key for
 `lockout_s`, doubling with each further lockout of the key up to
-`max_lockout_s`. A key quiet for max(window_s, max_lockout_s) is forgotten,
-doubling included, which also bounds memory.
+`max_lockout_s`. While a `PAIR` or `ADDRESS` key is locked even the right
+password is refused from there; while a `USER` key is, its tries are delayed.
+A key quiet for max(window_s, max_lockout_s) is forgotten, doubling included,
+which also bounds memory.
 """
 
 from __future__ import annotations
@@ -14,6 +25,32 @@ from dataclasses import dataclass, field
 
 USER = "user"
 ADDRESS = "address"
+PAIR = "user@address"
+
+MAX_DELAY_S = 1.0
+
+Key = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with a login before its password is checked."""
+
+    refuse_s: float = 0.0  # > 0: refused, locked out for this many more seconds
+    delay_s: float = 0.0  # else: wait this long, then check the password
+
+    @property
+    def refused(self) -> bool:
+        return self.refuse_s > 0
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a failure started: a lockout of the name from that address or of the address,
+    and/or a slowdown of the name from everywhere else (seconds; 0 when none)."""
+
+    lockout_s: float = 0.0
+    slowdown_s: float = 0.0
 
 
 @dataclass
@@ -31,47 +68,56 @@ class LoginThrottle:
         window_s: float = 600,
         lockout_s: float = 60,
         max_lockout_s: float = 3600,
+        delay_s: float = MAX_DELAY_S,
         max_keys: int = 100_000,
     ) -> None:
         if max_failures < 1:
             raise ValueError("max_failures must be at least 1")
         if window_s <= 0 or lockout_s <= 0 or max_lockout_s < lockout_s:
             raise ValueError("need window_s > 0 and 0 < lockout_s <= max_lockout_s")
+        if not 0 <= delay_s <= MAX_DELAY_S:
+            raise ValueError(f"delay_s must be between 0 and {MAX_DELAY_S} seconds")
         self.max_failures = max_failures
         self.window_s = window_s
         self.lockout_s = lockout_s
         self.max_lockout_s = max_lockout_s
+        self.delay_s = delay_s
         self.max_keys = max_keys
-        self._states: dict[tuple[str, str], _KeyState] = {}
+        self._states: dict[Key, _KeyState] = {}
         self._last_prune = float("-inf")
 
     @staticmethod
-    def _keys(user: str | None, address: str | None) -> list[tuple[str, str]]:
-        # An empty user or unknown address is simply not tracked under that key.
-        keys = []
+    def _keys(user: str, address: str) -> list[Key]:
+        # An empty name is not tracked under a name (the address still counts).
+        keys: list[Key] = [(ADDRESS, address)]
         if user:
-            keys.append((USER, user))
-        if address:
-            keys.append((ADDRESS, address))
+            keys += [(PAIR, user, address), (USER, user)]
         return keys
 
-    def check(self, user: str | None, address: str | None, now: float) -> float:
-        """Seconds until `user` may try from `address`; 0 when it may try now."""
-        wait = 0.0
-        for key in self._keys(user, address):
-            state = self._states.get(key)
-            if state is not None:
-                wait = max(wait, state.locked_until - now)
-        return wait
+    def _locked_for(self, key: Key, now: float) -> float:
+        state = self._states.get(key)
+        return 0.0 if state is None else max(0.0, state.locked_until - now)
 
-    def failure(self, user: str | None, address: str | None, now: float) -> float:
-        """Record a failed attempt; return the lockout it started (0 when none)."""
-        self._maybe_prune(now)
-        started = 0.0
-        for key in self._keys(user, address):
+    def check(self, user: str, address: str, now: float) -> Verdict:
+        """Whether `user` may try from `address` now, and after what delay."""
+        refuse = self._locked_for((ADDRESS, address), now)
+        if user:
+            refuse = max(refuse, self._locked_for((PAIR, user, address), now))
+        if refuse > 0:
+            return Verdict(refuse_s=refuse)
+        if user and self._locked_for((USER, user), now) > 0:
+            return Verdict(delay_s=self.delay_s)
+        return Verdict()
+
+    def failure(self, user: str, address: str, now: float) -> Recorded:
+        """Record a failed attempt; return what it started."""
+        keys = self._keys(user, address)
+        self._maybe_prune(now, room=len(keys))
+        lockout = slowdown = 0.0
+        for key in keys:
             state = self._states.setdefault(key, _KeyState())
             if now < state.locked_until:
-                # Attempts refused while locked are not counted: a user retrying
+                # Attempts while locked are not counted: a user retrying
                 # during a lockout should not extend it.
                 continue
             state.last = now
@@ -82,33 +128,39 @@ class LoginThrottle:
                 state.locked_until = now + duration
                 state.lockouts += 1
                 state.failures.clear()
-                started = max(started, duration)
-        return started
+                if key[0] == USER:
+                    slowdown = duration
+                else:
+                    lockout = max(lockout, duration)
+        return Recorded(lockout_s=lockout, slowdown_s=slowdown)
 
-    def success(self, user: str | None, address: str | None, now: float) -> None:
-        """A successful login clears the user's key; the address may be shared, so it stays."""
+    def success(self, user: str, address: str, now: float) -> None:
+        """A successful login clears the name's keys; the address may be shared, so it stays."""
         if user:
             self._states.pop((USER, user), None)
+            self._states.pop((PAIR, user, address), None)
 
     def _stale(self, state: _KeyState, now: float) -> bool:
         # A lock always ends within max_lockout_s of the failure that started it.
         return now - state.last >= max(self.window_s, self.max_lockout_s)
 
-    def _maybe_prune(self, now: float) -> None:
+    def _maybe_prune(self, now: float, room: int) -> None:
         # Scanning every key on every failure would be O(n) per login; once per
         # window, or when the table is full, keeps it amortised.
-        if len(self._states) < self.max_keys and now - self._last_prune < self.window_s:
+        full = len(self._states) + room > self.max_keys
+        if not full and now - self._last_prune < self.window_s:
             return
-        self.prune(now)
+        self.prune(now, room)
 
-    def prune(self, now: float) -> None:
-        """Forget stale keys; if still at `max_keys`, drop unlocked keys, oldest first."""
+    def prune(self, now: float, room: int = 0) -> None:
+        """Forget stale keys; if `room` more would still not fit in `max_keys`,
+        drop unlocked keys, oldest first."""
         self._last_prune = now
         self._states = {k: s for k, s in self._states.items() if not self._stale(s, now)}
-        if len(self._states) < self.max_keys:
+        if len(self._states) + room <= self.max_keys:
             return
         # Down to 90% so that a full table is not sorted again on every failure.
-        excess = len(self._states) - int(self.max_keys * 0.9)
+        excess = len(self._states) + room - int(self.max_keys * 0.9)
         # Locked keys go last, so that flooding the table with new names or
         # addresses cannot be used to lift a lockout.
         states = self._states

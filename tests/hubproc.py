@@ -34,6 +34,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _SourceAddressAdapter(requests.adapters.HTTPAdapter):
+    def __init__(self, source: str) -> None:
+        self.source = source
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["source_address"] = (self.source, 0)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def session_from(source: str) -> requests.Session:
+    """A requests session whose connections leave from `source`.
+
+    On Linux all of 127.0.0.0/8 is this machine, so tests can be clients at
+    127.0.0.2, 127.0.0.3, ... and the hub sees distinct addresses.
+    """
+    s = requests.Session()
+    adapter = _SourceAddressAdapter(source)
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
+    return s
+
+
 def require_chp() -> None:
     if not CHP.exists():
         import pytest
@@ -137,16 +160,23 @@ class HubProcess:
 
     # --- HTTP helpers ------------------------------------------------------------
 
-    def login_form(self, username: str, password: str) -> requests.Session:
-        """Log in through JupyterHub's real login form, as a browser does."""
-        s = requests.Session()
-        page = s.get(f"{self.url}/hub/login", timeout=10)
+    def login_form(self, username: str, password: str, source: str | None = None,
+                   headers: dict[str, str] | None = None) -> requests.Session:
+        """Log in through JupyterHub's real login form, as a browser does.
+
+        `source`: the loopback address the client connects from (see
+        session_from); `headers`: sent with both requests (JupyterHub's
+        anonymous xsrf token depends on the address they make it see).
+        """
+        s = session_from(source) if source else requests.Session()
+        page = s.get(f"{self.url}/hub/login", timeout=10, headers=headers)
         page.raise_for_status()
         xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
         data = {"username": username, "password": password}
         if xsrf:
             data["_xsrf"] = xsrf.group(1)
-        r = s.post(f"{self.url}/hub/login", data=data, allow_redirects=False, timeout=30)
+        r = s.post(f"{self.url}/hub/login", data=data, allow_redirects=False, timeout=30,
+                   headers=headers)
         s.login_status = r.status_code  # 302 on success, 403 on a refused login
         return s
 

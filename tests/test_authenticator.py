@@ -1,32 +1,48 @@
 """LocalAccountsAuthenticator driven directly, with a fake request handler.
 
-The real login form and token endpoint are exercised by the end-to-end tests;
+The real login form and token endpoint are exercised by the end-to-end tests
+(tests/test_e2e_login_throttle.py for forged headers through the real proxy);
 here `FakeRequestHandler` stands in for the tornado handler JupyterHub passes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
+from tornado.httputil import HTTPHeaders
+from traitlets import TraitError
 
 from gpulease.hub import authenticator as authenticator_module
 from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.db import sqlite_url
+from gpulease.hub.login_throttle import MAX_DELAY_S
 
 PASSWORD = "correct horse battery"
 WRONG = "incorrect-mule-42"
 IP = "198.51.100.7"
+OTHER_IP = "203.0.113.5"
+FORGED = "192.0.2.66"
 
 
 class FakeRequestHandler:
-    """Stands in for the tornado RequestHandler (LoginHandler or the token API handler)."""
+    """Stands in for the tornado RequestHandler (LoginHandler or the token API handler).
 
-    def __init__(self, remote_ip: str = IP) -> None:
-        self.request = SimpleNamespace(remote_ip=remote_ip)
+    Shaped as tornado's: the socket's peer in `request.connection.context.address`,
+    and `remote_ip` what xheaders made of a client's headers (here always forged).
+    """
+
+    def __init__(self, peer: str = IP, headers: dict[str, str] | None = None) -> None:
+        context = SimpleNamespace(address=(peer, 40000))
+        connection = SimpleNamespace(context=context, stream=SimpleNamespace(socket=None))
+        self.request = SimpleNamespace(
+            connection=connection, headers=HTTPHeaders(headers or {}), remote_ip=FORGED
+        )
 
 
 class FakeClock:
@@ -52,9 +68,9 @@ def auth(engine, clock) -> LocalAccountsAuthenticator:
     return authenticator
 
 
-async def login(auth, username, password, ip=IP):
+async def login(auth, username, password, ip=IP, headers=None):
     return await auth.authenticate(
-        FakeRequestHandler(ip), {"username": username, "password": password}
+        FakeRequestHandler(ip, headers), {"username": username, "password": password}
     )
 
 
@@ -100,15 +116,60 @@ async def test_token_endpoint_shaped_bodies_refused(auth, data):
     assert await auth.authenticate(FakeRequestHandler(), data) is None
 
 
-async def test_lockout_holds_back_right_password_until_it_passes(auth, clock):
+async def test_lockout_holds_back_right_password_from_there_until_it_passes(auth, clock):
     for _ in range(3):
         assert await login(auth, "alice", WRONG) is None
     assert await login(auth, "alice", PASSWORD) is None
-    assert await login(auth, "alice", PASSWORD, ip="203.0.113.5") is None  # user key
     clock.now += 59
     assert await login(auth, "alice", PASSWORD) is None
     clock.now += 1
     assert await login(auth, "alice", PASSWORD) == "alice"
+
+
+async def test_failures_from_one_address_only_delay_the_right_password_from_another(auth):
+    for _ in range(3):
+        assert await login(auth, "alice", WRONG) is None
+    assert await login(auth, "alice", PASSWORD) is None  # locked out from IP
+    started = time.monotonic()
+    assert await login(auth, "alice", PASSWORD, ip=OTHER_IP) == "alice"
+    waited = time.monotonic() - started
+    assert MAX_DELAY_S <= waited < MAX_DELAY_S + 0.9  # the delay, then one argon2 verify
+    # The success ends the slowdown: the next login from elsewhere is not delayed.
+    started = time.monotonic()
+    assert await login(auth, "alice", PASSWORD, ip="192.0.2.200") == "alice"
+    assert time.monotonic() - started < MAX_DELAY_S
+    assert await login(auth, "alice", PASSWORD) is None  # IP's lockout stands
+
+
+async def test_forwarded_headers_from_a_client_are_not_believed(auth, clock):
+    # A fresh X-Real-Ip / X-Forwarded-For per try changes tornado's remote_ip,
+    # not the address the failures count against: the socket's peer.
+    for i in range(3):
+        headers = {"X-Real-Ip": f"192.0.2.{i}", "X-Forwarded-For": f"198.18.0.{i}"}
+        assert await login(auth, "alice", WRONG, headers=headers) is None
+    headers = {"X-Real-Ip": OTHER_IP, "X-Forwarded-For": OTHER_IP}
+    assert await login(auth, "alice", PASSWORD, headers=headers) is None
+    assert auth.client_address(FakeRequestHandler(IP, headers)) == IP
+
+
+async def test_trusted_proxies_entries_are_believed_from_the_right(auth):
+    auth.trusted_proxies = ["198.51.100.0/24", "10.1.0.0/16"]
+    # Client-written entries left of the last untrusted one are ignored.
+    handler = FakeRequestHandler(IP, {"X-Forwarded-For": "6.6.6.6, 203.0.113.9, 10.1.2.3",
+                                      "X-Real-Ip": FORGED})
+    assert auth.client_address(handler) == "203.0.113.9"
+    for _ in range(3):
+        await login(auth, "alice", WRONG, headers={"X-Forwarded-For": "203.0.113.9"})
+    assert await login(auth, "alice", PASSWORD, headers={"X-Forwarded-For": "203.0.113.9"}) is None
+    assert await login(auth, "alice", PASSWORD, headers={"X-Forwarded-For": OTHER_IP}) == "alice"
+    # An untrusted peer's header is nobody's business.
+    assert auth.client_address(FakeRequestHandler(OTHER_IP, {"X-Forwarded-For": "1.2.3.4"})) \
+        == OTHER_IP
+
+
+def test_bad_trusted_proxies_entry_is_named():
+    with pytest.raises(TraitError, match="'10.0.0.0/33'.*CIDR"):
+        LocalAccountsAuthenticator(trusted_proxies=["10.0.0.1", "10.0.0.0/33"])
 
 
 async def test_second_lockout_is_longer(auth, clock):
@@ -127,7 +188,7 @@ async def test_address_lockout_covers_other_names(auth, clock):
     for name in ["bob", "carol", "dave"]:
         await login(auth, name, WRONG)
     assert await login(auth, "alice", PASSWORD) is None
-    assert await login(auth, "alice", PASSWORD, ip="203.0.113.5") == "alice"
+    assert await login(auth, "alice", PASSWORD, ip=OTHER_IP) == "alice"
 
 
 async def test_failures_logged_with_user_and_address_without_password(auth, caplog, clock):
@@ -156,6 +217,31 @@ async def test_verify_runs_off_the_event_loop(auth, monkeypatch):
     assert threads and threads[0] != threading.get_ident()
 
 
+async def test_a_flood_of_logins_leaves_the_default_executor_free(auth, monkeypatch):
+    # Each check made slow (0.2 s), 40 at once: they wait in the login pool's
+    # own two threads, while the default executor, which JupyterHub and the
+    # rest of the hub share, answers at once.
+    names = []
+
+    def slow_verify(name: str, password: str) -> bool:
+        names.append(threading.current_thread().name)
+        time.sleep(0.2)
+        return False
+
+    monkeypatch.setattr(auth, "_verify_sync", slow_verify)
+    threads_before = threading.active_count()
+    flood = [asyncio.create_task(login(auth, f"user{i}", WRONG, ip=f"10.0.0.{i}"))
+             for i in range(40)]
+    await asyncio.sleep(0.05)
+    assert threading.active_count() - threads_before <= auth.login_threads == 2
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    await loop.run_in_executor(None, time.sleep, 0)
+    assert time.monotonic() - started < 0.15
+    await asyncio.gather(*flood)
+    assert len(names) == 40 and set(names) <= {"gpulease-login_0", "gpulease-login_1"}
+
+
 async def test_store_created_lazily_from_db_url_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(authenticator_module, "_stores", {})
     url = sqlite_url(tmp_path / "gpulease.sqlite")
@@ -176,7 +262,7 @@ def test_store_without_db_url_is_a_clear_error():
 def test_config_traits_have_help():
     traits = LocalAccountsAuthenticator.class_traits(config=True)
     for name in ["db_url", "max_failures", "failure_window", "lockout_seconds",
-                 "max_lockout_seconds"]:  # fmt: skip
+                 "max_lockout_seconds", "trusted_proxies", "login_threads"]:  # fmt: skip
         assert traits[name].help.strip(), name
 
 

@@ -1,33 +1,65 @@
-"""LoginThrottle: counting window, lockout, doubling, separate keys, pruning (clock passed in)."""
+"""LoginThrottle: window, lockout per name-and-address and per address, only a delay
+for a name failed from elsewhere, doubling, pruning (clock passed in)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from gpulease.hub.login_throttle import LoginThrottle
+from gpulease.hub.login_throttle import MAX_DELAY_S, LoginThrottle, Recorded, Verdict
 
 IP = "10.0.0.1"
+OTHER = "192.0.2.9"
 
 
-def fail_times(throttle: LoginThrottle, n: int, now: float, user="alice", address=IP) -> float:
-    started = 0.0
+def fail_times(throttle: LoginThrottle, n: int, now: float, user="alice", address=IP) -> Recorded:
+    started = Recorded()
     for _ in range(n):
         started = throttle.failure(user, address, now)
     return started
 
 
-def test_fresh_key_may_try():
-    assert LoginThrottle().check("alice", IP, 0) == 0
+def test_fresh_key_may_try_at_once():
+    assert LoginThrottle().check("alice", IP, 0) == Verdict()
+    assert not Verdict().refused
 
 
-def test_locks_after_max_failures_for_lockout_s():
+def test_locks_the_name_from_the_failing_address_for_lockout_s():
     throttle = LoginThrottle(max_failures=3, lockout_s=60)
-    assert fail_times(throttle, 2, now=100) == 0
-    assert throttle.check("alice", IP, 100) == 0
-    assert throttle.failure("alice", IP, 100) == 60
-    assert throttle.check("alice", IP, 100) == 60
-    assert throttle.check("alice", IP, 130) == 30
-    assert throttle.check("alice", IP, 160) == 0
+    assert fail_times(throttle, 2, now=100) == Recorded()
+    assert throttle.check("alice", IP, 100) == Verdict()
+    assert throttle.failure("alice", IP, 100).lockout_s == 60
+    assert throttle.check("alice", IP, 100) == Verdict(refuse_s=60)
+    assert throttle.check("alice", IP, 130).refuse_s == 30
+    assert throttle.check("alice", IP, 160) == Verdict()
+
+
+def test_another_address_is_only_delayed_never_refused():
+    throttle = LoginThrottle(max_failures=3, lockout_s=60)
+    started = fail_times(throttle, 3, now=0)
+    assert started == Recorded(lockout_s=60, slowdown_s=60)
+    # The right password still works from elsewhere, after at most a second.
+    assert throttle.check("alice", OTHER, 1) == Verdict(delay_s=MAX_DELAY_S)
+    assert throttle.check("alice", OTHER, 60) == Verdict()  # the slowdown passes too
+    assert throttle.check("alice", IP, 59).refused
+
+
+def test_no_spray_from_other_addresses_refuses_the_name_elsewhere():
+    # Whatever other addresses do with a name, from an address of its own it
+    # is at most delayed, by at most MAX_DELAY_S.
+    rng = random.Random(7)
+    throttle = LoginThrottle(max_failures=3, lockout_s=10, max_lockout_s=100)
+    attackers = [f"198.51.100.{i}" for i in range(20)]
+    delayed = 0
+    for step in range(2000):
+        now = step * 0.5
+        throttle.failure("alice", rng.choice(attackers), now)
+        verdict = throttle.check("alice", OTHER, now)
+        assert not verdict.refused
+        assert 0 <= verdict.delay_s <= MAX_DELAY_S
+        delayed += verdict.delay_s > 0
+    assert delayed > 1000  # and the spray does slow the name down
 
 
 def test_failures_outside_window_do_not_count():
@@ -35,9 +67,9 @@ def test_failures_outside_window_do_not_count():
     throttle.failure("alice", IP, 0)
     throttle.failure("alice", IP, 10)
     # The first failure has left the window: two recent ones only.
-    assert throttle.failure("alice", IP, 600) == 0
-    assert throttle.check("alice", IP, 600) == 0
-    assert throttle.failure("alice", IP, 605) == 60
+    assert throttle.failure("alice", IP, 600) == Recorded()
+    assert throttle.check("alice", IP, 600) == Verdict()
+    assert throttle.failure("alice", IP, 605).lockout_s == 60
 
 
 def test_lockout_doubles_up_to_max():
@@ -45,110 +77,122 @@ def test_lockout_doubles_up_to_max():
     now = 0.0
     lockouts = []
     for _ in range(4):
-        lockouts.append(fail_times(throttle, 2, now))
+        lockouts.append(fail_times(throttle, 2, now).lockout_s)
         now += lockouts[-1]
-        assert throttle.check("alice", IP, now) == 0
+        assert throttle.check("alice", IP, now) == Verdict()
     assert lockouts == [60, 120, 200, 200]
 
 
-def test_right_password_refused_while_locked():
+def test_right_password_refused_from_the_failing_address_while_locked():
     # The throttle is consulted before the password: a success cannot be
     # recorded during a lockout, and check() keeps refusing until it ends.
     throttle = LoginThrottle(max_failures=2, lockout_s=60)
     fail_times(throttle, 2, now=0)
-    assert throttle.check("alice", IP, 59) > 0
-    assert throttle.check("alice", "192.0.2.9", 59) > 0  # from any address
-    assert throttle.check("alice", IP, 60) == 0
+    assert throttle.check("alice", IP, 59).refused
+    assert not throttle.check("alice", OTHER, 59).refused
+    assert throttle.check("alice", IP, 60) == Verdict()
 
 
 def test_attempts_while_locked_do_not_extend_it():
     throttle = LoginThrottle(max_failures=2, lockout_s=60)
     fail_times(throttle, 2, now=0)
-    assert fail_times(throttle, 5, now=30) == 0
-    assert throttle.check("alice", IP, 60) == 0
+    assert fail_times(throttle, 5, now=30) == Recorded()
+    assert throttle.check("alice", IP, 60) == Verdict()
 
 
-def test_success_clears_user_key_but_not_address_key():
+def test_delayed_failures_still_count_for_their_own_address():
+    throttle = LoginThrottle(max_failures=2, lockout_s=60)
+    fail_times(throttle, 2, now=0)  # alice slowed everywhere
+    # From OTHER the tries are delayed, and their failures lock OTHER out too.
+    assert throttle.check("alice", OTHER, 1).delay_s == MAX_DELAY_S
+    assert fail_times(throttle, 2, now=1, address=OTHER).lockout_s == 60
+    assert throttle.check("alice", OTHER, 2).refused
+
+
+def test_success_clears_the_names_keys_but_not_the_address_key():
     throttle = LoginThrottle(max_failures=3)
     throttle.failure("alice", IP, 0)
-    throttle.failure("bob", IP, 0)
+    throttle.failure("alice", IP, 0)
+    throttle.failure("bob", IP, 0)  # IP: three failures, locked
+    assert throttle.check("carol", IP, 1).refused
+    throttle.success("alice", OTHER, 1)
     throttle.success("alice", IP, 1)
-    # alice starts over; the address still holds two failures.
-    assert throttle.failure("alice", "192.0.2.9", 2) == 0
-    assert throttle.failure("alice", "192.0.2.9", 2) == 0
-    assert throttle.failure("carol", IP, 3) == 60
-    assert throttle.check("dave", IP, 3) == 60
-    assert throttle.check("alice", "192.0.2.9", 3) == 0
+    # alice starts over, from IP too once the address lock ends...
+    assert throttle.check("alice", OTHER, 2) == Verdict()
+    assert fail_times(throttle, 2, now=2, address=OTHER) == Recorded()
+    # ...but the address itself stays locked for every name.
+    assert throttle.check("dave", IP, 3).refused
 
 
 def test_success_resets_doubling():
     throttle = LoginThrottle(max_failures=2, lockout_s=60)
-    fail_times(throttle, 2, now=0, address=None)
-    throttle.success("alice", None, 60)
-    assert fail_times(throttle, 2, now=61, address=None) == 60
+    fail_times(throttle, 2, now=0)
+    throttle.success("alice", IP, 60)
+    assert fail_times(throttle, 2, now=61, address=OTHER).lockout_s == 60
 
 
-def test_address_key_independent_of_user_key():
+def test_address_key_locks_every_name_from_that_address_only():
     throttle = LoginThrottle(max_failures=3)
     # One address guessing many names is locked, the names themselves are not.
     for i, user in enumerate(["a1", "a2", "a3"]):
         throttle.failure(user, IP, i)
-    assert throttle.check("anyone", IP, 3) > 0
-    assert throttle.check("a1", "192.0.2.9", 3) == 0
-    # One name guessed from many addresses is locked from every address.
+    assert throttle.check("anyone", IP, 3).refused
+    assert throttle.check("a1", OTHER, 3) == Verdict()
+    # One name guessed from many addresses is slowed, never locked, elsewhere.
     for i in range(3):
         throttle.failure("victim", f"198.51.100.{i}", 10 + i)
-    assert throttle.check("victim", "203.0.113.7", 13) > 0
-    assert throttle.check("other", "198.51.100.0", 13) == 0
+    assert throttle.check("victim", "203.0.113.7", 13) == Verdict(delay_s=MAX_DELAY_S)
+    assert throttle.check("other", "198.51.100.0", 13) == Verdict()
 
 
-def test_missing_user_or_address_is_not_a_key():
+def test_empty_name_counts_only_for_the_address():
     throttle = LoginThrottle(max_failures=1)
-    throttle.failure("alice", None, 0)
     throttle.failure("", IP, 0)
-    assert len(throttle) == 2  # ("user", "alice") and ("address", IP)
-    assert throttle.check("", None, 0) == 0
+    assert len(throttle) == 1  # ("address", IP)
+    assert throttle.check("", IP, 0).refused
+    assert throttle.check("", OTHER, 0) == Verdict()
 
 
 def test_stale_keys_are_pruned_and_forgotten():
     throttle = LoginThrottle(max_failures=2, window_s=600, lockout_s=60, max_lockout_s=3600)
     fail_times(throttle, 2, now=0)
-    throttle.failure("bob", "192.0.2.9", 3000)
-    assert len(throttle) == 4
+    throttle.failure("bob", OTHER, 3000)
+    assert len(throttle) == 6  # three keys each
     throttle.prune(3599)
-    assert len(throttle) == 4  # alice's lockout history is still remembered
+    assert len(throttle) == 6  # alice's lockout history is still remembered
     throttle.prune(3600)
-    assert len(throttle) == 2
+    assert len(throttle) == 3
     # Forgotten, doubling included: the next lockout is the first again.
-    assert fail_times(throttle, 2, now=3600) == 60
+    assert fail_times(throttle, 2, now=3600).lockout_s == 60
 
 
 def test_failures_prune_on_their_own():
     throttle = LoginThrottle(max_failures=5, window_s=10, lockout_s=1, max_lockout_s=10)
     for i in range(100):
         throttle.failure(f"user{i}", f"10.0.0.{i}", float(i * 20))
-    # Without pruning there would be 200 keys; each failure is stale 10 s later.
-    assert len(throttle) <= 4
+    # Without pruning there would be 300 keys; each failure is stale 10 s later.
+    assert len(throttle) <= 6
 
 
 def test_table_is_bounded_and_keeps_locked_keys():
     throttle = LoginThrottle(max_failures=2, window_s=1e9, max_lockout_s=1e9, max_keys=50)
-    fail_times(throttle, 2, now=0, user="victim", address=None)
+    fail_times(throttle, 2, now=0, user="victim", address=IP)
     for i in range(500):
-        throttle.failure(f"guess{i}", None, 1 + i)
+        throttle.failure(f"guess{i}", f"10.9.{i // 250}.{i % 250}", 1 + i)
     assert len(throttle) <= 50
-    assert throttle.check("victim", None, 501) == 0  # lockout ended at 60...
-    fail_times(throttle, 2, now=1000, user="victim", address=None)
+    assert throttle.check("victim", IP, 501) == Verdict()  # lockout ended at 60...
+    fail_times(throttle, 2, now=1000, user="victim", address=IP)
     for i in range(500):
-        throttle.failure(f"flood{i}", None, 1001 + i * 0.01)
+        throttle.failure(f"flood{i}", f"10.8.{i // 250}.{i % 250}", 1001 + i * 0.01)
     assert len(throttle) <= 50
-    assert throttle.check("victim", None, 1010) > 0  # ...but a current one survives a flood
+    assert throttle.check("victim", IP, 1010).refused  # ...but a current one survives a flood
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_failures": 0}, {"window_s": 0}, {"lockout_s": 100, "max_lockout_s": 50}],
-)
+    [{"max_failures": 0}, {"window_s": 0}, {"lockout_s": 100, "max_lockout_s": 50},
+     {"delay_s": 1.5}, {"delay_s": -1}],
+)  # fmt: skip
 def test_bad_parameters_refused(kwargs):
     with pytest.raises(ValueError):
         LoginThrottle(**kwargs)

@@ -1,0 +1,131 @@
+"""Which local user owns the other end of a TCP connection (Linux, /proc/net/tcp).
+
+The hub's own configurable-http-proxy connects from loopback, and so does
+every process on the machine, users' servers included. What tells them apart
+is who owns the connecting socket: the proxy is the hub's child, running as
+the hub's user; servers run as their users' own accounts. Linux lists every
+TCP socket of the network namespace with its owner's uid in /proc/net/tcp and
+/proc/net/tcp6, as identd reads it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from gpulease.hub.client_address import normalise
+
+TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+ESTABLISHED = "01"
+
+Endpoint = tuple[str, int]
+
+
+def _address(field: str) -> Endpoint | None:
+    # "0100007F:1F90": the address as the kernel's 32-bit words in host byte
+    # order, then the port in hex.
+    hex_ip, _, hex_port = field.partition(":")
+    words = [int(hex_ip[i : i + 8], 16) for i in range(0, len(hex_ip), 8)]
+    family = socket.AF_INET if len(words) == 1 else socket.AF_INET6
+    ip = normalise(socket.inet_ntop(family, struct.pack(f"={len(words)}I", *words)))
+    return (ip, int(hex_port, 16)) if ip else None
+
+
+def connections(text: str) -> Iterator[tuple[Endpoint, Endpoint, int]]:
+    """(local, remote, uid) of each established socket in a /proc/net/tcp{,6} text."""
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8 or fields[3] != ESTABLISHED:
+            continue
+        local, remote = _address(fields[1]), _address(fields[2])
+        if local and remote:
+            yield local, remote, int(fields[7])
+
+
+def owner_uid(local: Endpoint, remote: Endpoint | None, texts: Iterable[str]) -> int | None:
+    """The uid owning the socket bound to `local` and connected to `remote` (any, if None)."""
+    for text in texts:
+        for this, other, uid in connections(text):
+            if this == local and (remote is None or other == remote):
+                return uid
+    return None
+
+
+def read_tables() -> list[str] | None:
+    """The texts of /proc/net/tcp and tcp6; None where neither can be read (not Linux)."""
+    texts = []
+    for table in TABLES:
+        try:
+            texts.append(table.read_text())
+        except OSError:
+            continue
+    return texts or None
+
+
+# --- the hub side: tornado requests ------------------------------------------
+
+
+def _endpoint(address: Any) -> tuple[str, int] | None:
+    if isinstance(address, tuple) and len(address) >= 2:
+        ip = normalise(str(address[0]))
+        if ip is not None:
+            return ip, int(address[1])
+    return None
+
+
+def peer_and_local(request: Any) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+    """The hub connection's peer (tornado keeps the socket's own address there,
+    whatever headers say) and the hub's end of it."""
+    connection = getattr(request, "connection", None)
+    peer = _endpoint(getattr(getattr(connection, "context", None), "address", None))
+    sock = getattr(getattr(connection, "stream", None), "socket", None)
+    try:
+        local = _endpoint(sock.getsockname()) if sock is not None else None
+    except OSError:
+        local = None
+    return peer, local
+
+
+class ProxyPeers:
+    """Whether a connection to the hub comes from the hub's own proxy.
+
+    configurable-http-proxy is the hub's child: its socket to the hub belongs
+    to the hub's user, while users' servers, which connect from loopback too,
+    run as their own accounts. Decided once per connection (the proxy keeps
+    its connections open).
+    """
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+        self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._warned = False
+
+    def is_own_proxy(self, request: Any, peer: tuple[str, int], local: Any) -> bool:
+        connection = getattr(request, "connection", None)
+        try:
+            return self._known[connection]
+        except (KeyError, TypeError):
+            pass
+        answer = self._decide(peer, local)
+        try:
+            self._known[connection] = answer
+        except TypeError:
+            pass  # not weakly referenceable: decided again next time
+        return answer
+
+    def _decide(self, peer: tuple[str, int], local: tuple[str, int] | None) -> bool:
+        tables = read_tables()
+        if tables is None:
+            # No /proc/net/tcp (not Linux): loopback is all that can be told.
+            if not self._warned:
+                self._warned = True
+                self.log.warning("Cannot read /proc/net/tcp: trusting X-Forwarded-For "
+                                 "from every loopback peer for login throttling")
+            return ipaddress.ip_address(peer[0]).is_loopback
+        return owner_uid(peer, local, tables) == os.geteuid()
