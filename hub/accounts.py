@@ -1,14 +1,14 @@
 """Local accounts of the embedded shape: names, argon2id password hashes, the first admin.
 
-Only argon2id hashes are stored, never a password. The checks on names and
-passwords are pure functions so that the CLI, the hub service and the
-authenticator all refuse the same things with the same messages.
+Only argon2id hashes are stored, never a password. The checks on names (the
+rule is gpulease.hub.user_names') and passwords are pure functions so that
+the CLI, the hub service and the authenticator all refuse the same things
+with the same messages.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 from functools import cache
 
@@ -19,26 +19,14 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from gpulease.hub.db import local_accounts, reading, utcnow
+from gpulease.hub.user_names import MAX_NAME_LENGTH as MAX_NAME_LENGTH  # re-exported
+from gpulease.hub.user_names import name_problem
 
 log = logging.getLogger("gpulease.accounts")
 
-MAX_NAME_LENGTH = 32  # useradd's limit, so the name can later be a Unix account
 MIN_PASSWORD_LENGTH = 8
 # Far above any real passphrase; keeps a request body from making us hash megabytes.
 MAX_PASSWORD_LENGTH = 1024
-
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]*$")
-
-# System accounts of Debian/Ubuntu base images (and the notebook images' own
-# user): a gpulease user must never become one of them in the isolation work.
-RESERVED_NAMES = frozenset(
-    {
-        "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news",
-        "uucp", "proxy", "www-data", "backup", "list", "irc", "gnats", "nobody",
-        "nogroup", "systemd-network", "systemd-resolve", "systemd-timesync",
-        "messagebus", "sshd", "postgres", "jovyan",
-    }
-)  # fmt: skip
 
 # RFC 9106's second recommended option is t=3, p=4, m=64 MiB; on the build
 # machine that costs ~110 ms per verify, and the login path runs one per
@@ -64,22 +52,15 @@ class AccountError(ValueError):
 
 
 def validate_username(name: str) -> str:
-    """The name as JupyterHub will see it (lowercased), or AccountError saying what is allowed."""
-    if not isinstance(name, str):
-        raise AccountError("user name must be a string")
-    lowered = name.lower()
-    if not 1 <= len(lowered) <= MAX_NAME_LENGTH:
-        raise AccountError(
-            f"user name must be 1 to {MAX_NAME_LENGTH} characters long, got {len(lowered)}"
-        )
-    if not _NAME_RE.match(lowered):
-        raise AccountError(
-            f"user name {lowered!r} is not allowed: it must start with a letter and contain "
-            "only lowercase letters, digits, '_', '.' and '-'"
-        )
-    if lowered in RESERVED_NAMES:
-        raise AccountError(f"user name {lowered!r} is reserved for a system account")
-    return lowered
+    """`name` itself when it is valid (gpulease.hub.user_names), else AccountError saying why.
+
+    Nothing is lowercased: "Alice" is refused with words naming "alice", so
+    that the name an admin typed is the name that exists.
+    """
+    problem = name_problem(name)
+    if problem:
+        raise AccountError(problem)
+    return name
 
 
 def validate_password(password: str, name: str) -> None:
@@ -135,7 +116,7 @@ class LocalAccountStore:
             ).scalar_one_or_none()
 
     def create(self, name: str, password: str) -> str:
-        """Create the account; return its (lowercased) name."""
+        """Create the account; return its name."""
         name = validate_username(name)
         validate_password(password, name)
         password_hash = hash_password(password)

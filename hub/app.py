@@ -21,7 +21,7 @@ from jupyterhub.app import aliases as hub_aliases
 from tornado.ioloop import PeriodicCallback
 from traitlets import Dict, default
 
-from gpulease.hub.accounts import ensure_first_admin
+from gpulease.hub.accounts import AccountError, ensure_first_admin
 from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.audit import RetentionError, parse_retention
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
@@ -34,6 +34,7 @@ from gpulease.hub.hub_config import (
     notify_environment,
     project_chp,
 )
+from gpulease.hub.hub_user_api import with_checked_names
 from gpulease.hub.isolation_check import (
     decide,
     reachability_error,
@@ -53,6 +54,7 @@ from gpulease.hub.state import (
 )
 from gpulease.hub.units import parse_duration
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
+from gpulease.hub.user_names import outside_the_rule, rename_hint
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.inventory import InventoryError
 from gpulease.spawners.local import LocalGPUSpawner
@@ -117,7 +119,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         try:
             self._prepare()
         except (StateError, ProfileError, InventoryError, CatalogError, BillingError,
-                RetentionError, UnixAccountError, OSError) as e:
+                RetentionError, UnixAccountError, AccountError, OSError) as e:
             problems = str(e).strip().replace("\n", "\n  ")
             print(f"gpulease: cannot start:\n  {problems}", file=sys.stderr)
             self.exit(1)
@@ -239,6 +241,15 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # rather than the deprecated extra_handlers).
         self.handlers[:0] = self.add_url_prefix(self.hub_prefix,
                                                 hub_page_handlers(self._settings))
+        # Names outside gpulease's rule are refused before JupyterHub writes a row.
+        self.handlers = with_checked_names(self.handlers)
+
+    async def init_users(self):
+        # Before JupyterHub's own pass, which logs each such user's add_user error.
+        hub_names = [name for (name,) in self.db.query(orm.User.name)]
+        for bad in outside_the_rule(hub_names, self._ctx.accounts.names()):
+            self.log.warning(rename_hint(bad, str(self._state.homes)))
+        return await super().init_users()
 
     async def init_spawners(self):
         count = await super().init_spawners()

@@ -14,6 +14,7 @@ from gpulease.hub.cli_billing import BILLING_COMMANDS, add_billing_parsers
 from gpulease.hub.cli_limits import LIMITS_COMMANDS, add_limits_parsers
 from gpulease.hub.client import ClientError, HubClient, client_from
 from gpulease.hub.units import load_yaml_file
+from gpulease.hub.user_names import name_problem
 
 
 def _yaml_safe(value):
@@ -112,6 +113,10 @@ def cmd_profiles(client: HubClient, args) -> int:
 
 
 def cmd_users(client: HubClient, args) -> int:
+    problem = name_problem(args.name)
+    if problem:  # before asking for a password; the service refuses the same (one rule)
+        print(f"gpulease: {problem}", file=sys.stderr)
+        return 2
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\n")
     else:
@@ -159,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     users = sub.add_parser("users", help="local accounts")
     users_sub = users.add_subparsers(dest="action", required=True)
     add = users_sub.add_parser("add", help="a local account and its hub user")
-    add.add_argument("name", help="lowercase letters, digits, '_', '.' and '-'; starts with a "
-                                  "letter")
+    add.add_argument("name", help="1 to 32 lowercase letters a-z, digits and '-'; starts with "
+                                  "a letter, does not end with '-' (no system account's name)")
     add.add_argument("--admin", action="store_true",
                      help="make a hub admin (needs a hub admin's token; the embedded hub's "
                           "CLI token is one)")

@@ -14,8 +14,12 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpulease.hub.user_names import name_problem
 
 
 class StateError(RuntimeError):
@@ -55,6 +59,7 @@ class StateDir:
         return self.private / "cli.json"
 
     def home_of(self, user: str) -> Path:
+        """Where the home would be (no check: `checked_home` guards every change)."""
         return self.homes / user
 
 
@@ -141,9 +146,51 @@ def read_cli_file(state: StateDir) -> dict[str, str] | None:
         return None
 
 
-def ensure_home(state: StateDir, user: str) -> Path:
-    """The user's home: shared by all their servers, never deleted on stop."""
-    home = state.home_of(user)
-    home.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(home, 0o700)
+def checked_home(homes: Path, user: str) -> Path:
+    """homes/<user>, resolved, when `user` is a valid name and that is no link.
+
+    The one gate before a home is made, chmodded or chowned: a name outside
+    the rule (".", "..", "a/b") never becomes a path, and a home left as a
+    link (by hand, or by an older layout) is not followed out of homes/.
+    The homes folder itself may be a link (an admin's other disk).
+    """
+    problem = name_problem(user)
+    if problem:
+        raise StateError(f"no home is made or changed for a user name outside the rule: "
+                         f"{problem}")
+    folder = homes.resolve()
+    home = folder / user
+    if home.is_symlink():
+        raise StateError(f"{home} is a symbolic link: a home must be a folder of its own in "
+                         f"{folder}; move the link away (nothing was changed)")
+    if home.resolve().parent != folder or home.name != user:
+        raise StateError(f"{home} is not directly in {folder}")
     return home
+
+
+def ensure_home(state: StateDir, user: str) -> Path:
+    """The user's home (0700): shared by all their servers, never deleted on stop."""
+    home = checked_home(state.homes, user)
+    try:
+        home.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    with open_home(home) as fd:
+        os.fchmod(fd, 0o700)
+    return home
+
+
+@contextmanager
+def open_home(home: Path) -> Iterator[int]:
+    """A descriptor of the home folder itself, never of what a link there points to:
+    a link put in its place after `checked_home` looked fails here (ELOOP)."""
+    try:
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        what = "a symbolic link" if home.is_symlink() else "not a folder"
+        raise StateError(f"{home} is {what}: a home must be a folder of its own "
+                         f"(nothing was changed; {e.strerror})") from None
+    try:
+        yield fd
+    finally:
+        os.close(fd)

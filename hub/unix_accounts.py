@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulease.hub.state import StateError, checked_home, open_home
+
 MAX_UNIX_NAME = 32  # useradd's limit
 GECOS_MARK = "gpulease user "  # the GECOS field names the hub user: how we know an account is ours
 _UNSAFE = re.compile(r"[^a-z0-9_-]")
@@ -191,12 +193,22 @@ def own_home(home: Path, account: UnixAccount) -> None:
     """Make `home` the account's alone (mode 0700), its content too when it was not yet.
 
     Homes made before per-user accounts were on belong to the hub's account;
-    they are handed over once, at the first start as the user.
+    they are handed over once, at the first start as the user. Only
+    homes/<hub name> itself, checked (a valid name, no link) and then held
+    open, is changed; the walk never follows a link, and lchown changes a
+    link rather than its target.
     """
-    st = home.stat()
-    if (st.st_uid, st.st_gid) != (account.uid, account.gid):
-        for root, dirs, files in os.walk(home):
-            for item in (*dirs, *files):
-                os.lchown(os.path.join(root, item), account.uid, account.gid)
-        os.chown(home, account.uid, account.gid)
-    os.chmod(home, 0o700)
+    try:
+        checked = checked_home(home.parent, account.hub_name)
+        if checked != home.resolve():
+            raise StateError(f"{home} is not {account.hub_name}'s home ({checked} is)")
+        with open_home(checked) as fd:
+            st = os.fstat(fd)
+            if (st.st_uid, st.st_gid) != (account.uid, account.gid):
+                for root, dirs, files in os.walk(checked):
+                    for item in (*dirs, *files):
+                        os.lchown(os.path.join(root, item), account.uid, account.gid)
+                os.fchown(fd, account.uid, account.gid)
+            os.fchmod(fd, 0o700)
+    except StateError as e:
+        raise UnixAccountError(str(e)) from None

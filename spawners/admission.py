@@ -30,6 +30,7 @@ from gpulease.hub.options import (
     why_chosen,
 )
 from gpulease.hub.units import format_credits, format_duration, rate_cost
+from gpulease.hub.user_names import name_problem
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -63,6 +64,10 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     orm_spawner._gpulease_prior_options = None
     replaced_now = prior is not None and prior[0] is asyncio.current_task()
     spawner._options_to_restore = (prior[1],) if replaced_now else None
+    problem = name_problem(spawner.user.name)  # a user made before the rule: no home for it
+    if problem:
+        spawner.refuse(400, f"Cannot start a server for this user: {problem}. An admin can "
+                            "rename the user (docs/admin.md, User names)")
     ctx = spawner.gpulease
     user = spawner.user.name
     # Read the hub's ORM here, on its own thread, not in the worker thread below.

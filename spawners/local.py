@@ -27,7 +27,7 @@ from traitlets import Bool, Dict, Float, Integer, Unicode, default
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
 from gpulease.hub.options import ServerChoice
-from gpulease.hub.state import StateDir, ensure_home
+from gpulease.hub.state import StateDir, StateError, ensure_home
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
@@ -227,7 +227,10 @@ class LocalGPUSpawner(LocalProcessSpawner):
         if choice is None:  # apply_user_options always runs first in JupyterHub >= 5.3
             self.refuse(400, "No profile was resolved for this start")
         ctx = self.gpulease
-        home = ensure_home(StateDir(Path(self._state_root())), self.user.name)
+        try:  # a name outside the rule is refused earlier (apply_gpulease_options)
+            home = ensure_home(StateDir(Path(self._state_root())), self.user.name)
+        except StateError as e:
+            self.refuse(500, f"Cannot start the server: {e}")
         self._gpulease_admitted = False
         self.gpulease_answered_at = None
         admitted = None

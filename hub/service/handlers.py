@@ -336,7 +336,7 @@ def make_unix_account(name: str, isolation: dict) -> dict[str, str]:
         return {}
     from pathlib import Path
 
-    from gpulease.hub.state import StateDir, ensure_home
+    from gpulease.hub.state import StateDir, StateError, ensure_home
     from gpulease.hub.unix_accounts import (
         UnixAccountError,
         UnixAccountPolicy,
@@ -351,7 +351,7 @@ def make_unix_account(name: str, isolation: dict) -> dict[str, str]:
         home = ensure_home(StateDir(homes.parent), name)
         account = ensure_unix_account(name, policy, home)
         own_home(home, account)
-    except (UnixAccountError, OSError, KeyError) as e:
+    except (UnixAccountError, StateError, OSError, KeyError) as e:
         return {"unix_account_error": str(e)}
     return {"unix_account": account.name, "uid": str(account.uid)}
 
