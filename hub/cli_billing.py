@@ -21,10 +21,13 @@ def add_billing_parsers(sub: argparse._SubParsersAction) -> None:
     adjust.add_argument("account", help="user:NAME or group:NAME (a bare NAME means user:NAME)")
     adjust.add_argument("amount", help="signed credits, e.g. -2.5")
     adjust.add_argument("--note", required=True, help="why (required)")
-    usage = sub.add_parser("usage", help="sessions, billed seconds and cost")
+    usage = sub.add_parser("usage", help="sessions, billed seconds and cost (default: the "
+                           "current UTC month; a period spans at most 366 days)")
     usage.add_argument("--user", help="whose usage (admins and auditors; default: yours)")
-    usage.add_argument("--since", help="YYYY-MM-DD (inclusive) or an ISO 8601 timestamp")
-    usage.add_argument("--until", help="YYYY-MM-DD (exclusive) or an ISO 8601 timestamp")
+    usage.add_argument("--since", help="YYYY-MM-DD (inclusive) or an ISO 8601 timestamp; "
+                       "default: the current UTC month's first day")
+    usage.add_argument("--until", help="YYYY-MM-DD (exclusive) or an ISO 8601 timestamp; "
+                       "default: the next UTC month's first day")
     usage.add_argument("--csv", action="store_true", help="print CSV instead of a table")
 
 

@@ -220,7 +220,14 @@ def carol_sessions(engine):
 
 def test_usage_json_and_csv(hub, tokens, carol_sessions):
     first, second, old = carol_sessions
-    data = hub.service("GET", "api/usage", tokens["carol"]).json()
+    # Without a range: the current UTC month only (carol's sessions may straddle its start).
+    month = utcnow().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    this_month = hub.service("GET", "api/usage", tokens["carol"]).json()["sessions"]
+    assert [s["server"] for s in this_month] == [
+        s.server for s in sorted(carol_sessions, key=lambda s: s.started) if s.started >= month]
+    # all three: a range that holds them (since inclusive, until left out: the month's end)
+    span = f"since={(old.started - dt.timedelta(days=1)).date()}"
+    data = hub.service("GET", f"api/usage?{span}", tokens["carol"]).json()
     assert [s["server"] for s in data["sessions"]] == ["old", "", XSS]
     s = data["sessions"][1]
     assert s == {"user": "carol", "server": "", "profile": "h200-1g", "account": "user:carol",
@@ -231,13 +238,13 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
     recent = hub.service("GET", f"api/usage?user=carol&since={since}", tokens["admin"]).json()
     assert [s["server"] for s in recent["sessions"]] == [XSS]
     until = old.started.isoformat() + "Z"
-    assert hub.service("GET", f"api/usage?user=carol&until={until}", tokens["audrey"]).json()["sessions"] == []
-    by_account = hub.service("GET", "api/usage?account=group:lab", tokens["audrey"]).json()
+    assert hub.service("GET", f"api/usage?user=carol&{span}&until={until}", tokens["audrey"]).json()["sessions"] == []
+    by_account = hub.service("GET", f"api/usage?account=group:lab&{span}", tokens["audrey"]).json()
     assert [s["server"] for s in by_account["sessions"]] == ["old"]
     assert hub.service("GET", "api/usage", tokens["admin"]).json()["sessions"] == []  # own by default
     bad = hub.service("GET", "api/usage?since=yesterday", tokens["carol"])
     assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "since"
-    r = hub.service("GET", "api/usage?format=csv", tokens["carol"])
+    r = hub.service("GET", f"api/usage?format=csv&{span}", tokens["carol"])
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/csv")
     assert "attachment" in r.headers["Content-Disposition"] and ".csv" in r.headers["Content-Disposition"]
     rows = list(csv.DictReader(io.StringIO(r.text)))
@@ -307,15 +314,18 @@ def test_cli_credits_and_usage(hub, tokens):
         assert "HTTP 400" in bad.stderr
     assert hub.cli("credits", "adjust", "bob", "-1").returncode == 2  # --note is required
     assert balance(hub, tokens, "user:bob") == before
-    out = hub.cli("usage", "--user", "carol", "--csv")
+    since = (utcnow() - dt.timedelta(days=41)).date().isoformat()  # carol's three sessions
+    out = hub.cli("usage", "--user", "carol", "--csv", "--since", since)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "user,server,profile,account,started,ended,billed_seconds,cost,end_reason"
     assert len(out.stdout.splitlines()) == 4
-    everyone = hub.cli("usage", "--csv").stdout  # the CLI's service token: every user's
+    everyone = hub.cli("usage", "--csv", "--since", since).stdout  # the CLI's token: every user's
     assert {"carol", "alice"} <= {line.split(",")[0] for line in everyone.splitlines()[1:]}
-    table = hub.cli("usage", "--user", "carol", "--since", "2000-01-01")
+    table = hub.cli("usage", "--user", "carol", "--since", since)
     assert table.returncode == 0 and table.stdout.splitlines()[-1].split()[-2:] == ["3671", "1.224224"]
     assert hub.cli("usage", "--since", "soon").returncode == 1
+    too_long = hub.cli("usage", "--since", "2000-01-01")  # until left out: this month's end
+    assert too_long.returncode == 1 and "at most 366 days" in too_long.stderr, too_long.stderr
 
 
 def _browser(hub, user: str, password: str) -> requests.Session:

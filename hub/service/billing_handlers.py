@@ -11,7 +11,7 @@ from tornado.escape import url_escape
 from tornado.httpclient import HTTPClientError
 
 from gpulease.hub import billing_reports
-from gpulease.hub.db import ledger_entries, reading
+from gpulease.hub.db import ledger_entries, reading, utcnow
 from gpulease.hub.ledger import (
     LOW_BALANCE_MINUTES,
     BillingError,
@@ -102,10 +102,12 @@ class BillingHandler(BaseAPIHandler):
                 raise _field_error(field, f"unknown user {name}", missing) from None
             raise APIError(502, f"The hub did not answer about user {name}: {e}") from None
 
-    def period(self) -> tuple[dt.datetime | None, dt.datetime | None]:
+    def period(self) -> tuple[dt.datetime, dt.datetime]:
+        """A usage query's since and until: the current UTC month by default, at most
+        bv.MAX_USAGE_DAYS long (400 naming what is allowed)."""
         try:
-            return bv.parse_period(self.get_argument("since", None),
-                                   self.get_argument("until", None))
+            return bv.usage_period(self.get_argument("since", None),
+                                   self.get_argument("until", None), utcnow())
         except bv.PeriodError as e:
             raise _field_error(e.field, e.message) from None
 

@@ -61,6 +61,36 @@ def parse_period(since: str | None, until: str | None) -> tuple[dt.datetime | No
     return start, end
 
 
+MAX_USAGE_DAYS = 366
+
+
+def usage_period(since: str | None, until: str | None, now: dt.datetime,
+                 max_days: int = MAX_USAGE_DAYS) -> tuple[dt.datetime, dt.datetime]:
+    """The period of a usage query: a bound left out is the current UTC month's (since:
+    its first day; until: the first day of the next month), and it spans at most
+    `max_days` days, so that no query reads the whole history at once."""
+    start, end = parse_time(since, "since"), parse_time(until, "until")
+    this_month = month_start(now)
+    defaulted = []
+    if start is None:
+        start = this_month
+        defaulted.append(f"since, left out, is {iso(start)} (the current UTC month's first day)")
+    if end is None:
+        end = next_month(this_month)
+        defaulted.append(f"until, left out, is {iso(end)} (the next UTC month's first day)")
+    field = "until" if until or not since else "since"
+    said = f" ({'; '.join(defaulted)})" if defaulted else ""
+    if end <= start:
+        raise PeriodError(field, f"until must be later than since (since is inclusive, until "
+                                 f"exclusive){said}")
+    if end - start > dt.timedelta(days=max_days):
+        days = -(-(end - start) // dt.timedelta(days=1))
+        raise PeriodError(field, f"A usage query spans at most {max_days} days; since "
+                                 f"{iso(start)} to until {iso(end)} is {days} days{said}. Ask "
+                                 "for a shorter period, e.g. a month or a year at a time.")
+    return start, end
+
+
 def month_start(now: dt.datetime) -> dt.datetime:
     return dt.datetime(now.year, now.month, 1)
 

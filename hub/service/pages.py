@@ -66,7 +66,7 @@ class UsagePage(PageHandler):
         since_arg = self.get_argument("since", None) or first.isoformat()
         until_arg = self.get_argument("until", None)
         try:
-            since, until = bv.parse_period(since_arg, until_arg)
+            since, until = bv.usage_period(since_arg, until_arg, utcnow())
         except bv.PeriodError as e:
             raise APIError(400, f"{e.field}: {e.message}") from None
         model = await self.hub_user(name)
@@ -105,7 +105,7 @@ class ReportPage(PageHandler):
         by = self.get_argument("by", "user")
         if by not in bv.REPORT_GROUPS:
             raise APIError(400, f"by must be one of {', '.join(bv.REPORT_GROUPS)}, got {by!r}")
-        try:
+        try:  # any span: admins and auditors report on years (aggregated, not listed)
             since, until = bv.parse_period(since_arg, until_arg)
         except bv.PeriodError as e:
             raise APIError(400, f"{e.field}: {e.message}") from None
