@@ -13,6 +13,7 @@ from pathlib import Path
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
+from tornado.routing import Rule
 
 from gpulease.hub.context import get_context
 from gpulease.hub.server_activity import ActivityStore
@@ -20,6 +21,7 @@ from gpulease.hub.service import (
     activity_handlers,
     admin_pages,
     audit_handlers,
+    body_limit,
     inventory_handlers,
     limit_handlers,
     pages,
@@ -65,7 +67,9 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
     for module in (audit_handlers, limit_handlers, server_handlers, admin_pages,
                    activity_handlers, inventory_handlers):
         routes += module.ROUTES
-    handlers = [(url_path_join(prefix, path), cls, args) for path, cls in routes]
+    # First: a body declared over the bound is refused before any route reads it.
+    handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]
+    handlers += [(url_path_join(prefix, path), cls, args) for path, cls in routes]
     handlers += n.notice_routes(prefix, args, env)
     handlers.append((url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler))
     handlers.append((url_path_join(prefix, "api/.*"), h.NotFoundHandler, args))
@@ -105,7 +109,8 @@ def main() -> None:
     app = make_app()
 
     async def serve() -> None:
-        app.listen(port, address="127.0.0.1")
+        # The backstop for bodies without a length (chunked): cut past the bound.
+        app.listen(port, address="127.0.0.1", max_body_size=body_limit.MAX_BODY_BYTES)
         log.info("gpulease service listening on 127.0.0.1:%d", port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
