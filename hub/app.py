@@ -43,6 +43,7 @@ from gpulease.hub.isolation_check import (
 )
 from gpulease.hub.ledger import BillingError
 from gpulease.hub.metering import Meter
+from gpulease.hub.named_servers import refusing_limit
 from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.server_control import HubServerControl
@@ -181,6 +182,9 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             culler=self._culler_settings(ctx.inventory.source),
             queue_max_wait_s=parse_duration(self.queue_max_wait, "queue_max_wait"),
             queue_max_length=self.queue_max_length,
+            queue_places_per_user=self.queue_places_per_user,
+            cpu_only_cpu_per_user=self.cpu_only_cpu_per_user,
+            cpu_only_memory_per_user=self.cpu_only_memory_per_user,
             isolation={**self._isolation.settings(), "homes": str(state.homes)},
         )
         # Notices the hub posts itself (a queued server started) go out the same ways.
@@ -234,6 +238,13 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             "warn_before": self.culler_warn_before,
             "stale_after": self.culler_stale_after,
         }
+
+    def init_tornado_settings(self):
+        super().init_tornado_settings()
+        # A named server beyond the limit is refused with 409 naming it (JupyterHub: 400).
+        settings = self.tornado_settings
+        settings["named_server_limit_per_user"] = refusing_limit(
+            settings.get("named_server_limit_per_user", 0))
 
     def init_handlers(self):
         super().init_handlers()

@@ -12,6 +12,13 @@ from traitlets.config import Configurable
 
 from gpulease.hub.notifier import WebhookURL
 from gpulease.hub.units import parse_duration
+from gpulease.spawners.cpu_totals import (
+    CPU_ONLY_CPU_PER_USER,
+    CPU_ONLY_MEMORY_PER_USER,
+    CoresCap,
+    MemoryCap,
+)
+from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
 
 
 class GPULeaseOptions(Configurable):
@@ -78,6 +85,33 @@ class GPULeaseOptions(Configurable):
         help="Most GPU starts waiting in the queue at once; beyond, a start is refused (503). "
         "JupyterHub's concurrent_spawn_limit is set above it, so a long queue is no 429.",
     )
+
+    # --- per-user limits (docs/admin.md, "Per-user limits"); each refused with 409 naming it
+    queue_places_per_user = Integer(
+        QUEUE_PLACES_PER_USER,
+        config=True,
+        help="Most places one user holds in the queue at once (GPU starts waiting for a "
+        "device); one more start that would wait is refused (409). 0: no limit.",
+    )
+    cpu_only_cpu_per_user = CoresCap(
+        CPU_ONLY_CPU_PER_USER,
+        config=True,
+        help="Cores (the profiles' cpu) all of one user's running and starting CPU-only "
+        "servers may have together; a start beyond is refused (409). 0: no limit.",
+    )
+    cpu_only_memory_per_user = MemoryCap(
+        CPU_ONLY_MEMORY_PER_USER,
+        config=True,
+        help="Memory (the profiles' memory, e.g. 64Gi) all of one user's running and starting "
+        "CPU-only servers may have together; a start beyond is refused (409). 0: no limit.",
+    )
+
+    @validate("queue_places_per_user")
+    def _valid_queue_places_per_user(self, proposal):
+        if proposal["value"] < 0:
+            raise TraitError(f"queue_places_per_user must be 0 (no limit) or more, not "
+                             f"{proposal['value']}")
+        return proposal["value"]
 
     @validate("queue_max_wait")
     def _valid_queue_max_wait(self, proposal):

@@ -31,9 +31,16 @@ from gpulease.hub.options import (
 )
 from gpulease.hub.units import format_credits, format_duration, rate_cost
 from gpulease.hub.user_names import name_problem
+from gpulease.spawners.cpu_totals import (
+    CpuOnlyServer,
+    cpu_only_refusal,
+    parse_cores_cap,
+    parse_memory_cap,
+)
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
+    from gpulease.hub.profiles import Profile
     from gpulease.spawners.local import LocalGPUSpawner
 
 DATABASE_DOWN = (
@@ -69,6 +76,8 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
         spawner.refuse(400, f"Cannot start a server for this user: {problem}. An admin can "
                             "rename the user (docs/admin.md, User names)")
     ctx = spawner.gpulease
+    # Not counted with the profile of its last run by other starts (cpu_only_servers).
+    spawner.gpulease_choice = None
     user = spawner.user.name
     # Read the hub's ORM here, on its own thread, not in the worker thread below.
     groups = {g.name for g in spawner.user.groups}
@@ -77,7 +86,7 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     def still_spawning() -> bool:  # JupyterHub's flags: the spawn has not ended
         return bool(spawner._spawn_pending or spawner._start_pending)
 
-    def resolve_and_check_credit() -> ServerChoice:
+    def resolve_and_check_credit() -> tuple[ServerChoice, list[Profile]]:
         profiles = ctx.profiles.list(include_disabled=True)
         asked = user_options.get("profile") if isinstance(user_options, dict) else None
         # Only a profile that is gone needs the audit log's word on whether it was deleted.
@@ -96,10 +105,10 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
         admit_for_credit(ctx, (user, server), choice, {p.slug: p.min_run_s for p in profiles},
                          alive=still_spawning)
         spawner.gpulease_balance = ctx.ledger.balance(choice.account)
-        return choice
+        return choice, profiles
 
     try:
-        choice = await asyncio.to_thread(resolve_and_check_credit)
+        choice, profiles = await asyncio.to_thread(resolve_and_check_credit)
     except OptionsRefused as refused:
         spawner.refuse(refused.status, refused.message)
     except BillingError as refused:
@@ -107,10 +116,47 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     except SQLAlchemyError as e:
         spawner.log.error("gpulease database error resolving options: %s", e)
         spawner.refuse(503, DATABASE_DOWN)
+    if choice.profile.is_cpu_only:
+        # On the event loop, with no await until the choice is set: starts at once are
+        # checked one after the other, each counting those before it.
+        refusal = cpu_only_refusal(
+            user, server, choice.profile.cpu, choice.profile.memory_bytes,
+            cpu_only_servers(spawner, {p.slug: p for p in profiles}),
+            parse_cores_cap(spawner.cpu_only_cpu_per_user),
+            parse_memory_cap(spawner.cpu_only_memory_per_user))
+        if refusal is not None:
+            spawner.refuse(409, refusal)
     spawner.gpulease_choice = choice
     if choice.chosen_by != CHOSEN_BY_REQUEST:
         _save_resolved(spawner, choice)
     spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(choice), choice.chosen_by)
+
+
+def cpu_only_servers(spawner: LocalGPUSpawner,
+                     profiles: dict[str, Profile]) -> list[CpuOnlyServer]:
+    """The user's other running and starting CPU-only servers, at their profiles' size.
+
+    A start counts once past this check (its choice is set then); one still
+    before it counts when it makes its own check, against this one. A server
+    the hub found running after a restart has only its saved options (the
+    profile as defined now).
+    """
+    found = []
+    for name, other in list(spawner.user.spawners.items()):
+        if other is spawner or not other.active:
+            continue
+        choice = getattr(other, "gpulease_choice", None)
+        if choice is not None:
+            profile = choice.profile
+        elif other.pending:
+            continue
+        else:
+            saved = other.orm_spawner.user_options if other.orm_spawner is not None else None
+            profile = profiles.get((saved or {}).get("profile")) if isinstance(saved, dict) \
+                else None
+        if profile is not None and profile.is_cpu_only:
+            found.append(CpuOnlyServer(name, profile.cpu, profile.memory_bytes))
+    return found
 
 
 def admit_for_credit(ctx: GPULeaseContext, key: tuple[str, str], choice: ServerChoice,

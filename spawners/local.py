@@ -22,7 +22,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from tornado import web
-from traitlets import Bool, Dict, Float, Integer, Unicode, default
+from traitlets import Bool, Dict, Integer, Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
@@ -31,6 +31,7 @@ from gpulease.hub.state import StateDir, StateError, ensure_home
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
+from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.cgroup_kill import Emptied, devices_may_go
 from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.first_answer import first_answer
@@ -41,8 +42,11 @@ from gpulease.spawners.queue_runner import Refused, queue_progress, runner_for, 
 from gpulease.spawners.spawn_form import spawn_form_data
 
 
-class LocalGPUSpawner(LocalProcessSpawner):
-    """Run each server as a local process on the GPU devices placed for it."""
+class LocalGPUSpawner(AdmissionOptions, LocalProcessSpawner):
+    """Run each server as a local process on the GPU devices placed for it.
+
+    Its queue and per-user limit options are AdmissionOptions' (spawners/admission_options.py).
+    """
 
     db_url = Unicode(
         "",
@@ -62,22 +66,6 @@ class LocalGPUSpawner(LocalProcessSpawner):
         "",
         config=True,
         help="The state folder; homes are its homes/<user> folders, shared by a user's servers.",
-    )
-
-    queue_max_wait = Float(
-        1800.0,
-        config=True,
-        help="Seconds a GPU start may wait in the queue for a free device; 0: refuse at once "
-        "(503, naming what is free). Set by `gpulease up` from GPULeaseHub.queue_max_wait.",
-    )
-    queue_max_length = Integer(
-        500, config=True, help="Most spawns waiting in the queue; beyond, a start is refused (503)."
-    )
-    queue_poll_interval = Float(
-        5.0,
-        config=True,
-        help="Seconds between passes over the queue while spawns wait (releases in this hub "
-        "also wake it at once).",
     )
 
     # --- isolation (docs/security.md); `gpulease up` sets these from GPULeaseHub's options
@@ -287,6 +275,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
                 self.user.name, self.name, profile.slug, profile.gpu.device_request(),
                 user_groups=set(groups), group_members=groups,
                 max_wait=self.queue_max_wait, max_length=self.queue_max_length,
+                max_per_user=self.queue_places_per_user,
             )
         except Refused as refused:
             self.refuse(refused.status, f"Cannot start {profile.slug}: {refused.message}")

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field, replace
 from gpulease.spawners.inventory import AllocatableDevice, Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, place
 
+# The default of GPULeaseHub.queue_places_per_user (and the spawner's trait), here only.
+QUEUE_PLACES_PER_USER = 3
+
 
 @dataclass(frozen=True)
 class Waiting:
@@ -72,6 +75,22 @@ def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str]) 
         taken |= set(placement.uuids)
         result.start.append((entry.key, placement))
     return result
+
+
+def queue_places_refusal(user: str, waiting: Sequence[tuple[str, str]], most: int) -> str | None:
+    """Why `user` may not take another place in the queue, or None.
+
+    `waiting`: (user, server) of every spawn in the queue. One user holds at
+    most `most` places at once (0: no limit), so that nobody fills the shared
+    queue (queue_max_length) and keeps everyone else's starts out of it.
+    """
+    theirs = [server for who, server in waiting if who == user]
+    if most <= 0 or len(theirs) < most:
+        return None
+    names = ", ".join(f"{user}/{server or '(default)'}" for server in theirs)
+    return (f"Over the queue limit of user:{user}: queue_places_per_user {most}; "
+            f"{len(theirs)} place{'s' if len(theirs) != 1 else ''} held by {names}. Wait until "
+            "one of them starts, or stop one, before queueing another start.")
 
 
 def position(queue: Sequence[Waiting], key: Hashable) -> int | None:

@@ -28,7 +28,7 @@ from gpulease.hub.units import format_duration
 from gpulease.spawners.assignments import Holder
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary, place
-from gpulease.spawners.queue import Waiting, plan, restricted
+from gpulease.spawners.queue import Waiting, plan, queue_places_refusal, restricted
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -110,11 +110,12 @@ class QueueRunner:
     async def admit(
         self, user: str, server: str, profile: str, request: DeviceRequest, *,
         user_groups: Collection[str] = (), group_members: Mapping[str, Collection[str]] = {},
-        max_wait: float = 0.0, max_length: int = 1000,
+        max_wait: float = 0.0, max_length: int = 1000, max_per_user: int = 0,
     ) -> Admitted:
         """Check the limits, then claim devices now or wait in the queue for them.
 
-        Raises Refused: 409 over a limit, 422 never fits here, 503 no capacity
+        Raises Refused: 409 over a limit or holding `max_per_user` places in the
+        queue already (0: no such limit), 422 never fits here, 503 no capacity
         and no queueing (`max_wait` 0: naming what is free), the queue full, or
         `max_wait` seconds passed in the queue. A cancelled spawn leaves the queue.
         """
@@ -153,6 +154,10 @@ class QueueRunner:
                         return Admitted(placement)
                     except NoFit:
                         pass  # taken meanwhile: wait like the others
+            theirs = queue_places_refusal(user, [(t.user, t.server) for t in self.waiting],
+                                          max_per_user)
+            if theirs is not None:  # before the row: a refused start leaves none
+                raise Refused(409, theirs)
             if len(self.waiting) >= max_length:
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later. "

@@ -6,6 +6,7 @@ import pytest
 
 from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
+from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.local import LocalGPUSpawner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("cls, section_name", [
     (GPULeaseOptions, "GPULeaseHub"),  # GPULeaseHub's own options live in this mixin
     (LocalGPUSpawner, "LocalGPUSpawner"),
+    (AdmissionOptions, "LocalGPUSpawner"),  # its queue and per-user limit options
     (LocalAccountsAuthenticator, "LocalAccountsAuthenticator"),
 ])
 def test_every_option_is_documented_with_help(cls, section_name):

@@ -356,18 +356,22 @@ def test_sigkill_and_restart_keeps_the_running_server_on_its_slice(hub, admin_to
     assert r.status_code == 201, r.text
     bob = hub.token_for("bob", "bob-pw-1234")
     hub.grant(admin_token, "user:bob")
-    taken = []
-    for i in range(6):
-        r = hub.api("POST", f"users/bob/servers/s{i}", bob, {"user_options": {"profile": "h200-1g"}})
+    taken = ["", *(f"s{i}" for i in range(5))]  # his default and 5 named: the most he may have
+
+    def path(name: str) -> str:
+        return f"users/bob/servers/{name}" if name else "users/bob/server"
+
+    for name in taken:
+        r = hub.api("POST", path(name), bob, {"user_options": {"profile": "h200-1g"}})
         assert r.status_code in (201, 202), r.text
-        taken.append(f"s{i}")
     held = held_by(hub, admin_token)
     bob_slices = {d for (u, _), ds in held.items() if u == "bob" for d in ds}
     assert len(bob_slices) == 6 and alice_slice[0] not in bob_slices
-    r = hub.api("POST", "users/bob/servers/s7", bob, {"user_options": {"profile": "h200-1g"}})
+    r = hub.api("POST", "users/alice/servers/more", alice,
+                {"user_options": {"profile": "h200-1g"}})
     assert r.status_code == 503, r.text
     for name in taken:
-        hub.api("DELETE", f"users/bob/servers/{name}", bob)
+        hub.api("DELETE", path(name), bob)
     for name in taken:
         hub.wait_server_stopped("bob", bob, name)
 

@@ -164,3 +164,22 @@ async def test_limits_are_checked_before_queueing_and_count_queued_starts(ctx):
                      group_members={"lab": ["m1", "m2"]})
     assert e.value.status == 409 and "group:lab" in e.value.message and "m1/" in e.value.message
     assert ctx.limits.get("group:lab") == Limit("group:lab", 1, None)
+
+
+async def test_a_user_holds_at_most_max_per_user_places_and_the_refusal_leaves_no_row(ctx):
+    runner = QueueRunner(ctx)
+    await _admit(runner, "a", SLICE)
+    await _admit(runner, "b", SLICE)  # both slices held: the next slice start waits
+    waiters = [asyncio.ensure_future(_admit(runner, "c", SLICE, server=s, max_per_user=3))
+               for s in ("x", "y", "z")]
+    await _until(lambda: len(runner.waiting) == 3)
+    with pytest.raises(Refused) as e:
+        await _admit(runner, "c", SLICE, server="w", max_per_user=3)
+    assert e.value.status == 409 and "queue_places_per_user 3" in e.value.message
+    assert "c/x, c/y, c/z" in e.value.message
+    assert [(r.user, r.server) for r in ctx.queue.rows()] == [("c", "x"), ("c", "y"), ("c", "z")]
+    other = asyncio.ensure_future(_admit(runner, "d", SLICE, max_per_user=3))  # others still queue
+    await _until(lambda: runner.position("d", "") == 4)
+    for waiter in [*waiters, other]:
+        waiter.cancel()
+    await _until(lambda: ctx.queue.rows() == [])

@@ -140,10 +140,7 @@ class CreateServerHandler(ServerAPIHandler):
             return await self.hub_api(method, path, body)
         except HTTPClientError as e:
             message = _hub_message(e)
-            if e.code == 400 and "maximum" in message:
-                raise APIError(409, f"{message} (the hub's named_server_limit_per_user)",
-                               [{"field": "name", "message": "named server limit reached"}]
-                               ) from None
+            # 409 names the limit of named servers (gpulease.hub.named_servers) or a clash
             if e.code in (400, 409):
                 raise APIError(e.code, message, [{"field": "name", "message": message}]) from None
             if e.code == 404:

@@ -1,0 +1,54 @@
+"""LocalGPUSpawner's options for admission: the queue and the per-user limits.
+
+A mixin of the spawner (as GPULeaseOptions is of GPULeaseHub), kept apart so
+that the spawner's module stays about its behaviour. `gpulease up` sets each
+from the GPULeaseHub option of that name (hub_config); docs/config.md lists
+them under LocalGPUSpawner (tests/test_docs.py checks).
+"""
+
+from __future__ import annotations
+
+from traitlets import Float, Integer
+from traitlets.config import Configurable
+
+from gpulease.spawners.cpu_totals import (
+    CPU_ONLY_CPU_PER_USER,
+    CPU_ONLY_MEMORY_PER_USER,
+    CoresCap,
+    MemoryCap,
+)
+from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
+
+
+class AdmissionOptions(Configurable):
+    queue_max_wait = Float(
+        1800.0,
+        config=True,
+        help="Seconds a GPU start may wait in the queue for a free device; 0: refuse at once "
+        "(503, naming what is free). Set by `gpulease up` from GPULeaseHub.queue_max_wait.",
+    )
+    queue_max_length = Integer(
+        500, config=True, help="Most spawns waiting in the queue; beyond, a start is refused (503)."
+    )
+    queue_poll_interval = Float(
+        5.0,
+        config=True,
+        help="Seconds between passes over the queue while spawns wait (releases in this hub "
+        "also wake it at once).",
+    )
+    # Per-user limits, each refused with 409 naming it.
+    queue_places_per_user = Integer(
+        QUEUE_PLACES_PER_USER, config=True,
+        help="Most places one user holds in the queue at once; 0: no limit. Set by `gpulease "
+        "up` from GPULeaseHub.queue_places_per_user.",
+    )
+    cpu_only_cpu_per_user = CoresCap(
+        CPU_ONLY_CPU_PER_USER, config=True,
+        help="Cores all of one user's running and starting CPU-only servers may have "
+        "together; 0: no limit. Set by `gpulease up` from GPULeaseHub.cpu_only_cpu_per_user.",
+    )
+    cpu_only_memory_per_user = MemoryCap(
+        CPU_ONLY_MEMORY_PER_USER, config=True,
+        help="Memory all of one user's running and starting CPU-only servers may have "
+        "together; 0: no limit. Set by `gpulease up` from GPULeaseHub.cpu_only_memory_per_user.",
+    )
