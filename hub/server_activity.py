@@ -204,7 +204,13 @@ def _time(value: Any, name: str, now: datetime, errors: list[tuple[str, str]]) -
     except ValueError:
         errors.append((name, f"{value[:40]} is not an ISO 8601 timestamp"))
         return None
-    when = when if when.tzinfo else when.replace(tzinfo=UTC)
+    try:
+        # In UTC now: 0001-01-01T00:00+01:00 is before year 1 there, which a
+        # datetime cannot hold (it would fail later, writing the push out).
+        when = (when if when.tzinfo else when.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError:
+        errors.append((name, f"{value[:40]} is out of range"))
+        return None
     return min(when, now)
 
 

@@ -80,6 +80,22 @@ def test_a_push_is_validated_field_by_field():
         parse_push({}, "ada", "", NOW)
 
 
+@pytest.mark.parametrize("moment", ["0001-01-01T00:00:00+01:00", "0001-01-01T00:59:59+01:00"])
+def test_a_time_before_year_one_in_utc_is_refused_not_a_500(moment):
+    """Found by schemathesis (tests/test_rest_api_fuzz.py): such a time parsed, and
+    writing the push out (`as_json`, in `ActivityStore.put`) overflowed: a 500."""
+    body = {"kernels": [{"id": "k", "execution_state": "idle", "last_activity": moment}],
+            "terminals": [{"last_activity": moment}]}
+    with pytest.raises(PushError) as e:
+        parse_push(body, "ada", "", NOW)
+    assert dict(e.value.errors) == {"kernels[0].last_activity": f"{moment} is out of range",
+                                    "terminals[0].last_activity": f"{moment} is out of range"}
+    earliest = {"kernels": [{"id": "k", "execution_state": "idle",
+                             "last_activity": "0001-01-01T00:00:00-01:00"}]}
+    assert parse_push(earliest, "ada", "", NOW).view()["kernels"][0]["last_activity"] == \
+        "0001-01-01T01:00:00.000Z"
+
+
 def test_the_store_keeps_the_latest_push_bounded_per_user_and_forgets_old_ones():
     store = ActivityStore(since=NOW, per_user=3)
     for i in range(5):
