@@ -500,6 +500,8 @@ def test_audit_diff_and_paging():
     assert (paging.first_shown, paging.last_shown) == (51, 100)
     assert af.Paging(0, 50, 0).prev_offset is None and af.Paging(0, 50, 0).next_offset is None
     assert af.parse_offset("-3") == 0 and af.parse_offset("x") == 0 and af.parse_offset("7") == 7
+    # Unicode digits that int() refuses (a 500 of the audit page once) or reads (١٢ = 12)
+    assert af.parse_offset("²") == 0 and af.parse_offset("١٢") == 0
 
 
 def test_inventory_rows_without_a_queue_key():

@@ -268,5 +268,6 @@ class Paging:
 
 def parse_offset(text: str | None) -> int:
     """A page offset from the query; anything not a non-negative integer is the first page."""
-    return int(text) if text and text.isdigit() and len(text) < 10 else 0
+    # isascii: "²" is a digit to str.isdigit, but not to int()
+    return int(text) if text and text.isascii() and text.isdigit() and len(text) < 10 else 0
 
