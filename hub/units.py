@@ -243,5 +243,12 @@ def _refuse_constant(name: str) -> object:
 
 
 def json_loads(text: str | bytes) -> object:
-    """json.loads with non-integer numbers as exact Decimals; NaN and Infinity refused."""
-    return json.loads(text, parse_float=Decimal, parse_constant=_refuse_constant)
+    """json.loads with non-integer numbers as exact Decimals; NaN and Infinity refused.
+
+    ValueError for anything that is not such JSON, also for nesting deeper than
+    Python's recursion allows (a 1 MiB body can nest 500,000 lists).
+    """
+    try:
+        return json.loads(text, parse_float=Decimal, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("it nests arrays or objects deeper than gpulease reads") from None

@@ -230,3 +230,10 @@ def test_json_loads_reads_numbers_exactly():
 def test_json_loads_refuses_nan_and_infinity(text):
     with pytest.raises(ValueError):
         json_loads(text)
+
+
+def test_json_loads_refuses_nesting_past_the_recursion_limit_as_a_value_error():
+    """A RecursionError was no ValueError: the service's body check let it through (500)."""
+    with pytest.raises(ValueError, match="nests arrays or objects deeper"):
+        json_loads("[" * 100_000 + "]" * 100_000)
+    assert json_loads("[" * 100 + "]" * 100) is not None
