@@ -247,7 +247,7 @@ def test_limits_api_permissions(hub, admin, people):
     ("api/limits/user:uma", {"max_gpus": "2", "max_slices": 1.5}, ["max_gpus", "max_slices"]),
     ("api/limits/user:uma", {"gpus": 1}, ["gpus"]),
     ("api/limits/user:uma", [1], ["body"]),
-    ("api/limits/team:x", {"max_gpus": 1}, None),  # not a subject: no route
+    ("api/limits/team:x", {"max_gpus": 1}, ["subject"]),  # not a subject
 ])
 def test_limits_api_bad_input_is_400_field_by_field(hub, admin, people, path, body, fields):
     r = hub.service("PUT", path, admin, body)
