@@ -62,6 +62,15 @@ def test_invalid_profiles_file_stops_up_listing_every_problem(tmp_path):
         assert needle in err, f"{needle!r} missing from:\n{err}"
 
 
+def test_an_admin_name_outside_the_rule_stops_up(tmp_path):
+    result = run_up(f"--state={tmp_path / 's'}", "--admin=Admin")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "cannot start" in result.stderr
+    assert "user name 'Admin' is not allowed" in result.stderr
+    assert "^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_invalid_inventory_file_stops_up(tmp_path):
     bad = tmp_path / "inventory.yaml"
     bad.write_text("nodes:\n  - name: box\n    gpus:\n      - {model: H200, mig: [1g.5gb]}\n")
