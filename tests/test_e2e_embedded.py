@@ -39,9 +39,11 @@ def hub(tmp_path_factory):
     config = base / "gpulease_config.py"
     config.write_text(USER_CONFIG)
     # No queue: a start without capacity is refused at once (tests/test_e2e_queue.py
-    # covers the queue).
+    # covers the queue). alice keeps a named server of each test here, more than the
+    # default 5 (tests/test_e2e_user_limits.py attacks that limit).
     h = HubProcess(state=base / "state", admin_password=ADMIN_PW,
-                   extra_args=[f"--config={config}", "--GPULeaseHub.queue_max_wait=0"]).start()
+                   extra_args=[f"--config={config}", "--GPULeaseHub.queue_max_wait=0",
+                               "--JupyterHub.named_server_limit_per_user=20"]).start()
     yield h
     h.close()
 
