@@ -340,7 +340,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             meter.shutting_down = True
         await super().cleanup()
         if meter is not None:
-            meter.release_lease()
+            await asyncio.to_thread(meter.release_lease)  # a write: may wait for the lock
 
     def _announce(self, url: str) -> None:
         lines = [f"gpulease is running at {url}", f"GPU inventory: {self._ctx.inventory.label}",

@@ -25,6 +25,7 @@ from gpulease.hub.my_servers import ServerFacts, ServerState, check_profile_choi
 from gpulease.hub.options import OptionsRefused, price_text
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.sessions import SessionLedger
+from gpulease.hub.template_values import OffLoop
 from gpulease.hub.units import format_credits
 
 log = logging.getLogger("gpulease")
@@ -72,18 +73,18 @@ def user_facts(user: Any) -> list[ServerFacts]:
     return facts
 
 
-def home_data(ctx: Any, user: Any) -> HomeData:
-    """Everything the home page shows about `user`'s servers (a page must render even
-    when gpulease's database is away: then only JupyterHub's own view is shown)."""
-    facts = user_facts(user)
-    groups = {g.name for g in user.groups}
+def home_data(ctx: Any, name: str, groups: set[str], facts: list[ServerFacts]) -> HomeData:
+    """Everything the home page shows about user `name`'s servers (`facts`, read from
+    the hub beforehand), from gpulease's database: blocking, run it in a thread. A
+    page must render even when the database is away: then only JupyterHub's own
+    view is shown."""
     try:
         profiles = ctx.profiles.list(include_disabled=False)
-        latest = SessionLedger(ctx.engine).latest_by_server(user.name)
-        default = ctx.profiles.get_default_profile(user.name)
-        positions = {f.name: ctx.queue.position(user.name, f.name) for f in facts if f.pending}
+        latest = SessionLedger(ctx.engine).latest_by_server(name)
+        default = ctx.profiles.get_default_profile(name)
+        positions = {f.name: ctx.queue.position(name, f.name) for f in facts if f.pending}
     except Exception as e:  # noqa: BLE001 - shown as "states unavailable", logged
-        log.warning("home page of %s without gpulease's data: %s", user.name, e)
+        log.warning("home page of %s without gpulease's data: %s", name, e)
         return HomeData(servers=server_states(facts, {}, {}, {}, utcnow()), unavailable=True)
     timeouts = {p.slug: p.idle_timeout_s for p in profiles}
     usable = sorted((p for p in profiles if usable_by(p, groups)),
@@ -98,12 +99,20 @@ def home_data(ctx: Any, user: Any) -> HomeData:
 
 def home_template_var(get_ctx):
     """template_vars callable: `gpulease_home()` in home.html, computed only when called
-    (template vars are built for every hub page)."""
+    (template vars are built for every hub page), in a worker thread
+    (gpulease.hub.template_values)."""
 
     def for_user(user):
         if user is None:
             return None
-        return partial(home_data, get_ctx(), user)
+
+        def when_called() -> OffLoop[HomeData | None]:
+            # The hub's ORM is read here, on the loop; the database in the thread.
+            data = partial(home_data, get_ctx(), user.name, {g.name for g in user.groups},
+                           user_facts(user))
+            return OffLoop(data, fallback=None)
+
+        return when_called
 
     return for_user
 

@@ -59,24 +59,31 @@ NORMAL_CONCURRENT_SPAWNS = 100
 
 
 def low_balance_banner(s: HubSettings):
-    """template_vars callable: the page user's notices (suspend warnings, stops)
-    and low-balance warning, if any. The balance comes from the meter's memory
-    (refreshed every heartbeat); the notices cost one small query.
+    """template_vars callable: `gpulease_banner()` in page.html, the page user's notices
+    (suspend warnings, stops) and low-balance warning, if any. The balance comes
+    from the meter's memory (refreshed every heartbeat); the notices cost one
+    small query, in a worker thread (gpulease.hub.template_values).
     """
 
-    def banner(user) -> str:
+    def banner(user):
         from gpulease.hub.context import get_context
         from gpulease.hub.notices import banner_text
+        from gpulease.hub.template_values import OffLoop
 
         if user is None:
-            return ""
+            return None
         ctx = get_context(s.db_url, s.inventory_file, s.catalog_file, s.node_name)
         low = (ctx.meter.low.get(user.name, "") if ctx.meter else "") or ""
-        try:
-            notices = banner_text(ctx.notices.active(user.name))
-        except Exception:  # a page must render even when the database is away
-            notices = ""
-        return " ".join(part for part in (notices, low) if part)
+        name = user.name  # the hub's ORM is read here, on the loop
+
+        def text() -> str:
+            try:
+                notices = banner_text(ctx.notices.active(name))
+            except Exception:  # a page must render even when the database is away
+                notices = ""
+            return " ".join(part for part in (notices, low) if part)
+
+        return lambda: OffLoop(text, fallback=low)
 
     return banner
 

@@ -127,13 +127,15 @@ class LocalGPUSpawner(AdmissionOptions, LocalProcessSpawner):
     # --- the choice -------------------------------------------------------------
 
     @staticmethod
-    def _render_form(spawner: LocalGPUSpawner) -> str:
-        # Read the hub's ORM here; spawn_form gathers the rest from gpulease's context.
+    async def _render_form(spawner: LocalGPUSpawner) -> str:
+        # Read the hub's ORM here, on the loop; spawn_form gathers the rest from
+        # gpulease's database in a thread, so a busy database stalls only this page.
         groups = {g.name for g in spawner.user.groups}
         orm_spawner = spawner.orm_spawner
         saved = dict(orm_spawner.user_options or {}) if orm_spawner else {}
-        return render_options_form(
-            spawn_form_data(spawner.gpulease, spawner.user.name, groups, saved))
+        data = await asyncio.to_thread(spawn_form_data, spawner.gpulease, spawner.user.name,
+                                       groups, saved)
+        return render_options_form(data)
 
     def options_from_form(self, formdata):
         return options_from_form(formdata)
