@@ -182,6 +182,10 @@ def test_on_sqlite_reads_answer_while_another_process_writes(tmp_path):
             assert slow_answers(everything) == {}
             page = front.get("/hub/token")(2)
             assert NOTICE in page.text and "gpulease-banner" in page.text
+            # An error page renders synchronously: the banner shows only what needs no query.
+            missing = front.get("/hub/no-such-page")(2)
+            assert missing.status_code == 404 and "coroutine" not in missing.text
+            assert "gpulease-banner" not in missing.text
             assert server_state(hub, front.bea)["pending"] == "spawn", \
                 "the start did not wait for the write lock"
         hub.wait_server_ready("bea", front.bea, timeout=30)  # it goes on once released
