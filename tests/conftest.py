@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
-from gpulease.hub.db import open_database, sqlite_url
+from gpulease.hub.db import open_database
+from tests.databases import PostgresCopies, SqliteTemplate
 
 POSTGRES_URL = os.environ.get("GPULEASE_TEST_POSTGRES_URL", "")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -52,12 +53,31 @@ def postgres_database() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory) -> SqliteTemplate:
+    return SqliteTemplate(tmp_path_factory.mktemp("sqlite-template"))
+
+
+@pytest.fixture(scope="session")
+def _postgres_copies() -> Iterator[PostgresCopies]:
+    copies = PostgresCopies(_normalise(_postgres_or_skip()))
+    yield copies
+    copies.close()
+
+
 @pytest.fixture(params=DB_KINDS)
-def db_url(request, tmp_path) -> str:
-    """gpulease's database URL, once on SQLite and once on PostgreSQL."""
+def db_url(request, tmp_path) -> Iterator[str]:
+    """gpulease's database URL, once on SQLite and once on PostgreSQL: a migrated,
+    empty database of the test's own (a copy of one migrated once: tests/databases.py)."""
     if request.param == "sqlite":
-        return sqlite_url(tmp_path / "gpulease.sqlite")
-    return request.getfixturevalue("postgres_database")
+        yield request.getfixturevalue("_sqlite_template").copy_to(tmp_path / "gpulease.sqlite")
+        return
+    copies = request.getfixturevalue("_postgres_copies")
+    name = copies.take()
+    try:
+        yield copies.url(name)
+    finally:
+        copies.drop(name)
 
 
 @pytest.fixture

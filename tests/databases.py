@@ -39,41 +39,54 @@ class SqliteTemplate:
 
 
 class PostgresCopies:
-    """Copies of one migrated PostgreSQL database, `READY` of them made ahead."""
+    """Copies of one migrated PostgreSQL database, made (and dropped) by worker threads.
+
+    At most `READY` copies wait for a test; `take` hands one out, `drop` queues
+    one for dropping, and `close` drops what is left and the template.
+    """
 
     READY = 2
+    WORKERS = 2
 
     def __init__(self, server_url: str) -> None:
         self.server = make_url(server_url)
         self.admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
         self.template = f"gl_template_{uuid.uuid4().hex[:12]}"
-        with self.admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{self.template}"'))
+        self._run(f'CREATE DATABASE "{self.template}"')
         # CREATE DATABASE ... TEMPLATE needs the template without connections.
         open_database(self.url(self.template)).dispose()
-        self._ready: queue.Queue[str] = queue.Queue(self.READY)
+        self._ready: queue.Queue[str] = queue.Queue()
+        self._to_drop: queue.Queue[str] = queue.Queue()
+        self._slots = threading.Semaphore(self.READY)
         self._error: BaseException | None = None
         self._stop = threading.Event()
-        self._maker = threading.Thread(target=self._make, name="postgres-copies", daemon=True)
-        self._maker.start()
+        self._workers = [threading.Thread(target=self._work, name=f"postgres-copies-{i}",
+                                          daemon=True) for i in range(self.WORKERS)]
+        for worker in self._workers:
+            worker.start()
 
     def url(self, name: str) -> str:
         return self.server.set(database=name).render_as_string(hide_password=False)
 
-    def _make(self) -> None:
+    def _run(self, sql: str) -> None:
+        with self.admin.connect() as conn:
+            conn.execute(text(sql))
+
+    def _drop_now(self, name: str) -> None:
+        self._run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _work(self) -> None:
         try:
-            with self.admin.connect() as conn:
-                while not self._stop.is_set():
+            while not self._stop.is_set():
+                while not self._to_drop.empty():
+                    try:
+                        self._drop_now(self._to_drop.get_nowait())
+                    except queue.Empty:
+                        break
+                if self._slots.acquire(timeout=0.1):
                     name = f"gl_test_{uuid.uuid4().hex[:12]}"
-                    conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'))
-                    while True:
-                        try:
-                            self._ready.put(name, timeout=0.5)
-                            break
-                        except queue.Full:
-                            if self._stop.is_set():
-                                self.drop(name)
-                                return
+                    self._run(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+                    self._ready.put(name)
         except Exception as e:  # told to the test that waits for a copy
             self._error = e
 
@@ -81,22 +94,27 @@ class PostgresCopies:
         """The name of a migrated, empty database of the caller's own."""
         while True:
             try:
-                return self._ready.get(timeout=0.5)
+                name = self._ready.get(timeout=0.5)
             except queue.Empty:
                 if self._error is not None:
                     raise RuntimeError(f"making a PostgreSQL test database failed: "
                                        f"{self._error}") from self._error
-                if not self._maker.is_alive():
+                if not any(w.is_alive() for w in self._workers):
                     raise RuntimeError("the PostgreSQL test databases are closed") from None
+                continue
+            self._slots.release()
+            return name
 
     def drop(self, name: str) -> None:
-        with self.admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        """Drop `name` soon (a worker does it, WITH (FORCE))."""
+        self._to_drop.put(name)
 
     def close(self) -> None:
         self._stop.set()
-        self._maker.join()
-        while not self._ready.empty():
-            self.drop(self._ready.get())
-        self.drop(self.template)
+        for worker in self._workers:
+            worker.join()
+        for waiting in (self._to_drop, self._ready):
+            while not waiting.empty():
+                self._drop_now(waiting.get())
+        self._drop_now(self.template)
         self.admin.dispose()
