@@ -24,6 +24,7 @@ from gpulease.hub.service import (
     body_limit,
     inventory_handlers,
     limit_handlers,
+    openapi,
     pages,
     server_handlers,
 )
@@ -53,7 +54,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"", h.RootHandler),
         (r"api/inventory", h.InventoryHandler),
         (r"api/profiles", h.ProfilesHandler),
-        (r"api/profiles/([a-z0-9-]+)", h.ProfileHandler),
+        (r"api/profiles/([^/]+)", h.ProfileHandler),  # a bad slug: 400 naming the rule
         (r"api/users", h.UsersHandler),
         (r"api/balance", b.BalanceHandler),
         (r"api/usage", b.UsageHandler),
@@ -65,7 +66,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"admin/report", pages.ReportPage),
     ]
     for module in (audit_handlers, limit_handlers, server_handlers, admin_pages,
-                   activity_handlers, inventory_handlers):
+                   activity_handlers, inventory_handlers, openapi):
         routes += module.ROUTES
     # First: a body declared over the bound is refused before any route reads it.
     handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]
