@@ -37,9 +37,7 @@ def _normalise(url: str) -> str:
     return url
 
 
-@pytest.fixture
-def postgres_database() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database; dropped after the test."""
+def _fresh_postgres_database() -> Iterator[str]:
     server = make_url(_normalise(_postgres_or_skip()))
     name = f"gl_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
@@ -51,6 +49,18 @@ def postgres_database() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database; dropped after the test."""
+    yield from _fresh_postgres_database()
+
+
+@pytest.fixture(scope="module")
+def module_postgres_database() -> Iterator[str]:
+    """The same for a module (its one hub); dropped after the module."""
+    yield from _fresh_postgres_database()
 
 
 @pytest.fixture(scope="session")

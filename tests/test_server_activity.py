@@ -82,7 +82,7 @@ def test_a_push_is_validated_field_by_field():
 
 @pytest.mark.parametrize("moment", ["0001-01-01T00:00:00+01:00", "0001-01-01T00:59:59+01:00"])
 def test_a_time_before_year_one_in_utc_is_refused_not_a_500(moment):
-    """Found by schemathesis (tests/test_rest_api_fuzz.py): such a time parsed, and
+    """Found describing PUT api/server-activity for schemathesis: such a time parsed, and
     writing the push out (`as_json`, in `ActivityStore.put`) overflowed: a 500."""
     body = {"kernels": [{"id": "k", "execution_state": "idle", "last_activity": moment}],
             "terminals": [{"last_activity": moment}]}

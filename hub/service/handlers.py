@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuthenticated
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, SQLAlchemyError
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -83,9 +83,23 @@ class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
         if not self.request.body:
             raise APIError(400, "A JSON body is required")
         try:
-            return json_loads(self.request.body.decode("utf-8"))
+            body = json_loads(self.request.body.decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"The body is not valid JSON: {e}") from None
+        field = nul_field(body)
+        if field is not None:
+            raise APIError(400, f"{field}: {NUL_REFUSED}", [{"field": field,
+                                                              "message": NUL_REFUSED}])
+        return body
+
+    def decode_argument(self, value: bytes, name: str | None = None) -> str:
+        # Path arguments (name None) reach the database as they are; query
+        # arguments have control characters replaced by tornado itself.
+        text = super().decode_argument(value, name)
+        if name is None and "\x00" in text:
+            raise APIError(400, f"The path has %00: {NUL_REFUSED}",
+                           [{"field": "path", "message": NUL_REFUSED}])
+        return text
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -93,7 +107,14 @@ class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, SQLAlchemyError):
+        if isinstance(exc, DataError):
+            # The database refused a value (too long for its column, say): the
+            # request's fault, not an outage. The checks before it should name it.
+            status_code = 400
+            self.set_status(400)
+            first = str(getattr(exc, "orig", exc)).splitlines()[0][:200]
+            message, errors = f"A value of this request cannot be stored: {first}", []
+        elif isinstance(exc, SQLAlchemyError):
             status_code = 503
             self.set_status(503)
             message, errors = ("gpulease's database cannot be reached; running servers are "
@@ -368,6 +389,30 @@ class RootHandler(BaseAPIHandler):
 class NotFoundHandler(BaseAPIHandler):
     def prepare(self):
         raise APIError(404, f"No such gpulease API path: {self.request.path}")
+
+
+NUL_REFUSED = "text may not contain the NUL character (\\u0000)"
+
+
+def nul_field(value: Any) -> str | None:
+    """Where the first string (or key) holding NUL is in a JSON value, like
+    `user_options.profile` or `profiles[2].groups[0]` ("body" for the whole);
+    None when none does. PostgreSQL cannot store NUL in text."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:  # no recursion: the value may nest as deep as json allowed
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, inner in reversed(list(item.items())):
+                here = f"{path}.{key}" if path else str(key)
+                if "\x00" in str(key):
+                    return here
+                stack.append((here, inner))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
+    return None
 
 
 def _field_errors(e: ProfileError) -> list[dict[str, str]]:
