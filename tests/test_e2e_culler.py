@@ -22,6 +22,8 @@ import os
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -44,7 +46,7 @@ PROFILES = {"profiles": [
     {"slug": "slow", "display_name": "Slow", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
      "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": "20s"},
     {"slug": "short", "display_name": "Short", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
-     "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": "0", "max_runtime": "25s"},
+     "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": "0", "max_runtime": "15s"},
 ]}
 
 
@@ -156,14 +158,12 @@ def test_a_idle_server_is_suspended_and_resumes(hub, admin):
     hub.wait_server_stopped(name, token)
 
 
-def test_b_busy_kernel_without_client_is_kept(hub, admin):
-    name, token = user(hub, admin)
-    srv = start(hub, name, token, "cpu")
+def start_busy_kernel_and_leave(hub, srv, token) -> None:
+    """A long cell is run, then the client leaves: no client stays attached."""
     headers = {"Authorization": f"token {token}"}
     api = f"{hub.url}{srv['url']}api"
     kernel = requests.post(f"{api}/kernels", json={"name": "python3"}, headers=headers,
                            timeout=60).json()["id"]
-    # run a long cell, then leave: no client stays attached
     from websockets.sync.client import connect
 
     msg = {"header": {"msg_id": uuid.uuid4().hex, "username": "t", "session": uuid.uuid4().hex,
@@ -175,36 +175,78 @@ def test_b_busy_kernel_without_client_is_kept(hub, admin):
     with connect(ws_url, additional_headers=headers) as ws:
         ws.send(json.dumps(msg))
         time.sleep(1)
-    time.sleep(IDLE + 6)
-    assert is_running(hub, name, token), hub.log()[-3000:]
-    hub.api("DELETE", f"users/{name}/server", token)
-    hub.wait_server_stopped(name, token)
 
 
-def test_c_cpu_burning_process_without_kernel_activity_is_kept(hub, admin):
-    name, token = user(hub, admin)
-    srv = start(hub, name, token, "cpu")
-    # a background job started from the notebook; the kernel then sits idle
-    pid = start_cpu_burner(hub, srv, token)
-    time.sleep(IDLE + 6)
-    assert is_running(hub, name, token), hub.log()[-3000:]
-    hub.api("DELETE", f"users/{name}/server", token)
-    hub.wait_server_stopped(name, token)
-    # stopping the server ends what it started: nothing keeps running unbilled
-    assert not _alive(pid)
+@dataclass
+class Kept:
+    """A server that must still run IDLE + 6 s after `since` (its last sign of use)."""
+
+    name: str
+    token: str
+    since: float = 0.0
+    pid: int = 0  # the CPU burner's, for test_c
+
+    def wait_past_the_idle_timeout(self) -> None:
+        time.sleep(max(0.0, self.since + IDLE + 6 - time.monotonic()))
 
 
-def test_d_busy_gpu_signal_keeps_a_server_alive(hub, admin):
-    name, token = user(hub, admin)
-    FakePrometheus.busy = True
+@pytest.fixture(scope="module")
+def kept(hub, admin):
+    """The servers of the three tests that must not be suspended (b, c, d), set up at
+    once: their waits past the idle timeout then pass together, not one after another.
+    Each has its own user; each test checks and stops its own."""
+    def busy_kernel(k: Kept) -> None:
+        srv = start(hub, k.name, k.token, "cpu")
+        start_busy_kernel_and_leave(hub, srv, k.token)
+        k.since = time.monotonic()
+
+    def cpu_burner(k: Kept) -> None:
+        srv = start(hub, k.name, k.token, "cpu")
+        # a background job started from the notebook; the kernel then sits idle
+        k.pid = start_cpu_burner(hub, srv, k.token)
+        k.since = time.monotonic()
+
+    def busy_gpu(k: Kept) -> None:
+        start(hub, k.name, k.token, "h200-full")
+        k.since = time.monotonic()
+
+    scenarios = {"b": busy_kernel, "c": cpu_burner, "d": busy_gpu}
+    servers = {key: Kept(*user(hub, admin)) for key in scenarios}
+    FakePrometheus.busy = True  # only the full H200 (test_d's) is reported busy
     try:
-        start(hub, name, token, "h200-full")
-        time.sleep(IDLE + 6)
-        assert is_running(hub, name, token), hub.log()[-3000:]
+        with ThreadPoolExecutor(len(scenarios)) as pool:
+            for done in [pool.submit(setup, servers[key]) for key, setup in scenarios.items()]:
+                done.result()
+        yield servers
     finally:
         FakePrometheus.busy = False
-    hub.api("DELETE", f"users/{name}/server", token)
-    hub.wait_server_stopped(name, token)
+
+
+def test_b_busy_kernel_without_client_is_kept(hub, kept):
+    k = kept["b"]
+    k.wait_past_the_idle_timeout()
+    assert is_running(hub, k.name, k.token), hub.log()[-3000:]
+    hub.api("DELETE", f"users/{k.name}/server", k.token)
+    hub.wait_server_stopped(k.name, k.token)
+
+
+def test_c_cpu_burning_process_without_kernel_activity_is_kept(hub, kept):
+    k = kept["c"]
+    k.wait_past_the_idle_timeout()
+    assert is_running(hub, k.name, k.token), hub.log()[-3000:]
+    hub.api("DELETE", f"users/{k.name}/server", k.token)
+    hub.wait_server_stopped(k.name, k.token)
+    # stopping the server ends what it started: nothing keeps running unbilled
+    assert not _alive(k.pid)
+
+
+def test_d_busy_gpu_signal_keeps_a_server_alive(hub, kept):
+    k = kept["d"]
+    k.wait_past_the_idle_timeout()
+    assert is_running(hub, k.name, k.token), hub.log()[-3000:]
+    FakePrometheus.busy = False
+    hub.api("DELETE", f"users/{k.name}/server", k.token)
+    hub.wait_server_stopped(k.name, k.token)
 
 
 def test_f_max_runtime_stops_a_busy_server(hub, admin):
