@@ -89,6 +89,8 @@ def test_parse_time(text, expected):
     ("yesterday", None, "since"), ("2025-13-01", None, "since"),
     (None, "2025-02-30", "until"), ("2025-03-02", "2025-03-01", "until"),
     ("2025-03-01", "2025-03-01", "until"),
+    # An OverflowError converting to UTC was a 500 (api/usage, api/audit, notices, pages)
+    ("0001-01-01T00:00:00+01:00", None, "since"), (None, "9999-12-31T23:59:59-01:00", "until"),
 ])
 def test_parse_period_refuses(since, until, field):
     with pytest.raises(bv.PeriodError) as e:

@@ -48,7 +48,11 @@ def parse_time(text: str | None, field: str) -> dt.datetime | None:
         raise PeriodError(field, f"{text!r} is not a date (YYYY-MM-DD) or an ISO 8601 "
                                  "timestamp (2025-01-31T12:00:00Z)") from None
     if parsed.tzinfo is not None:
-        parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
+        try:
+            parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
+        except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+            raise PeriodError(field, f"{text!r} is out of range: in UTC it is before year 1 "
+                                     "or after year 9999") from None
     return parsed
 
 
