@@ -36,6 +36,11 @@ from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.handlers import BaseAPIHandler
 from gpulease.hub.units import json_loads
 
+# A refusal before the body is read: tornado then closes the connection, and says
+# so only with this header. Without it the hub's proxy kept the connection for its
+# next request, to any path of the service, which failed (the proxy's 503).
+UNREAD_BODY = {"Connection": "close"}
+
 
 def _api_error(e: PushError) -> APIError:
     return APIError(e.status, e.message, [{"field": f, "message": m} for f, m in e.errors])
@@ -56,6 +61,15 @@ class ServerActivityHandler(BaseAPIHandler):
     async def prepare(self) -> None:
         self._chunks: list[bytes] = []
         self._size = 0
+        try:
+            await self._admit()
+        except APIError as e:
+            if self.request.method == "PUT":  # refused with its body unread
+                e.headers = {**e.headers, **UNREAD_BODY}
+            raise
+
+    async def _admit(self) -> None:
+        """Who pushes, within the ration and the size bound: before the body is read."""
         # Identify the token without blocking the loop: thousands of servers
         # push, and HubAuth's synchronous lookup would wait for the hub inline.
         # (A browser's cookie, for GET, takes HubOAuth's usual path.)
