@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,40 @@ class HubProcess:
             time.sleep(0.3)
         raise TimeoutError(f"server {user}/{server} not ready:\n{self.log()[-4000:]}")
 
+    def start_servers(self, user: str, token: str, options: dict[str, dict],
+                      timeout: float = 90) -> dict[str, dict]:
+        """Start several servers of `user` at once; each one's model once it is ready.
+
+        `options` maps server names ('' the default server) to their user_options.
+        Each start request waits while its server starts, so one after another
+        they add up; here they overlap. A model's `ready_at` is the monotonic
+        time its server was first seen ready (as wait_server_ready would return).
+        """
+        def post(server: str):
+            path = f"users/{user}/servers/{server}" if server else f"users/{user}/server"
+            return self.api("POST", path, token, {"user_options": options[server]})
+
+        ready: dict[str, dict] = {}
+        with ThreadPoolExecutor(len(options)) as pool:
+            answers = {server: pool.submit(post, server) for server in options}
+            deadline = time.monotonic() + timeout
+            while len(ready) < len(options):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"servers of {user} not ready: "
+                                       f"{sorted(set(options) - set(ready))}:\n{self.log()[-4000:]}")
+                servers = self.api("GET", f"users/{user}", token).json().get("servers", {})
+                for server in options:
+                    srv = servers.get(server)
+                    if server not in ready and srv and srv.get("ready"):
+                        ready[server] = {**srv, "ready_at": time.monotonic()}
+                for server, answer in answers.items():
+                    if answer.done() and answer.result().status_code not in (201, 202):
+                        r = answer.result()
+                        raise RuntimeError(f"start of {user}/{server}: {r.status_code} {r.text}")
+                if len(ready) < len(options):
+                    time.sleep(0.3)
+        return ready
+
     def wait_server_stopped(self, user: str, token: str, server: str = "", timeout: float = 60):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -247,6 +282,25 @@ class HubProcess:
                 return
             time.sleep(0.3)
         raise TimeoutError(f"server {user}/{server} did not stop")
+
+
+def start_together(*hubs: HubProcess) -> tuple[HubProcess, ...]:
+    """Start several hubs at once: one start is mostly a single process importing and
+    waiting for its services, so two starts overlap on two cores. If one fails,
+    all are closed and the first failure is raised."""
+    with ThreadPoolExecutor(len(hubs)) as pool:
+        starts = [pool.submit(hub.start) for hub in hubs]
+    failed = [s.exception() for s in starts if s.exception() is not None]
+    if failed:
+        close_together(*hubs)
+        raise failed[0]
+    return hubs
+
+
+def close_together(*hubs: HubProcess) -> None:
+    """Close several hubs at once (each waits for its servers and services to stop)."""
+    with ThreadPoolExecutor(len(hubs)) as pool:
+        list(pool.map(HubProcess.close, hubs))
 
 
 def run_in_kernel(base_url: str, server_path: str, token: str, code: str, timeout: float = 60,

@@ -91,13 +91,6 @@ def hub(tmp_path_factory, node):
     h.close()
 
 
-def _start(hub, token: str, profile: str, server: str = "") -> str:
-    path = f"users/mal/servers/{server}" if server else "users/mal/server"
-    r = hub.api("POST", path, token, {"user_options": {"profile": profile}})
-    assert r.status_code in (201, 202), r.text
-    return hub.wait_server_ready("mal", token, server)["url"]
-
-
 def test_a_gpu_descriptor_passed_to_another_server_dies_with_the_gpu_server(hub, node):
     mech = choose_mechanism(HostReader().facts())
     if not mech.devices:
@@ -105,8 +98,8 @@ def test_a_gpu_descriptor_passed_to_another_server_dies_with_the_gpu_server(hub,
                     "opens any node, so there is no descriptor to smuggle")
     admin = hub.token_for("admin", ADMIN_PW)
     mal = hub.add_user(admin, "mal")
-    cpu_url = _start(hub, mal, "small")
-    gpu_url = _start(hub, mal, "gpu", server="g")
+    ready = hub.start_servers("mal", mal, {"": {"profile": "small"}, "g": {"profile": "gpu"}})
+    cpu_url, gpu_url = ready[""]["url"], ready["g"]["url"]
     run_in_kernel(hub.url, cpu_url, mal, (
         "import subprocess, sys\n"
         f"subprocess.Popen([sys.executable, '-c', {RECEIVER!r}], start_new_session=True,\n"

@@ -46,13 +46,9 @@ def test_database_outage(tmp_path, proxied_postgres):
     try:
         admin = hub.token_for("admin", PW)
         hub.grant(admin, "user:admin", "10")
-        ready_at = {}
-        for server in ("long", "short"):
-            r = hub.api("POST", f"users/admin/servers/{server}", admin,
-                        {"user_options": {"profile": "cpu"}})
-            assert r.status_code in (201, 202), r.text
-            hub.wait_server_ready("admin", admin, server)
-            ready_at[server] = time.monotonic()
+        ready = hub.start_servers("admin", admin, {"long": {"profile": "cpu"},
+                                                   "short": {"profile": "cpu"}})
+        ready_at = {server: srv["ready_at"] for server, srv in ready.items()}
         time.sleep(2 * HEARTBEAT)
 
         proxy.cut()

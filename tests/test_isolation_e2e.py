@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -90,26 +91,37 @@ def admin(hub):
     return hub.token_for("admin", ADMIN_PW)
 
 
-def _user(hub, admin, name: str, profile: str):
+def _user(hub, admin, name: str) -> str:
     r = hub.service("POST", "api/users", admin, {"name": name, "password": f"{name}-pw-1234"})
     assert r.status_code == 201, r.text
     assert r.json().get("unix_account") == f"gl-{name}", r.json()
     hub.grant(admin, f"user:{name}")
-    token = hub.token_for(name, f"{name}-pw-1234")
-    r = hub.api("POST", f"users/{name}/server", token, {"user_options": {"profile": profile}})
-    assert r.status_code in (201, 202), r.text
-    srv = hub.wait_server_ready(name, token)
-    return token, srv["url"]
+    return hub.token_for(name, f"{name}-pw-1234")
 
 
 @pytest.fixture(scope="module")
-def ada(hub, admin):
-    return _user(hub, admin, "ada", "small")
+def researchers(hub, admin):
+    """ada's and bob's servers (token, server URL), started at once: each start
+    request waits while its server starts, one after another they add up."""
+    profiles = {"ada": "small", "bob": "gpu"}
+    tokens = {name: _user(hub, admin, name) for name in profiles}
+
+    def start(name: str) -> str:
+        return hub.start_servers(name, tokens[name], {"": {"profile": profiles[name]}})[""]["url"]
+
+    with ThreadPoolExecutor(len(profiles)) as pool:
+        urls = dict(zip(profiles, pool.map(start, profiles), strict=True))
+    return {name: (tokens[name], urls[name]) for name in profiles}
 
 
 @pytest.fixture(scope="module")
-def bob(hub, admin):
-    return _user(hub, admin, "bob", "gpu")
+def ada(researchers):
+    return researchers["ada"]
+
+
+@pytest.fixture(scope="module")
+def bob(researchers):
+    return researchers["bob"]
 
 
 def kernel(hub, who, code: str, timeout: float = 60) -> dict:
