@@ -18,6 +18,8 @@ the start — which is code the researcher controls:
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import psutil
 import pytest
@@ -149,18 +151,48 @@ def start(hub, name: str, token: str, profile: str, **options) -> None:
     assert r.status_code in (201, 202), r.text
 
 
-def test_a_server_that_answers_after_start_returned_is_billed_from_its_answer(hub, admin):
-    token = hub.add_user(admin, "slow", "100")
-    home_config(hub, "slow", SLOW_CONFIG)
-    t0 = time.monotonic()
-    start(hub, "slow", token, "cpu")
-    hub.wait_server_ready("slow", token, timeout=3 * HTTP_TIMEOUT)
-    ready = time.monotonic()
+@dataclass
+class SlowStart:
+    """A server whose own config delays its first answer: asked for at `t0`, seen ready at
+    `ready`."""
+
+    name: str
+    token: str
+    t0: float = 0.0
+    ready: float = 0.0
+
+
+@pytest.fixture(scope="module")
+def slow_starts(hub, admin):
+    """The two tests' servers whose configs delay their first answer ("slow" past
+    http_timeout, "held" behind a held port), started at once: their waits overlap."""
+    configs = {"slow": SLOW_CONFIG, "held": HOLD_PORT_CONFIG}
+    starts = {}
+    for name, config in configs.items():
+        starts[name] = SlowStart(name, hub.add_user(admin, name, "100"))
+        home_config(hub, name, config)
+
+    def run(s: SlowStart) -> None:
+        s.t0 = time.monotonic()
+        start(hub, s.name, s.token, "cpu")  # "held", today: the first 599 fails the start
+        hub.wait_server_ready(s.name, s.token, timeout=3 * HTTP_TIMEOUT)
+        s.ready = time.monotonic()
+
+    with ThreadPoolExecutor(len(starts)) as pool:
+        for done in [pool.submit(run, s) for s in starts.values()]:
+            done.result()
+    return starts
+
+
+def test_a_server_that_answers_after_start_returned_is_billed_from_its_answer(hub, slow_starts):
+    s = slow_starts["slow"]
+    token, t0, ready = s.token, s.t0, s.ready
     assert ready - t0 > HTTP_TIMEOUT, "the config did not delay the server past http_timeout"
-    time.sleep(2 * HEARTBEAT + 1)
+    time.sleep(max(0.0, ready + 2 * HEARTBEAT + 1 - time.monotonic()))
     (session,) = sessions_of(hub, token)  # today: none, the server runs unbilled
     assert session["ended"] is None and session["profile"] == "cpu"
-    assert "first answered" in hub.log() and "after its start returned" in hub.log()
+    # (its own line: "held" runs beside it)
+    assert "slow first answered" in hub.log() and "after its start returned" in hub.log()
     assert hub.api("DELETE", "users/slow/server", token).status_code in (202, 204)
     hub.wait_server_stopped("slow", token)
     stopped = time.monotonic()
@@ -170,11 +202,8 @@ def test_a_server_that_answers_after_start_returned_is_billed_from_its_answer(hu
     assert stopped - ready - 2 <= session["billed_seconds"] <= stopped - t0 - HTTP_TIMEOUT + 2
 
 
-def test_a_server_whose_first_probes_time_out_still_starts_and_is_billed(hub, admin):
-    token = hub.add_user(admin, "held", "100")
-    home_config(hub, "held", HOLD_PORT_CONFIG)
-    start(hub, "held", token, "cpu")  # today: the first 599 fails the start
-    hub.wait_server_ready("held", token, timeout=3 * HTTP_TIMEOUT)
+def test_a_server_whose_first_probes_time_out_still_starts_and_is_billed(hub, slow_starts):
+    token = slow_starts["held"].token
     (session,) = sessions_of(hub, token)
     assert session["ended"] is None
     assert hub.api("DELETE", "users/held/server", token).status_code in (202, 204)
