@@ -89,11 +89,7 @@ def tokens(hub):
 @pytest.mark.e2e
 def test_home_page_shows_cost_suspend_reason_and_default_profile(hub, tokens):
     bea, admin = tokens["bea"], tokens["admin"]
-    for server, profile in (("train", "h200-1g"), ("old", "cpu")):
-        r = hub.api("POST", f"users/bea/servers/{server}", bea,
-                    {"user_options": {"profile": profile}})
-        assert r.status_code in (201, 202), r.text
-        hub.wait_server_ready("bea", bea, server)
+    hub.start_servers("bea", bea, {"train": {"profile": "h200-1g"}, "old": {"profile": "cpu"}})
     r = hub.service("POST", "api/stop", admin, {"user": "bea", "server": "old",
                                                 "reason": "idle"})
     assert r.status_code == 202, r.text
