@@ -40,6 +40,7 @@ bench: install
 	$(BIN)/python bench/billing.py
 	$(BIN)/python bench/culler.py
 	$(BIN)/python bench/pages.py
+	$(BIN)/python bench/login_flood.py
 
 # Rebuild the committed prebuilt labextension after editing singleuser/labextension/src
 # (needs Node and npm; installs never need it).

@@ -19,16 +19,18 @@ appended (gpulease.hub.client_address).
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from jupyterhub.auth import Authenticator
 from traitlets import Float, Integer, List, TraitError, Unicode, default, observe, validate
 
-from gpulease.hub.accounts import MAX_NAME_LENGTH, LocalAccountStore
+from gpulease.hub.accounts import HASH_PARALLELISM, MAX_NAME_LENGTH, LocalAccountStore
 from gpulease.hub.client_address import Network, login_address, parse_trusted
 from gpulease.hub.db import open_database
 from gpulease.hub.login_throttle import LoginThrottle
@@ -48,6 +50,27 @@ def store_for(db_url: str) -> LocalAccountStore:
 
 
 UNKNOWN_ADDRESS = "unknown"
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_login_threads(cpus: int) -> int:
+    """Password checks at once that leave three quarters of `cpus` to the rest."""
+    return max(1, min(4, cpus // (4 * HASH_PARALLELISM)))
+
+
+def _lower_priority(niceness: int) -> None:
+    # Linux keeps a nice value per thread, and threads a thread starts (argon2's
+    # lanes) inherit it; elsewhere setpriority would renice the whole hub.
+    if niceness and sys.platform.startswith("linux"):
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + niceness))
 
 
 def _loggable(name: str) -> str:
@@ -104,11 +127,28 @@ class LocalAccountsAuthenticator(Authenticator):
     ).tag(config=True)
 
     login_threads = Integer(
-        2,
         min=1,
         help="""Threads that check passwords (argon2 and the account lookup).
         Their own small pool, so that a flood of logins queues there instead
-        of taking the threads the rest of the hub runs on.""",
+        of taking the threads the rest of the hub runs on. Each check keeps
+        2 cores busy (argon2's lanes), so the default is the cores the hub
+        may use divided by 8, between 1 and 4 (1 on up to 15 cores): three
+        quarters of the machine stay with the hub, the proxy and the
+        servers.""",
+    ).tag(config=True)
+
+    @default("login_threads")
+    def _default_login_threads(self) -> int:
+        return default_login_threads(usable_cpus())
+
+    login_thread_niceness = Integer(
+        10,
+        min=0,
+        max=19,
+        help="""How much lower than the hub's the CPU priority of the password
+        checking threads is (Linux nice, per thread; 0: the same). A flood of
+        logins then takes the CPU the hub's event loop, the proxy and the
+        gpulease service leave over, instead of slowing their answers.""",
     ).tag(config=True)
 
     @validate("trusted_proxies")
@@ -143,6 +183,8 @@ class LocalAccountsAuthenticator(Authenticator):
     # The clock for throttling; tests replace it. Monotonic, so that a wall
     # clock step cannot lift or extend a lockout.
     clock: Callable[[], float] = staticmethod(time.monotonic)
+    # How delays are waited out; tests replace it along with the clock.
+    sleep: Callable[[float], Awaitable[None]] = staticmethod(asyncio.sleep)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -186,7 +228,7 @@ class LocalAccountsAuthenticator(Authenticator):
     def _trusted(self) -> tuple[Network, ...]:
         return parse_trusted(self.trusted_proxies)
 
-    def client_address(self, handler: Any) -> str:
+    async def client_address(self, handler: Any) -> str:
         """The address this login is counted against (module docstring)."""
         request = getattr(handler, "request", None)
         peer, local = peer_and_local(request)
@@ -195,25 +237,28 @@ class LocalAccountsAuthenticator(Authenticator):
         trusted = self._trusted
         headers = getattr(request, "headers", None)
         forwarded = headers.get("X-Forwarded-For") if headers is not None else None
-        own_proxy = bool(forwarded) and self._proxy_peers.is_own_proxy(request, peer, local)
+        own_proxy = bool(forwarded) and await self._proxy_peers.is_own_proxy(request, peer, local)
         return login_address(peer[0], forwarded, own_proxy, trusted)
 
     @property
     def login_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
-                max_workers=self.login_threads, thread_name_prefix="gpulease-login"
+                max_workers=self.login_threads, thread_name_prefix="gpulease-login",
+                initializer=_lower_priority, initargs=(self.login_thread_niceness,),
             )
         return self._pool
 
-    @observe("login_threads")
+    @observe("login_threads", "login_thread_niceness")
     def _login_threads_changed(self, _change: dict) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        # Also called while config is applied in __init__, before _pool exists.
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
         self._pool = None
 
     async def authenticate(self, handler: Any, data: Any) -> str | None:
-        address = self.client_address(handler)
+        address = await self.client_address(handler)
         if not isinstance(data, dict) or not isinstance(data.get("username"), str):
             # e.g. the token endpoint without an `auth` body: no login attempt to count.
             self.log.debug("No username given to authenticate from %s", address)
@@ -233,11 +278,13 @@ class LocalAccountsAuthenticator(Authenticator):
                 "Login for user %r from %s refused: locked out for %.0f more seconds",
                 shown, address, verdict.refuse_s,
             )  # fmt: skip
-            return None
         if verdict.delay_s:
             # Other addresses are failing this name: slow the guessing, never
-            # refuse the owner.
-            await asyncio.sleep(verdict.delay_s)
+            # refuse the owner. A refusal is held as long, so that refusals
+            # cannot be asked for as fast as the hub can answer them.
+            await self.sleep(verdict.delay_s)
+        if verdict.refused:
+            return None
 
         ok = await self._verify(name, password)
         now = self.clock()

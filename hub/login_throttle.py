@@ -11,6 +11,8 @@ Failures are counted under three keys, each with its own window and lockout:
   `delay_s` (at most a second) first, so that nobody can lock a user out of
   their own account by failing logins for it from somewhere else.
 
+Refusals are held `delay_s` too before they are answered.
+
 `max_failures` failures of a key inside `window_s` lock that key for
 `lockout_s`, doubling with each further lockout of the key up to
 `max_lockout_s`. While a `PAIR` or `ADDRESS` key is locked even the right
@@ -34,10 +36,11 @@ Key = tuple[str, ...]
 
 @dataclass(frozen=True)
 class Verdict:
-    """What to do with a login before its password is checked."""
+    """What to do with a login before its password is checked: wait `delay_s`, then
+    refuse it (locked out for `refuse_s` more seconds) or check the password."""
 
-    refuse_s: float = 0.0  # > 0: refused, locked out for this many more seconds
-    delay_s: float = 0.0  # else: wait this long, then check the password
+    refuse_s: float = 0.0
+    delay_s: float = 0.0
 
     @property
     def refused(self) -> bool:
@@ -104,7 +107,10 @@ class LoginThrottle:
         if user:
             refuse = max(refuse, self._locked_for((PAIR, user, address), now))
         if refuse > 0:
-            return Verdict(refuse_s=refuse)
+            # Held before the answer: a refusal costs the hub little, and a
+            # client sending the next try at once could otherwise make the
+            # hub answer refusals as fast as it can.
+            return Verdict(refuse_s=refuse, delay_s=self.delay_s)
         if user and self._locked_for((USER, user), now) > 0:
             return Verdict(delay_s=self.delay_s)
         return Verdict()

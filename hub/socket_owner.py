@@ -10,12 +10,14 @@ TCP socket of the network namespace with its owner's uid in /proc/net/tcp and
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import socket
 import struct
 import weakref
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +50,23 @@ def connections(text: str) -> Iterator[tuple[Endpoint, Endpoint, int]]:
             yield local, remote, int(fields[7])
 
 
+def _needle(endpoint: Endpoint) -> str:
+    # How the kernel writes `endpoint` (see _address). An IPv4 address mapped
+    # into IPv6 (tcp6) ends in the same word, so this finds those lines too.
+    ip, port = endpoint
+    packed = socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+    words = struct.unpack(f"={len(packed) // 4}I", packed)
+    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
+
+
 def owner_uid(local: Endpoint, remote: Endpoint | None, texts: Iterable[str]) -> int | None:
     """The uid owning the socket bound to `local` and connected to `remote` (any, if None)."""
+    needle = _needle(local)
     for text in texts:
-        for this, other, uid in connections(text):
+        # A busy host lists thousands of sockets (TIME_WAIT ones too): only the
+        # few lines that contain the address are parsed.
+        lines = [line for line in text.splitlines() if needle in line]
+        for this, other, uid in connections("\n" + "\n".join(lines)):
             if this == local and (remote is None or other == remote):
                 return uid
     return None
@@ -71,7 +86,7 @@ def read_tables() -> list[str] | None:
 # --- the hub side: tornado requests ------------------------------------------
 
 
-def _endpoint(address: Any) -> tuple[str, int] | None:
+def _endpoint(address: Any) -> Endpoint | None:
     if isinstance(address, tuple) and len(address) >= 2:
         ip = normalise(str(address[0]))
         if ip is not None:
@@ -79,7 +94,7 @@ def _endpoint(address: Any) -> tuple[str, int] | None:
     return None
 
 
-def peer_and_local(request: Any) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+def peer_and_local(request: Any) -> tuple[Endpoint | None, Endpoint | None]:
     """The hub connection's peer (tornado keeps the socket's own address there,
     whatever headers say) and the hub's end of it."""
     connection = getattr(request, "connection", None)
@@ -97,29 +112,33 @@ class ProxyPeers:
 
     configurable-http-proxy is the hub's child: its socket to the hub belongs
     to the hub's user, while users' servers, which connect from loopback too,
-    run as their own accounts. Decided once per connection (the proxy keeps
-    its connections open).
+    run as their own accounts. Reading the socket tables costs milliseconds
+    (tens on a host with thousands of sockets), so it is done off the event
+    loop, once per connection: the proxy keeps its connections to the hub
+    open, and tornado keeps one request context per connection.
     """
 
     def __init__(self, log: Any) -> None:
         self.log = log
         self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulease-peer")
         self._warned = False
 
-    def is_own_proxy(self, request: Any, peer: tuple[str, int], local: Any) -> bool:
-        connection = getattr(request, "connection", None)
+    async def is_own_proxy(self, request: Any, peer: Endpoint, local: Endpoint | None) -> bool:
+        context = getattr(getattr(request, "connection", None), "context", None)
         try:
-            return self._known[connection]
+            return self._known[context]
         except (KeyError, TypeError):
             pass
-        answer = self._decide(peer, local)
+        loop = asyncio.get_running_loop()
+        answer = await loop.run_in_executor(self._reader, self._decide, peer, local)
         try:
-            self._known[connection] = answer
+            self._known[context] = answer
         except TypeError:
             pass  # not weakly referenceable: decided again next time
         return answer
 
-    def _decide(self, peer: tuple[str, int], local: tuple[str, int] | None) -> bool:
+    def _decide(self, peer: Endpoint, local: Endpoint | None) -> bool:
         tables = read_tables()
         if tables is None:
             # No /proc/net/tcp (not Linux): loopback is all that can be told.

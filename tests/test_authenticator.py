@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -19,7 +21,11 @@ from traitlets import TraitError
 
 from gpulease.hub import authenticator as authenticator_module
 from gpulease.hub.accounts import LocalAccountStore
-from gpulease.hub.authenticator import LocalAccountsAuthenticator
+from gpulease.hub.authenticator import (
+    LocalAccountsAuthenticator,
+    default_login_threads,
+    usable_cpus,
+)
 from gpulease.hub.db import sqlite_url
 from gpulease.hub.login_throttle import MAX_DELAY_S
 
@@ -46,11 +52,18 @@ class FakeRequestHandler:
 
 
 class FakeClock:
+    """The throttle's clock, and its sleep: delays are recorded and pass at once."""
+
     def __init__(self) -> None:
         self.now = 1000.0
+        self.slept: list[float] = []
 
     def __call__(self) -> float:
         return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
 
 
 @pytest.fixture
@@ -65,6 +78,7 @@ def auth(engine, clock) -> LocalAccountsAuthenticator:
     authenticator = LocalAccountsAuthenticator(max_failures=3, lockout_seconds=60)
     authenticator.store = store
     authenticator.clock = clock
+    authenticator.sleep = clock.sleep
     return authenticator
 
 
@@ -119,26 +133,38 @@ async def test_token_endpoint_shaped_bodies_refused(auth, data):
 async def test_lockout_holds_back_right_password_from_there_until_it_passes(auth, clock):
     for _ in range(3):
         assert await login(auth, "alice", WRONG) is None
+    assert clock.slept == []  # failures themselves are answered at once
     assert await login(auth, "alice", PASSWORD) is None
-    clock.now += 59
+    assert clock.slept == [MAX_DELAY_S]  # a refusal is held a second first
+    clock.now = 1059
     assert await login(auth, "alice", PASSWORD) is None
-    clock.now += 1
+    clock.now = 1060
     assert await login(auth, "alice", PASSWORD) == "alice"
 
 
-async def test_failures_from_one_address_only_delay_the_right_password_from_another(auth):
+async def test_failures_from_one_address_only_delay_the_right_password_from_another(
+    auth, clock
+):
     for _ in range(3):
         assert await login(auth, "alice", WRONG) is None
     assert await login(auth, "alice", PASSWORD) is None  # locked out from IP
+    clock.slept.clear()
+    assert await login(auth, "alice", PASSWORD, ip=OTHER_IP) == "alice"
+    assert clock.slept == [MAX_DELAY_S] and MAX_DELAY_S <= 1
+    # The success ends the slowdown: the next login from elsewhere is not delayed.
+    assert await login(auth, "alice", PASSWORD, ip="192.0.2.200") == "alice"
+    assert clock.slept == [MAX_DELAY_S]
+    assert await login(auth, "alice", PASSWORD) is None  # IP's lockout stands
+
+
+async def test_the_delay_is_real_time_and_at_most_a_second(auth):
+    auth.sleep = LocalAccountsAuthenticator.sleep  # asyncio's, as in the hub
+    for _ in range(3):
+        assert await login(auth, "alice", WRONG) is None
     started = time.monotonic()
     assert await login(auth, "alice", PASSWORD, ip=OTHER_IP) == "alice"
     waited = time.monotonic() - started
     assert MAX_DELAY_S <= waited < MAX_DELAY_S + 0.9  # the delay, then one argon2 verify
-    # The success ends the slowdown: the next login from elsewhere is not delayed.
-    started = time.monotonic()
-    assert await login(auth, "alice", PASSWORD, ip="192.0.2.200") == "alice"
-    assert time.monotonic() - started < MAX_DELAY_S
-    assert await login(auth, "alice", PASSWORD) is None  # IP's lockout stands
 
 
 async def test_forwarded_headers_from_a_client_are_not_believed(auth, clock):
@@ -149,7 +175,7 @@ async def test_forwarded_headers_from_a_client_are_not_believed(auth, clock):
         assert await login(auth, "alice", WRONG, headers=headers) is None
     headers = {"X-Real-Ip": OTHER_IP, "X-Forwarded-For": OTHER_IP}
     assert await login(auth, "alice", PASSWORD, headers=headers) is None
-    assert auth.client_address(FakeRequestHandler(IP, headers)) == IP
+    assert await auth.client_address(FakeRequestHandler(IP, headers)) == IP
 
 
 async def test_trusted_proxies_entries_are_believed_from_the_right(auth):
@@ -157,13 +183,13 @@ async def test_trusted_proxies_entries_are_believed_from_the_right(auth):
     # Client-written entries left of the last untrusted one are ignored.
     handler = FakeRequestHandler(IP, {"X-Forwarded-For": "6.6.6.6, 203.0.113.9, 10.1.2.3",
                                       "X-Real-Ip": FORGED})
-    assert auth.client_address(handler) == "203.0.113.9"
+    assert await auth.client_address(handler) == "203.0.113.9"
     for _ in range(3):
         await login(auth, "alice", WRONG, headers={"X-Forwarded-For": "203.0.113.9"})
     assert await login(auth, "alice", PASSWORD, headers={"X-Forwarded-For": "203.0.113.9"}) is None
     assert await login(auth, "alice", PASSWORD, headers={"X-Forwarded-For": OTHER_IP}) == "alice"
     # An untrusted peer's header is nobody's business.
-    assert auth.client_address(FakeRequestHandler(OTHER_IP, {"X-Forwarded-For": "1.2.3.4"})) \
+    assert await auth.client_address(FakeRequestHandler(OTHER_IP, {"X-Forwarded-For": "1.2.3.4"})) \
         == OTHER_IP
 
 
@@ -229,6 +255,7 @@ async def test_a_flood_of_logins_leaves_the_default_executor_free(auth, monkeypa
         return False
 
     monkeypatch.setattr(auth, "_verify_sync", slow_verify)
+    auth.login_threads = 2
     threads_before = threading.active_count()
     flood = [asyncio.create_task(login(auth, f"user{i}", WRONG, ip=f"10.0.0.{i}"))
              for i in range(40)]
@@ -262,8 +289,29 @@ def test_store_without_db_url_is_a_clear_error():
 def test_config_traits_have_help():
     traits = LocalAccountsAuthenticator.class_traits(config=True)
     for name in ["db_url", "max_failures", "failure_window", "lockout_seconds",
-                 "max_lockout_seconds", "trusted_proxies", "login_threads"]:  # fmt: skip
+                 "max_lockout_seconds", "trusted_proxies", "login_threads",
+                 "login_thread_niceness"]:  # fmt: skip
         assert traits[name].help.strip(), name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_login_pool_follows_config_and_runs_at_lower_priority():
+    auth = LocalAccountsAuthenticator(login_threads=3, login_thread_niceness=5)
+    assert auth.login_pool._max_workers == 3
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    theirs = auth.login_pool.submit(
+        lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result()
+    assert theirs == min(19, ours + 5)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours  # not the hub's
+    auth.login_threads = 1
+    assert auth.login_pool._max_workers == 1
+
+
+def test_default_login_threads_leave_most_cores_to_the_hub():
+    # Each check keeps HASH_PARALLELISM (2) cores busy.
+    assert [default_login_threads(c) for c in (1, 2, 8, 15, 16, 24, 32, 256)] == [
+        1, 1, 1, 1, 2, 3, 4, 4]
+    assert LocalAccountsAuthenticator().login_threads == default_login_threads(usable_cpus())
 
 
 def test_throttle_follows_config():

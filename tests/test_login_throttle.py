@@ -30,7 +30,7 @@ def test_locks_the_name_from_the_failing_address_for_lockout_s():
     assert fail_times(throttle, 2, now=100) == Recorded()
     assert throttle.check("alice", IP, 100) == Verdict()
     assert throttle.failure("alice", IP, 100).lockout_s == 60
-    assert throttle.check("alice", IP, 100) == Verdict(refuse_s=60)
+    assert throttle.check("alice", IP, 100) == Verdict(refuse_s=60, delay_s=MAX_DELAY_S)
     assert throttle.check("alice", IP, 130).refuse_s == 30
     assert throttle.check("alice", IP, 160) == Verdict()
 

@@ -1,15 +1,29 @@
-"""socket_owner: the uid behind the other end of a real loopback connection."""
+"""socket_owner: the uid behind the other end of a real loopback connection, and
+ProxyPeers deciding it once per connection on a real tornado server."""
 
 from __future__ import annotations
 
+import asyncio
+import http.client
+import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 
 import pytest
+import tornado.httpserver
+import tornado.netutil
+import tornado.web
 
-from gpulease.hub.socket_owner import connections, owner_uid, read_tables
+from gpulease.hub.socket_owner import (
+    ProxyPeers,
+    connections,
+    owner_uid,
+    peer_and_local,
+    read_tables,
+)
 from tests.isolation_env import hub_python
 
 NOBODY = 65534
@@ -83,3 +97,45 @@ def test_another_users_connection_is_theirs():
         finally:
             child.kill()
             child.wait()
+
+
+class _Decisions(tornado.web.RequestHandler):
+    peers: ProxyPeers
+
+    async def get(self) -> None:
+        peer, local = peer_and_local(self.request)
+        own = await self.peers.is_own_proxy(self.request, peer, local)
+        self.finish({"peer": peer[0], "own": own, "remote_ip": self.request.remote_ip})
+
+
+@pytest.mark.skipif(read_tables() is None, reason="no /proc/net/tcp (not Linux)")
+async def test_proxy_peers_on_a_real_tornado_server_once_per_connection(monkeypatch):
+    # As JupyterHub runs it: xheaders on, so remote_ip follows the client's header;
+    # the peer does not.
+    peers = ProxyPeers(logging.getLogger("test"))
+    decided = []
+    real = peers._decide
+    monkeypatch.setattr(peers, "_decide", lambda peer, local: decided.append(peer) or real(peer, local))
+    _Decisions.peers = peers
+    app = tornado.web.Application([("/", _Decisions)])
+    server = tornado.httpserver.HTTPServer(app, xheaders=True)
+    [sock] = tornado.netutil.bind_sockets(0, "127.0.0.1")
+    server.add_sockets([sock])
+    port = sock.getsockname()[1]
+
+    def two_requests() -> list[dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, source_address=("127.0.0.6", 0))
+        answers = []
+        for forged in ("192.0.2.1", "192.0.2.2"):
+            conn.request("GET", "/", headers={"X-Real-Ip": forged})
+            answers.append(json.loads(conn.getresponse().read()))
+        conn.close()
+        return answers
+
+    try:
+        answers = await asyncio.get_running_loop().run_in_executor(None, two_requests)
+    finally:
+        server.stop()
+    assert [a["remote_ip"] for a in answers] == ["192.0.2.1", "192.0.2.2"]  # tornado's
+    assert all(a["peer"] == "127.0.0.6" and a["own"] is True for a in answers)
+    assert len(decided) == 1  # one keep-alive connection, one look at the tables
