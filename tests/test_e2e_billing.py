@@ -173,11 +173,7 @@ def test_a_second_hub_on_the_same_database_refuses_to_meter(hub):
 
 def test_hub_sigkill_carries_running_sessions_and_closes_dead_ones(hub, admin):
     token = hub.add_user(admin, "eve", "10")
-    for server in ("keep", "dies"):
-        r = hub.api("POST", f"users/eve/servers/{server}", token,
-                    {"user_options": {"profile": "cpu"}})
-        assert r.status_code in (201, 202), r.text
-        hub.wait_server_ready("eve", token, server)
+    hub.start_servers("eve", token, {"keep": {"profile": "cpu"}, "dies": {"profile": "cpu"}})
     ready = time.monotonic()
     time.sleep(2 * HEARTBEAT + 0.5)
     open_before = {s["server"]: s for s in sessions_of(hub, token)}
