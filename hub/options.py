@@ -75,6 +75,12 @@ def _values(options: object) -> dict[str, str]:
     return values
 
 
+def plain_options(options: object) -> dict[str, str]:
+    """A start's options as it is resolved: each value a plain string (a list of one, as
+    a form sends, is its string), blanks left out. Raises OptionsRefused as a start would."""
+    return _values(options)
+
+
 def _missing_profile(slug: str, deleted: Collection[str], usable: list[Profile]) -> str:
     # An empty-body start reuses saved options: their profile may since have
     # been deleted (DELETE api/profiles/{slug}?force=true). Say so, and that a

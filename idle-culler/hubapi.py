@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from gpulease.hub.profiles import saved_profile
 from gpulease.hub.units import parse_duration
 
 PAGINATION = "application/jupyterhub-pagination+json"
@@ -69,7 +70,9 @@ def servers_from_users(users: list[dict[str, Any]]) -> list[ServerInfo]:
             out.append(ServerInfo(
                 user=user["name"], server=name, url=model.get("url") or "",
                 started=started, last_activity=parse_time(model.get("last_activity")),
-                profile=str(options.get("profile") or ""), state=model.get("state"),
+                # {"profile": ["short"]} is profile short (the hub takes a form's
+                # lists of one): read otherwise, no max_runtime would apply to it
+                profile=saved_profile(options) or "", state=model.get("state"),
             ))
     return out
 

@@ -25,10 +25,12 @@ from gpulease.hub.options import (
     OptionsRefused,
     ServerChoice,
     options_summary,
+    plain_options,
     resolve_user_options,
     resolved_options,
     why_chosen,
 )
+from gpulease.hub.profiles import saved_profile
 from gpulease.hub.units import format_credits, format_duration, rate_cost
 from gpulease.hub.user_names import name_problem
 from gpulease.spawners.cpu_totals import (
@@ -128,7 +130,11 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
             spawner.refuse(409, refusal)
     spawner.gpulease_choice = choice
     if choice.chosen_by != CHOSEN_BY_REQUEST:
-        _save_resolved(spawner, choice)
+        _save_resolved(spawner, resolved_options(choice))
+    elif orm_spawner.user_options != (plain := plain_options(user_options)):
+        # Lists of one (the REST API takes a form's shape too) are saved as plain strings:
+        # the culler read {"profile": ["short"]} as no profile, so no max_runtime applied.
+        _save_resolved(spawner, plain)
     spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(choice), choice.chosen_by)
 
 
@@ -152,8 +158,7 @@ def cpu_only_servers(spawner: LocalGPUSpawner,
             continue
         else:
             saved = other.orm_spawner.user_options if other.orm_spawner is not None else None
-            profile = profiles.get((saved or {}).get("profile")) if isinstance(saved, dict) \
-                else None
+            profile = profiles.get(saved_profile(saved) or "")  # a list of one too
         if profile is not None and profile.is_cpu_only:
             found.append(CpuOnlyServer(name, profile.cpu, profile.memory_bytes))
     return found
@@ -185,8 +190,9 @@ def admit_for_credit(ctx: GPULeaseContext, key: tuple[str, str], choice: ServerC
             holds.add(Hold(key, account, needed, utcnow(), alive=alive))
 
 
-def _save_resolved(spawner: LocalGPUSpawner, choice: ServerChoice) -> None:
-    """Save what a start that named no profile resolved, as the server's user_options.
+def _save_resolved(spawner: LocalGPUSpawner, resolved: dict[str, str]) -> None:
+    """Save what a start resolved, as the server's user_options: the profile, image and
+    account of a start that named no profile, a request's own options as plain strings.
 
     The culler, pages, usage, the API and a later empty-body resume then all
     read the same profile. A refusal later in this start (limits, queue) puts
@@ -196,7 +202,6 @@ def _save_resolved(spawner: LocalGPUSpawner, choice: ServerChoice) -> None:
     before = orm_spawner.user_options
     if spawner._options_to_restore is None:
         spawner._options_to_restore = (dict(before) if isinstance(before, dict) else None,)
-    resolved = resolved_options(choice)
     orm_spawner.user_options = resolved
     orm_spawner._gpulease_prior_options = None  # this write is not a request's
     spawner.user_options = dict(resolved)

@@ -102,6 +102,16 @@ def test_hub_models_to_servers_profiles_and_holders():
     assert parse_holders(inv) == {("ada", ""): ["MIG-aa"]}
 
 
+def test_a_profile_saved_as_a_list_of_one_is_that_profile():
+    # The hub takes a form's lists of one in user_options; read as "['short']", no
+    # profile's max_runtime applied (saved so before the hub saved plain strings).
+    users = [{"name": "lena", "servers": {"": {
+        "ready": True, "pending": None, "started": "2025-03-03T08:00:00Z", "url": "/user/lena/",
+        "user_options": {"profile": ["short"]}}}}]
+    [info] = servers_from_users(users)
+    assert info.profile == "short"
+
+
 # --- CPU of a real process tree -----------------------------------------------------
 
 BURN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"

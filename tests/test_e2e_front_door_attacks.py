@@ -1,0 +1,139 @@
+"""A hostile researcher against the front door of a real hub (issue 12, reviewed as attacks).
+
+Each test is one attack by a user with an account, their own hub token and their own
+servers, and what stops it:
+
+- a start that names its profile as a list of one (`{"profile": ["short"]}`, the shape
+  of a form, which the start takes) is saved as the plain name, so the culler applies
+  that profile's max_runtime (it read no profile and applied none);
+- a body declared larger than the hub's bound is refused at once, unread, and one sent
+  chunked is cut past it: JupyterHub's HTTP server buffered up to 100 MB of each
+  request in the hub's memory, from anyone, before any login was checked.
+
+Servers run JupyterHub's mock single-user server (tests/isolation_env.mock_server_catalog).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.hubproc import HubProcess
+from tests.isolation_env import mock_server_catalog
+
+pytestmark = pytest.mark.e2e
+
+ADMIN_PW = "admin-secret-pw"
+MAX_RUNTIME_S = 6
+PROFILES = {"profiles": [
+    {"slug": "short", "display_name": "Short", "cpu": 1, "memory": "1Gi", "images": ["mock"],
+     "price_per_hour": "0", "min_run": "0", "idle_timeout": "0",
+     "max_runtime": f"{MAX_RUNTIME_S}s"},
+]}
+MIB = 1 << 20
+
+
+def _files(base: Path) -> list[str]:
+    catalog = mock_server_catalog(base)
+    (base / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
+    return [f"--profiles={base / 'profiles.yaml'}", f"--catalog={catalog}",
+            "--GPULeaseHub.culler_interval=1", "--GPULeaseHub.heartbeat_interval=1",
+            "--Spawner.poll_interval=1"]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    base = tmp_path_factory.mktemp("front-door")
+    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=_files(base)).start()
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def admin(hub):
+    return hub.token_for("admin", ADMIN_PW)
+
+
+def test_a_profile_named_as_a_list_of_one_still_gets_its_max_runtime(hub, admin):
+    token = hub.add_user(admin, "lena")
+    r = hub.api("POST", "users/lena/server", token, {"user_options": {"profile": ["short"]}})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready("lena", token)
+    # Before, the culler read no profile in it, so no max_runtime: it ran on.
+    hub.wait_server_stopped("lena", token, timeout=MAX_RUNTIME_S + 30)
+    sessions = hub.service("GET", "api/usage", token).json()["sessions"]
+    assert sessions[-1]["end_reason"] == "max_runtime", sessions
+    saved = hub.api("GET", "users/lena?include_stopped_servers=1", token).json()["servers"][""]
+    assert saved["user_options"] == {"profile": "short"}  # as every reader reads it
+
+
+def _raw(port: int, request: bytes, timeout: float = 5) -> bytes:
+    """Send `request` and read what comes back until the server closes or `timeout`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        answer = b""
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return answer
+
+
+def _sent_whole(port: int, path: str, size: int) -> bytes:
+    """POST `size` bytes to `path` (all of them, unless the server stops taking them);
+    the start of the answer."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {size}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head)
+        try:
+            for offset in range(0, size, MIB):
+                s.sendall(b"x" * min(MIB, size - offset))
+        except OSError:
+            pass  # refused mid-body: the answer is waiting
+        try:
+            return s.recv(65536)
+        except OSError:
+            return b""
+
+
+@pytest.mark.parametrize("path", ["/hub/api/users", "/hub/login"])
+def test_a_body_declared_too_large_is_refused_unread(hub, path):
+    # No login needed for the attack: before, the hub waited for all 50 MB (and held
+    # them in memory) before it looked at anything else. Now the headers are enough.
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {50 * MIB}\r\n\r\n").encode()
+    assert _raw(hub.hub_port, head).startswith(b"HTTP/1.1 400 "), "straight at the hub"
+    # Through the hub's proxy, the whole of 8 MiB sent: the proxy answers 503 for the
+    # hub that stopped reading, where the hub's handler answered 403 having read it all.
+    assert _sent_whole(hub.port, path, 8 * MIB).startswith(b"HTTP/1.1 503 ")
+    # Under the bound the hub's own handler answers, as before (no login: 403).
+    assert _sent_whole(hub.port, path, MIB // 2).startswith(b"HTTP/1.1 403 ")
+    assert hub.api("GET", "", "").status_code == 200
+
+
+def test_a_chunked_body_is_cut_past_the_bound(hub):
+    head = (b"POST /hub/api/users HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"%x\r\n%s\r\n" % (MIB, b"x" * MIB)
+    with socket.create_connection(("127.0.0.1", hub.hub_port), timeout=10) as s:
+        s.sendall(head)
+        cut = False
+        try:
+            for _ in range(8):  # 8 MiB; the hub stops taking them after 1
+                s.sendall(chunk)
+            s.sendall(b"0\r\n\r\n")
+            answer = s.recv(65536)
+            cut = answer.startswith(b"HTTP/1.1 400") or not answer
+        except (BrokenPipeError, ConnectionResetError):
+            cut = True
+        assert cut, answer[:300]
