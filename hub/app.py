@@ -18,6 +18,7 @@ import sys
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from jupyterhub.app import aliases as hub_aliases
+from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 from traitlets import Dict, default
 
@@ -73,6 +74,10 @@ gpulease_aliases = {
 
 
 AUDIT_PRUNE_EVERY_MS = 24 * 3600 * 1000
+# Request bodies to the hub itself (its API, login and spawn pages): JupyterHub's HTTP
+# server takes tornado's 100 MB default, buffered in the hub's memory before any login
+# is checked. Its largest bodies (a bulk user add) are far smaller.
+HUB_MAX_BODY_BYTES = 1 << 20
 
 
 def _free_port() -> int:
@@ -284,6 +289,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         return count
 
     async def start(self):
+        # JupyterHub makes its HTTPServer in start() with no size option: set tornado's
+        # default for it. A body declared larger is refused (400) before any of it is
+        # read, one sent chunked is cut past the bound.
+        HTTPServer.configure(None, max_body_size=HUB_MAX_BODY_BYTES)
         await super().start()
         # What the heartbeat sees of the servers and how it stops them (credit, caps).
         self._servers = HubServerControl(self, self._ctx)
