@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from tests.hubproc import HubProcess
+from tests.hubproc import HubProcess, close_together, start_together
 from tests.test_notifier import SmtpSink, WebhookSink
 
 pytestmark = pytest.mark.e2e
@@ -32,16 +32,28 @@ def sinks():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, sinks):
+def hubs(tmp_path_factory, sinks):
+    """The module's hub, and one with a webhook only (no SMTP), started at once."""
     smtp, hook = sinks
     base = tmp_path_factory.mktemp("notices")
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=[
-        "--GPULeaseHub.smtp_host=127.0.0.1", f"--GPULeaseHub.smtp_port={smtp.port}",
-        "--GPULeaseHub.smtp_from=hub@lab.example",
-        f"--GPULeaseHub.notify_webhook_url={hook.url}", "--GPULeaseHub.smtp_username=relay",
-    ], env={"GPULEASE_SMTP_PASSWORD": SMTP_PW}).start()
-    yield h
-    h.close()
+    with WebhookSink() as webhook_only:
+        main = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=[
+            "--GPULeaseHub.smtp_host=127.0.0.1", f"--GPULeaseHub.smtp_port={smtp.port}",
+            "--GPULeaseHub.smtp_from=hub@lab.example",
+            f"--GPULeaseHub.notify_webhook_url={hook.url}", "--GPULeaseHub.smtp_username=relay",
+        ], env={"GPULEASE_SMTP_PASSWORD": SMTP_PW})
+        other = HubProcess(state=base / "webhook-only", admin_password=ADMIN_PW,
+                           extra_args=[f"--GPULeaseHub.notify_webhook_url={webhook_only.url}"])
+        start_together(main, other)
+        try:
+            yield {"main": main, "webhook only": other}
+        finally:
+            close_together(main, other)
+
+
+@pytest.fixture(scope="module")
+def hub(hubs):
+    return hubs["main"]
 
 
 @pytest.fixture(scope="module")
@@ -185,20 +197,15 @@ def test_suspended_notice_replaces_the_warning(hub, tokens):
     assert r.json() == {"cleared": 1}
 
 
-def test_unconfigured_channels_are_refused_naming_what_is_available(tmp_path):
-    with WebhookSink() as hook:
-        h = HubProcess(state=tmp_path / "state", admin_password=ADMIN_PW,
-                       extra_args=[f"--GPULeaseHub.notify_webhook_url={hook.url}"]).start()
-        try:
-            admin = h.token_for("admin", ADMIN_PW)
-            r = h.service("PUT", "api/me/notifications", admin,
-                          {"channel": "email", "address": "admin@example.org"})
-            assert r.status_code == 409, r.text
-            assert r.json()["errors"][0]["field"] == "channel"
-            assert "available: none, webhook" in r.json()["message"]
-            r = h.service("PUT", "api/me/notifications", admin, {"channel": "webhook"})
-            assert r.status_code == 200
-            assert r.json()["available"] == ["none", "webhook"]
-        finally:
-            h.close()
+def test_unconfigured_channels_are_refused_naming_what_is_available(hubs):
+    h = hubs["webhook only"]
+    admin = h.token_for("admin", ADMIN_PW)
+    r = h.service("PUT", "api/me/notifications", admin,
+                  {"channel": "email", "address": "admin@example.org"})
+    assert r.status_code == 409, r.text
+    assert r.json()["errors"][0]["field"] == "channel"
+    assert "available: none, webhook" in r.json()["message"]
+    r = h.service("PUT", "api/me/notifications", admin, {"channel": "webhook"})
+    assert r.status_code == 200
+    assert r.json()["available"] == ["none", "webhook"]
 
