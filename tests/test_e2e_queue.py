@@ -18,7 +18,7 @@ import requests
 import yaml
 
 from gpulease.hub.db import open_database, sqlite_url
-from tests.hubproc import HubProcess
+from tests.hubproc import HubProcess, close_together, start_together
 from tests.isolation_env import mock_server_catalog
 
 pytestmark = pytest.mark.e2e
@@ -51,18 +51,34 @@ def _files(base: Path, quick: bool) -> list[str]:
             "--GPULeaseHub.culler_enabled=False", "--LocalGPUSpawner.queue_poll_interval=1"]
 
 
-def start_hub(tmp_path_factory, name: str, *more: str, quick: bool = True) -> HubProcess:
+def new_hub(tmp_path_factory, name: str, *more: str, quick: bool = True) -> HubProcess:
     base = tmp_path_factory.mktemp(name)
     return HubProcess(state=base / "state", admin_password=ADMIN_PW,
-                      extra_args=[*_files(base, quick), *more]).start()
+                      extra_args=[*_files(base, quick), *more])
+
+
+# JupyterHub's own 10s before a pending start is answered 202: for test_queue_max_wait
+# (quick=False) the refusal is the answer.
+MAX_WAITS = ["0", "2s"]
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = start_hub(tmp_path_factory, "queue", "--GPULeaseHub.queue_max_wait=2m",
-                  '--GPULeaseHub.auditor_groups=["auditors"]')
-    yield h
-    h.close()
+def hubs(tmp_path_factory):
+    """The module's hub, and one for each of test_queue_max_wait's queue_max_wait values,
+    started (and closed) at once."""
+    made = {"queue": new_hub(tmp_path_factory, "queue", "--GPULeaseHub.queue_max_wait=2m",
+                             '--GPULeaseHub.auditor_groups=["auditors"]'),
+            **{wait: new_hub(tmp_path_factory, f"wait{wait}",
+                             f"--GPULeaseHub.queue_max_wait={wait}", quick=False)
+               for wait in MAX_WAITS}}
+    start_together(*made.values())
+    yield made
+    close_together(*made.values())
+
+
+@pytest.fixture(scope="module")
+def hub(hubs):
+    return hubs["queue"]
 
 
 @pytest.fixture(scope="module")
@@ -271,29 +287,24 @@ def test_limits_cli(hub, people):
 # --- queue_max_wait: 0 (no queue) and a few seconds ----------------------------------------
 
 
-@pytest.mark.parametrize("wait", ["0", "2s"])
-def test_queue_max_wait(tmp_path_factory, wait):
-    # JupyterHub's own 10s before a pending start is answered 202: the refusal is the answer
-    h = start_hub(tmp_path_factory, f"wait{wait}", f"--GPULeaseHub.queue_max_wait={wait}",
-                  quick=False)
-    try:
-        admin = h.token_for("admin", ADMIN_PW)
-        tokens = {n: h.add_user(admin, n) for n in ("a1", "a3")}
-        for server in ("x", "y"):  # both slices held
-            assert start(h, "a1", tokens["a1"], server=server).status_code in (201, 202)
-            h.wait_server_ready("a1", tokens["a1"], server)
-        t0 = time.monotonic()
-        r = start(h, "a3", tokens["a3"])
-        took = time.monotonic() - t0
-        assert r.status_code == 503, r.text
-        message = r.json()["message"]
-        assert "Free now: nothing" in message
-        if wait == "0":
-            assert "0 of 2 free" in message and took < 2
-        else:
-            assert "queue_max_wait" in message and "2s" in message and took >= 2
-        assert queue_of(h, admin) == []
-        model = h.api("GET", "users/a3", tokens["a3"]).json()
-        assert "" not in model["servers"]
-    finally:
-        h.close()
+@pytest.mark.parametrize("wait", MAX_WAITS)
+def test_queue_max_wait(hubs, wait):
+    h = hubs[wait]
+    admin = h.token_for("admin", ADMIN_PW)
+    tokens = {n: h.add_user(admin, n) for n in ("a1", "a3")}
+    for server in ("x", "y"):  # both slices held
+        assert start(h, "a1", tokens["a1"], server=server).status_code in (201, 202)
+        h.wait_server_ready("a1", tokens["a1"], server)
+    t0 = time.monotonic()
+    r = start(h, "a3", tokens["a3"])
+    took = time.monotonic() - t0
+    assert r.status_code == 503, r.text
+    message = r.json()["message"]
+    assert "Free now: nothing" in message
+    if wait == "0":
+        assert "0 of 2 free" in message and took < 2
+    else:
+        assert "queue_max_wait" in message and "2s" in message and took >= 2
+    assert queue_of(h, admin) == []
+    model = h.api("GET", "users/a3", tokens["a3"]).json()
+    assert "" not in model["servers"]
