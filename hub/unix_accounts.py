@@ -27,6 +27,11 @@ from pathlib import Path
 from gpulease.hub.state import StateError, checked_home, open_home
 
 MAX_UNIX_NAME = 32  # useradd's limit
+# The account expired on 2 January 1970: PAM refuses every login of it (sshd with a key
+# the user put in their home, cron, at, su), each of which would start processes outside
+# the server's cgroup: no CPU, memory or device limits, no billing, and still there after
+# the server stops. The hub's setuid (and systemd-run's) asks no PAM: servers still run.
+EXPIRED = "1"
 GECOS_MARK = "gpulease user "  # the GECOS field names the hub user: how we know an account is ours
 _UNSAFE = re.compile(r"[^a-z0-9_-]")
 
@@ -159,6 +164,8 @@ def ensure_unix_account(hub_name: str, policy: UnixAccountPolicy, home: Path) ->
             problem = account_problem(entry, hub_name, policy)
             if problem:
                 raise UnixAccountError(problem)
+            if not _expired(name):  # made by an older gpulease
+                _run(["usermod", "--expiredate", EXPIRED, name])
             return UnixAccount(name, entry.pw_uid, entry.pw_gid, hub_name)
         uid = choose_uid(name, _taken_ids(), policy.uid_min, policy.uid_max)
         try:
@@ -166,11 +173,25 @@ def ensure_unix_account(hub_name: str, policy: UnixAccountPolicy, home: Path) ->
                 _run(["groupadd", "--gid", str(uid), name])
             gid = _group_gid(name)
             _run(["useradd", "--uid", str(uid), "--gid", str(gid), "--no-create-home",
-                  "--home-dir", str(home), "--shell", policy.shell,
+                  "--home-dir", str(home), "--shell", policy.shell, "--expiredate", EXPIRED,
                   "--comment", GECOS_MARK + hub_name, name])
         except UnixAccountError as e:
             errors.append(str(e))
     raise UnixAccountError(f"could not create Unix account {name}: {'; '.join(errors)}")
+
+
+def _expired(name: str, shadow: str = "/etc/shadow") -> bool:
+    """Whether the account has an expiry date (gpulease's, or an admin's): then PAM
+    refuses it every login. Unknown (shadow unreadable: not root) counts as expired."""
+    try:
+        with open(shadow) as f:
+            for line in f:
+                fields = line.rstrip("\n").split(":")
+                if fields[0] == name and len(fields) > 7:
+                    return fields[7] != ""
+    except OSError:
+        return True
+    return False
 
 
 def _group_gid(name: str) -> int | None:

@@ -6,6 +6,10 @@ servers, and what stops it:
 - a start that names its profile as a list of one (`{"profile": ["short"]}`, the shape
   of a form, which the start takes) is saved as the plain name, so the culler applies
   that profile's max_runtime (it read no profile and applied none);
+- the user's Unix account takes no PAM login: with a key in their home, `ssh` to the
+  box (or cron, at) would start processes outside their server's cgroup, with no
+  limits, no billing, and after the server stopped (su takes the same PAM account
+  check as sshd, cron and atd, and is there on every host to try it);
 - a body declared larger than the hub's bound is refused at once, unread, and one sent
   chunked is cut past it: JupyterHub's HTTP server buffered up to 100 MB of each
   request in the hub's memory, from anyone, before any login was checked.
@@ -15,21 +19,29 @@ Servers run JupyterHub's mock single-user server (tests/isolation_env.mock_serve
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import socket
+import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gpulease.hub.unix_accounts import GECOS_MARK, choose_uid
 from tests.hubproc import HubProcess
-from tests.isolation_env import mock_server_catalog
+from tests.isolation_env import hub_python, mock_server_catalog
 
 pytestmark = pytest.mark.e2e
 
 ADMIN_PW = "admin-secret-pw"
 MAX_RUNTIME_S = 6
 PROFILES = {"profiles": [
+    {"slug": "cpu1", "display_name": "1 core", "cpu": 1, "memory": "1Gi", "images": ["mock"],
+     "price_per_hour": "0", "min_run": "0", "idle_timeout": "0"},
     {"slug": "short", "display_name": "Short", "cpu": 1, "memory": "1Gi", "images": ["mock"],
      "price_per_hour": "0", "min_run": "0", "idle_timeout": "0",
      "max_runtime": f"{MAX_RUNTIME_S}s"},
@@ -69,6 +81,47 @@ def test_a_profile_named_as_a_list_of_one_still_gets_its_max_runtime(hub, admin)
     assert sessions[-1]["end_reason"] == "max_runtime", sessions
     saved = hub.api("GET", "users/lena?include_stopped_servers=1", token).json()["servers"][""]
     assert saved["user_options"] == {"profile": "short"}  # as every reader reads it
+
+
+def test_the_users_account_takes_no_login_of_its_own(hub, admin):
+    if os.geteuid() != 0 or hub_python()[1]:
+        pytest.skip("servers run as per-user accounts only when the hub runs as root")
+    token = hub.add_user(admin, "sami")
+    r = hub.api("POST", "users/sami/server", token, {"user_options": {"profile": "cpu1"}})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready("sami", token)  # the server runs as the account all the same
+    assert pwd.getpwnam("gl-sami")
+    login = subprocess.run(["su", "gl-sami", "-s", "/bin/sh", "-c", "id -un"],
+                           capture_output=True, text=True, timeout=30)
+    assert login.returncode != 0 and "expired" in login.stderr, (login.stdout, login.stderr)
+    assert hub.api("DELETE", "users/sami/server", token).status_code in (202, 204)
+
+
+def test_an_account_an_older_gpulease_made_takes_no_login_after_its_next_start(hub, admin):
+    if os.geteuid() != 0 or hub_python()[1]:
+        pytest.skip("servers run as per-user accounts only when the hub runs as root")
+    name = f"old{uuid.uuid4().hex[:6]}"
+    unix = f"gl-{name}"
+    uid = choose_uid(unix, {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()},
+                     61000, 64999)
+    subprocess.run(["groupadd", "--gid", str(uid), unix], check=True)
+    subprocess.run(["useradd", "--uid", str(uid), "--gid", str(uid), "--no-create-home",
+                    "--home-dir", str(hub.state / "homes" / name), "--shell", "/bin/bash",
+                    "--comment", f"{GECOS_MARK}{name}", unix], check=True)  # no expiry
+    try:
+        token = hub.add_user(admin, name)
+        r = hub.api("POST", f"users/{name}/server", token, {"user_options": {"profile": "cpu1"}})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_server_ready(name, token)
+        assert pwd.getpwnam(unix).pw_uid == uid  # the same account, now expired
+        login = subprocess.run(["su", unix, "-s", "/bin/sh", "-c", "id -un"],
+                               capture_output=True, text=True, timeout=30)
+        assert login.returncode != 0 and "expired" in login.stderr, login
+        assert hub.api("DELETE", f"users/{name}/server", token).status_code in (202, 204)
+        hub.wait_server_stopped(name, token)
+    finally:
+        subprocess.run(["userdel", unix], capture_output=True)
+        subprocess.run(["groupdel", unix], capture_output=True)
 
 
 def _raw(port: int, request: bytes, timeout: float = 5) -> bytes:
