@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from gpulease.spawners.inventory import DEMO_INVENTORY
-from tests.hubproc import HubProcess
+from tests.hubproc import HubProcess, close_together, start_together
 
 pytestmark = pytest.mark.e2e
 
@@ -90,21 +90,16 @@ def _self_signed(tmp_path):
 
 
 def test_exposed_without_tls_warns_and_with_tls_serves_https(tmp_path):
-    plain = HubProcess(state=tmp_path / "plain", admin_password=PW,
-                       extra_args=["--ip=0.0.0.0"]).start()
-    try:
-        assert "without TLS" in plain.log()
-    finally:
-        plain.close()
-
     cert, key = _self_signed(tmp_path)
+    plain = HubProcess(state=tmp_path / "plain", admin_password=PW, extra_args=["--ip=0.0.0.0"])
     tls = HubProcess(state=tmp_path / "tls", admin_password=PW,
                      extra_args=["--ip=0.0.0.0", f"--ssl-cert={cert}", f"--ssl-key={key}"])
     tls.scheme = "https"
-    tls.start()
+    start_together(plain, tls)
     try:
+        assert "without TLS" in plain.log()
         r = requests.get(f"https://127.0.0.1:{tls.port}/hub/api", verify=str(cert), timeout=10)
         assert r.status_code == 200 and "version" in r.json()
         assert "without TLS" not in tls.log()
     finally:
-        tls.close()
+        close_together(plain, tls)
