@@ -35,7 +35,11 @@ from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.cgroup_kill import Emptied, devices_may_go
 from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.first_answer import first_answer
-from gpulease.spawners.options_form import options_from_form, render_options_form
+from gpulease.spawners.options_form import (
+    options_from_form,
+    refuse_query_start,
+    render_options_form,
+)
 from gpulease.spawners.process_spec import build_process_spec, filter_server_env
 from gpulease.spawners.process_tree import end_processes, kill_tree, process_tree
 from gpulease.spawners.queue_runner import Refused, queue_progress, runner_for, tell_started
@@ -139,6 +143,9 @@ class LocalGPUSpawner(AdmissionOptions, LocalProcessSpawner):
 
     def options_from_form(self, formdata):
         return options_from_form(formdata)
+
+    def options_from_query(self, query_data):
+        return refuse_query_start(query_data)  # a link starts nothing (spawners/options_form.py)
 
     def refuse(self, status: int, message: str):
         """Fail this start with `status`, restoring the saved options it replaced."""

@@ -203,6 +203,21 @@ def render_options_form(data: FormData) -> str:
     return f'{STYLE}\n<div class="gpulease-form">{balance}{cards}{_accounts(data)}</div>'
 
 
+# JupyterHub starts a server from a GET of the spawn page with query arguments
+# (/hub/spawn?profile=X). A GET needs no XSRF token: a link on any site, or a
+# markdown image in a notebook the user opens, would start their server on a
+# profile someone else chose, at their cost. The spawn page shows its form instead.
+QUERY_START_REFUSED = ("A server starts from the Start button of this form (or the REST API), "
+                       "never by opening a link: anyone can send a link. Nothing was started.")
+
+
+def refuse_query_start(query: object) -> dict:
+    """Spawner.options_from_query: no start from a GET; JupyterHub shows the form with this."""
+    from tornado import web
+
+    raise web.HTTPError(400, QUERY_START_REFUSED)
+
+
 def options_from_form(formdata: dict[str, list[str]]) -> dict[str, str]:
     """Form fields -> user_options: the chosen profile, that profile's image, the account."""
     options: dict[str, str] = {}

@@ -10,6 +10,10 @@ servers, and what stops it:
   box (or cron, at) would start processes outside their server's cgroup, with no
   limits, no billing, and after the server stopped (su takes the same PAM account
   check as sshd, cron and atd, and is there on every host to try it);
+- a link (or a markdown image in a notebook the victim opens) to
+  `/hub/spawn?profile=X` starts nothing: JupyterHub started a server from a GET's
+  query, which needs no XSRF token, so anyone could start a researcher's server on a
+  profile of their choosing, at the researcher's cost; the form is shown instead;
 - a body declared larger than the hub's bound is refused at once, unread, and one sent
   chunked is cut past it: JupyterHub's HTTP server buffered up to 100 MB of each
   request in the hub's memory, from anyone, before any login was checked.
@@ -22,17 +26,20 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
 import socket
 import subprocess
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gpulease.hub.unix_accounts import GECOS_MARK, choose_uid
-from tests.hubproc import HubProcess
+from tests.hubproc import HubProcess, free_port
 from tests.isolation_env import hub_python, mock_server_catalog
 
 pytestmark = pytest.mark.e2e
@@ -122,6 +129,46 @@ def test_an_account_an_older_gpulease_made_takes_no_login_after_its_next_start(h
     finally:
         subprocess.run(["userdel", unix], capture_output=True)
         subprocess.run(["groupdel", unix], capture_output=True)
+
+
+class _AttackersPage(BaseHTTPRequestHandler):
+    """A page on another site with a link into the hub, as a mail or a chat would carry."""
+
+    target = ""
+
+    def do_GET(self):  # noqa: N802
+        body = f'<a id="go" href="{self.target}">the results</a>'.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_link_starts_no_server(hub, admin, browser_context):
+    token = hub.add_user(admin, "vic")
+    page = browser_context.new_page()
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", "vic")
+    page.fill("#password_input", "vic-pw-12345")
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
+    _AttackersPage.target = f"{hub.url}/hub/spawn?profile=cpu1"
+    site = ThreadingHTTPServer(("127.0.0.1", free_port()), _AttackersPage)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:  # "localhost": another site than the hub's 127.0.0.1, yet the cookie goes
+        page.goto(f"http://localhost:{site.server_address[1]}/")
+        page.click("#go")
+        page.wait_for_load_state()
+        time.sleep(3)  # a start would have been asked for by now
+    finally:
+        site.shutdown()
+    assert "never by opening a link" in page.content()
+    assert page.locator("input[name=profile]").count() > 0  # the form, to start from
+    server = hub.api("GET", "users/vic", token).json()["servers"].get("")
+    assert server is None, server  # nothing started, nothing pending
 
 
 def _raw(port: int, request: bytes, timeout: float = 5) -> bytes:
