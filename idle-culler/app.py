@@ -88,6 +88,9 @@ def cpu_source(spec: str) -> CpuSource:
     return ProcessTreeCpuSource() if spec == "process" else NoCpuSource()
 
 
+MAX_BODY_BYTES = 1024  # the culler's own pages are GETs
+
+
 class HealthHandler(web.RequestHandler):
     def initialize(self, culler: Culler) -> None:
         self.culler = culler
@@ -147,7 +150,10 @@ def main(argv: list[str] | None = None) -> None:
     async def serve() -> None:
         app = make_app(culler, prefix,
                        public_metrics=env.get("GPULEASE_CULLER_PUBLIC_METRICS") == "1")
-        app.listen(service_url.port or 0, address=service_url.hostname or "127.0.0.1")
+        # No handler takes a body; tornado's default would buffer 100 MB of one, from
+        # anyone (through the hub's proxy, or a server on this host straight at the port).
+        app.listen(service_url.port or 0, address=service_url.hostname or "127.0.0.1",
+                   max_body_size=MAX_BODY_BYTES)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

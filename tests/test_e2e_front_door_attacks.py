@@ -221,6 +221,16 @@ def test_a_body_declared_too_large_is_refused_unread(hub, path):
     assert hub.api("GET", "", "").status_code == 200
 
 
+def test_the_cullers_port_takes_no_body(hub, admin):
+    services = hub.api("GET", "services", admin).json()
+    url = services["gpulease-culler"]["url"]
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    head = (f"POST /services/gpulease-culler/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Length: {50 * MIB}\r\n\r\n").encode()
+    assert _raw(port, head).startswith(b"HTTP/1.1 400 ")  # before, it waited for 50 MB
+    assert hub.api("GET", "services", admin).status_code == 200
+
+
 def test_a_chunked_body_is_cut_past_the_bound(hub):
     head = (b"POST /hub/api/users HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
