@@ -12,6 +12,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from traitlets.config import Config
 
@@ -183,6 +184,11 @@ def project_chp() -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
+def service_direct_url(s: HubSettings) -> str:
+    """The gpulease service's own address with the hub's base URL, bypassing the proxy."""
+    return f"http://127.0.0.1:{s.service_port}{urlsplit(s.public_url).path}"
+
+
 def hub_config(s: HubSettings) -> Config:
     from gpulease.hub.home_page import home_template_var
 
@@ -270,7 +276,10 @@ def hub_config(s: HubSettings) -> Config:
             "url": f"http://127.0.0.1:{s.culler['port']}",
             "command": [sys.executable, "-m", "gpulease.idle_culler"],
             "environment": {
-                "GPULEASE_CULLER_HUB_URL": s.public_url,
+                # The gpulease service at its own port, not through the proxy:
+                # under --ssl-cert the proxy's certificate names the public host,
+                # not 127.0.0.1, so the culler could not verify it and read nothing.
+                "GPULEASE_CULLER_HUB_URL": service_direct_url(s),
                 **{f"GPULEASE_CULLER_{k.upper()}": v for k, v in s.culler.items()},
             },
         })

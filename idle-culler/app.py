@@ -55,7 +55,8 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument("--cpu-source", default=default("cpu-source", "process"),
                    choices=["process", "none"], help="process (embedded) | none")
     p.add_argument("--hub-url", default=default("hub-url", env.get("JUPYTERHUB_PUBLIC_URL", "")),
-                   help="public proxy URL to reach the gpulease service (never the servers)")
+                   help="base URL under which /services/gpulease/ is reached (the embedded "
+                        "hub gives the service's own address; never the servers)")
     p.add_argument("--concurrency", type=int, default=int(default("concurrency", "50")),
                    help="CPU and GPU readings in flight at once (default 50)")
     p.add_argument("--warn-before", type=parse_duration, default=default("warn-before", "5m"),
@@ -67,7 +68,7 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
                    help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = p.parse_args(argv)
     if not args.hub_url:
-        p.error("--hub-url (or GPULEASE_CULLER_HUB_URL) is required: the proxy's public URL")
+        p.error("--hub-url (or GPULEASE_CULLER_HUB_URL) is required: where /services/gpulease/ is")
     for name in ("warn_before", "stale_after"):  # defaults are not parsed by argparse
         if isinstance(getattr(args, name), str):
             setattr(args, name, parse_duration(getattr(args, name)))

@@ -116,7 +116,7 @@ class HubClient:
     def __init__(self, api_url: str, public_url: str, token: str, *,
                  timeout_s: float = 10.0) -> None:
         self.api_url = api_url.rstrip("/")  # e.g. http://127.0.0.1:8081/hub/api
-        self.public_url = public_url.rstrip("/")  # the proxy, for the gpulease service
+        self.public_url = public_url.rstrip("/")  # where /services/gpulease/ is
         self.token = token
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
