@@ -93,8 +93,10 @@ class LocalAccountsAuthenticator(Authenticator):
         help="""Failed logins within `failure_window` seconds that lock a user
         name out from the client address they came from, or lock out a client
         address that tried several names. Failures for a name from other
-        addresses never lock its owner out: they only delay each try for that
-        name by up to a second.""",
+        addresses never lock its owner out from where they have logged in
+        before: they delay each try for that name from there by a second, and
+        make tries from other addresses take turns (one check a second,
+        doubling with each lockout of the name).""",
     ).tag(config=True)
 
     failure_window = Float(
@@ -273,15 +275,22 @@ class LocalAccountsAuthenticator(Authenticator):
             password = ""  # still verified, so that the work done stays the same
 
         verdict = self.throttle.check(name, address, self.clock())
-        if verdict.refused:
+        if verdict.busy:
+            self.log.warning(
+                "Login for user %r from %s refused unchecked: the name is being guessed "
+                "from elsewhere, and tries from addresses it has not logged in from take "
+                "turns (the next in %.0f seconds)", shown, address, verdict.refuse_s,
+            )  # fmt: skip
+        elif verdict.refused:
             self.log.warning(
                 "Login for user %r from %s refused: locked out for %.0f more seconds",
                 shown, address, verdict.refuse_s,
             )  # fmt: skip
         if verdict.delay_s:
-            # Other addresses are failing this name: slow the guessing, never
-            # refuse the owner. A refusal is held as long, so that refusals
-            # cannot be asked for as fast as the hub can answer them.
+            # Other addresses are failing this name: slow the guessing (one
+            # check at a time from addresses it has not logged in from), never
+            # refuse the owner where they log in. A refusal is held a second,
+            # so that refusals cannot be asked for as fast as the hub answers.
             await self.sleep(verdict.delay_s)
         if verdict.refused:
             return None
@@ -302,9 +311,9 @@ class LocalAccountsAuthenticator(Authenticator):
             )  # fmt: skip
         if started.slowdown_s:
             self.log.warning(
-                "Too many failed logins for user %r: its tries from other addresses "
-                "wait %.1f s for the next %.0f seconds",
-                shown, self.throttle.delay_s, started.slowdown_s,
+                "Too many failed logins for user %r: for the next %.0f seconds its tries "
+                "wait %.1f s, from addresses it has not logged in from one at a time",
+                shown, started.slowdown_s, self.throttle.delay_s,
             )  # fmt: skip
         return None
 

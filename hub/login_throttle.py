@@ -6,10 +6,17 @@ Failures are counted under three keys, each with its own window and lockout:
   out of that name, from that address;
 - one address, any names (`ADDRESS`): one address guessing many names is
   locked out of every name;
-- one name, any address (`USER`): many addresses guessing one name only slow
-  it down. Tries for the name from addresses that are not locked out wait
-  `delay_s` (at most a second) first, so that nobody can lock a user out of
-  their own account by failing logins for it from somewhere else.
+- one name, any address (`USER`): many addresses guessing one name slow it
+  down, but never lock its owner out from an address the name has logged in
+  from (known, for `KNOWN_S`): tries from there wait `delay_s` (at most a
+  second). Tries from other addresses take turns: one password check per
+  `delay_s`, doubling with each lockout of the name like a lockout does (60
+  checks per lockout with the defaults), and a try whose turn is more than
+  `MAX_TURN_WAIT_S` away is refused unchecked. Many addresses at once thus
+  guess a name no faster than one would, however many there are.
+
+IPv6 addresses count by their /64, the block one subscriber gets: each of its
+2^64 addresses would otherwise be a fresh address.
 
 Refusals are held `delay_s` too before they are answered.
 
@@ -17,12 +24,16 @@ Refusals are held `delay_s` too before they are answered.
 `lockout_s`, doubling with each further lockout of the key up to
 `max_lockout_s`. While a `PAIR` or `ADDRESS` key is locked even the right
 password is refused from there; while a `USER` key is, its tries are delayed.
-A key quiet for max(window_s, max_lockout_s) is forgotten, doubling included,
-which also bounds memory.
+A key is forgotten, doubling included, once quiet for max(window_s,
+max_lockout_s) past its last failure and its lockout's end (which also bounds
+memory): a lockout of max_lockout_s does not reset the doubling itself. A
+success clears the name's key for that address, not the name's own: the owner
+logging in says nothing about the others guessing it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 USER = "user"
@@ -30,6 +41,8 @@ ADDRESS = "address"
 PAIR = "user@address"
 
 MAX_DELAY_S = 1.0
+MAX_TURN_WAIT_S = 10.0
+KNOWN_S = 30 * 24 * 3600.0
 
 Key = tuple[str, ...]
 
@@ -41,6 +54,7 @@ class Verdict:
 
     refuse_s: float = 0.0
     delay_s: float = 0.0
+    busy: bool = False  # refused for want of a turn (the name is guessed from elsewhere)
 
     @property
     def refused(self) -> bool:
@@ -62,6 +76,18 @@ class _KeyState:
     locked_until: float = float("-inf")
     lockouts: int = 0  # lockouts so far, for the doubling
     last: float = float("-inf")  # time of the last failure
+    next_turn: float = float("-inf")  # USER keys: when the next check from elsewhere may run
+
+
+def counted_address(address: str) -> str:
+    """The key an address counts under: an IPv6 address's /64, others as they are."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return address
 
 
 class LoginThrottle:
@@ -87,6 +113,7 @@ class LoginThrottle:
         self.delay_s = delay_s
         self.max_keys = max_keys
         self._states: dict[Key, _KeyState] = {}
+        self._known: dict[tuple[str, str], float] = {}  # (name, address): last success
         self._last_prune = float("-inf")
 
     @staticmethod
@@ -102,7 +129,9 @@ class LoginThrottle:
         return 0.0 if state is None else max(0.0, state.locked_until - now)
 
     def check(self, user: str, address: str, now: float) -> Verdict:
-        """Whether `user` may try from `address` now, and after what delay."""
+        """Whether `user` may try from `address` now, and after what delay (which may
+        take the name's next turn: call it once per try)."""
+        address = counted_address(address)
         refuse = self._locked_for((ADDRESS, address), now)
         if user:
             refuse = max(refuse, self._locked_for((PAIR, user, address), now))
@@ -112,12 +141,24 @@ class LoginThrottle:
             # hub answer refusals as fast as it can.
             return Verdict(refuse_s=refuse, delay_s=self.delay_s)
         if user and self._locked_for((USER, user), now) > 0:
-            return Verdict(delay_s=self.delay_s)
+            if now - self._known.get((user, address), float("-inf")) < KNOWN_S:
+                return Verdict(delay_s=self.delay_s)
+            return self._take_turn(self._states[(USER, user)], now)
         return Verdict()
+
+    def _take_turn(self, state: _KeyState, now: float) -> Verdict:
+        # Serialised per name, not per try: concurrent tries from many
+        # addresses would otherwise each wait delay_s in parallel.
+        start = max(now + self.delay_s, state.next_turn)
+        if start - now > max(MAX_TURN_WAIT_S, self.delay_s):
+            return Verdict(refuse_s=start - now, delay_s=self.delay_s, busy=True)
+        doubling = min(2 ** max(0, state.lockouts - 1), self.max_lockout_s / self.lockout_s)
+        state.next_turn = start + self.delay_s * doubling
+        return Verdict(delay_s=start - now)
 
     def failure(self, user: str, address: str, now: float) -> Recorded:
         """Record a failed attempt; return what it started."""
-        keys = self._keys(user, address)
+        keys = self._keys(user, counted_address(address))
         self._maybe_prune(now, room=len(keys))
         lockout = slowdown = 0.0
         for key in keys:
@@ -141,14 +182,20 @@ class LoginThrottle:
         return Recorded(lockout_s=lockout, slowdown_s=slowdown)
 
     def success(self, user: str, address: str, now: float) -> None:
-        """A successful login clears the name's keys; the address may be shared, so it stays."""
+        """A successful login clears the name's key for that address and makes the address
+        known for the name; the address may be shared, and the name guessed elsewhere,
+        so their keys stay."""
         if user:
-            self._states.pop((USER, user), None)
+            address = counted_address(address)
             self._states.pop((PAIR, user, address), None)
+            self._known.pop((user, address), None)  # re-inserted last: oldest first
+            self._known[(user, address)] = now
+            if len(self._known) > self.max_keys:
+                del self._known[next(iter(self._known))]
 
     def _stale(self, state: _KeyState, now: float) -> bool:
-        # A lock always ends within max_lockout_s of the failure that started it.
-        return now - state.last >= max(self.window_s, self.max_lockout_s)
+        quiet_since = max(state.last, state.locked_until, state.next_turn)
+        return now - quiet_since >= max(self.window_s, self.max_lockout_s)
 
     def _maybe_prune(self, now: float, room: int) -> None:
         # Scanning every key on every failure would be O(n) per login; once per
@@ -163,6 +210,7 @@ class LoginThrottle:
         drop unlocked keys, oldest first."""
         self._last_prune = now
         self._states = {k: s for k, s in self._states.items() if not self._stale(s, now)}
+        self._known = {k: t for k, t in self._known.items() if now - t < KNOWN_S}
         if len(self._states) + room <= self.max_keys:
             return
         # Down to 90% so that a full table is not sorted again on every failure.

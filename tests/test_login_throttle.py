@@ -45,11 +45,12 @@ def test_another_address_is_only_delayed_never_refused():
     assert throttle.check("alice", IP, 59).refused
 
 
-def test_no_spray_from_other_addresses_refuses_the_name_elsewhere():
-    # Whatever other addresses do with a name, from an address of its own it
-    # is at most delayed, by at most MAX_DELAY_S.
+def test_no_spray_from_other_addresses_refuses_the_name_where_it_logged_in():
+    # Whatever other addresses do with a name, from an address it has logged
+    # in from it is at most delayed, by at most MAX_DELAY_S.
     rng = random.Random(7)
     throttle = LoginThrottle(max_failures=3, lockout_s=10, max_lockout_s=100)
+    throttle.success("alice", OTHER, 0)
     attackers = [f"198.51.100.{i}" for i in range(20)]
     delayed = 0
     for step in range(2000):
@@ -158,12 +159,12 @@ def test_stale_keys_are_pruned_and_forgotten():
     fail_times(throttle, 2, now=0)
     throttle.failure("bob", OTHER, 3000)
     assert len(throttle) == 6  # three keys each
-    throttle.prune(3599)
+    throttle.prune(3659)
     assert len(throttle) == 6  # alice's lockout history is still remembered
-    throttle.prune(3600)
+    throttle.prune(3660)  # quiet for max_lockout_s past the end of her lockout at 60
     assert len(throttle) == 3
     # Forgotten, doubling included: the next lockout is the first again.
-    assert fail_times(throttle, 2, now=3600).lockout_s == 60
+    assert fail_times(throttle, 2, now=3660).lockout_s == 60
 
 
 def test_failures_prune_on_their_own():
@@ -196,3 +197,68 @@ def test_table_is_bounded_and_keeps_locked_keys():
 def test_bad_parameters_refused(kwargs):
     with pytest.raises(ValueError):
         LoginThrottle(**kwargs)
+
+
+# --- a security review, as a stranger: many addresses at once against one name ---
+
+
+def test_many_addresses_at_once_guess_a_name_no_faster_than_one():
+    # Before, each of 50 concurrent tries waited its second in parallel: 50
+    # password checks a second, 290 in a minute against a real hub.
+    throttle = LoginThrottle(max_failures=5, lockout_s=60)
+    for i in range(5):
+        throttle.failure("alice", f"198.51.100.{i}", 0)  # the name is now slowed
+    verdicts = [throttle.check("alice", f"203.0.113.{i}", 1) for i in range(50)]
+    checked = [v for v in verdicts if not v.refused]
+    # One check a second, in turn; tries whose turn is further than 10 s are refused.
+    assert [v.delay_s for v in checked] == [float(n) for n in range(1, 11)]
+    assert all(v.busy and v.delay_s == MAX_DELAY_S for v in verdicts if v.refused)
+    assert len(checked) == 10
+
+
+def test_turns_space_out_with_each_lockout_of_the_name():
+    throttle = LoginThrottle(max_failures=2, lockout_s=60, max_lockout_s=240)
+    spacing = []
+    now = 0.0
+    for _ in range(4):
+        # The name's next lockout (60, 120, 240, 240 s), from fresh addresses.
+        started = fail_times(throttle, 2, now, address=f"198.51.100.{int(now) % 250}")
+        first = throttle.check("alice", "203.0.113.1", now).delay_s
+        second = throttle.check("alice", "203.0.113.2", now).delay_s
+        spacing.append(second - first)
+        now += started.slowdown_s
+    assert spacing == [1.0, 2.0, 4.0, 4.0]
+
+
+def test_where_the_name_logged_in_it_waits_no_turn_and_a_success_lifts_nothing_else():
+    throttle = LoginThrottle(max_failures=3, lockout_s=60)
+    throttle.success("alice", OTHER, 0)
+    fail_times(throttle, 3, now=1)
+    for i in range(20):
+        throttle.check("alice", f"203.0.113.{i}", 2)  # the turns are taken
+    assert throttle.check("alice", OTHER, 2) == Verdict(delay_s=MAX_DELAY_S)
+    assert throttle.check("alice", "192.0.2.77", 2).busy
+    throttle.success("alice", OTHER, 2.5)  # the owner logs in...
+    assert throttle.check("alice", "192.0.2.78", 2.5).busy  # ...the guessing stays slowed
+
+
+def test_an_ipv6_subscriber_counts_as_one_address():
+    throttle = LoginThrottle(max_failures=3)
+    for i in range(3):
+        throttle.failure(f"name{i}", f"2001:db8:1:2::{i + 1:x}", i)
+    assert throttle.check("anyone", "2001:db8:1:2:ffff::9", 3).refused  # the same /64
+    assert throttle.check("anyone", "2001:db8:1:3::1", 3) == Verdict()  # the next one
+    assert throttle.check("anyone", "10.0.0.9", 3) == Verdict()
+
+
+def test_a_lockout_of_max_lockout_s_does_not_reset_the_doubling():
+    # Before, a key was stale max_lockout_s after its last failure: exactly when a
+    # lockout of max_lockout_s ended, so the next lockout was the first (60 s) again.
+    # (As with the defaults, window 600 s and max_lockout 3600 s: the window is shorter.)
+    throttle = LoginThrottle(max_failures=2, window_s=100, lockout_s=60, max_lockout_s=240)
+    now, lockouts = 0.0, []
+    for _ in range(5):
+        lockouts.append(fail_times(throttle, 2, now).lockout_s)
+        now += lockouts[-1]
+        throttle.prune(now)
+    assert lockouts == [60, 120, 240, 240, 240]

@@ -1,0 +1,106 @@
+"""A stranger at the login page of a real hub (issue 12, reviewed as attacks).
+
+No account: the attacker reaches the proxy's public port from as many loopback
+addresses as they like (all of 127.0.0.0/8 is this machine), sends any headers
+and holds many connections. Each test is one attack and what stops it:
+
+- 40 addresses at once guessing one name: before, each try waited its second
+  in parallel, so every one was a password check within seconds (290 a
+  minute from 50 addresses); now tries from addresses the name has not logged
+  in from take turns, one check a second, and the rest are refused unchecked,
+  while its owner, where they logged in before, still gets in;
+- a subscriber's IPv6 /64 (an Ingress in front saw the addresses) is one
+  address to the throttle, not 2^64 fresh ones.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.hubproc import HubProcess, session_from
+
+pytestmark = pytest.mark.e2e
+
+ADMIN_PW = "admin-secret-pw"
+WRONG = "wrong-pw-0000"
+INGRESS = "127.0.0.7"
+CONFIG = f"""
+c.LocalAccountsAuthenticator.max_failures = 3
+c.LocalAccountsAuthenticator.trusted_proxies = ["{INGRESS}"]
+"""
+NAMES = ["vera", "walt"]
+
+
+def pw(name: str) -> str:
+    return f"{name}-pw-12345"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    base = tmp_path_factory.mktemp("e2e-stranger")
+    config = base / "gpulease_config.py"
+    config.write_text(CONFIG)
+    h = HubProcess(state=base / "state", admin_password=ADMIN_PW,
+                   extra_args=[f"--config={config}"]).start()
+    admin = h.token_for("admin", ADMIN_PW)
+    for name in NAMES:
+        r = h.service("POST", "api/users", admin, {"name": name, "password": pw(name)})
+        assert r.status_code == 201, r.text
+    yield h
+    h.close()
+
+
+def token_try(hub: HubProcess, name: str, password: str, source: str,
+              headers: dict[str, str] | None = None) -> int:
+    """One try at the token endpoint (the login form's twin), from `source`."""
+    body = {"auth": {"username": name, "password": password}}
+    r = session_from(source).post(f"{hub.url}/hub/api/users/{name}/tokens", json=body,
+                                  headers=headers, timeout=60)
+    return r.status_code
+
+
+def checks(hub: HubProcess, name: str) -> int:
+    """Passwords checked and found wrong for `name` so far."""
+    return hub.log().count(f"Failed login for user '{name}' from ")
+
+
+def test_many_addresses_at_once_guess_a_name_no_faster_than_one(hub):
+    # The owner has logged in from home before.
+    home = "127.0.30.1"
+    assert token_try(hub, "vera", pw("vera"), home) == 201
+    for i in range(3):  # the name is now being guessed: slowed everywhere
+        assert token_try(hub, "vera", WRONG, f"127.0.31.{i + 1}") == 403
+    before = checks(hub, "vera")
+    started = time.monotonic()
+    with ThreadPoolExecutor(40) as pool:
+        attack = [pool.submit(token_try, hub, "vera", f"{WRONG}-{i}", f"127.0.32.{i + 1}")
+                  for i in range(40)]
+        time.sleep(0.5)  # the attack's tries have taken the turns
+        owner = pool.submit(token_try, hub, "vera", pw("vera"), home)
+        statuses = [f.result() for f in attack]
+        assert owner.result() == 201  # from home, at once: no turn to wait for
+    took = time.monotonic() - started
+    checked = checks(hub, "vera") - before
+    assert statuses == [403] * 40
+    # Before: all 40 were checked within a few seconds. Now one a second, for at
+    # most the 10 s of turns ahead; the others were refused with no check.
+    assert checked <= took + 1, (checked, took)
+    assert checked <= 12, checked
+    assert hub.log().count("'vera' from 127.0.32.") - checked >= 25  # the refusals, logged
+    assert "refused unchecked: the name is being guessed" in hub.log()
+
+
+def test_an_ipv6_subscriber_is_one_address(hub):
+    # An Ingress (trusted) in front saw the clients: one subscriber's /64, a fresh
+    # address per try, a different name each time.
+    for i in range(3):
+        via = {"X-Forwarded-For": f"2001:db8:7:7::{i + 1:x}"}
+        assert token_try(hub, f"nobody{i}", WRONG, INGRESS, via) == 403
+    fresh = {"X-Forwarded-For": "2001:db8:7:7:abcd::1"}
+    assert token_try(hub, "walt", pw("walt"), INGRESS, fresh) == 403  # that /64 is locked out
+    other = {"X-Forwarded-For": "2001:db8:7:8::1"}
+    assert token_try(hub, "walt", pw("walt"), INGRESS, other) == 201
+    assert "from 2001:db8:7:7:abcd::1 refused: locked out" in hub.log()
