@@ -26,6 +26,9 @@ CLI_SERVICE_NAME = "gpulease-cli"
 CULLER_SERVICE_NAME = "gpulease-culler"
 ADMIN_SCOPE = "custom:gpulease:admin"
 AUDIT_SCOPE = "custom:gpulease:audit"
+# A hub admin's token counts as a gpulease admin only while it holds this
+# hub power itself (gpulease.hub.service.caller_rights): not a narrowed one.
+HUB_ADMIN_SCOPE = "admin:users"
 
 CUSTOM_SCOPES = {
     ADMIN_SCOPE: {
@@ -229,8 +232,10 @@ def hub_config(s: HubSettings) -> Config:
             "oauth_no_confirm": True,
             # Pages log in with OAuth: let the cookie token carry the gpulease
             # scopes the user holds (the hub drops those they do not), so an
-            # auditor's browser can open the admin report.
-            "oauth_client_allowed_scopes": [ADMIN_SCOPE, AUDIT_SCOPE],
+            # auditor's browser can open the admin report, and a hub admin's
+            # its admin:users, which makes it a gpulease admin (caller_rights).
+            # No confirmation page: oauth_no_confirm above.
+            "oauth_client_allowed_scopes": [ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE],
         },
         # The CLI's token is a hub admin: `users add --admin` makes a hub admin,
         # which JupyterHub lets only an admin do, and the gpulease service stays

@@ -3,7 +3,12 @@
 One hub for the module, with `--GPULeaseHub.admin_groups=["ops"]` and
 `auditor_groups=["auditors"]`. Callers:
 
-- admin: the hub's admin flag (first-run admin);
+- admin: the hub's admin flag (first-run admin), with its full token;
+- admin-script, admin-server: tokens of that same hub admin, narrowed: one made
+  for a script with only `read:users`, and one scoped as the admin's own
+  server's token (Spawner.server_token_scopes, JUPYTERHUB_API_TOKEN in the
+  server, where the user's code can read it). The hub's identity answer says
+  `admin: true` for both; they must be no gpulease admin (attacks);
 - olga: not a hub admin, in group `ops`: the `gpulease-admin` role
   (`custom:gpulease:admin`);
 - audrey: in group `auditors`: `custom:gpulease:audit`, read-only;
@@ -24,7 +29,12 @@ from tests.hubproc import HubProcess
 pytestmark = pytest.mark.e2e
 ADMIN_PW = "admin-secret-pw"
 PW = {name: f"{name}-pw-12345" for name in ("olga", "audrey", "alice", "bob")}
-ROLES = ("admin", "olga", "audrey", "alice", "anonymous")
+ROLES = ("admin", "admin-script", "admin-server", "olga", "audrey", "alice", "anonymous")
+NARROWED = {  # tokens of the hub admin, by the scopes it gave them
+    "admin-script": ["read:users", "access:services!service=gpulease"],
+    "admin-server": ["users:activity!user=admin", "access:servers!server=admin/",
+                     "access:services!service=gpulease"],
+}
 ADMINS = {"admin", "olga"}
 READERS = ADMINS | {"audrey"}
 
@@ -59,7 +69,15 @@ def tokens(hub) -> dict[str, str | None]:
     for role in ROLES:
         r = hub.service("PUT", f"api/profiles/del-{role}", admin, PROFILE)
         assert r.status_code == 201, r.text
-    return {"admin": admin, "anonymous": None,
+    narrowed = {}
+    for role, scopes in NARROWED.items():
+        r = hub.api("POST", "users/admin/tokens", admin, {"scopes": scopes, "note": role})
+        assert r.status_code == 201, r.text
+        narrowed[role] = r.json()["token"]
+        # the hub itself still calls its owner an admin: what the service once trusted
+        who = hub.api("GET", "user", narrowed[role]).json()
+        assert who["admin"] is True and "admin:users" not in who["scopes"], who
+    return {"admin": admin, "anonymous": None, **narrowed,
             **{name: hub.token_for(name, PW[name]) for name in ("olga", "audrey", "alice")}}
 
 
@@ -144,7 +162,7 @@ def test_nothing_was_done_by_those_who_may_not(hub, tokens):
     assert {e["actor"] for e in entries} <= {"admin", "olga", "profiles-file"}
     profiles = {p["slug"] for p in call(hub, tokens["admin"], "GET",
                                         "api/profiles").json()["profiles"]}
-    for role in ("audrey", "alice", "anonymous"):
+    for role in ("admin-script", "admin-server", "audrey", "alice", "anonymous"):
         assert f"del-{role}" in profiles and f"perm-{role}" not in profiles
         assert f"bulk-{role}" not in profiles
 
@@ -156,3 +174,26 @@ def test_an_auditor_reads_the_audit_log_but_a_researcher_sees_only_own_usage(hub
     assert call(hub, tokens["alice"], "GET", "api/balance").status_code == 200
     r = call(hub, tokens["alice"], "GET", "api/audit")
     assert "custom:gpulease:audit" in r.json()["message"]
+
+
+def test_only_a_hub_admins_full_token_gives_an_existing_hub_admin_a_password(hub, tokens):
+    """Giving an existing hub admin a gpulease account sets its password: a hub
+    admin's power. A hub admin's token narrowed to gpulease's admin scope is a
+    gpulease admin, not a hub admin: refused, as for olga (admin by group)."""
+    admin = tokens["admin"]
+    r = hub.api("POST", "users/boss", admin, {"admin": True})  # a hub admin, no account
+    assert r.status_code == 201, r.text
+    body = {"name": "boss", "password": "takeover-pw-12345"}
+    r = hub.api("POST", "groups/ops/users", admin, {"users": ["admin"]})
+    assert r.status_code == 200, r.text
+    try:
+        r = hub.api("POST", "users/admin/tokens", admin, {
+            "scopes": ["custom:gpulease:admin", "access:services!service=gpulease"]})
+        assert r.status_code == 201, r.text
+        gpulease_only = r.json()["token"]
+        for token in (gpulease_only, tokens["olga"]):
+            r = call(hub, token, "POST", "api/users", body)
+            assert r.status_code == 403 and "hub admin already" in r.json()["message"], r.text
+        assert call(hub, admin, "POST", "api/users", body).status_code == 201
+    finally:
+        hub.api("DELETE", "groups/ops/users", admin, {"users": ["admin"]})

@@ -13,13 +13,18 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulease.hub.accounts import AccountError, validate_password, validate_username
 from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE
+from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
 from gpulease.hub.profiles import (
     ProfileError,
     parse_profile,
     parse_profiles_document,
     servers_saving,
     usable_by,
+)
+from gpulease.hub.service.caller_rights import (
+    has_hub_admin_powers,
+    is_gpulease_admin,
+    is_gpulease_auditor,
 )
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import inventory_view, profile_view
@@ -58,20 +63,19 @@ class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
                                 "(Authorization: token ...) or log in to the hub")
         return model
 
-    def scopes(self) -> set[str]:
-        return set(self.caller().get("scopes") or [])
-
+    # The rule is the token's scopes, never the owner's admin flag alone
+    # (caller_rights): a hub admin's narrowed or server token is no admin here.
     def is_admin(self) -> bool:
-        model = self.caller()
-        return bool(model.get("admin")) or ADMIN_SCOPE in self.scopes()
+        return is_gpulease_admin(self.caller())
 
     def is_auditor(self) -> bool:
-        return self.is_admin() or AUDIT_SCOPE in self.scopes()
+        return is_gpulease_auditor(self.caller())
 
     def require_admin(self) -> None:
         if not self.is_admin():
-            raise APIError(403, "This needs a gpulease admin (a hub admin or the "
-                                f"{ADMIN_SCOPE} scope)")
+            raise APIError(403, f"This needs a gpulease admin: a token with the {ADMIN_SCOPE} "
+                                f"scope, or a hub admin's token with {HUB_ADMIN_SCOPE} (a "
+                                "narrowed token or a server's own token is not one)")
 
     def require_auditor(self) -> None:
         if not self.is_auditor():
@@ -319,8 +323,9 @@ class UsersHandler(BaseAPIHandler):
         """A hub user may exist without a local account (made on the hub's own
         admin page or API, or by admin_users). Giving an existing hub admin an
         account sets its password: only a hub admin may do that, as JupyterHub
-        lets only admins modify admins; a gpulease admin by group may not."""
-        if self.caller().get("admin"):
+        lets only admins modify admins; a gpulease admin by group may not, nor
+        a hub admin's narrowed token."""
+        if has_hub_admin_powers(self.caller()):
             return
         try:
             existing = await self.hub_api("GET", f"/users/{name}")
