@@ -26,6 +26,7 @@ from gpulease.hub.accounts import AccountError, ensure_first_admin
 from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.audit import RetentionError, parse_retention
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
+from gpulease.hub.body_budget import BudgetedHTTPServer
 from gpulease.hub.catalog import CatalogError
 from gpulease.hub.context import get_context
 from gpulease.hub.hub_config import (
@@ -291,8 +292,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
     async def start(self):
         # JupyterHub makes its HTTPServer in start() with no size option: set tornado's
         # default for it. A body declared larger is refused (400) before any of it is
-        # read, one sent chunked is cut past the bound.
-        HTTPServer.configure(None, max_body_size=HUB_MAX_BODY_BYTES)
+        # read, one sent chunked is cut past the bound; and what bodies over 16 KiB
+        # hold at once is bounded too, each must arrive within a minute
+        # (gpulease.hub.body_budget).
+        HTTPServer.configure(BudgetedHTTPServer, max_body_size=HUB_MAX_BODY_BYTES)
         await super().start()
         # What the heartbeat sees of the servers and how it stops them (credit, caps).
         self._servers = HubServerControl(self, self._ctx)

@@ -10,11 +10,17 @@ and holds many connections. Each test is one attack and what stops it:
   in from take turns, one check a second, and the rest are refused unchecked,
   while its owner, where they logged in before, still gets in;
 - a subscriber's IPv6 /64 (an Ingress in front saw the addresses) is one
-  address to the throttle, not 2^64 fresh ones.
+  address to the throttle, not 2^64 fresh ones;
+- connections each holding back the last byte of a body of almost 1 MiB, to the
+  login page and to the gpulease service: the per-request bound let each hold
+  1 MiB of the hub's (or the service's) memory, 315 MB for 300 connections,
+  with no end; now bodies over 16 KiB share 64 MiB per server, the others are
+  refused at once, and logins still get in meanwhile.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -104,3 +110,53 @@ def test_an_ipv6_subscriber_is_one_address(hub):
     other = {"X-Forwarded-For": "2001:db8:7:8::1"}
     assert token_try(hub, "walt", pw("walt"), INGRESS, other) == 201
     assert "from 2001:db8:7:7:abcd::1 refused: locked out" in hub.log()
+
+
+MIB = 1 << 20
+
+
+def _held_back(port: int, path: str, count: int, first: int) -> list[socket.socket]:
+    """`count` connections, each sending all of a body of almost 1 MiB but its last byte."""
+    length = MIB - 100
+    held = []
+    for i in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10,
+                                     source_address=(f"127.0.{first + i // 200}.{i % 200 + 1}", 0))
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n"
+                  "Content-Type: application/x-www-form-urlencoded\r\n\r\n".encode())
+        try:
+            s.sendall(b"x" * (length - 1))
+        except OSError:
+            pass  # refused mid-body
+        held.append(s)
+    return held
+
+
+def _refused(held: list[socket.socket]) -> int:
+    refused = 0
+    for s in held:
+        s.settimeout(0.2)
+        try:
+            answer = s.recv(100)
+        except TimeoutError:
+            continue  # still held: no answer
+        except OSError:
+            answer = b""
+        assert not answer or answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 503 ")), answer
+        refused += 1
+    return refused
+
+
+@pytest.mark.parametrize("path", ["/hub/login", "/services/gpulease/api/servers"])
+def test_held_back_bodies_share_a_budget(hub, path):
+    # 80 MiB held back, of which 64 MiB fit: at least 16 are refused at once.
+    # Before, none were: each held almost 1 MiB for as long as the client liked.
+    held = _held_back(hub.port, path, 80, first=40)
+    try:
+        time.sleep(2)
+        assert _refused(held) >= 14
+        # Meanwhile a login (a small body) gets in.
+        assert hub.login_form("walt", pw("walt"), source="127.0.45.1").login_status == 302
+    finally:
+        for s in held:
+            s.close()

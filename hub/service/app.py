@@ -15,6 +15,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.routing import Rule
 
+from gpulease.hub.body_budget import BudgetedHTTPServer
 from gpulease.hub.context import get_context
 from gpulease.hub.server_activity import ActivityStore
 from gpulease.hub.service import (
@@ -110,8 +111,11 @@ def main() -> None:
     app = make_app()
 
     async def serve() -> None:
-        # The backstop for bodies without a length (chunked): cut past the bound.
-        app.listen(port, address="127.0.0.1", max_body_size=body_limit.MAX_BODY_BYTES)
+        # The backstop for bodies without a length (chunked): cut past the bound. And
+        # bodies over 16 KiB held at once are bounded, each within a minute
+        # (gpulease.hub.body_budget).
+        server = BudgetedHTTPServer(app, max_body_size=body_limit.MAX_BODY_BYTES)
+        server.listen(port, address="127.0.0.1")
         log.info("gpulease service listening on 127.0.0.1:%d", port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
