@@ -15,7 +15,10 @@ and holds many connections. Each test is one attack and what stops it:
   login page and to the gpulease service: the per-request bound let each hold
   1 MiB of the hub's (or the service's) memory, 315 MB for 300 connections,
   with no end; now bodies over 16 KiB share 64 MiB per server, the others are
-  refused at once, and logins still get in meanwhile.
+  refused at once, and logins still get in meanwhile;
+- without a token, the gpulease service answers 403 before it reads a body or
+  a path argument (it parsed and checked some first, and answered 400 saying
+  what the body should have been).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
 from tests.hubproc import HubProcess, session_from
 
@@ -160,3 +164,17 @@ def test_held_back_bodies_share_a_budget(hub, path):
     finally:
         for s in held:
             s.close()
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", "api/servers", "not json"),
+    ("POST", "api/servers", '{"a": "\\u0000"}'),
+    ("POST", "api/servers", "[" * 100_000),
+    ("PUT", "api/me/default-profile", "{}"),
+    ("GET", "api/limits/zz", None),
+])
+def test_a_stranger_is_refused_before_the_body_is_read(hub, method, path, body):
+    r = requests.request(method, f"{hub.url}/services/gpulease/{path}", data=body,
+                         headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 403, r.text
+    assert r.json()["message"].startswith("Authentication required")

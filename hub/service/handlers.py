@@ -84,6 +84,9 @@ class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
     # --- bodies and errors ------------------------------------------------------
 
     def json_body(self) -> Any:
+        # Only a caller's body is read: a stranger gets 403, not the parser's
+        # work (up to 1 MiB) and its answers about what the body should be.
+        self.caller()
         if not self.request.body:
             raise APIError(400, "A JSON body is required")
         try:

@@ -45,8 +45,8 @@ class LimitHandler(BaseAPIHandler):
             raise _api_error(e) from None
 
     async def get(self, subject: str):
+        model = self.caller()  # a stranger is told nothing, the rule of subjects neither
         subject = self._subject(subject)
-        model = self.caller()
         mine = {f"user:{model['name']}"} | {f"group:{g}" for g in model.get("groups") or []}
         if subject not in mine and not self.is_auditor():
             raise APIError(403, "Only gpulease admins and auditors may see others' limits")
