@@ -50,6 +50,11 @@ def store_for(db_url: str) -> LocalAccountStore:
 
 
 UNKNOWN_ADDRESS = "unknown"
+# A try that could lock its name or address while tries ahead of it are being
+# checked asks again this often, this many times, before it is refused: a few
+# checks per try, so that thousands waiting cost the event loop little.
+IN_FLIGHT_POLL_S = 0.2
+IN_FLIGHT_POLLS = 5
 
 
 def usable_cpus() -> int:
@@ -275,6 +280,18 @@ class LocalAccountsAuthenticator(Authenticator):
             password = ""  # still verified, so that the work done stays the same
 
         verdict = self.throttle.check(name, address, self.clock())
+        for _ in range(IN_FLIGHT_POLLS):
+            if not verdict.wait:
+                break
+            await self.sleep(IN_FLIGHT_POLL_S)
+            verdict = self.throttle.check(name, address, self.clock())
+        if verdict.wait:
+            self.log.warning(
+                "Login for user %r from %s refused unchecked: tries for it, or from there, "
+                "that are still being checked could lock it out", shown, address,
+            )  # fmt: skip
+            await self.sleep(self.throttle.delay_s)
+            return None
         if verdict.busy:
             self.log.warning(
                 "Login for user %r from %s refused unchecked: the name is being guessed "
@@ -286,16 +303,19 @@ class LocalAccountsAuthenticator(Authenticator):
                 "Login for user %r from %s refused: locked out for %.0f more seconds",
                 shown, address, verdict.refuse_s,
             )  # fmt: skip
-        if verdict.delay_s:
+        if verdict.refused:
+            await self.sleep(verdict.delay_s)  # held, so that refusals cannot be had fast
+            return None
+        try:
             # Other addresses are failing this name: slow the guessing (one
             # check at a time from addresses it has not logged in from), never
-            # refuse the owner where they log in. A refusal is held a second,
-            # so that refusals cannot be asked for as fast as the hub answers.
-            await self.sleep(verdict.delay_s)
-        if verdict.refused:
-            return None
-
-        ok = await self._verify(name, password)
+            # refuse the owner where they log in.
+            if verdict.delay_s:
+                await self.sleep(verdict.delay_s)
+            ok = await self._verify(name, password)
+        except BaseException:
+            self.throttle.abandon(name, address)  # admitted, in flight: it ends here
+            raise
         now = self.clock()
         if ok:
             self.throttle.success(name, address, now)

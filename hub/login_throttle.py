@@ -18,6 +18,13 @@ Failures are counted under three keys, each with its own window and lockout:
 IPv6 addresses count by their /64, the block one subscriber gets: each of its
 2^64 addresses would otherwise be a fresh address.
 
+A try admitted by `check` is in flight until `failure`, `success` or `abandon`
+says how it ended, and counts as a failure to be meanwhile: a password check
+takes a while, and 100 tries sent at once from one address all passed the
+check before the first failure was recorded (91 were checked, with 5
+allowed). A try that could be the one locking its name or address waits
+(`Verdict.wait`: ask again shortly) until the tries ahead of it have ended.
+
 Refusals are held `delay_s` too before they are answered.
 
 `max_failures` failures of a key inside `window_s` lock that key for
@@ -55,6 +62,7 @@ class Verdict:
     refuse_s: float = 0.0
     delay_s: float = 0.0
     busy: bool = False  # refused for want of a turn (the name is guessed from elsewhere)
+    wait: bool = False  # tries ahead of it could lock it: ask again once they have ended
 
     @property
     def refused(self) -> bool:
@@ -77,6 +85,7 @@ class _KeyState:
     lockouts: int = 0  # lockouts so far, for the doubling
     last: float = float("-inf")  # time of the last failure
     next_turn: float = float("-inf")  # USER keys: when the next check from elsewhere may run
+    in_flight: int = 0  # tries admitted and not yet ended
 
 
 def counted_address(address: str) -> str:
@@ -140,11 +149,42 @@ class LoginThrottle:
             # client sending the next try at once could otherwise make the
             # hub answer refusals as fast as it can.
             return Verdict(refuse_s=refuse, delay_s=self.delay_s)
-        if user and self._locked_for((USER, user), now) > 0:
+        keys = self._keys(user, address)
+        if any(self._at_limit(key, now) for key in keys if key[0] != USER):
+            return Verdict(wait=True)
+        verdict = Verdict()
+        user_key = (USER, user)
+        if user and (self._locked_for(user_key, now) > 0 or self._at_limit(user_key, now)):
             if now - self._known.get((user, address), float("-inf")) < KNOWN_S:
-                return Verdict(delay_s=self.delay_s)
-            return self._take_turn(self._states[(USER, user)], now)
-        return Verdict()
+                verdict = Verdict(delay_s=self.delay_s)
+            else:
+                verdict = self._take_turn(self._states[user_key], now)
+                if verdict.refused:
+                    return verdict
+        self._maybe_prune(now, room=len(keys))
+        for key in keys:
+            self._states.setdefault(key, _KeyState()).in_flight += 1
+        return verdict
+
+    def _at_limit(self, key: Key, now: float) -> bool:
+        # Failures so far and tries in flight: one more could reach max_failures.
+        state = self._states.get(key)
+        if state is None or not state.in_flight:
+            return False
+        recent = sum(1 for t in state.failures if now - t < self.window_s)
+        return recent + state.in_flight >= self.max_failures
+
+    def _end(self, user: str, address: str) -> list[Key]:
+        keys = self._keys(user, address)
+        for key in keys:
+            state = self._states.get(key)
+            if state is not None and state.in_flight:
+                state.in_flight -= 1
+        return keys
+
+    def abandon(self, user: str, address: str) -> None:
+        """A try `check` admitted ended without a verdict on its password."""
+        self._end(user, counted_address(address))
 
     def _take_turn(self, state: _KeyState, now: float) -> Verdict:
         # Serialised per name, not per try: concurrent tries from many
@@ -158,7 +198,7 @@ class LoginThrottle:
 
     def failure(self, user: str, address: str, now: float) -> Recorded:
         """Record a failed attempt; return what it started."""
-        keys = self._keys(user, counted_address(address))
+        keys = self._end(user, counted_address(address))
         self._maybe_prune(now, room=len(keys))
         lockout = slowdown = 0.0
         for key in keys:
@@ -185,8 +225,9 @@ class LoginThrottle:
         """A successful login clears the name's key for that address and makes the address
         known for the name; the address may be shared, and the name guessed elsewhere,
         so their keys stay."""
+        address = counted_address(address)
+        self._end(user, address)
         if user:
-            address = counted_address(address)
             self._states.pop((PAIR, user, address), None)
             self._known.pop((user, address), None)  # re-inserted last: oldest first
             self._known[(user, address)] = now
@@ -194,6 +235,8 @@ class LoginThrottle:
                 del self._known[next(iter(self._known))]
 
     def _stale(self, state: _KeyState, now: float) -> bool:
+        if state.in_flight:
+            return False
         quiet_since = max(state.last, state.locked_until, state.next_turn)
         return now - quiet_since >= max(self.window_s, self.max_lockout_s)
 
@@ -218,7 +261,12 @@ class LoginThrottle:
         # Locked keys go last, so that flooding the table with new names or
         # addresses cannot be used to lift a lockout.
         states = self._states
-        order = sorted(states, key=lambda k: (now < states[k].locked_until, states[k].last))
+
+        def kept_longest(key: Key) -> tuple[bool, float]:
+            state = states[key]
+            return now < state.locked_until or state.in_flight > 0, state.last
+
+        order = sorted(states, key=kept_longest)
         for key in order[:excess]:
             del self._states[key]
 

@@ -9,6 +9,10 @@ and holds many connections. Each test is one attack and what stops it:
   minute from 50 addresses); now tries from addresses the name has not logged
   in from take turns, one check a second, and the rest are refused unchecked,
   while its owner, where they logged in before, still gets in;
+- 60 tries sent at once from one address: all passed the throttle before the
+  first failure was recorded (91 of 100 were checked, max_failures 5); now a
+  try in flight counts as a failure to be, and at most max_failures are
+  checked;
 - a subscriber's IPv6 /64 (an Ingress in front saw the addresses) is one
   address to the throttle, not 2^64 fresh ones;
 - connections each holding back the last byte of a body of almost 1 MiB, to the
@@ -41,7 +45,7 @@ CONFIG = f"""
 c.LocalAccountsAuthenticator.max_failures = 3
 c.LocalAccountsAuthenticator.trusted_proxies = ["{INGRESS}"]
 """
-NAMES = ["vera", "walt"]
+NAMES = ["vera", "walt", "xena"]
 
 
 def pw(name: str) -> str:
@@ -101,6 +105,16 @@ def test_many_addresses_at_once_guess_a_name_no_faster_than_one(hub):
     assert checked <= 12, checked
     assert hub.log().count("'vera' from 127.0.32.") - checked >= 25  # the refusals, logged
     assert "refused unchecked: the name is being guessed" in hub.log()
+
+
+def test_tries_at_once_from_one_address_cannot_outrun_the_count(hub):
+    before = checks(hub, "xena")
+    with ThreadPoolExecutor(60) as pool:
+        statuses = list(pool.map(lambda i: token_try(hub, "xena", f"{WRONG}-{i}", "127.0.33.1"),
+                                 range(60)))
+    assert statuses == [403] * 60
+    assert checks(hub, "xena") - before <= 3  # max_failures; before, nearly all 60
+    assert token_try(hub, "xena", pw("xena"), "127.0.33.1") == 403  # and locked out
 
 
 def test_an_ipv6_subscriber_is_one_address(hub):
