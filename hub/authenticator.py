@@ -55,6 +55,35 @@ UNKNOWN_ADDRESS = "unknown"
 # checks per try, so that thousands waiting cost the event loop little.
 IN_FLIGHT_POLL_S = 0.2
 IN_FLIGHT_POLLS = 5
+# A browser that logged in as a name gets a cookie signed with the hub's
+# cookie secret saying so: its later tries for that name are the owner's
+# wherever they come from, after a hub restart too (the throttle's known
+# addresses are in memory), and wait no turn while others guess the name.
+KNOWN_COOKIE_DAYS = 30
+
+
+def _known_cookie(name: str) -> str:
+    return f"gpulease-known-{name}"  # valid names are [a-z0-9-]: a cookie name as they are
+
+
+def has_known_cookie(handler: Any, name: str) -> bool:
+    get = getattr(handler, "get_signed_cookie", None)
+    if get is None or not is_valid_name(name):
+        return False
+    try:
+        return get(_known_cookie(name), max_age_days=KNOWN_COOKIE_DAYS) == name.encode()
+    except Exception:  # no cookie secret (not a hub handler), a malformed cookie
+        return False
+
+
+def set_known_cookie(handler: Any, name: str) -> None:
+    set_cookie = getattr(handler, "set_signed_cookie", None)
+    if set_cookie is None:
+        return
+    path = getattr(getattr(handler, "hub", None), "base_url", None) or "/"
+    secure = getattr(getattr(handler, "request", None), "protocol", "") == "https"
+    set_cookie(_known_cookie(name), name, expires_days=KNOWN_COOKIE_DAYS, path=path,
+               httponly=True, secure=secure, samesite="Strict")
 
 
 def usable_cpus() -> int:
@@ -279,12 +308,13 @@ class LocalAccountsAuthenticator(Authenticator):
         if not isinstance(password, str):
             password = ""  # still verified, so that the work done stays the same
 
-        verdict = self.throttle.check(name, address, self.clock())
+        known = has_known_cookie(handler, name)
+        verdict = self.throttle.check(name, address, self.clock(), known)
         for _ in range(IN_FLIGHT_POLLS):
             if not verdict.wait:
                 break
             await self.sleep(IN_FLIGHT_POLL_S)
-            verdict = self.throttle.check(name, address, self.clock())
+            verdict = self.throttle.check(name, address, self.clock(), known)
         if verdict.wait:
             self.log.warning(
                 "Login for user %r from %s refused unchecked: tries for it, or from there, "
@@ -319,6 +349,7 @@ class LocalAccountsAuthenticator(Authenticator):
         now = self.clock()
         if ok:
             self.throttle.success(name, address, now)
+            set_known_cookie(handler, name)
             return name
 
         self.log.warning("Failed login for user %r from %s: wrong name or password", shown, address)

@@ -137,9 +137,10 @@ class LoginThrottle:
         state = self._states.get(key)
         return 0.0 if state is None else max(0.0, state.locked_until - now)
 
-    def check(self, user: str, address: str, now: float) -> Verdict:
+    def check(self, user: str, address: str, now: float, known: bool = False) -> Verdict:
         """Whether `user` may try from `address` now, and after what delay (which may
-        take the name's next turn: call it once per try)."""
+        take the name's next turn: call it once per try). `known`: the client showed
+        that it logged in as `user` before (a signed cookie), wherever it is now."""
         address = counted_address(address)
         refuse = self._locked_for((ADDRESS, address), now)
         if user:
@@ -155,7 +156,7 @@ class LoginThrottle:
         verdict = Verdict()
         user_key = (USER, user)
         if user and (self._locked_for(user_key, now) > 0 or self._at_limit(user_key, now)):
-            if now - self._known.get((user, address), float("-inf")) < KNOWN_S:
+            if known or now - self._known.get((user, address), float("-inf")) < KNOWN_S:
                 verdict = Verdict(delay_s=self.delay_s)
             else:
                 verdict = self._take_turn(self._states[user_key], now)

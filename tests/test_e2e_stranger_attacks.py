@@ -13,6 +13,10 @@ and holds many connections. Each test is one attack and what stops it:
   first failure was recorded (91 of 100 were checked, max_failures 5); now a
   try in flight counts as a failure to be, and at most max_failures are
   checked;
+- while addresses keep a name's turns full, its owner's browser, which logged
+  in as it before (a cookie signed by the hub), gets in from a new address,
+  and after a restart of the hub too (the throttle's known addresses are in
+  memory), where a browser without that cookie is refused;
 - a subscriber's IPv6 /64 (an Ingress in front saw the addresses) is one
   address to the throttle, not 2^64 fresh ones;
 - connections each holding back the last byte of a body of almost 1 MiB, to the
@@ -27,7 +31,9 @@ and holds many connections. Each test is one attack and what stops it:
 
 from __future__ import annotations
 
+import re
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,7 +51,7 @@ CONFIG = f"""
 c.LocalAccountsAuthenticator.max_failures = 3
 c.LocalAccountsAuthenticator.trusted_proxies = ["{INGRESS}"]
 """
-NAMES = ["vera", "walt", "xena"]
+NAMES = ["vera", "walt", "xena", "yuri"]
 
 
 def pw(name: str) -> str:
@@ -192,3 +198,62 @@ def test_a_stranger_is_refused_before_the_body_is_read(hub, method, path, body):
                          headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 403, r.text
     assert r.json()["message"].startswith("Authentication required")
+
+
+def _login_with(hub: HubProcess, session, name: str, password: str) -> int:
+    page = session.get(f"{hub.url}/hub/login", timeout=30)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
+    r = session.post(f"{hub.url}/hub/login", allow_redirects=False, timeout=60,
+                     data={"username": name, "password": password, "_xsrf": xsrf})
+    return r.status_code
+
+
+def _moved(cookies, source: str):
+    """The same browser, logged out since (its gpulease cookie only), now at `source`."""
+    session = session_from(source)
+    for cookie in cookies:
+        if cookie.name.startswith("gpulease-known-"):
+            session.cookies.set_cookie(cookie)
+    assert len(session.cookies) == 1
+    return session
+
+
+class _Flood:
+    """Wrong passwords for `name` from ever new addresses, 40 at a time, until stopped."""
+
+    def __init__(self, hub: HubProcess, name: str, first: int) -> None:
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(hub, name, first + k), daemon=True)
+                        for k in range(40)]
+
+    def _run(self, hub: HubProcess, name: str, octet: int) -> None:
+        for i in range(250):
+            if self.stop.is_set():
+                return
+            token_try(hub, name, WRONG, f"127.{octet}.0.{i + 1}")
+
+    def __enter__(self) -> _Flood:
+        for t in self.threads:
+            t.start()
+        time.sleep(4)  # the name is locked, its turns taken
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def test_the_owners_browser_gets_in_from_anywhere_while_the_name_is_guessed(hub):
+    # Last in the module: it restarts the hub.
+    browser = session_from("127.0.35.1")
+    assert _login_with(hub, browser, "yuri", pw("yuri")) == 302
+    with _Flood(hub, "yuri", first=100):
+        assert _login_with(hub, _moved(browser.cookies, "127.0.35.2"), "yuri", pw("yuri")) == 302
+        stranger = session_from("127.0.35.3")  # the right password, but no such cookie
+        assert _login_with(hub, stranger, "yuri", pw("yuri")) == 403
+    assert "'yuri' from 127.0.35.3 refused unchecked" in hub.log()
+    hub.interrupt()
+    hub.start()
+    with _Flood(hub, "yuri", first=150):
+        assert _login_with(hub, _moved(browser.cookies, "127.0.35.4"), "yuri", pw("yuri")) == 302

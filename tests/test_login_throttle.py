@@ -299,3 +299,12 @@ def test_a_try_in_flight_ends_with_its_verdict_or_abandoned():
     throttle.failure("alice", IP, 1000)
     throttle.prune(2000)
     assert len(throttle) == 0
+
+
+def test_a_client_known_to_have_logged_in_as_the_name_waits_no_turn_from_anywhere():
+    throttle = LoginThrottle(max_failures=3)
+    fail_times(throttle, 3, now=0)
+    for i in range(20):
+        throttle.check("alice", f"203.0.113.{i}", 1)  # the turns are taken
+    assert throttle.check("alice", "192.0.2.50", 1).busy
+    assert throttle.check("alice", "192.0.2.50", 1, known=True) == Verdict(delay_s=MAX_DELAY_S)
