@@ -139,6 +139,9 @@ def test_every_page_renders_for_an_admin_with_the_nav(hub, admin):
         assert page.status_code == 200, (path, page.text[:500])
         assert page.headers["Content-Type"].startswith("text/html")
         assert "script-src" not in page.headers["Content-Security-Policy"]
+        # No page of the hub's origin (a researcher's server is one) may frame it.
+        assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+        assert page.headers["X-Frame-Options"] == "DENY"
         for link in PAGES:
             assert f'href="/services/gpulease/{link}"' in page.text
     for path in ("admin/profiles/new", "admin/profiles/edit/cpu-small",

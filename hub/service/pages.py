@@ -25,9 +25,13 @@ class PageHandler(BillingHandler):
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "text/html; charset=utf-8")
+        # frame-ancestors 'none', not 'self': researchers' servers share the
+        # hub's origin (/user/NAME/), so a page one of them serves could frame
+        # an admin's forms and trick clicks on them.
         self.set_header("Content-Security-Policy",
                         "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-                        "form-action 'self'; frame-ancestors 'self'")
+                        "form-action 'self'; frame-ancestors 'none'")
+        self.set_header("X-Frame-Options", "DENY")
 
     def get_template_namespace(self) -> dict:
         ns = super().get_template_namespace()
