@@ -26,6 +26,7 @@ after 5 minutes).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tornado import httputil
@@ -61,7 +62,9 @@ def declared_length(headers: httputil.HTTPHeaders) -> int | None:
     if text is None:
         return None
     pieces = {piece.strip() for piece in text.split(",")}
-    if len(pieces) != 1 or not next(iter(pieces)).isdigit():
+    # ASCII digits only: str.isdigit() takes '²', which int() then refuses, and
+    # this runs before tornado's own (strict) parse of the header.
+    if len(pieces) != 1 or not re.fullmatch(r"[0-9]+", next(iter(pieces))):
         return None
     return int(pieces.pop())
 

@@ -229,3 +229,5 @@ def test_a_declared_body_over_one_mib_is_matched_before_it_is_read():
     assert over.match(_request()) is None  # chunked or no body: the server's backstop
     assert over.match(_request(**{"Content-Length": "12, 12"})) is None
     assert declared_length(HTTPHeaders({"Content-Length": "x"})) is None  # tornado's 400
+    # Unicode digits are digits to str.isdigit, not to int: no ValueError here.
+    assert declared_length(HTTPHeaders({"Content-Length": "\u00b2"})) is None

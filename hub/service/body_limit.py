@@ -24,6 +24,7 @@ from __future__ import annotations
 from tornado import httputil, web
 from tornado.routing import Matcher
 
+from gpulease.hub.body_budget import declared_length
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.handlers import BaseAPIHandler
 
@@ -36,18 +37,6 @@ def too_large(size: int, close: bool = False) -> APIError:
                          f"bytes (1 MiB); this one has {size} bytes. Nothing of it was kept "
                          "and nothing was changed.",
                     headers={"Connection": "close"} if close else None)
-
-
-def declared_length(headers: httputil.HTTPHeaders) -> int | None:
-    """The body length a request declares; None when it declares none or a malformed one
-    (tornado refuses those itself, with 400)."""
-    text = headers.get("Content-Length")
-    if text is None:
-        return None
-    pieces = {piece.strip() for piece in text.split(",")}
-    if len(pieces) != 1 or not next(iter(pieces)).isdigit():
-        return None
-    return int(pieces.pop())
 
 
 class DeclaresTooMuch(Matcher):
