@@ -28,7 +28,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from jupyterhub.auth import Authenticator
-from traitlets import Float, Integer, List, TraitError, Unicode, default, observe, validate
+from traitlets import (
+    Bool,
+    Float,
+    Integer,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    observe,
+    validate,
+)
 
 from gpulease.hub.accounts import HASH_PARALLELISM, MAX_NAME_LENGTH, LocalAccountStore
 from gpulease.hub.client_address import Network, login_address, parse_trusted
@@ -131,6 +141,19 @@ class LocalAccountsAuthenticator(Authenticator):
         before: they delay each try for that name from there by a second, and
         make tries from other addresses take turns (one check a second,
         doubling with each lockout of the name).""",
+    ).tag(config=True)
+
+    strangers_take_turns = Bool(
+        True,
+        help="""While a name is being guessed from elsewhere, tries for it from
+        addresses and browsers it has never logged in from take turns: one
+        password check a second for the name, doubling with each lockout of
+        it, and a try whose turn is over 10 s away is refused unchecked. So
+        many addresses guess a name no faster than one; its owner, from an
+        address or browser they logged in from before, is only delayed by a
+        second. False: every try from an address that has not failed itself is
+        only delayed by a second and never refused, so an owner on a new
+        machine is never refused either, and N addresses guess N at a time.""",
     ).tag(config=True)
 
     failure_window = Float(
@@ -308,7 +331,7 @@ class LocalAccountsAuthenticator(Authenticator):
         if not isinstance(password, str):
             password = ""  # still verified, so that the work done stays the same
 
-        known = has_known_cookie(handler, name)
+        known = not self.strangers_take_turns or has_known_cookie(handler, name)
         verdict = self.throttle.check(name, address, self.clock(), known)
         for _ in range(IN_FLIGHT_POLLS):
             if not verdict.wait:

@@ -321,3 +321,21 @@ def test_throttle_follows_config():
     )
     t = auth.throttle
     assert (t.max_failures, t.window_s, t.lockout_s, t.max_lockout_s) == (7, 30, 5, 50)
+
+
+@pytest.mark.parametrize("take_turns", [True, False])
+async def test_strangers_take_turns_or_are_only_delayed(auth, clock, take_turns):
+    # alice is guessed from IP (locked out there), and 15 other new addresses
+    # have taken the name's next turns: a try from yet another new address is
+    # refused unchecked while turns are on, and only delayed a second when off.
+    auth.strangers_take_turns = take_turns
+    for _ in range(3):
+        assert await login(auth, "alice", WRONG) is None
+    for i in range(15):
+        auth.throttle.check("alice", f"192.0.2.{i + 100}", clock.now)
+    clock.slept.clear()
+    result = await login(auth, "alice", PASSWORD, ip="198.18.0.1")
+    if take_turns:
+        assert result is None
+    else:
+        assert result == "alice" and clock.slept == [MAX_DELAY_S]
