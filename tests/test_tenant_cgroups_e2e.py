@@ -137,6 +137,19 @@ def _of_uid(uid: int) -> list[int]:
     return pids
 
 
+def _described(pids: list[int]) -> list[str]:
+    """Status, command line and cgroups of each pid, for a failure's message."""
+    out = []
+    for pid in pids[:5]:
+        try:
+            proc = psutil.Process(pid)
+            cgroups = open(f"/proc/{pid}/cgroup").read().split()
+            out.append(f"{pid} {proc.status()} {proc.cmdline()} {cgroups}")
+        except (psutil.Error, OSError) as e:
+            out.append(f"{pid} gone ({e})")
+    return out
+
+
 def _beats_over(path, seconds: float) -> int:
     """How much the chains' heartbeat file grows in `seconds` (0: none of them runs)."""
     def size() -> int:
@@ -208,8 +221,15 @@ def test_stopping_a_server_ends_a_respawn_loop_before_its_gpu_goes(hub, admin, m
         assert running >= 2000 and growing >= 20
         _stop(hub, "eve", eve)
         assert _beats_over(beats, 1.5) == 0, "a respawning chain outlived eve's stopped server"
-        left = _of_uid(uid)
-        assert not left, f"{len(left)} processes of eve outlived her stopped server"
+        # SIGKILLed processes are torn down by the kernel after the signal, and a
+        # loaded machine tears 2,000 down slowly: one still exiting is given 5 s.
+        # One that escaped the stop lives on and still fails, described.
+        left, deadline = _of_uid(uid), time.monotonic() + 5
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = _of_uid(uid)
+        assert not left, (f"{len(left)} processes of eve outlived her stopped server: "
+                          f"{_described(left)}")
         device = _device(hub, admin)
         assert device["state"] == "free" and device["holder"] is None, device
     finally:
