@@ -47,32 +47,34 @@ def parse_memory_cap(value: object) -> int | None:
     return cap or None
 
 
-class CoresCap(Unicode):
-    """A cores cap as text ("16", "0.5"; "0": none), checked when set."""
+class _CapText(Unicode):
+    """A cap as text, checked by `parse` when set (its error names the option)."""
+
+    @staticmethod
+    def parse(value: object) -> object:
+        raise NotImplementedError
+
+    def validate(self, obj, value):
+        value = super().validate(obj, value)
+        try:
+            self.parse(value)
+        except ValueError as e:
+            raise TraitError(f"{self.name}: {e}") from None
+        return value
+
+
+class CoresCap(_CapText):
+    """A cores cap as text ("16", "0.5"; "0": none)."""
 
     info_text = "cores like 16 or 0.5, or 0 for no limit"
-
-    def validate(self, obj, value):
-        value = super().validate(obj, value)
-        try:
-            parse_cores_cap(value)
-        except ValueError as e:
-            raise TraitError(f"{self.name}: {e}") from None
-        return value
+    parse = staticmethod(parse_cores_cap)
 
 
-class MemoryCap(Unicode):
-    """A memory cap as a quantity ("64Gi"; "0": none), checked when set."""
+class MemoryCap(_CapText):
+    """A memory cap as a quantity ("64Gi"; "0": none)."""
 
     info_text = "a quantity like 64Gi, or 0 for no limit"
-
-    def validate(self, obj, value):
-        value = super().validate(obj, value)
-        try:
-            parse_memory_cap(value)
-        except ValueError as e:
-            raise TraitError(f"{self.name}: {e}") from None
-        return value
+    parse = staticmethod(parse_memory_cap)
 
 
 @dataclass(frozen=True)
