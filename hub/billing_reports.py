@@ -6,10 +6,13 @@ to its end, an open one to its last confirmed heartbeat (what it owes so far).
 
 `report` and `spend_per_day` aggregate in SQL, because a month may hold a
 million sessions. Their per-session arithmetic is the same integer rule as
-`units.rate_cost` and `ledger.billed_seconds`: billed seconds are the interval
-rounded up to the second, cost is ceil(seconds × rate / 3600) µcr written as
-(seconds × rate + 3599) / 3600 in integer division, so SQL and Python agree to
-the micro-credit (the tests check that they do).
+`units.ms_cost` and `sessions.Session.billed_ms`: a closed session's
+`billed_ms` as stored at its close, an open one's interval in whole
+milliseconds (rounded down); cost is ceil(ms × rate / 3,600,000) µcr, written
+in integer division as whole hours × rate plus the rest rounded up (so that
+ms × rate never has to fit in 64 bits at once); billed seconds are each
+session's milliseconds rounded up to the second. SQL and Python agree to the
+micro-credit and the millisecond (the tests check that they do).
 """
 
 from __future__ import annotations
@@ -32,27 +35,31 @@ __all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "iso_z", "report", "spend
 
 GROUP_BY = {"user": "user_name", "account": "account", "profile": "profile_slug"}
 USAGE_COLUMNS = ["user", "server", "profile", "account", "started", "ended",
-                 "billed_seconds", "cost", "end_reason"]
+                 "billed_seconds", "billed_ms", "cost", "end_reason"]
 # Integer columns that hold µcr and are written as decimal credits in CSV.
 AMOUNT_COLUMNS = frozenset({"cost", "amount", "amount_ucr", "balance", "spent", "monthly"})
 
 Period = dt.datetime | dt.date | None
 
-# Billed seconds of one session row, per dialect. PostgreSQL: date_part
-# returns double precision seconds; ceil of it is exact for any interval under
-# ~70 years (a microsecond is wider than a double's step there) and avoids
-# the slow numeric of EXTRACT. SQLite: stored text 'YYYY-MM-DD HH:MM:SS.ffffff'
-# (SQLAlchemy's format) -> integer microseconds, never through julianday's float.
+# Billed milliseconds of one session row, per dialect: the stored billed_ms of
+# a closed session; otherwise (an open one) its interval to the last
+# confirmation in whole milliseconds, rounded down. COALESCE evaluates the
+# second only where billed_ms is NULL, so the exact but slower numeric of
+# PostgreSQL's EXTRACT runs for open sessions only. SQLite: stored text
+# 'YYYY-MM-DD HH:MM:SS.ffffff' (SQLAlchemy's format) -> integer microseconds,
+# never through julianday's float.
 _END = "COALESCE(ended_at, last_confirmed_at)"
-_BILLED_SQL = {
-    "postgresql": f"GREATEST(0, CAST(CEIL(date_part('epoch', {_END} - started_at)) AS BIGINT))",
+_BILLED_MS_SQL = {
+    "postgresql": ("COALESCE(billed_ms, GREATEST(0, CAST(FLOOR(EXTRACT(EPOCH FROM "
+                   f"({_END} - started_at)) * 1000) AS BIGINT)))"),
     "sqlite": (
-        f"MAX(0, ((CAST(strftime('%s', {_END}) AS INTEGER) * 1000000"
+        f"COALESCE(billed_ms, MAX(0, ((CAST(strftime('%s', {_END}) AS INTEGER) * 1000000"
         f" + CAST(substr({_END}, 21, 6) AS INTEGER))"
         " - (CAST(strftime('%s', started_at) AS INTEGER) * 1000000"
-        " + CAST(substr(started_at, 21, 6) AS INTEGER)) + 999999) / 1000000)"
+        " + CAST(substr(started_at, 21, 6) AS INTEGER))) / 1000))"
     ),
 }
+MS_PER_HOUR = 3_600_000
 _DAY_SQL = {"postgresql": "CAST(started_at AS DATE)", "sqlite": "date(started_at)"}
 
 
@@ -97,21 +104,29 @@ def usage(engine: Engine, *, user: str | None = None, account: str | None = None
         listed.append({
             "user": s.user, "server": s.server, "profile": s.profile, "account": s.account,
             "started": s.started, "ended": s.ended, "billed_seconds": s.billed_seconds(),
-            "cost": s.cost(), "end_reason": s.end_reason,
+            "billed_ms": s.billed_ms(), "cost": s.cost(), "end_reason": s.end_reason,
         })
     totals = {"billed_seconds": sum(r["billed_seconds"] for r in listed),
+              "billed_ms": sum(r["billed_ms"] for r in listed),
               "cost": sum(r["cost"] for r in listed)}
     return UsageReport(listed, totals)
 
 
 def _measured(engine: Engine, *columns: Any) -> Any:
-    """A subquery of sessions with `billed` (seconds) beside the given columns."""
-    billed = literal_column(_BILLED_SQL[engine.dialect.name], BigInteger).label("billed")
+    """A subquery of sessions with `billed` (milliseconds) beside the given columns."""
+    billed = literal_column(_BILLED_MS_SQL[engine.dialect.name], BigInteger).label("billed")
     return select(*columns, sessions.c.rate_per_hour_ucr, billed)
 
 
 def _cost(sub: Any) -> Any:
-    return (sub.c.billed * sub.c.rate_per_hour_ucr + 3599) // 3600
+    # ceil(ms × rate / 3,600,000) as whole hours × rate + ceil(rest × rate / 3,600,000).
+    rate = sub.c.rate_per_hour_ucr
+    return ((sub.c.billed // MS_PER_HOUR) * rate
+            + ((sub.c.billed % MS_PER_HOUR) * rate + MS_PER_HOUR - 1) // MS_PER_HOUR)
+
+
+def _seconds(sub: Any) -> Any:
+    return (sub.c.billed + 999) // 1000
 
 
 def report(engine: Engine, *, since: Period, until: Period,
@@ -123,12 +138,14 @@ def report(engine: Engine, *, since: Period, until: Period,
     sub = _filtered(_measured(engine, key), user=None, account=None,
                     since=since, until=until).subquery()
     query = (select(sub.c.key, func.count().label("sessions"),
-                    func.coalesce(func.sum(sub.c.billed), 0).label("billed_seconds"),
+                    func.coalesce(func.sum(_seconds(sub)), 0).label("billed_seconds"),
+                    func.coalesce(func.sum(sub.c.billed), 0).label("billed_ms"),
                     func.coalesce(func.sum(_cost(sub)), 0).label("cost"))
              .group_by(sub.c.key).order_by(sub.c.key))
     with reading(engine) as conn:
         return [{"key": r.key, "sessions": int(r.sessions),
-                 "billed_seconds": int(r.billed_seconds), "cost": int(r.cost)}
+                 "billed_seconds": int(r.billed_seconds), "billed_ms": int(r.billed_ms),
+                 "cost": int(r.cost)}
                 for r in conn.execute(query)]
 
 
@@ -159,10 +176,14 @@ def spend_per_day(engine: Engine, *, user: str | None, account: str | None,
 
 
 def iso_z(moment: dt.datetime) -> str:
-    """ISO 8601 UTC with Z, as the API writes times (microseconds only when present)."""
+    """ISO 8601 UTC with Z, as the API writes times: "...:05Z" on a whole second,
+    "...:05.120Z" on a millisecond (metered times are), microseconds only where a
+    time has them (sessions from before metering went to the millisecond)."""
     if moment.tzinfo is not None:
         moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
-    return moment.isoformat() + "Z"
+    micros = moment.microsecond
+    spec = "seconds" if not micros else "milliseconds" if not micros % 1000 else "microseconds"
+    return moment.isoformat(timespec=spec) + "Z"
 
 
 def _cell(column: str, value: Any) -> str:

@@ -8,6 +8,7 @@ import sys
 import requests
 
 from gpulease.hub.client import ClientError, HubClient, _describe_error
+from gpulease.hub.units import seconds_text
 
 
 def add_billing_parsers(sub: argparse._SubParsersAction) -> None:
@@ -58,11 +59,11 @@ def format_usage_table(data: dict) -> str:
               "cost", "reason")
     rows = [
         (s["user"], s["server"] or "(default)", s["profile"], s["account"], s["started"],
-         s["ended"] or "running", str(s["billed_seconds"]), s["cost"], s["end_reason"] or "")
+         s["ended"] or "running", seconds_text(s["billed_ms"]), s["cost"], s["end_reason"] or "")
         for s in data["sessions"]
     ]
     totals = data["totals"]
-    footer = ("total", "", "", "", "", f"{len(rows)} sessions", str(totals["billed_seconds"]),
+    footer = ("total", "", "", "", "", f"{len(rows)} sessions", seconds_text(totals["billed_ms"]),
               totals["cost"], "")
     widths = [max(len(r[i]) for r in [header, *rows, footer]) for i in range(len(header))]
     right = {6, 7}

@@ -163,6 +163,10 @@ Index("ix_ledger_account_time", ledger_entries.c.account, ledger_entries.c.creat
 
 # One row per run of a server: opened when it first answers HTTP, confirmed on
 # every heartbeat, closed (with a reason, and its charge) when its devices go.
+# Times are on the millisecond; `billed_ms`, written at the close beside the
+# charge, is what the charge was for: ended - started, or for sessions closed
+# before metering went to the millisecond (migration 0006), the whole seconds
+# they were billed, times 1000.
 sessions = Table(
     "sessions",
     metadata,
@@ -177,6 +181,7 @@ sessions = Table(
     Column("ended_at", DateTime, nullable=True),
     Column("end_reason", String(32), nullable=True),
     Column("requested_end_reason", String(32), nullable=True),  # set by api/stop
+    Column("billed_ms", BigInteger, nullable=True),  # NULL while open
 )
 Index(
     "uq_sessions_open_server",
@@ -353,8 +358,8 @@ def make_engine(url: str, **kwargs) -> Engine:
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
-def upgrade(engine: Engine) -> None:
-    """Bring the database schema to the newest Alembic revision."""
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the database schema to the newest Alembic revision (or `revision`)."""
     from alembic import command
     from alembic.config import Config
 
@@ -362,7 +367,7 @@ def upgrade(engine: Engine) -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     with engine.begin() as connection:
         cfg.attributes["connection"] = connection
-        command.upgrade(cfg, "head")
+        command.upgrade(cfg, revision)
 
 
 def open_database(url: str) -> Engine:

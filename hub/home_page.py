@@ -26,7 +26,7 @@ from gpulease.hub.options import OptionsRefused, price_text
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.sessions import SessionLedger
 from gpulease.hub.template_values import OffLoop
-from gpulease.hub.units import format_credits
+from gpulease.hub.units import format_credits, seconds_text
 
 log = logging.getLogger("gpulease")
 
@@ -53,6 +53,9 @@ class HomeData:
         if state.rate_per_hour_ucr is None:
             return ""
         return price_text(state.rate_per_hour_ucr)
+
+    def billed(self, state: ServerState) -> str:
+        return seconds_text(state.billed_ms) if state.billed_ms is not None else ""
 
     def started(self, state: ServerState) -> str:
         return state.started.isoformat(timespec="seconds") + "Z" if state.started else ""

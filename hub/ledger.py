@@ -23,11 +23,12 @@ from sqlalchemy import Connection, Engine, delete, func, insert, literal, select
 from gpulease.hub.db import account_caps, ledger_entries, reading, sessions, utcnow
 from gpulease.hub.holds import Held, OpenRun, credit_refusal
 from gpulease.hub.shown import shown
-from gpulease.hub.units import MAX_UCR, format_credits, rate_cost
+from gpulease.hub.units import MAX_UCR, format_credits, ms_cost
 
 __all__ = [
     "BillingError", "LOW_BALANCE_MINUTES", "Ledger", "MAX_UCR", "advisory_lock",
-    "billed_seconds", "minutes_left", "month_start", "parse_account",
+    "billed_ms", "billed_seconds", "minutes_left", "month_start", "parse_account",
+    "seconds_up", "to_ms",
 ]
 
 LOW_BALANCE_MINUTES = 10
@@ -67,10 +68,29 @@ def parse_account(text: str, *, default_user: str | None = None) -> str:
     return f"{kind}:{name}"
 
 
+_MS = dt.timedelta(milliseconds=1)
+
+
+def to_ms(moment: dt.datetime, *, up: bool = False) -> dt.datetime:
+    """`moment` on a millisecond: down (a confirmation, an end) or, with `up`, up (a
+    start), so that a session's interval never holds a microsecond it did not run."""
+    whole = moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
+    return whole + _MS if up and whole != moment else whole
+
+
+def billed_ms(started: dt.datetime, ended: dt.datetime) -> int:
+    """`ended - started` in whole milliseconds (rounded down); never negative."""
+    return max(0, (ended - started) // _MS)
+
+
+def seconds_up(ms: int) -> int:
+    """Milliseconds as whole seconds rounded up: the API's `billed_seconds`."""
+    return -(-ms // 1000)
+
+
 def billed_seconds(started: dt.datetime, ended: dt.datetime) -> int:
-    """`ended - started` rounded up to the second, in integer microseconds; never negative."""
-    micros = (ended - started) // dt.timedelta(microseconds=1)
-    return max(0, -(-micros // 1_000_000))
+    """`ended - started` in whole seconds, rounded up from its milliseconds."""
+    return seconds_up(billed_ms(started, ended))
 
 
 def minutes_left(balance_ucr: int, rate_per_hour_ucr: int) -> int | None:
@@ -99,7 +119,7 @@ def advisory_lock(conn: Connection, name: str) -> None:
 
 
 def _accrued(rows: Iterable[Any]) -> int:
-    return sum(rate_cost(billed_seconds(r.started_at, r.last_confirmed_at), r.rate_per_hour_ucr)
+    return sum(ms_cost(billed_ms(r.started_at, r.last_confirmed_at), r.rate_per_hour_ucr)
                for r in rows)
 
 

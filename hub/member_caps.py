@@ -16,8 +16,8 @@ from collections.abc import Collection, Iterator
 from sqlalchemy import Engine, func, select
 
 from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
-from gpulease.hub.ledger import billed_seconds
-from gpulease.hub.units import rate_cost
+from gpulease.hub.ledger import billed_ms
+from gpulease.hub.units import ms_cost
 
 Pair = tuple[str, str]  # (group account, user)
 _CHUNK = 900  # under SQLite's old limit of 999 bound parameters
@@ -56,7 +56,7 @@ def capped_spends(engine: Engine, pairs: Collection[Pair],
             for row in running:
                 key = (row.account, row.user_name)
                 if key in caps:
-                    accrued = rate_cost(billed_seconds(row.started_at, row.last_confirmed_at),
-                                        int(row.rate_per_hour_ucr))
+                    accrued = ms_cost(billed_ms(row.started_at, row.last_confirmed_at),
+                                      int(row.rate_per_hour_ucr))
                     spent[key] = spent.get(key, 0) + accrued
     return {key: (cap, spent.get(key, 0)) for key, cap in caps.items()}

@@ -55,7 +55,7 @@ from gpulease.hub.ledger import LOW_BALANCE_MINUTES, Ledger, minutes_left, month
 from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.notifier import render_account_cap
 from gpulease.hub.sessions import Session, SessionLedger
-from gpulease.hub.units import format_credits
+from gpulease.hub.units import format_credits, seconds_text
 
 log = logging.getLogger("gpulease.metering")
 
@@ -157,10 +157,11 @@ class Meter:
             self.live[(s.user, s.server)] = LiveSession(
                 s.id, s.profile, s.account, s.rate_per_hour_ucr, max(s.last_confirmed, now))
         for s in closed:
-            metrics.session_closed(s.profile, s.end_reason or "hub_lost", s.billed_seconds(),
+            metrics.session_closed(s.profile, s.end_reason or "hub_lost", s.billed_ms(),
                                    s.cost())
-            log.warning("session %d of %s/%s closed as hub_lost at %s (%d s billed)",
-                        s.id, s.user, s.server or "(default)", s.ended, s.billed_seconds())
+            log.warning("session %d of %s/%s closed as hub_lost at %s (%s s billed)",
+                        s.id, s.user, s.server or "(default)", s.ended,
+                        seconds_text(s.billed_ms()))
         metrics.OPEN_SESSIONS.set(len(self.live))
 
     # --- sessions -----------------------------------------------------------------
@@ -203,7 +204,7 @@ class Meter:
             return False
         if session is not None:
             metrics.session_closed(session.profile, session.end_reason or close.reason,
-                                   session.billed_seconds(), session.cost())
+                                   session.billed_ms(), session.cost())
         return True
 
     # --- heartbeat ------------------------------------------------------------------

@@ -6,7 +6,7 @@ from prometheus_client import Counter, Gauge
 
 BILLED_SECONDS = Counter(
     "gpulease_billed_seconds",
-    "Seconds billed, by profile, counted when sessions close",
+    "Seconds billed (to the millisecond), by profile, counted when sessions close",
     ["profile"],
 )
 CREDITS_SPENT = Counter(
@@ -27,7 +27,7 @@ HEARTBEAT_FAILURES = Counter(
 )
 
 
-def session_closed(profile: str, reason: str, billed_seconds: int, cost_ucr: int) -> None:
-    BILLED_SECONDS.labels(profile=profile).inc(billed_seconds)
+def session_closed(profile: str, reason: str, billed_ms: int, cost_ucr: int) -> None:
+    BILLED_SECONDS.labels(profile=profile).inc(billed_ms / 1000)
     CREDITS_SPENT.labels(profile=profile).inc(cost_ucr / 1_000_000)
     SESSIONS_CLOSED.labels(reason=reason).inc()

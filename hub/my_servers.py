@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpulease.hub.catalog import Catalog
+from gpulease.hub.ledger import seconds_up
 from gpulease.hub.options import ServerChoice, resolve_user_options
 from gpulease.hub.profiles import Profile
 from gpulease.hub.sessions import Session
@@ -53,7 +54,7 @@ class ServerState:
     profile: str | None
     pending: str | None = None
     started: dt.datetime | None = None
-    billed_seconds: int | None = None
+    billed_ms: int | None = None
     cost_ucr: int | None = None
     rate_per_hour_ucr: int | None = None
     queue_position: int | None = None
@@ -66,7 +67,8 @@ class ServerState:
         if self.state == "running":
             out.update(
                 started=iso_z(self.started) if self.started else None,
-                billed_seconds=self.billed_seconds,
+                billed_seconds=None if self.billed_ms is None else seconds_up(self.billed_ms),
+                billed_ms=self.billed_ms,
                 cost=format_credits(self.cost_ucr) if self.cost_ucr is not None else None,
                 rate_per_hour=(format_credits(self.rate_per_hour_ucr)
                                if self.rate_per_hour_ucr is not None else None),
@@ -132,7 +134,7 @@ def server_states(
             if open_session is not None:
                 out.append(ServerState(
                     name, "running", open_session.profile, started=open_session.started,
-                    billed_seconds=open_session.billed_seconds(now),
+                    billed_ms=open_session.billed_ms(now),
                     cost_ucr=open_session.cost(now),
                     rate_per_hour_ucr=open_session.rate_per_hour_ucr))
             else:  # running but not metered (no meter, or its session not open yet)

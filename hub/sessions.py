@@ -4,8 +4,11 @@ A session opens when the server first answers HTTP, is confirmed on every
 heartbeat, and closes when its devices are released: the close and its one
 charge row are written in the same transaction, so a crash can never leave a
 closed session unbilled or bill it twice (`ledger_entries.session_id` is
-unique). After a hub crash, `recover` carries on the sessions whose servers
-still run and closes the others at their last confirmation: no invented seconds.
+unique). Times are kept on the millisecond (a start rounded up to it, a
+confirmation or an end down), and a session costs ceil(billed_ms × rate /
+3,600,000) µcr, rounded once over its whole length. After a hub crash,
+`recover` carries on the sessions whose servers still run and closes the
+others at their last confirmation: no invented milliseconds.
 
 Only one hub process may meter a database: `acquire_lease` refuses a second.
 """
@@ -21,8 +24,15 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, delete, insert, select, update
 
 from gpulease.hub.db import ledger_entries, meter_lease, reading, sessions, utcnow
-from gpulease.hub.ledger import BillingError, advisory_lock, billed_seconds, parse_account
-from gpulease.hub.units import MAX_UCR, rate_cost
+from gpulease.hub.ledger import (
+    BillingError,
+    advisory_lock,
+    billed_ms,
+    parse_account,
+    seconds_up,
+    to_ms,
+)
+from gpulease.hub.units import MAX_UCR, ms_cost, seconds_text
 
 __all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_alive",
            "session_from_row"]
@@ -46,22 +56,30 @@ class Session:
     ended: dt.datetime | None
     end_reason: str | None
     requested_end_reason: str | None
+    closed_ms: int | None = None  # what a closed session was billed (its row's billed_ms)
+
+    def billed_ms(self, now: dt.datetime | None = None) -> int:
+        """Closed: what it was billed. Open: up to the last confirmation, or to `now`
+        (on the millisecond) if given."""
+        if self.ended is not None:
+            return self.closed_ms if self.closed_ms is not None else billed_ms(
+                self.started, self.ended)
+        until = self.last_confirmed if now is None else max(to_ms(now), self.last_confirmed)
+        return billed_ms(self.started, until)
 
     def billed_seconds(self, now: dt.datetime | None = None) -> int:
-        """Closed: up to `ended`. Open: up to the last confirmation, or to `now` if given."""
-        if self.ended is not None:
-            return billed_seconds(self.started, self.ended)
-        until = self.last_confirmed if now is None else max(now, self.last_confirmed)
-        return billed_seconds(self.started, until)
+        """`billed_ms` rounded up to the second (the API keeps it for its clients)."""
+        return seconds_up(self.billed_ms(now))
 
     def cost(self, now: dt.datetime | None = None) -> int:
-        return rate_cost(self.billed_seconds(now), self.rate_per_hour_ucr)
+        return ms_cost(self.billed_ms(now), self.rate_per_hour_ucr)
 
 
 def session_from_row(row: Any) -> Session:
     return Session(row.id, row.user_name, row.server_name, row.profile_slug, row.account,
                    int(row.rate_per_hour_ucr), row.started_at, row.last_confirmed_at,
-                   row.ended_at, row.end_reason, row.requested_end_reason)
+                   row.ended_at, row.end_reason, row.requested_end_reason,
+                   None if row.billed_ms is None else int(row.billed_ms))
 
 
 def _check_reason(reason: str) -> str:
@@ -129,6 +147,7 @@ class SessionLedger:
             raise BillingError(400, f"rate: {rate_per_hour_ucr!r} is not a non-negative "
                                     "integer of µcr per hour", "rate")
         account = parse_account(account)
+        started = to_ms(started, up=True)
         with self.engine.begin() as conn:
             advisory_lock(conn, f"server:{user}/{server}")
             stale = conn.execute(select(sessions).where(
@@ -154,6 +173,7 @@ class SessionLedger:
         ids = list(session_ids)
         if not ids:
             return 0
+        at = to_ms(at)
         c = sessions.c
         with self.engine.begin() as conn:
             result = conn.execute(
@@ -183,23 +203,23 @@ class SessionLedger:
         row = conn.execute(select(sessions).where(sessions.c.id == session_id)).first()
         if row is None or row.ended_at is not None:
             return None if row is None else session_from_row(row)
-        ended = max(ended, row.started_at)
+        ended = max(to_ms(ended), row.started_at)
         # A reason given through api/stop (idle, out_of_credit, account_cap, admin...) says
         # why the server went better than whoever noticed it stopping.
         final = row.requested_end_reason or reason
+        ms = billed_ms(row.started_at, ended)
         closed = conn.execute(
             update(sessions).where(sessions.c.id == session_id, _open)
-            .values(ended_at=ended, end_reason=final))
+            .values(ended_at=ended, end_reason=final, billed_ms=ms))
         if closed.rowcount == 0:
             # Closed by a concurrent transaction since we read it: theirs stands.
             return session_from_row(conn.execute(select(sessions).where(
                 sessions.c.id == session_id)).one())
-        session = replace(session_from_row(row), ended=ended, end_reason=final)
-        seconds = session.billed_seconds()
+        session = replace(session_from_row(row), ended=ended, end_reason=final, closed_ms=ms)
         conn.execute(insert(ledger_entries).values(
             account=session.account, kind="charge", amount_ucr=-session.cost(),
-            note=f"{session.profile} {seconds}s", actor="metering", user_name=session.user,
-            session_id=session.id, created_at=ended,
+            note=f"{session.profile} {seconds_text(ms)} s", actor="metering",
+            user_name=session.user, session_id=session.id, created_at=ended,
         ))
         return session
 

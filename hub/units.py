@@ -179,11 +179,32 @@ def credits_text(ucr: int) -> str:
     return "0" if text in ("", "-0") else text
 
 
+MS_PER_HOUR = 3_600_000
+
+
+def seconds_text(ms: int) -> str:
+    """Milliseconds as seconds with three decimals, as pages and notes show a
+    billed length: 4800 -> "4.800"."""
+    ms = int(ms)
+    return f"{'-' if ms < 0 else ''}{abs(ms) // 1000}.{abs(ms) % 1000:03d}"
+
+
+def ms_cost(ms: int, rate_per_hour_ucr: int) -> int:
+    """µcr for `ms` milliseconds at an hourly rate: ceil(ms × rate / 3,600,000), in
+    integers. A session is billed with this once, over its whole length: the one
+    rounding it gets."""
+    if ms < 0 or rate_per_hour_ucr < 0:
+        raise ValueError(f"milliseconds and rate must not be negative: {ms}, "
+                         f"{rate_per_hour_ucr}")
+    return -(-ms * rate_per_hour_ucr // MS_PER_HOUR)
+
+
 def rate_cost(seconds: int, rate_per_hour_ucr: int) -> int:
-    """µcr for `seconds` at an hourly rate, rounded up to the next µcr."""
-    if seconds < 0 or rate_per_hour_ucr < 0:
-        raise ValueError(f"seconds and rate must not be negative: {seconds}, {rate_per_hour_ucr}")
-    return -(-seconds * rate_per_hour_ucr // 3600)
+    """µcr for whole `seconds` at an hourly rate, rounded up to the next µcr (a
+    minimum run's hold; sessions are billed by the millisecond, `ms_cost`)."""
+    if seconds < 0:
+        raise ValueError(f"seconds must not be negative: {seconds}")
+    return ms_cost(seconds * 1000, rate_per_hour_ucr)
 
 
 class _ExactLoader(yaml.SafeLoader):

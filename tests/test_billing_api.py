@@ -232,8 +232,10 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
     s = data["sessions"][1]
     assert s == {"user": "carol", "server": "", "profile": "h200-1g", "account": "user:carol",
                  "started": first.started.isoformat() + "Z", "ended": s["ended"],
-                 "billed_seconds": 3601, "cost": "1.200334", "end_reason": "idle"}
-    assert data["totals"] == {"billed_seconds": 3601 + 60 + 10, "cost": "1.224224"}
+                 "billed_seconds": 3601, "billed_ms": 3_600_500, "cost": "1.200167",
+                 "end_reason": "idle"}  # ceil(3,600,500 ms × 1.2 credits/h), rounded once
+    assert data["totals"] == {"billed_seconds": 3601 + 60 + 10,
+                              "billed_ms": 3_600_500 + 60_000 + 10_000, "cost": "1.224057"}
     since = second.started.isoformat() + "Z"
     recent = hub.service("GET", f"api/usage?user=carol&since={since}", tokens["admin"]).json()
     assert [s["server"] for s in recent["sessions"]] == [XSS]
@@ -249,7 +251,7 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
     assert "attachment" in r.headers["Content-Disposition"] and ".csv" in r.headers["Content-Disposition"]
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert list(rows[0]) == ["user", "server", "profile", "account", "started", "ended",
-                             "billed_seconds", "cost", "end_reason"]
+                             "billed_seconds", "billed_ms", "cost", "end_reason"]
     assert [dict(row) for row in rows] == [{k: "" if v is None else str(v) for k, v in s.items()}
                                            for s in data["sessions"]]
 
@@ -317,12 +319,12 @@ def test_cli_credits_and_usage(hub, tokens):
     since = (utcnow() - dt.timedelta(days=41)).date().isoformat()  # carol's three sessions
     out = hub.cli("usage", "--user", "carol", "--csv", "--since", since)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == "user,server,profile,account,started,ended,billed_seconds,cost,end_reason"
+    assert out.stdout.splitlines()[0] == "user,server,profile,account,started,ended,billed_seconds,billed_ms,cost,end_reason"
     assert len(out.stdout.splitlines()) == 4
     everyone = hub.cli("usage", "--csv", "--since", since).stdout  # the CLI's token: every user's
     assert {"carol", "alice"} <= {line.split(",")[0] for line in everyone.splitlines()[1:]}
     table = hub.cli("usage", "--user", "carol", "--since", since)
-    assert table.returncode == 0 and table.stdout.splitlines()[-1].split()[-2:] == ["3671", "1.224224"]
+    assert table.returncode == 0 and table.stdout.splitlines()[-1].split()[-2:] == ["3670.500", "1.224057"]
     assert hub.cli("usage", "--since", "soon").returncode == 1
     too_long = hub.cli("usage", "--since", "2000-01-01")  # until left out: this month's end
     assert too_long.returncode == 1 and "at most 366 days" in too_long.stderr, too_long.stderr
@@ -342,13 +344,14 @@ def test_usage_page(hub, tokens, carol_sessions):
     page = _browser(hub, "carol", PW["carol"]).get(f"{hub.url}/services/gpulease/usage", timeout=30)
     assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
     html = page.text
-    assert "Usage and balance: carol" in html and "1.200334" in html and "h200-1g" in html
-    assert "1.797999" in html  # 3 granted - 1.202001 spent (the lab paid for the third)
+    assert "Usage and balance: carol" in html and "1.200167" in html and "h200-1g" in html
+    assert ">3600.500</td>" in html  # billed seconds, to the millisecond
+    assert "1.798166" in html  # 3 granted - 1.201834 spent (the lab paid for the third)
     assert XSS not in html and html.count(SCRIPT_ESCAPED) == 2  # server name, grant note
     svg = re.search(r"<svg.*?</svg>", html, re.S).group(0)
     assert svg.count("<rect") == 30
     day = carol_sessions[0].started.date().isoformat()
-    assert f"<title>{day}: 1.200334 credits</title>" in svg
+    assert f"<title>{day}: 1.200167 credits</title>" in svg
     assert "old" not in re.findall(r"<td>([^<]*)</td>", html)  # 40 days ago: not by default
 
 
@@ -363,7 +366,10 @@ def test_report_page(hub, carol_sessions):
     data = admin.get(f"{hub.url}/services/gpulease/admin/report?since=2000-01-01&until=2100-01-01&by=profile&format=csv", timeout=30)
     assert data.headers["Content-Type"].startswith("text/csv")
     rows = {r["key"]: r for r in csv.DictReader(io.StringIO(data.text))}
-    assert rows["h200-1g"]["cost"] == "1.200334" and rows["h200-full"]["billed_seconds"] == "10"
+    assert rows["h200-1g"]["cost"] == "1.200167" and rows["h200-full"]["billed_seconds"] == "10"
+    assert rows["h200-1g"]["billed_ms"] == "3600500"
+    by_profile = admin.get(f"{hub.url}/services/gpulease/admin/report?since=2000-01-01&until=2100-01-01&by=profile", timeout=30)
+    assert '<td class="num">3600.500</td>' in by_profile.text
     month = admin.get(f"{hub.url}/services/gpulease/admin/report", timeout=30)
     assert month.status_code == 200 and utcnow().strftime("%Y-%m-01") in month.text
     assert admin.get(f"{hub.url}/services/gpulease/admin/report?by=colour", timeout=30).status_code == 400

@@ -9,6 +9,7 @@ import random
 from collections import defaultdict
 
 import pytest
+from sqlalchemy import insert
 
 from gpulease.hub.billing_reports import (
     USAGE_COLUMNS,
@@ -18,7 +19,8 @@ from gpulease.hub.billing_reports import (
     to_csv,
     usage,
 )
-from gpulease.hub.ledger import Ledger
+from gpulease.hub.db import sessions
+from gpulease.hub.ledger import Ledger, billed_seconds
 from gpulease.hub.sessions import SessionLedger
 
 T0 = dt.datetime(2024, 3, 1)
@@ -53,11 +55,16 @@ def test_usage_rows_and_period_bounds(sample):
     assert set(first) == set(USAGE_COLUMNS)
     assert first == {"user": "alice", "server": "", "profile": "h200-1g",
                      "account": "user:alice", "started": T0, "ended": at(61.2),
-                     "billed_seconds": 62, "cost": 62_000, "end_reason": "user"}
-    assert lab["billed_seconds"] == 1235 and lab["cost"] == -(-1235 * 7_000_001 // 3600)
+                     "billed_seconds": 62, "billed_ms": 61_200, "cost": 61_200,
+                     "end_reason": "user"}
+    # 1234.000001 s: the end goes down to its millisecond, the cost is rounded once.
+    assert lab["billed_ms"] == 1_234_000 and lab["billed_seconds"] == 1234
+    assert lab["cost"] == -(-1_234_000 * 7_000_001 // 3_600_000)
     assert running["ended"] is None and running["end_reason"] is None
-    assert running["billed_seconds"] == 300 and running["cost"] == 100_000
-    assert got.totals == {"billed_seconds": 62 + 1235 + 300,
+    assert running["billed_ms"] == 299_500 and running["billed_seconds"] == 300
+    assert running["cost"] == 99_834  # ceil(299,500 × 1.2 credits/h)
+    assert got.totals == {"billed_seconds": 62 + 1234 + 300,
+                          "billed_ms": 61_200 + 1_234_000 + 299_500,
                           "cost": sum(r["cost"] for r in got.sessions)}
 
 
@@ -68,7 +75,8 @@ def test_usage_filters(sample):
         "bob", "alice"]
     assert [r["user"] for r in usage(sample, account="carol").sessions] == ["carol"]
     assert len(usage(sample).sessions) == 5
-    assert usage(sample, user="nobody").totals == {"billed_seconds": 0, "cost": 0}
+    assert usage(sample, user="nobody").totals == {"billed_seconds": 0, "billed_ms": 0,
+                                                   "cost": 0}
 
 
 def test_closed_costs_equal_their_charges(sample):
@@ -96,16 +104,40 @@ def test_report_equals_python_sums(engine, group_by, field):
             meter.confirm([s.id], start + length)  # stays open
         else:
             meter.close(s.id, start + length, "user")
+    _rows_from_before_the_millisecond(engine, rng)
     since, until = T0 + dt.timedelta(days=3), T0 + dt.timedelta(days=34)
-    expected: dict = defaultdict(lambda: {"sessions": 0, "billed_seconds": 0, "cost": 0})
+    expected: dict = defaultdict(lambda: {"sessions": 0, "billed_seconds": 0, "billed_ms": 0,
+                                          "cost": 0})
     for row in usage(engine, since=since, until=until).sessions:
         bucket = expected[row[field]]
         bucket["sessions"] += 1
         bucket["billed_seconds"] += row["billed_seconds"]
+        bucket["billed_ms"] += row["billed_ms"]
         bucket["cost"] += row["cost"]
     got = report(engine, since=since, until=until, group_by=group_by)
     assert got == [{"key": key, **expected[key]} for key in sorted(expected)]
     assert sum(r["sessions"] for r in got) < 300  # the period really cut some out
+
+
+def _rows_from_before_the_millisecond(engine, rng: random.Random) -> None:
+    """Rows as metering before milliseconds left them, written directly: times with
+    microseconds, closed ones billed whole seconds (billed_ms as migration 0006 sets
+    it), open ones carried across the upgrade, and closed ones without billed_ms."""
+    rows = []
+    for i in range(60):
+        start = T0 + dt.timedelta(days=4, microseconds=rng.randrange(20 * 86400 * 10**6))
+        end = start + dt.timedelta(microseconds=rng.randrange(1, 5 * 3600 * 10**6))
+        kind = i % 3
+        rows.append({
+            "user_name": rng.choice(["alice", "erin"]), "server_name": f"old{i}",
+            "profile_slug": "cpu", "account": rng.choice(["user:erin", "group:lab"]),
+            "rate_per_hour_ucr": rng.choice([1, 3_599_999, 123_456_789]),
+            "started_at": start, "last_confirmed_at": end,
+            "ended_at": None if kind == 1 else end, "end_reason": None if kind == 1 else "user",
+            "billed_ms": (billed_seconds(start, end) * 1000) if kind == 0 else None,
+        })
+    with engine.begin() as conn:
+        conn.execute(insert(sessions), rows)
 
 
 def test_report_refuses_unknown_grouping(engine):
@@ -122,7 +154,7 @@ def test_spend_per_day(sample):
     assert sum(c for _, c in days) == per_day.totals["cost"]
     assert days[0][1] == 101_000 and days[2][1] == 100_000 and days[3][1] == 0
     alice = spend_per_day(sample, user="alice", account="group:lab", since=None, until=None)
-    assert alice == [(T0.date(), 100_000)]
+    assert alice == [(T0.date(), 99_834)]
 
 
 def test_csv_columns_and_formatting(sample):
@@ -131,8 +163,9 @@ def test_csv_columns_and_formatting(sample):
     parsed = list(csv.reader(io.StringIO(text)))
     assert parsed[0] == USAGE_COLUMNS
     assert parsed[1] == ["alice", "", "h200-1g", "user:alice", "2024-03-01T00:00:00Z",
-                         "2024-03-01T00:01:01.200000Z", "62", "0.062000", "user"]
-    assert parsed[2][5] == "" and parsed[2][7] == "0.100000" and parsed[2][8] == ""
+                         "2024-03-01T00:01:01.200Z", "62", "61200", "0.061200", "user"]
+    assert parsed[2][5] == "" and parsed[2][7] == "299500" and parsed[2][8] == "0.099834"
+    assert parsed[2][9] == ""
     assert to_csv([{"key": "x", "cost": -1_500_000, "extra": 1}], ["key", "cost", "missing"]) \
         == "key,cost,missing\r\nx,-1.500000,\r\n"
 
@@ -141,3 +174,5 @@ def test_iso_z():
     assert iso_z(dt.datetime(2024, 1, 2, 3, 4, 5)) == "2024-01-02T03:04:05Z"
     aware = dt.datetime(2024, 1, 2, 4, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=1)))
     assert iso_z(aware) == "2024-01-02T03:04:05Z"
+    assert iso_z(dt.datetime(2024, 1, 2, 3, 4, 5, 120_000)) == "2024-01-02T03:04:05.120Z"
+    assert iso_z(dt.datetime(2024, 1, 2, 3, 4, 5, 1)) == "2024-01-02T03:04:05.000001Z"

@@ -17,7 +17,7 @@ SESSION = {
     "user": "alice", "server": "", "profile": "h200-1g", "account": "user:alice",
     "started": dt.datetime(2025, 3, 1, 10, 0, 0),
     "ended": dt.datetime(2025, 3, 1, 10, 0, 31, 250000),
-    "billed_seconds": 32, "cost": 10_667, "end_reason": "idle",
+    "billed_seconds": 32, "billed_ms": 31_250, "cost": 10_417, "end_reason": "idle",
 }
 
 
@@ -31,8 +31,9 @@ def test_money_is_a_six_decimal_string():
 def test_session_view_writes_z_times_and_money_strings():
     view = bv.session_view(SESSION)
     assert view["started"] == "2025-03-01T10:00:00Z"
-    assert view["ended"] == "2025-03-01T10:00:31.250000Z"
-    assert view["cost"] == "0.010667" and view["billed_seconds"] == 32
+    assert view["ended"] == "2025-03-01T10:00:31.250Z"
+    assert view["cost"] == "0.010417" and view["billed_seconds"] == 32
+    assert view["billed_ms"] == 31_250
     running = bv.session_view({**SESSION, "ended": None, "end_reason": None})
     assert running["ended"] is None and running["end_reason"] is None
     aware = dt.datetime(2025, 3, 1, 12, 0, tzinfo=dt.timezone(dt.timedelta(hours=2)))
@@ -40,26 +41,32 @@ def test_session_view_writes_z_times_and_money_strings():
 
 
 def test_usage_view_totals():
-    view = bv.usage_view([SESSION, SESSION], {"billed_seconds": 64, "cost": 21_334})
-    assert view["totals"] == {"billed_seconds": 64, "cost": "0.021334"}
+    view = bv.usage_view([SESSION, SESSION], {"billed_seconds": 64, "billed_ms": 62_500,
+                                              "cost": 20_834})
+    assert view["totals"] == {"billed_seconds": 64, "billed_ms": 62_500, "cost": "0.020834"}
     assert len(view["sessions"]) == 2
 
 
 def test_usage_csv_has_the_json_columns_and_values():
-    view = bv.usage_view([SESSION], {"billed_seconds": 32, "cost": 10_667})
+    view = bv.usage_view([SESSION], {"billed_seconds": 32, "billed_ms": 31_250,
+                                     "cost": 10_417})
     rows = list(csv.reader(io.StringIO(to_csv(view["sessions"], bv.USAGE_COLUMNS))))
     assert rows[0] == ["user", "server", "profile", "account", "started", "ended",
-                       "billed_seconds", "cost", "end_reason"]
+                       "billed_seconds", "billed_ms", "cost", "end_reason"]
     assert rows[1] == ["alice", "", "h200-1g", "user:alice", "2025-03-01T10:00:00Z",
-                       "2025-03-01T10:00:31.250000Z", "32", "0.010667", "idle"]
+                       "2025-03-01T10:00:31.250Z", "32", "31250", "0.010417", "idle"]
 
 
 def test_report_rows_and_totals():
-    rows = bv.report_view([{"key": "alice", "sessions": 2, "billed_seconds": 10, "cost": 1},
-                           {"key": "bob", "sessions": 1, "billed_seconds": 5, "cost": 1_999_999}])
-    assert rows[1]["cost"] == "1.999999"
-    assert bv.report_totals(rows) == {"sessions": 3, "billed_seconds": 15, "cost": "2.000000"}
-    assert bv.report_totals([]) == {"sessions": 0, "billed_seconds": 0, "cost": "0.000000"}
+    rows = bv.report_view([
+        {"key": "alice", "sessions": 2, "billed_seconds": 10, "billed_ms": 9_001, "cost": 1},
+        {"key": "bob", "sessions": 1, "billed_seconds": 5, "billed_ms": 4_999,
+         "cost": 1_999_999}])
+    assert rows[1]["cost"] == "1.999999" and rows[1]["billed_ms"] == 4_999
+    assert bv.report_totals(rows) == {"sessions": 3, "billed_seconds": 15, "billed_ms": 14_000,
+                                      "cost": "2.000000"}
+    assert bv.report_totals([]) == {"sessions": 0, "billed_seconds": 0, "billed_ms": 0,
+                                    "cost": "0.000000"}
 
 
 def test_balance_view_low_and_minutes_left():
@@ -143,12 +150,12 @@ def test_empty_chart_is_valid():
 def test_cli_usage_table():
     data = bv.usage_view([SESSION, {**SESSION, "server": "big", "ended": None,
                                     "end_reason": None}],
-                         {"billed_seconds": 64, "cost": 21_334})
+                         {"billed_seconds": 64, "billed_ms": 62_500, "cost": 20_834})
     lines = format_usage_table(data).splitlines()
     assert lines[0].split()[:3] == ["user", "server", "profile"]
-    assert "(default)" in lines[1] and "idle" in lines[1]
+    assert "(default)" in lines[1] and "idle" in lines[1] and " 31.250 " in lines[1]
     assert "running" in lines[2]
-    assert lines[-1].split()[0] == "total" and lines[-1].split()[-2:] == ["64", "0.021334"]
+    assert lines[-1].split()[0] == "total" and lines[-1].split()[-2:] == ["62.500", "0.020834"]
 
 
 def test_credit_rows_leave_out_charges_newest_first():

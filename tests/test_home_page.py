@@ -42,11 +42,12 @@ def test_server_states():
     assert [s.name for s in states] == ["", "bare", "boot", "nap", "off", "run", "wait"]
     assert by[""].state == "stopped" and by[""].profile is None
     run = by["run"]
-    assert (run.state, run.profile, run.billed_seconds, run.cost_ucr) == (
-        "running", "h200-1g", 90, 30_000)  # 90 s at 1.20/h
+    assert (run.state, run.profile, run.billed_ms, run.cost_ucr) == (
+        "running", "h200-1g", 90_000, 30_000)  # 90 s at 1.20/h
     assert run.to_json() == {"name": "run", "state": "running", "profile": "h200-1g",
                              "started": "2025-03-01T11:58:30Z", "billed_seconds": 90,
-                             "cost": "0.030000", "rate_per_hour": "1.200000"}
+                             "billed_ms": 90_000, "cost": "0.030000",
+                             "rate_per_hour": "1.200000"}
     assert by["bare"].state == "running" and by["bare"].cost_ucr is None  # not metered
     assert by["wait"].to_json() == {"name": "wait", "state": "queued", "profile": "h200-full",
                                     "position": 2}

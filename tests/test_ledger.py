@@ -11,10 +11,13 @@ from gpulease.hub.ledger import (
     MAX_UCR,
     BillingError,
     Ledger,
+    billed_ms,
     billed_seconds,
     minutes_left,
     month_start,
     parse_account,
+    seconds_up,
+    to_ms,
 )
 from gpulease.hub.sessions import SessionLedger
 
@@ -51,12 +54,23 @@ def test_parse_account_default_user():
     assert parse_account("group:lab", default_user="carol") == "group:lab"
 
 
-def test_billed_seconds_rounds_up_exactly():
-    assert billed_seconds(T0, at(61.2)) == 62
-    assert billed_seconds(T0, at(61)) == 61
-    assert billed_seconds(T0, T0 + dt.timedelta(microseconds=1)) == 1
-    assert billed_seconds(T0, T0) == 0
-    assert billed_seconds(at(10), T0) == 0
+def test_billed_milliseconds_and_their_seconds_rounded_up():
+    assert billed_ms(T0, at(61.2)) == 61_200 and billed_seconds(T0, at(61.2)) == 62
+    assert billed_ms(T0, at(61)) == 61_000 and billed_seconds(T0, at(61)) == 61
+    assert billed_ms(T0, at(0.001)) == 1 and billed_seconds(T0, at(0.001)) == 1
+    assert billed_ms(T0, T0 + dt.timedelta(microseconds=999)) == 0  # whole milliseconds
+    assert billed_ms(T0, T0) == 0 and billed_seconds(T0, T0) == 0
+    assert billed_ms(at(10), T0) == 0 and billed_seconds(at(10), T0) == 0
+    assert [seconds_up(ms) for ms in (0, 1, 999, 1000, 1001)] == [0, 1, 1, 1, 2]
+
+
+def test_times_go_on_the_millisecond_a_start_up_the_rest_down():
+    t = T0 + dt.timedelta(microseconds=1_234_567)
+    assert to_ms(t) == T0 + dt.timedelta(milliseconds=1234)
+    assert to_ms(t, up=True) == T0 + dt.timedelta(milliseconds=1235)
+    on = T0 + dt.timedelta(milliseconds=7)
+    assert to_ms(on) == to_ms(on, up=True) == on
+    assert to_ms(dt.datetime(2024, 1, 1, 23, 59, 59, 999_001), up=True) == dt.datetime(2024, 1, 2)
 
 
 def test_minutes_left_and_month_start():
@@ -153,16 +167,16 @@ def test_balance_is_rows_minus_confirmed_accrual(engine):
     ledger, meter = Ledger(engine), SessionLedger(engine)
     ledger.grant("user:alice", 10 * CREDIT, note="", actor="admin", now=T0)
     ledger.adjust("user:alice", -CREDIT, note="correction", actor="admin", now=T0)
-    # 3.6 credits/h = 1000 µcr/s: a closed run of 61.2 s costs 62 s = 62,000 µcr.
+    # 3.6 credits/h = 1 µcr/ms: a closed run of 61.2 s costs 61,200 µcr.
     done = meter.open("alice", "a", "h200-1g", "user:alice", 3_600_000, T0)
     meter.close(done.id, at(61.2), "user")
     running = meter.open("alice", "b", "h200-1g", "user:alice", 3_600_000, at(100))
-    assert ledger.balance("user:alice") == 9 * CREDIT - 62_000
-    meter.confirm([running.id], at(130.5))  # 31 s confirmed
-    assert ledger.balance("user:alice", now=at(500)) == 9 * CREDIT - 62_000 - 31_000
+    assert ledger.balance("user:alice") == 9 * CREDIT - 61_200
+    meter.confirm([running.id], at(130.5))  # 30.5 s confirmed: accrued by the millisecond
+    assert ledger.balance("user:alice", now=at(500)) == 9 * CREDIT - 61_200 - 30_500
     assert ledger.balance("user:nobody") == 0
     rows = sum(r["amount_ucr"] for r in ledger.entries("user:alice"))
-    assert rows == 9 * CREDIT - 62_000
+    assert rows == 9 * CREDIT - 61_200
 
 
 def test_balances_many_accounts_match_balance(engine):
@@ -191,9 +205,9 @@ def test_concurrent_grants_and_charges_on_one_account(engine):
             plans.append(("grant", 1_000 + i))
             expected += 1_000 + i
         else:
-            # i + 0.5 seconds at 3.6 credits/h: ceil -> (i + 1) s x 1000 µcr.
+            # i + 0.5 seconds at 3.6 credits/h (1 µcr a millisecond).
             plans.append(("charge", i))
-            expected -= (i + 1) * 1_000
+            expected -= i * 1_000 + 500
 
     def work(i: int) -> None:
         try:

@@ -23,7 +23,7 @@ from gpulease.hub.enforcement import (
     stop_actions,
     who_must_stop,
 )
-from gpulease.hub.ledger import month_start
+from gpulease.hub.ledger import month_start, to_ms
 from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.metering import Meter
 from gpulease.hub.sessions import MeterConflict
@@ -148,7 +148,7 @@ def test_dead_server_is_billed_to_when_it_was_last_seen(meter):
 
 def test_closes_that_fail_are_written_when_the_database_returns(meter, monkeypatch):
     meter.ledger.grant("user:d", 100_000_000, note="t", actor="test")
-    t0 = utcnow() - dt.timedelta(seconds=20)
+    t0 = to_ms(utcnow()) - dt.timedelta(seconds=20)  # on the millisecond, as metered
     s = meter.open("d", "", "pricey", "user:d", RATE, t0)
     real_close = meter.sessions.close
 
@@ -162,7 +162,7 @@ def test_closes_that_fail_are_written_when_the_database_returns(meter, monkeypat
     monkeypatch.setattr(meter.sessions, "close", real_close)
     run(meter.heartbeat(always_running(("d", ""))))
     closed = meter.sessions.get(s.id)
-    assert closed.ended == ended and closed.billed_seconds() == 7
+    assert closed.ended == ended and closed.billed_ms() == 7000
     assert meter.pending == []
 
 
@@ -236,7 +236,7 @@ def test_stop_actions_stop_every_heartbeat_and_kill_once_a_stop_had_its_time():
 
 def test_a_running_server_without_a_session_gets_one_from_its_first_answer(meter, caplog):
     meter.ledger.grant("user:g", 100_000_000, note="t", actor="test")
-    answered = utcnow() - dt.timedelta(seconds=20)
+    answered = to_ms(utcnow()) - dt.timedelta(seconds=20)
     hub = always_running(("g", "slow"))
     hub.ready = [RunningServer(("g", "slow"), "pricey", "user:g", RATE, answered_at=answered)]
     with caplog.at_level(logging.WARNING, logger="gpulease.metering"):
@@ -323,7 +323,7 @@ def test_capped_spends_agree_with_member_spend(meter):
     ledger.grant("group:other", 1_000_000_000, note="t", actor="test")
     ledger.set_cap("group:lab", "m", 10_000_000)
     ledger.set_cap("group:other", "n", 1)
-    now = utcnow()
+    now = to_ms(utcnow())
     done = meter.open("m", "a", "p", "group:lab", RATE, now - dt.timedelta(seconds=30))
     meter.close("m", "a", "user", ended=now - dt.timedelta(seconds=20))
     meter.sessions.get(done.id)

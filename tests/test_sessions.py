@@ -26,15 +26,41 @@ def charges(engine) -> list[dict]:
 
 def test_session_arithmetic_is_pure():
     s = Session(1, "a", "", "p", "user:a", RATE, T0, at(30), None, None, None)
-    assert s.billed_seconds() == 30 and s.cost() == 30_000
-    assert s.billed_seconds(now=at(45.1)) == 46
-    assert s.billed_seconds(now=at(10)) == 30  # never less than what was confirmed
+    assert s.billed_ms() == 30_000 and s.billed_seconds() == 30 and s.cost() == 30_000
+    assert s.billed_ms(now=at(45.1)) == 45_100 and s.billed_seconds(now=at(45.1)) == 46
+    assert s.cost(now=at(45.1)) == 45_100  # accrued by the millisecond, not the second
+    assert s.billed_ms(now=at(45.1009)) == 45_100  # a running session's now: on the ms, down
+    assert s.billed_ms(now=at(10)) == 30_000  # never less than what was confirmed
     closed = Session(1, "a", "", "p", "user:a", 1_000_001, T0, at(30), at(61.2), "user", None)
-    assert closed.billed_seconds(now=at(999)) == 62
-    assert closed.cost() == -(-62 * 1_000_001 // 3600) == 17_223
+    assert closed.billed_ms(now=at(999)) == 61_200 and closed.billed_seconds() == 62
+    # One rounding, over the whole session: ceil(61,200 × 1,000,001 / 3,600,000).
+    assert closed.cost() == -(-61_200 * 1_000_001 // 3_600_000) == 17_001
+    # A closed session is what its row says it was billed (migrated rows: whole seconds).
+    old = Session(1, "a", "", "p", "user:a", 1_000_001, T0, at(30), at(61.2), "user", None,
+                  closed_ms=62_000)
+    assert old.billed_ms() == 62_000 and old.cost() == -(-62 * 1_000_001 // 3600) == 17_223
 
 
-def test_open_confirm_close_bills_exact_seconds(engine):
+def test_a_session_is_billed_to_the_millisecond_with_one_rounding(engine):
+    # 1 µcr an hour less than 3.6 credits: per-second rounding would charge 1 µcr
+    # for each of 3 sessions of 0.4 s; one rounding per session charges each once
+    # for its 400 ms: ceil(400 × 3,599,999 / 3,600,000) = 400.
+    meter = SessionLedger(engine)
+    start = T0 + dt.timedelta(microseconds=123_456)  # between milliseconds: rounded up
+    s = meter.open("alice", "", "p", "alice", RATE - 1, start)
+    assert s.started == T0 + dt.timedelta(milliseconds=124)
+    meter.confirm([s.id], start + dt.timedelta(microseconds=200_999))  # down: .324
+    assert meter.get(s.id).last_confirmed == T0 + dt.timedelta(milliseconds=324)
+    closed = meter.close(s.id, start + dt.timedelta(microseconds=400_999), "user")
+    assert closed.ended == T0 + dt.timedelta(milliseconds=524)
+    assert (closed.billed_ms(), closed.billed_seconds(), closed.cost()) == (400, 1, 400)
+    (charge,) = charges(engine)
+    assert charge["amount_ucr"] == -400 and charge["note"] == "p 0.400 s"
+    with engine.connect() as conn:
+        assert conn.execute(select(sessions_table.c.billed_ms)).scalar() == 400
+
+
+def test_open_confirm_close_bills_exact_milliseconds(engine):
     meter = SessionLedger(engine)
     s = meter.open("alice", "gpu", "h200-1g", "alice", RATE, T0)
     assert (s.account, s.started, s.last_confirmed, s.ended) == ("user:alice", T0, T0, None)
@@ -43,13 +69,14 @@ def test_open_confirm_close_bills_exact_seconds(engine):
     assert meter.get(s.id).last_confirmed == at(60)
     closed = meter.close(s.id, at(61.2), "user")
     assert closed.ended == at(61.2) and closed.end_reason == "user"
-    assert closed.billed_seconds() == 62 and closed.cost() == 62_000
+    assert closed.billed_ms() == 61_200 and closed.billed_seconds() == 62
+    assert closed.cost() == 61_200
     assert meter.get(s.id) == closed
     (charge,) = charges(engine)
-    assert charge["amount_ucr"] == -62_000 and charge["session_id"] == s.id
+    assert charge["amount_ucr"] == -61_200 and charge["session_id"] == s.id
     assert (charge["account"], charge["user_name"], charge["actor"]) == ("user:alice", "alice",
                                                                          "metering")
-    assert charge["note"] == "h200-1g 62s" and charge["created_at"] == at(61.2)
+    assert charge["note"] == "h200-1g 61.200 s" and charge["created_at"] == at(61.2)
     assert meter.open_for("alice", "gpu") is None and meter.open_sessions() == []
 
 
@@ -145,14 +172,15 @@ def test_recover_carries_running_and_closes_dead_at_last_confirmation(engine):
     meter = SessionLedger(engine)
     alive = meter.open("alice", "gpu", "p", "alice", RATE, T0)
     dead = meter.open("bob", "gpu", "p", "bob", RATE, T0)
-    meter.confirm([alive.id, dead.id], at(90.5))
+    meter.confirm([alive.id, dead.id], at(90.5017))
     carried, closed = meter.recover(lambda user, server: user == "alice")
     assert carried == [meter.get(alive.id)] and carried[0].started == T0
     assert carried[0].ended is None
     (gone,) = closed
-    assert gone.id == dead.id and gone.ended == at(90.5) and gone.end_reason == "hub_lost"
-    assert gone.billed_seconds() == 91
-    assert [c["amount_ucr"] for c in charges(engine)] == [-91_000]
+    # Billed to its last confirmation, on the millisecond: nothing past it invented.
+    assert gone.id == dead.id and gone.ended == at(90.501) and gone.end_reason == "hub_lost"
+    assert gone.billed_ms() == 90_501 and gone.billed_seconds() == 91
+    assert [c["amount_ucr"] for c in charges(engine)] == [-90_501]
     # The carried session continues with no gap: the next heartbeat confirms it.
     assert meter.confirm([alive.id], at(105)) == 1
     assert meter.close(alive.id, at(110), "user").billed_seconds() == 110

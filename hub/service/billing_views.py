@@ -16,8 +16,8 @@ from gpulease.hub.billing_reports import iso_z
 from gpulease.hub.units import format_credits
 
 USAGE_COLUMNS = ["user", "server", "profile", "account", "started", "ended",
-                 "billed_seconds", "cost", "end_reason"]
-REPORT_COLUMNS = ["key", "sessions", "billed_seconds", "cost"]
+                 "billed_seconds", "billed_ms", "cost", "end_reason"]
+REPORT_COLUMNS = ["key", "sessions", "billed_seconds", "billed_ms", "cost"]
 REPORT_GROUPS = ("user", "account", "profile")
 
 
@@ -120,6 +120,7 @@ def session_view(s: Mapping[str, Any]) -> dict[str, Any]:
         "started": iso(s["started"]),
         "ended": iso(s.get("ended")),
         "billed_seconds": int(s["billed_seconds"]),
+        "billed_ms": int(s["billed_ms"]),
         "cost": money(s["cost"]),
         "end_reason": s.get("end_reason"),
     }
@@ -129,14 +130,15 @@ def usage_view(sessions: Iterable[Mapping[str, Any]], totals: Mapping[str, int])
     return {
         "sessions": [session_view(s) for s in sessions],
         "totals": {"billed_seconds": int(totals["billed_seconds"]),
-                   "cost": money(totals["cost"])},
+                   "billed_ms": int(totals["billed_ms"]), "cost": money(totals["cost"])},
     }
 
 
 def report_view(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [
         {"key": r["key"], "sessions": int(r["sessions"]),
-         "billed_seconds": int(r["billed_seconds"]), "cost": money(r["cost"])}
+         "billed_seconds": int(r["billed_seconds"]), "billed_ms": int(r["billed_ms"]),
+         "cost": money(r["cost"])}
         for r in rows
     ]
 
@@ -146,6 +148,7 @@ def report_totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "sessions": sum(int(r["sessions"]) for r in rows),
         "billed_seconds": sum(int(r["billed_seconds"]) for r in rows),
+        "billed_ms": sum(int(r["billed_ms"]) for r in rows),
         "cost": money(sum(_ucr(r["cost"]) for r in rows)),
     }
 

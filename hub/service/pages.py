@@ -16,6 +16,7 @@ from gpulease.hub.db import utcnow
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
 from gpulease.hub.service.errors import APIError
+from gpulease.hub.units import seconds_text
 
 CHART_DAYS = 30
 
@@ -39,7 +40,8 @@ class PageHandler(BillingHandler):
         name = self._user_name()
         ns.update(prefix=prefix, user_name=name,
                   hub_home=self.settings.get("gpulease_hub_home", "/hub/home"),
-                  can_report=bool(name) and self.is_auditor())
+                  can_report=bool(name) and self.is_auditor(),
+                  seconds_text=seconds_text)
         return ns
 
     def _user_name(self) -> str | None:
