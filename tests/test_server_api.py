@@ -137,11 +137,12 @@ def test_empty_body_start_runs_the_saved_profile_and_shows_its_cost(hub, tokens)
     time.sleep(1.1)
     state = servers(hub, ana)["slice"]
     assert state["state"] == "running" and state["profile"] == "h200-1g"
-    assert state["started"].endswith("Z") and state["billed_seconds"] >= 1
+    assert state["started"].endswith("Z") and state["billed_ms"] >= 1000
+    assert state["billed_seconds"] == -(-state["billed_ms"] // 1000)
     assert state["rate_per_hour"] == "1.200000"
-    # the cost so far is the rate over the integer seconds billed, rounded up to the µcr
+    # the cost so far is the rate over the milliseconds billed, rounded up to the µcr once
     ucr = int(state["cost"].replace(".", ""))
-    assert ucr == -(-state["billed_seconds"] * 1_200_000 // 3600)
+    assert ucr == -(-state["billed_ms"] * 1_200_000 // 3_600_000)
     r = hub.service("POST", "api/stop", admin, {"user": "ana", "server": "slice",
                                                 "reason": "idle"})
     assert r.status_code == 202, r.text

@@ -114,7 +114,7 @@ def main() -> None:
         time.sleep(0.5)  # stopping (202): wait until it is gone from the running servers
     sessions = api.get(f"{hub}/services/gpulease/api/usage").json()["sessions"]
     last = [s for s in sessions if s["server"] == args.server][-1]
-    print(f"stopped {args.server}: {last['profile']}, {last['billed_seconds']} s billed, "
+    print(f"stopped {args.server}: {last['profile']}, {last['billed_ms'] / 1000:.3f} s billed, "
           f"{last['cost']} credits")
 
 
