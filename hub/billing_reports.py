@@ -9,10 +9,11 @@ million sessions. Their per-session arithmetic is the same integer rule as
 `units.ms_cost` and `sessions.Session.billed_ms`: a closed session's
 `billed_ms` as stored at its close, an open one's interval in whole
 milliseconds (rounded down); cost is ceil(ms × rate / 3,600,000) µcr, written
-in integer division as whole hours × rate plus the rest rounded up (so that
-ms × rate never has to fit in 64 bits at once); billed seconds are each
-session's milliseconds rounded up to the second. SQL and Python agree to the
-micro-credit and the millisecond (the tests check that they do).
+in integer division as whole hours × rate plus the rest rounded up (see
+`_cost`: exact for every cost a BIGINT charge can hold, at any rate); billed
+seconds are each session's milliseconds rounded up to the second. SQL and
+Python agree to the micro-credit and the millisecond (the tests check that
+they do).
 """
 
 from __future__ import annotations
@@ -119,10 +120,14 @@ def _measured(engine: Engine, *columns: Any) -> Any:
 
 
 def _cost(sub: Any) -> Any:
-    # ceil(ms × rate / 3,600,000) as whole hours × rate + ceil(rest × rate / 3,600,000).
-    rate = sub.c.rate_per_hour_ucr
-    return ((sub.c.billed // MS_PER_HOUR) * rate
-            + ((sub.c.billed % MS_PER_HOUR) * rate + MS_PER_HOUR - 1) // MS_PER_HOUR)
+    # ceil(ms × rate / 3,600,000) with ms = hours × H + rest and rate = q × H + r
+    # (H = 3,600,000): hours × rate + rest × q + ceil(rest × r / H). Each term is
+    # at most the cost and rest × r < H², so every cost a BIGINT charge can hold
+    # is exact, at any rate (rest × rate alone overflows above ~2.56e12 µcr/h).
+    billed, rate = sub.c.billed, sub.c.rate_per_hour_ucr
+    rest = billed % MS_PER_HOUR
+    return ((billed // MS_PER_HOUR) * rate + rest * (rate // MS_PER_HOUR)
+            + (rest * (rate % MS_PER_HOUR) + MS_PER_HOUR - 1) // MS_PER_HOUR)
 
 
 def _seconds(sub: Any) -> Any:

@@ -22,6 +22,7 @@ from gpulease.hub.billing_reports import (
 from gpulease.hub.db import sessions
 from gpulease.hub.ledger import Ledger, billed_seconds
 from gpulease.hub.sessions import SessionLedger
+from gpulease.hub.units import MAX_UCR, ms_cost
 
 T0 = dt.datetime(2024, 3, 1)
 
@@ -176,3 +177,25 @@ def test_iso_z():
     assert iso_z(aware) == "2024-01-02T03:04:05Z"
     assert iso_z(dt.datetime(2024, 1, 2, 3, 4, 5, 120_000)) == "2024-01-02T03:04:05.120Z"
     assert iso_z(dt.datetime(2024, 1, 2, 3, 4, 5, 1)) == "2024-01-02T03:04:05.000001Z"
+
+
+# ceil(ms × rate / 3,600,000) with ms × rate past 64 bits: a rate above
+# (2**63 - 1) // 3,599,999 µcr/h (about 2.56 million credits an hour) overflowed
+# the SQL's (ms mod an hour) × rate, while Python's exact ints charged it.
+@pytest.mark.parametrize("rate", [(2**63 - 1) // 3_599_999 + 1, 10**15, 2**62, MAX_UCR])
+def test_sql_costs_agree_with_python_for_every_cost_a_charge_can_hold(engine, rate):
+    meter = SessionLedger(engine)
+    lengths = [ms for ms in (1, 999, 1_799_999, 3_599_999, 3_600_001, 7_199_999)
+               if ms_cost(ms, rate) <= MAX_UCR]
+    for n, ms in enumerate(lengths):  # one user and one day each: no sum past 64 bits
+        start = T0 + dt.timedelta(days=n)
+        s = meter.open(f"u{n}", "", "h200-8", f"user:u{n}", rate, start)
+        closed = meter.close(s.id, start + dt.timedelta(milliseconds=ms), "user")
+        assert closed.billed_ms() == ms
+    everything = {"since": T0, "until": T0 + dt.timedelta(days=len(lengths))}
+    expected = {f"u{n}": ms_cost(ms, rate) for n, ms in enumerate(lengths)}
+    assert {r["user"]: r["cost"] for r in usage(engine, **everything).sessions} == expected
+    assert {r["key"]: r["cost"] for r in report(engine, group_by="user", **everything)} \
+        == expected
+    per_day = spend_per_day(engine, user=None, account=None, **everything)
+    assert [c for _, c in per_day] == [ms_cost(ms, rate) for ms in lengths]
