@@ -4,8 +4,9 @@ Four measurements in one run, each on loopback only and in temp folders or
 databases of its own (each part is described in full in its module):
 
   servers    billing_servers: N named servers (real JupyterLab) of random lengths on
-             `gpulease up`; the client's measured interval of each against its
-             billed_seconds in `GET /services/gpulease/api/usage`.
+             `gpulease up` (some of a minute or more); the client's interval of
+             each (first answer on its own port -> the stop's DELETE answered)
+             against its billed_ms in `GET /services/gpulease/api/usage`.
   kill       billing_servers: on the same hub, K servers survive a hub SIGKILL and
              restart, one more is SIGKILLed while the hub is down (hub_lost).
   heartbeat  billing_ledger: the heartbeat's database work over 1,000 open sessions,
@@ -13,9 +14,11 @@ databases of its own (each part is described in full in its module):
   report     billing_ledger: billing_reports.report and .usage over 1,000,000
              closed sessions in a fresh PostgreSQL database.
 
-    .venv/bin/python bench/billing.py [--servers 20] [--sessions 1000] [--rows 1000000]
+    .venv/bin/python bench/billing.py [--servers 20] [--long-servers 5] [--sessions 1000]
+                                      [--rows 1000000] [--only PART] [--logs DIR]
 
-The last lines are `name: value`, one per figure.
+The last lines are `name: value`, one per figure (its target, if any, in
+brackets after the value).
 """
 
 from __future__ import annotations
@@ -35,13 +38,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench.*` and `tests.hubproc` importable
 
 from bench.billing_ledger import bench_heartbeat, bench_report, scratch_postgres  # noqa: E402
-from bench.billing_servers import Aborted, bench_kill, bench_servers, running_hub  # noqa: E402
+from bench.billing_servers import (  # noqa: E402
+    Aborted,
+    bench_kill,
+    bench_servers,
+    plan,
+    running_hub,
+)
 from bench.procs import interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.hub.db import sqlite_url  # noqa: E402
 from tests.hubproc import CHP  # noqa: E402
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 PARTS = ("servers", "kill", "heartbeat", "report")
+TARGETS = {"billing_max_error_ms": "<= 50", "billing_max_error_pct": "< 0.1",
+           "billing_max_error_s": "<= 1", "usage_report_ms": "< 500"}
 
 
 def run(args: argparse.Namespace) -> dict[str, float]:
@@ -55,11 +66,11 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         parts = set(args.only or PARTS)
         if parts & {"servers", "kill"}:
             print(f"starting gpulease (heartbeat {args.heartbeat:g} s) ...", flush=True)
-            with running_hub(tmp, args.heartbeat, abort) as bench:
+            with running_hub(tmp, args.heartbeat, abort, args.hub_arg) as bench:
                 if "servers" in parts:
-                    figures["billing_max_error_s"] = bench_servers(
-                        bench, args.servers, args.concurrency, (args.min_s, args.max_s),
-                        random.Random(args.seed))
+                    runs = plan(args.servers, args.long_servers, (args.min_s, args.max_s),
+                                (args.long_min_s, args.long_max_s), random.Random(args.seed))
+                    figures.update(bench_servers(bench, runs, args.concurrency))
                 if "kill" in parts:
                     figures["billing_error_after_kill_s"] = bench_kill(
                         bench, args.kill_servers, args.heartbeat, args.downtime)
@@ -83,8 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", type=int, default=20, help="servers of random length (20)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="servers running at once (4: JupyterLab is heavy on 2 cores)")
-    parser.add_argument("--min-s", type=float, default=3.0, help="shortest server run (3 s)")
-    parser.add_argument("--max-s", type=float, default=20.0, help="longest server run (20 s)")
+    parser.add_argument("--long-servers", type=int, default=5,
+                        help="of --servers, how many are long (5); started first")
+    parser.add_argument("--min-s", type=float, default=3.0, help="shortest short run (3 s)")
+    parser.add_argument("--max-s", type=float, default=20.0, help="longest short run (20 s)")
+    parser.add_argument("--long-min-s", type=float, default=60.0,
+                        help="shortest long run (60 s)")
+    parser.add_argument("--long-max-s", type=float, default=75.0,
+                        help="longest long run (75 s)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the random lengths (1)")
     parser.add_argument("--heartbeat", type=float, default=5.0,
                         help="the hub's heartbeat_interval in seconds (5)")
@@ -104,11 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=PARTS,
                         help="run only this part (repeatable); all four by default")
     parser.add_argument("--logs", type=Path, help="copy the hub's logs to this folder at the end")
+    parser.add_argument("--hub-arg", action="append", default=[],
+                        help="one more argument for `gpulease up` (repeatable), e.g. "
+                             "--hub-arg=--debug to see where a stop's time goes in --logs")
     args = parser.parse_args(argv)
     if args.servers < 1 or args.concurrency < 1 or args.kill_servers < 1:
         parser.error("--servers, --concurrency and --kill-servers must be at least 1")
-    if not 0 < args.min_s <= args.max_s:
-        parser.error("need 0 < --min-s <= --max-s")
+    if not 0 < args.min_s <= args.max_s or not 0 < args.long_min_s <= args.long_max_s:
+        parser.error("need 0 < --min-s <= --max-s and 0 < --long-min-s <= --long-max-s")
+    if not 0 <= args.long_servers <= args.servers:
+        parser.error(f"--long-servers ({args.long_servers}) must be 0 to --servers "
+                     f"({args.servers})")
     if args.sessions < 1 or args.rows < 1 or args.reps < 1:
         parser.error("--sessions, --rows and --reps must be at least 1")
     if set(args.only or PARTS) & {"servers", "kill"} and not CHP.exists():
@@ -124,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     print(f"\n(whole run {time.monotonic() - started:.0f} s)")
     for name, value in figures.items():
-        print(f"{name}: {value:.3f}" if name.endswith("_s") else f"{name}: {value:.1f}")
+        digits = 3 if name.endswith("_s") else 4 if name.endswith("_pct") else 1
+        target = TARGETS.get(name) or (f"<= {args.heartbeat:g}"
+                                       if name == "billing_error_after_kill_s" else "")
+        print(f"{name}: {value:.{digits}f}" + (f" (target {target})" if target else ""))
     return 0
 
 

@@ -1,15 +1,16 @@
 """Billing through the real hub: the `servers` and `kill` parts of bench/billing.py.
 
   servers    `gpulease up` (tests/hubproc.HubProcess) with a `cpu` profile at
-             3.6 credits/h; N named servers (real JupyterLab) of random lengths,
-             at most C at once. Each server's running interval is measured on the
-             client: from the first 200 of `GET /user/NAME/SERVER/api/status`
-             through the proxy until the stop completed (the DELETE answered and
-             the hub no longer lists the server). Billing runs from the server's
-             first HTTP answer (just before the proxy route exists) to the release
-             of its devices (just before the stop completes), so the client's
-             interval brackets it; the error is |billed_seconds - measured|, with
-             billed_seconds read back from `GET /services/gpulease/api/usage`.
+             3.6 credits/h; N named servers (real JupyterLab) of random lengths
+             (most short, some of a minute or more), at most C at once, each
+             removed once stopped. Each server's interval is measured by the
+             client (bench/billing_client): from its first HTTP answer on its
+             own port until the stop's DELETE is answered 204. Billing runs from
+             the server's first HTTP answer (the hub polls that same address) to
+             the release of its devices (the end of the spawner's stop, just
+             before JupyterHub answers the DELETE), so both see the same two
+             events; the error is |billed_ms - client interval|, with billed_ms
+             read back from `GET /services/gpulease/api/usage`.
   kill       on the same hub, K servers run; the hub is SIGKILLed between two
              heartbeats, one more server's process is SIGKILLed while the hub is
              down, the hub restarts, the survivors run on and are stopped. The
@@ -20,6 +21,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import random
 import signal
@@ -33,11 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
 import yaml
 
+from bench.billing_client import Aborted, Client, Run
 from bench.procs import Children
 from tests.hubproc import HubProcess
+
+__all__ = ["Aborted", "bench_kill", "bench_servers", "running_hub"]
 
 ADMIN_PASSWORD = "bench-admin-pw-123"
 USER = "payer"
@@ -47,23 +51,17 @@ PROFILES = {"profiles": [
     {"slug": "cpu", "display_name": "CPU", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
      "price_per_hour": PRICE, "min_run": "10m"},
 ]}
-START_BODY = {"user_options": {"profile": "cpu"}}
-POLL_S = 0.02  # client-side polling for the first answer and for the stop
-READY_TIMEOUT_S = 180.0
-STOP_TIMEOUT_S = 60.0
 
-MAX_ERROR_TARGET_S = 1.0
-
-
-class Aborted(Exception):
-    """Ctrl-C (or a failed sibling) asked the worker threads to stop."""
+MAX_ERROR_TARGET_MS = 50.0
+MAX_ERROR_TARGET_PCT = 0.1  # for sessions of LONG_S or more
+LONG_S = 60.0
 
 
 # --- the hub -------------------------------------------------------------------------
 
 
 def parse_z(text_: str) -> float:
-    """An API time ("...Z") as a Unix timestamp, comparable with time.time()."""
+    """An API time ("...:05.120Z") as a Unix timestamp, comparable with time.time()."""
     return dt.datetime.fromisoformat(text_.replace("Z", "+00:00")).timestamp()
 
 
@@ -76,10 +74,11 @@ class Bench:
     abort: threading.Event
     token: str = ""
 
-    def session(self) -> requests.Session:
-        s = requests.Session()
-        s.headers["Authorization"] = f"token {self.token}"
-        return s
+    def client(self) -> Client:
+        """A client of the hub as it runs now (its pid and the user's token change
+        across the kill part's restart)."""
+        assert self.hub.proc is not None
+        return Client(self.hub.url, self.hub.proc.pid, USER, self.token, self.abort)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.hub.log()[-chars:]
@@ -92,16 +91,22 @@ class Bench:
         r = self.hub.service("GET", "api/usage", self.token)
         if r.status_code != 200:
             raise RuntimeError(f"api/usage answered {r.status_code} {r.text}")
-        return {s["server"]: s for s in r.json()["sessions"]}
+        sessions = {s["server"]: s for s in r.json()["sessions"]}
+        if any("billed_ms" not in s for s in sessions.values()):
+            raise RuntimeError("api/usage has no billed_ms (metering to the millisecond, "
+                               "issue 13, has not landed in this tree)")
+        return sessions
 
 
 @contextmanager
-def running_hub(tmp: Path, heartbeat_s: float, abort: threading.Event) -> Iterator[Bench]:
+def running_hub(tmp: Path, heartbeat_s: float, abort: threading.Event,
+                hub_args: list[str] | None = None) -> Iterator[Bench]:
     (tmp / "hub").mkdir()
     profiles = tmp / "hub" / "profiles.yaml"
     profiles.write_text(yaml.safe_dump(PROFILES))
     hub = HubProcess(state=tmp / "hub" / "state", admin_password=ADMIN_PASSWORD, extra_args=[
         f"--profiles={profiles}", f"--GPULeaseHub.heartbeat_interval={heartbeat_s}",
+        *(hub_args or []),
     ])
     bench = Bench(hub, Children(), abort)
     try:
@@ -118,56 +123,6 @@ def running_hub(tmp: Path, heartbeat_s: float, abort: threading.Event) -> Iterat
             bench.children.note(hub.proc.pid)
         hub.close()
         bench.children.reap()
-
-
-@dataclass
-class Run:
-    """One server's life as the client saw it (wall-clock Unix times)."""
-
-    server: str
-    length_s: float
-    first_answer: float = 0.0
-    stop_done: float = 0.0
-
-    @property
-    def measured_s(self) -> float:
-        return self.stop_done - self.first_answer
-
-
-def start_and_wait(bench: Bench, http: requests.Session, run: Run) -> None:
-    """Start the named server; return at its first 200 through the proxy."""
-    url, name = bench.hub.url, run.server
-    r = http.post(f"{url}/hub/api/users/{USER}/servers/{name}", json=START_BODY,
-                  timeout=READY_TIMEOUT_S)
-    if r.status_code not in (201, 202):
-        raise RuntimeError(f"start {name}: {r.status_code} {r.text}\n{bench.log_tail()}")
-    status_url = f"{url}/user/{USER}/{name}/api/status"
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            if http.get(status_url, allow_redirects=False, timeout=10).status_code == 200:
-                run.first_answer = time.time()
-                return
-        except requests.RequestException:
-            pass
-        bench.sleep(POLL_S)
-    raise TimeoutError(f"{name}: no answer after {READY_TIMEOUT_S}s\n{bench.log_tail()}")
-
-
-def stop_and_wait(bench: Bench, http: requests.Session, run: Run) -> None:
-    """Stop the named server; return once the hub no longer lists it."""
-    url, name = bench.hub.url, run.server
-    r = http.delete(f"{url}/hub/api/users/{USER}/servers/{name}", timeout=STOP_TIMEOUT_S)
-    if r.status_code not in (202, 204):
-        raise RuntimeError(f"stop {name}: {r.status_code} {r.text}")
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        servers = http.get(f"{url}/hub/api/users/{USER}", timeout=30).json().get("servers", {})
-        if name not in servers:
-            run.stop_done = time.time()
-            return
-        bench.sleep(POLL_S)
-    raise TimeoutError(f"{name}: still listed {STOP_TIMEOUT_S}s after its stop")
 
 
 def in_parallel(bench: Bench, work: Callable[[Run], None], runs: list[Run],
@@ -201,47 +156,97 @@ def server_pid(user: str, server: str, candidates: list[int]) -> int:
 # --- 1. servers of random lengths ------------------------------------------------------
 
 
-def bench_servers(bench: Bench, count: int, concurrency: int, lengths: tuple[float, float],
-                  rng: random.Random) -> float:
-    runs = [Run(f"s{i:02d}", rng.uniform(*lengths)) for i in range(1, count + 1)]
-    print(f"\n[servers] {count} servers of {lengths[0]:g}-{lengths[1]:g} s, "
-          f"at most {concurrency} at once", flush=True)
+@dataclass
+class Measured:
+    """One server: the client's run beside its billing session."""
+
+    run: Run
+    session: dict[str, Any]
+
+    @property
+    def billed_ms(self) -> int:
+        return int(self.session["billed_ms"])
+
+    @property
+    def error_ms(self) -> float:
+        return abs(self.billed_ms - self.run.client_ms)
+
+    @property
+    def start_lead_ms(self) -> float:  # > 0: the client saw the start after the hub
+        return (self.run.first_answer - parse_z(self.session["started"])) * 1000
+
+    @property
+    def end_lead_ms(self) -> float:  # > 0: the client saw the end after the hub
+        return (self.run.stop_done - parse_z(self.session["ended"])) * 1000
+
+
+def plan(count: int, long_count: int, short: tuple[float, float], long: tuple[float, float],
+         rng: random.Random) -> list[Run]:
+    """`count` runs, the first `long_count` of them long (started first, so that the
+    long ones overlap the short ones rather than trail at the end)."""
+    lengths = [rng.uniform(*long) for _ in range(long_count)]
+    lengths += [rng.uniform(*short) for _ in range(count - long_count)]
+    return [Run(f"s{i:02d}", length) for i, length in enumerate(lengths, 1)]
+
+
+def bench_servers(bench: Bench, runs: list[Run], concurrency: int) -> dict[str, float]:
+    print(f"\n[servers] {len(runs)} servers ({sum(r.length_s >= LONG_S for r in runs)} of "
+          f"{LONG_S:g} s or more), at most {concurrency} at once, each removed once stopped",
+          flush=True)
 
     def life(run: Run) -> None:
-        http = bench.session()
-        start_and_wait(bench, http, run)
+        client = bench.client()
+        client.start(run)
         bench.sleep(run.length_s)
-        stop_and_wait(bench, http, run)
-        print(f"  {run.server} ran {run.measured_s:6.2f} s", flush=True)
+        client.stop(run)
+        client.remove(run.server)
+        print(f"  {run.server} ran {run.client_ms / 1000:7.3f} s"
+              f"{' (slow stop: 202)' if run.slow_stop else ''}", flush=True)
 
     in_parallel(bench, life, runs, concurrency)
     sessions = bench.usage()
-    print("  measured = client: first 200 of /user/payer/SERVER/api/status through the proxy")
-    print("             -> stop completed (DELETE answered, server no longer listed by the hub)")
-    print("  billed   = billed_seconds of the session in api/usage (hub: first HTTP answer")
-    print("             -> devices released, rounded up to the second)")
-    print("  start lead = first answer seen by the client - session start (hub)")
-    print("  end lead   = stop completed seen by the client - session end (hub)")
-    print("  hub interval = session end - session start (hub timestamps, before rounding)")
-    print(f"  {'server':<7}{'length':>8}{'measured':>10}{'hub':>9}{'billed':>8}{'error':>8}"
-          f"{'start lead':>12}{'end lead':>10}  reason")
-    errors, raw_errors = [], []
+    measured = []
     for run in runs:
         s = sessions[run.server]
         if s["ended"] is None:
             raise RuntimeError(f"{run.server}: session still open after the stop: {s}")
-        interval = parse_z(s["ended"]) - parse_z(s["started"])
-        error = abs(s["billed_seconds"] - run.measured_s)
-        errors.append(error)
-        raw_errors.append(abs(interval - run.measured_s))
-        print(f"  {run.server:<7}{run.length_s:8.2f}{run.measured_s:10.3f}{interval:9.3f}"
-              f"{s['billed_seconds']:8d}{error:8.3f}"
-              f"{run.first_answer - parse_z(s['started']):12.3f}"
-              f"{run.stop_done - parse_z(s['ended']):10.3f}  {s['end_reason']}")
-    print(f"  max error {max(errors):.3f} s, mean {statistics.fmean(errors):.3f} s "
-          f"(target <= {MAX_ERROR_TARGET_S:g} s); before rounding up to the second: "
-          f"max {max(raw_errors):.3f} s, mean {statistics.fmean(raw_errors):.3f} s", flush=True)
-    return max(errors)
+        measured.append(Measured(run, s))
+    print_servers(measured)
+    errors = [m.error_ms for m in measured]
+    long_pct = [m.error_ms / m.run.client_ms * 100 for m in measured
+                if m.run.client_ms >= LONG_S * 1000]
+    whole_s = [abs(m.session["billed_seconds"] - m.run.client_ms / 1000) for m in measured]
+    print(f"  max error {max(errors):.1f} ms, mean {statistics.fmean(errors):.1f} ms "
+          f"(target <= {MAX_ERROR_TARGET_MS:g} ms); servers of {LONG_S:g} s or more: max "
+          + (f"{max(long_pct):.4f} %" if long_pct else "n/a (none)")
+          + f" (target < {MAX_ERROR_TARGET_PCT:g} %)")
+    for side in ("start_lead_ms", "end_lead_ms"):
+        values = [getattr(m, side) for m in measured]
+        print(f"  {side[:-3].replace('_', ' ')}: min {min(values):.1f}, median "
+              f"{statistics.median(values):.1f}, max {max(values):.1f} ms")
+    print(f"  whole seconds (billed_seconds, rounded up): max error {max(whole_s):.3f} s",
+          flush=True)
+    return {"billing_max_error_ms": max(errors),
+            "billing_max_error_pct": max(long_pct) if long_pct else math.nan,
+            "billing_max_error_s": max(whole_s)}
+
+
+def print_servers(measured: list[Measured]) -> None:
+    print("  client = first answer on the server's own port (polled every 5 ms from the POST)")
+    print("           -> the stop's DELETE answered 204 (202*: a slow stop, polled until gone)")
+    print("  billed = billed_ms in api/usage (hub: its own poll's first answer, every 10 ms")
+    print("           -> devices released at the end of the spawner's stop)")
+    print("  start lead = client's first answer - session start; end lead = DELETE answered")
+    print("  - session end; error = |billed - client| = |start lead - end lead|;")
+    print("  proxy lag = first 200 through the proxy - first answer (information)")
+    print(f"  {'server':<7}{'length s':>9}{'client ms':>11}{'billed_ms':>10}{'error ms':>9}"
+          f"{'start lead':>11}{'end lead':>9}{'proxy lag':>10}  end")
+    for m in measured:
+        run = m.run
+        print(f"  {run.server:<7}{run.length_s:9.2f}{run.client_ms:11.1f}{m.billed_ms:10d}"
+              f"{m.error_ms:9.1f}{m.start_lead_ms:11.1f}{m.end_lead_ms:9.1f}"
+              f"{run.proxy_lag_ms:10.1f}  {'202*' if run.slow_stop else '204'} "
+              f"{m.session['end_reason']}")
 
 
 # --- 2. hub SIGKILL mid-session ----------------------------------------------------------
@@ -254,8 +259,7 @@ def bench_kill(bench: Bench, keep: int, heartbeat_s: float, downtime_s: float) -
     print(f"\n[kill] {keep} servers survive a hub SIGKILL, {dies.server} is killed while "
           f"the hub is down (heartbeat {heartbeat_s:g} s, hub down {downtime_s:g} s)",
           flush=True)
-    in_parallel(bench, lambda run: start_and_wait(bench, bench.session(), run),
-                [*runs, dies], len(runs) + 1)
+    in_parallel(bench, lambda run: bench.client().start(run), [*runs, dies], len(runs) + 1)
     # Kill between two heartbeats: the last confirmation is up to one interval old.
     bench.sleep(2.5 * heartbeat_s)
     assert hub.proc is not None
@@ -276,32 +280,35 @@ def bench_kill(bench: Bench, keep: int, heartbeat_s: float, downtime_s: float) -
     bench.token = hub.token_for(USER, USER_PASSWORD)
     after_restart = bench.usage()
     bench.sleep(2 * heartbeat_s)
-    in_parallel(bench, lambda run: stop_and_wait(bench, bench.session(), run), runs, len(runs))
+    in_parallel(bench, lambda run: bench.client().stop(run), runs, len(runs))
     sessions = bench.usage()
 
-    print(f"  {'server':<7}{'measured':>10}{'billed':>8}{'error':>8}  reason / note")
+    print(f"  {'server':<7}{'client s':>10}{'billed s':>10}{'error s':>9}  reason / note")
     errors = []
     for run in runs:
         s = sessions[run.server]
         same = s["started"] == before[run.server]["started"] == after_restart[run.server]["started"]
-        error = abs(s["billed_seconds"] - run.measured_s)
+        billed_s = s["billed_ms"] / 1000
+        error = abs(billed_s - run.client_ms / 1000)
         errors.append(error)
-        print(f"  {run.server:<7}{run.measured_s:10.3f}{s['billed_seconds']:8d}{error:8.3f}  "
-              f"{s['end_reason']}, {'one session across the restart' if same else 'SPLIT'}")
+        print(f"  {run.server:<7}{run.client_ms / 1000:10.3f}{billed_s:10.3f}{error:9.3f}  "
+              f"{s['end_reason']}, {'one session across the restart' if same else 'SPLIT'}"
+              f"{', slow stop (202)' if run.slow_stop else ''}")
         if not same or s["end_reason"] != "user":
             raise RuntimeError(f"{run.server}: not carried across the restart: "
                                f"{before[run.server]} / {s}")
     d = sessions[dies.server]
-    error = abs(d["billed_seconds"] - dies.measured_s)
+    billed_s = d["billed_ms"] / 1000
+    error = abs(billed_s - dies.client_ms / 1000)
     errors.append(error)
     ended_before_death = parse_z(d["ended"]) <= dies.stop_done
-    print(f"  {dies.server:<7}{dies.measured_s:10.3f}{d['billed_seconds']:8d}{error:8.3f}  "
+    print(f"  {dies.server:<7}{dies.client_ms / 1000:10.3f}{billed_s:10.3f}{error:9.3f}  "
           f"{d['end_reason']}, ended {dies.stop_done - parse_z(d['ended']):.3f} s before its "
           f"death (last confirmation), billed before the kill: "
-          f"{before[dies.server]['billed_seconds']} s")
-    print(f"  measured for {dies.server} = first answer -> its SIGKILL; no invented seconds: "
-          f"billed {d['billed_seconds']} <= ceil(death - session start) "
-          f"{int(-(-(dies.stop_done - parse_z(d['started'])) // 1))}: "
+          f"{before[dies.server]['billed_ms'] / 1000:.3f} s")
+    print(f"  client for {dies.server} = first answer -> its SIGKILL; no invented time: "
+          f"billed {billed_s:.3f} s <= death - session start "
+          f"{dies.stop_done - parse_z(d['started']):.3f} s: "
           f"{'yes' if ended_before_death else 'NO'}")
     if d["end_reason"] != "hub_lost" or not ended_before_death:
         raise RuntimeError(f"{dies.server}: expected hub_lost ending before its death: {d}")

@@ -1,0 +1,211 @@
+"""What the client of bench/billing.py sees of a named server's life, on the millisecond.
+
+  start    From the moment the start's POST is sent, the client looks among the
+           hub's child processes for the server's (its environment names the
+           user and server, and JUPYTERHUB_SERVICE_URL its own address), then
+           polls that address (`.../user/U/S/api`, the URL the spawner's
+           first_answer polls) every POLL_S; its first HTTP answer, of any
+           status, is the client's start. The first 200 of
+           `/user/U/S/api/status` through the proxy, polled once the POST is
+           answered, comes after it (JupyterHub's wait_up and the route): the
+           "proxy lag", shown as information.
+  end      The moment the stop's DELETE is answered 204: JupyterHub answers only
+           once the spawner's stop returned (devices released). A 202 (slower
+           than slow_stop_timeout) falls back to polling the user model until
+           the server is gone, and the run is flagged.
+  removal  A stopped named server is then removed (DELETE with {"remove": true}),
+           as a client does, so that a user's named_server_limit_per_user (5)
+           is never reached; the billing sessions stay in gpulease's table.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+
+from bench.procs import descendants
+
+POLL_S = 0.005  # the client's polling of the server's own port (the hub's: 10 ms)
+PROXY_POLL_S = 0.01  # through the proxy, once the start's POST is answered
+READY_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 60.0
+START_BODY = {"user_options": {"profile": "cpu"}}
+
+
+class Aborted(Exception):
+    """Ctrl-C (or a failed sibling) asked the worker threads to stop."""
+
+
+@dataclass
+class Run:
+    """One server's life as the client saw it (wall-clock Unix times, seconds)."""
+
+    server: str
+    length_s: float
+    post_sent: float = 0.0
+    first_answer: float = 0.0  # first answer on the server's own port
+    proxy_ready: float = 0.0  # first 200 through the proxy
+    stop_done: float = 0.0  # DELETE answered 204 (or, slow stop, seen gone)
+    slow_stop: bool = False  # DELETE answered 202: stop_done comes from polling
+
+    @property
+    def client_ms(self) -> float:
+        return (self.stop_done - self.first_answer) * 1000
+
+    @property
+    def proxy_lag_ms(self) -> float:
+        return (self.proxy_ready - self.first_answer) * 1000
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`, from every one of its threads."""
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids.extend(int(k) for k in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return kids
+
+
+def _environ(pid: int) -> dict[bytes, bytes]:
+    """The environment `pid` was exec'd with ({} if it is gone or not readable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+def server_env(hub_pid: int, user: str, server: str, deep: bool = False) -> dict[bytes, bytes]:
+    """The environment of the hub's child that runs user/server ({} if none yet).
+
+    Between fork and exec the child still has the hub's environment; it is
+    found once it runs the server's command. `deep`: all descendants, for a
+    server started through a wrapper process."""
+    want = {b"JUPYTERHUB_USER": user.encode(), b"JUPYTERHUB_SERVER_NAME": server.encode()}
+    for pid in descendants(hub_pid) if deep else _children(hub_pid):
+        env = _environ(pid)
+        if all(env.get(k) == v for k, v in want.items()) and b"JUPYTERHUB_SERVICE_URL" in env:
+            return env
+    return {}
+
+
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether `url` gave an HTTP answer (any status). A refused connection on
+    loopback costs microseconds, so polling every few ms is cheap."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("GET", parts.path)
+        conn.getresponse().read()
+        return True
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+class Client:
+    """Starts, stops and removes named servers of one user, timing what it sees."""
+
+    def __init__(self, hub_url: str, hub_pid: int, user: str, token: str,
+                 abort: threading.Event) -> None:
+        self.hub_url, self.hub_pid, self.user = hub_url, hub_pid, user
+        self.token, self.abort = token, abort
+
+    def session(self) -> requests.Session:
+        s = requests.Session()
+        s.headers["Authorization"] = f"token {self.token}"
+        return s
+
+    def _server_api(self, name: str) -> str:
+        return f"{self.hub_url}/hub/api/users/{self.user}/servers/{name}"
+
+    def _check(self, posted: Future, name: str, deadline: float) -> None:
+        if self.abort.is_set():
+            raise Aborted
+        if posted.done() and posted.result().status_code not in (201, 202):
+            r = posted.result()
+            raise RuntimeError(f"start {name}: {r.status_code} {r.text}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: not up after {READY_TIMEOUT_S} s")
+
+    def start(self, run: Run) -> None:
+        """Start the server; return at its first 200 through the proxy, the start
+        answered, with run.first_answer and run.proxy_ready set."""
+        name, deadline = run.server, time.monotonic() + READY_TIMEOUT_S
+        # The POST is answered only once the spawn completed (route added), so it
+        # runs in a thread of its own while this one watches; sessions are not shared.
+        with self.session() as poster, self.session() as http, ThreadPoolExecutor(1) as pool:
+            run.post_sent = time.time()
+            posted = pool.submit(poster.post, self._server_api(name), json=START_BODY,
+                                 timeout=READY_TIMEOUT_S)
+            tries, env = 0, {}
+            while not env:
+                self._check(posted, name, deadline)
+                env = server_env(self.hub_pid, self.user, name, deep=tries % 20 == 19)
+                tries += 1
+                if not env:
+                    time.sleep(POLL_S)
+            own = env[b"JUPYTERHUB_SERVICE_URL"].decode().rstrip("/") + "/api"
+            while not answers(own):
+                self._check(posted, name, deadline)
+                time.sleep(POLL_S)
+            run.first_answer = time.time()
+            # The proxy is polled only once the POST is answered (JupyterHub answers
+            # once it added the route): each miss before that is a page the hub
+            # renders on its event loop, the very loop that is timing this session's
+            # start and the others' starts and ends.
+            posted.result()
+            self._check(posted, name, deadline)
+            status = f"{self.hub_url}/user/{self.user}/{name}/api/status"
+            while True:
+                self._check(posted, name, deadline)
+                try:
+                    if http.get(status, allow_redirects=False, timeout=10).status_code == 200:
+                        run.proxy_ready = time.time()
+                        break
+                except requests.RequestException:
+                    pass
+                time.sleep(PROXY_POLL_S)
+
+    def stop(self, run: Run) -> None:
+        """Stop the server; run.stop_done is when the DELETE was answered 204 (a 202:
+        when the hub no longer lists the server, and run.slow_stop)."""
+        with self.session() as http:
+            r = http.delete(self._server_api(run.server), timeout=STOP_TIMEOUT_S)
+            answered = time.time()
+            if r.status_code == 204:
+                run.stop_done = answered
+                return
+            if r.status_code != 202:
+                raise RuntimeError(f"stop {run.server}: {r.status_code} {r.text}")
+            run.slow_stop = True
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while time.monotonic() < deadline:
+                model = http.get(f"{self.hub_url}/hub/api/users/{self.user}", timeout=30).json()
+                if run.server not in model.get("servers", {}):
+                    run.stop_done = time.time()
+                    return
+                if self.abort.wait(POLL_S):
+                    raise Aborted
+            raise TimeoutError(f"{run.server}: still listed {STOP_TIMEOUT_S} s after its stop")
+
+    def remove(self, name: str) -> None:
+        """Remove the stopped named server (JupyterHub deletes its record)."""
+        with self.session() as http:
+            r = http.delete(self._server_api(name), json={"remove": True}, timeout=STOP_TIMEOUT_S)
+            if r.status_code != 204:
+                raise RuntimeError(f"remove {name}: {r.status_code} {r.text}")
+            model = http.get(f"{self.hub_url}/hub/api/users/{self.user}",
+                             params={"include_stopped_servers": "1"}, timeout=30).json()
+            if name in model.get("servers", {}):
+                raise RuntimeError(f"remove {name}: answered 204 but still listed")
