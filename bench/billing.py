@@ -17,8 +17,8 @@ databases of its own (each part is described in full in its module):
     .venv/bin/python bench/billing.py [--servers 20] [--long-servers 5] [--sessions 1000]
                                       [--rows 1000000] [--only PART] [--logs DIR]
 
-The last lines are `name: value`, one per figure (its target, if any, in
-brackets after the value).
+The last lines are `name: value`, one per figure (then its target, if any:
+`(target <= 50)`).
 """
 
 from __future__ import annotations
