@@ -34,6 +34,7 @@ from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, s
 from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.cgroup_kill import Emptied, devices_may_go
 from gpulease.spawners.cgroups import CgroupError
+from gpulease.spawners.exit_watch import watch_server_exit
 from gpulease.spawners.first_answer import first_answer
 from gpulease.spawners.options_form import (
     options_from_form,
@@ -111,6 +112,7 @@ class LocalGPUSpawner(AdmissionOptions, LocalProcessSpawner):
     gpulease_answered_at: datetime | None = None  # this run's first HTTP answer (UTC)
     _gpulease_opening: bool = False  # its billing session is being written now
     _gpulease_watch: asyncio.Task | None = None  # waits for a late first answer
+    _gpulease_unwatch = staticmethod(lambda: None)  # stops watching for its exit
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
@@ -319,6 +321,7 @@ class LocalGPUSpawner(AdmissionOptions, LocalProcessSpawner):
     async def _first_answer(self, choice: ServerChoice, admitted) -> None:
         """The server answered: bill it from now on, and tell a queued user it started."""
         await self._open_session(choice)
+        self._gpulease_unwatch = watch_server_exit(self)  # billed to the very exit
         if admitted is not None and admitted.queued:
             await tell_started(self.gpulease, self.user.name, self.name, choice.profile.slug,
                                admitted.waited_s)
@@ -447,6 +450,7 @@ class LocalGPUSpawner(AdmissionOptions, LocalProcessSpawner):
         empty; when it cannot be emptied they are out of service until it
         is (gpulease.spawners.quarantine, checked on every heartbeat).
         """
+        self._gpulease_unwatch()
         emptied = await self._remove_cgroup()
         ctx = self.gpulease
         user, server = self.user.name, self.name
