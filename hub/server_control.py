@@ -70,14 +70,21 @@ class HubServerControl:
     async def running(self) -> list[RunningServer]:
         out: list[RunningServer] = []
         unknown: list[tuple[Any, dict | None]] = []
+        metered = self.ctx.meter.live if self.ctx.meter is not None else {}
         for user in list(self.app.users.values()):
             for spawner in list(user.spawners.values()):
                 # Ready: JupyterHub counts it as running. A session being opened
                 # right now (its first answer was just seen) is not a gap.
                 if not spawner.ready or getattr(spawner, "_gpulease_opening", False):
                     continue
-                choice = getattr(spawner, "gpulease_choice", None)
                 key = (user.name, spawner.name)
+                # Ready without a session may also be gone since JupyterHub last
+                # polled (a poll that closed its session does not tell JupyterHub):
+                # such a server needs no session, or one would bill a dead server
+                # from its first answer again, over the session that already did.
+                if key not in metered and await spawner.poll_and_notify() is not None:
+                    continue
+                choice = getattr(spawner, "gpulease_choice", None)
                 answered = getattr(spawner, "gpulease_answered_at", None)
                 started = spawner.orm_spawner.started if spawner.orm_spawner else None
                 if choice is not None:
@@ -86,7 +93,6 @@ class HubServerControl:
                                              started))
                 else:
                     unknown.append((spawner, dict(spawner.orm_spawner.user_options or {})))
-        metered = self.ctx.meter.live if self.ctx.meter is not None else {}
         for spawner, options in unknown:
             key = (spawner.user.name, spawner.name)
             if key in metered:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Connection, Engine, case, delete, insert, select, update
+from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
 
 from gpulease.hub.db import ledger_entries, meter_lease, reading, sessions, utcnow
 from gpulease.hub.ledger import (
@@ -156,6 +156,13 @@ class SessionLedger:
                 # Its server cannot still be running if it is starting again: bill
                 # what was confirmed, nothing more.
                 self._close_in(conn, stale.id, stale.last_confirmed_at, "hub_lost")
+            # A server's sessions never overlap: one asked to start before the end
+            # of the last (a repair from a first answer already billed, a clock
+            # stepped back) starts at that end, so no moment is billed twice.
+            last_end = conn.execute(select(func.max(sessions.c.ended_at)).where(
+                sessions.c.user_name == user, sessions.c.server_name == server)).scalar()
+            if last_end is not None and last_end > started:
+                started = last_end
             new_id = conn.execute(insert(sessions).values(
                 user_name=user, server_name=server, profile_slug=profile, account=account,
                 rate_per_hour_ucr=rate_per_hour_ucr, started_at=started,

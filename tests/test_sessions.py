@@ -237,3 +237,18 @@ def test_expired_lease_taken_over_and_renew_fails_after(engine):
 def test_pid_alive():
     assert pid_alive(os.getpid()) is True
     assert pid_alive(2**22 + 12345) is False
+
+
+def test_a_servers_sessions_never_overlap(engine):
+    # A session asked to start before its server's last one ended (the heartbeat's
+    # repair of a server "ready" but gone, from the first answer the closed session
+    # already billed) starts at that end: no millisecond is billed twice.
+    meter = SessionLedger(engine)
+    first = meter.open("ann", "", "p", "ann", RATE, T0)
+    meter.close(first.id, at(10.5), "server_died")
+    again = meter.open("ann", "", "p", "ann", RATE, T0)
+    assert again.started == at(10.5)
+    assert meter.close(again.id, at(15), "server_died").billed_ms() == 4_500
+    other = meter.open("ann", "x", "p", "ann", RATE, at(1))  # another server: its own
+    assert other.started == at(1)
+    assert sum(-c["amount_ucr"] for c in charges(engine)) == 15_000
