@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpulease.hub.billing_reports import iso_z  # as api/usage: to the millisecond
 from gpulease.hub.catalog import Catalog
 from gpulease.hub.ledger import seconds_up
 from gpulease.hub.options import ServerChoice, resolve_user_options
@@ -82,10 +83,6 @@ class ServerState:
         return out
 
 
-def iso_z(moment: dt.datetime) -> str:
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
-    return moment.isoformat(timespec="seconds") + "Z"
 
 
 def _parse_iso(text: str) -> dt.datetime:

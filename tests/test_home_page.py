@@ -59,6 +59,17 @@ def test_server_states():
     assert by["off"].state == "stopped"
 
 
+def test_a_running_servers_start_is_written_to_its_millisecond():
+    # api/me/servers, as api/usage: started + billed_ms is the moment billed to, so
+    # the start must keep its milliseconds (it was cut to the second: .120 lost).
+    started = NOW - dt.timedelta(seconds=90, milliseconds=-120)
+    states = server_states([ServerFacts("run", ready=True)],
+                           {"run": session("run", started=started)}, {}, {}, NOW)
+    (state,) = [s for s in states if s.name == "run"]
+    assert state.to_json()["started"] == "2025-03-01T11:58:30.120Z"
+    assert state.to_json()["billed_ms"] == 89_880
+
+
 # --- on a real hub -------------------------------------------------------------------
 
 ADMIN_PW = "admin-secret-pw"
