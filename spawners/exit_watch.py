@@ -7,16 +7,22 @@ that ended between two passes had everything it did since the last one run
 unbilled, up to a heartbeat interval each time it is started again. A pidfd
 (Linux 5.3 and later) becomes readable when its process ends, zombie or not:
 the event loop is told then, within its own latency.
+
+A stop waits for the exit it caused in a thread (`wait_for_exit`), which
+takes the time as the process ends: the session of a stopped server ends
+there, not at JupyterHub's next backed-off look (on average ~0.5 s later).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from collections.abc import Callable
 from datetime import datetime
 
 from gpulease.hub.db import utcnow
+from gpulease.spawners.own_thread import in_own_thread
 
 
 def watch_exit(pid: int, ended: Callable[[datetime], None]) -> Callable[[], None]:
@@ -54,7 +60,9 @@ def watch_server_exit(spawner) -> Callable[[], None]:
     rather than at its next poll, so that no heartbeat finds it "ready" but
     gone. Returns what stops watching."""
     proc = spawner.proc
-    if proc is None:
+    if proc is None or proc.poll() is not None:
+        # Gone already (the heartbeat closes it). Not reaped while poll() says it
+        # runs, so its pid cannot be another process's when the pidfd opens.
         return lambda: None
 
     def ended(moment: datetime) -> None:
@@ -68,3 +76,18 @@ def watch_server_exit(spawner) -> Callable[[], None]:
         task.add_done_callback(_NOTIFYING.discard)
 
     return watch_exit(proc.pid, ended)
+
+
+async def wait_for_exit(proc: subprocess.Popen, timeout: float) -> datetime | None:
+    """When `proc` (our child) ended (UTC), taken in a thread that waits on it as it
+    ends; None if it still runs after `timeout` seconds. For a stop: JupyterHub
+    looks at backed-off, random intervals (0.1, 0.3, 0.7, 1.5 s ...)."""
+
+    def wait() -> datetime | None:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return utcnow()
+
+    return await in_own_thread(wait, "gpulease-server-exit")
