@@ -42,6 +42,9 @@ class Emptied:
     left: tuple[int, ...]  # pids still in the cgroup at the deadline; () = empty
     # Who to look for outside the cgroup: {"uid", "device_nodes"} (device_holders).
     holding: dict = field(default_factory=dict, compare=False)
+    # Processes still there when ending began (0: the server's own exit was its
+    # end; else its billing runs until they were ended).
+    found: int = 0
 
     @property
     def empty(self) -> bool:
@@ -115,6 +118,7 @@ def empty_cgroup(
     freezers = [d for d in dirs if os.path.exists(f"{d}/freezer.state")]
     how = "cgroup.kill" if kill_files else "freezer" if freezers else "signals"
     deadline = clock() + wait_s
+    found = len(cgroup_pids(dirs))
     killed = 0
     first = True
     while True:
@@ -146,7 +150,7 @@ def empty_cgroup(
         if not left or clock() >= deadline:
             break
         sleep(0.02)
-    return Emptied(kind, unit, dirs, how, killed, tuple(sorted(left)))
+    return Emptied(kind, unit, dirs, how, killed, tuple(sorted(left)), found=found)
 
 
 def remove_dirs(dirs: Iterable[str], wait_s: float = 2.0) -> list[str]:

@@ -224,7 +224,7 @@ def end_everything(state: dict) -> Emptied | None:
         dirs = tuple(state.get("dirs", ()))
         left = tuple(sorted(cgroup_pids(dirs))) if dirs else (-1,)
         return Emptied(state.get("kind", ""), state.get("unit", ""), dirs, f"an error ({e})",
-                       0, left)
+                       0, left, found=len(left))
 
 
 def _end_holders(state: dict, emptied: Emptied) -> Emptied:
@@ -240,7 +240,8 @@ def _end_holders(state: dict, emptied: Emptied) -> Emptied:
     how = emptied.how + (f", and {killed} holder(s) of its GPU nodes outside it"
                          if killed or left else "")
     return replace(emptied, how=how, killed=emptied.killed + killed,
-                   left=tuple(sorted({*emptied.left, *left})), holding=holding)
+                   left=tuple(sorted({*emptied.left, *left})), holding=holding,
+                   found=emptied.found + killed + len(left))
 
 
 def _cleanup_scope(state: dict, wait_s: float) -> Emptied:
@@ -252,7 +253,8 @@ def _cleanup_scope(state: dict, wait_s: float) -> Emptied:
     if emptied is None:  # systemd would not say where the scope lives: its stop must do
         return Emptied("systemd", unit, (), "systemctl stop", 0, ())
     left = tuple(sorted(cgroup_pids(dirs)))
-    return Emptied("systemd", unit, dirs, emptied.how, emptied.killed, left)
+    return Emptied("systemd", unit, dirs, emptied.how, emptied.killed, left,
+                   found=emptied.found)
 
 
 def scope_dirs(unit: str) -> tuple[str, ...]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import psutil
+
+from gpulease.hub.db import utcnow
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -15,8 +19,8 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def end_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL what is left after `grace_s`."""
+def end_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> int:
+    """SIGTERM, then SIGKILL what is left after `grace_s`; how many were still there."""
     alive = []
     for proc in procs:
         try:
@@ -30,6 +34,12 @@ def end_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> None:
             proc.kill()
         except psutil.Error:
             pass
+    return len(alive)
+
+
+def end_processes_at(procs: list[psutil.Process]) -> datetime | None:
+    """`end_processes`; when it was done (UTC), if any of `procs` was still there."""
+    return utcnow() if end_processes(procs) else None
 
 
 def kill_tree(pid: int) -> int:

@@ -11,12 +11,14 @@ import json
 import math
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
 from tests.hubproc import HubProcess
+from tests.test_e2e_enforcement import home_config
 
 pytestmark = pytest.mark.e2e
 
@@ -99,6 +101,77 @@ def test_a_session_is_billed_to_the_millisecond(hub, admin):
     expected = -(-session["billed_ms"] * 3_600_000 // 3_600_000)  # 3.6 credits/h: 1 µcr a ms
     assert credits(session["cost"]) == expected
     assert credits(balance_of(hub, token)["balance"]) == 10_000_000 - expected
+
+
+def _exit_of(pid: int, found: list[float]) -> None:
+    """Note when process `pid` ends (gone, or a zombie not yet reaped), polling every 2 ms."""
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "gone"
+        if state in ("Z", "X", "gone"):
+            found.append(time.time())
+            return
+        time.sleep(0.002)
+
+
+def test_a_stopped_server_is_billed_to_its_exit_not_to_when_the_hub_looked(hub, admin):
+    # JupyterHub's stop looks for the process's end at backed-off, random
+    # intervals (0.1, 0.3, 0.7, 1.5 s after the signal ...): JupyterLab takes a
+    # second or so to shut down, and the session ran on to the look after it.
+    token = hub.add_user(admin, "ida", "10")
+    r = hub.api("POST", "users/ida/server", token, {"user_options": {"profile": "cpu"}})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready("ida", token)
+    exits: list[float] = []
+    watcher = threading.Thread(target=_exit_of, args=(_server_pid(hub, "ida", ""), exits))
+    watcher.start()
+    assert hub.api("DELETE", "users/ida/server", token).status_code in (202, 204)
+    hub.wait_server_stopped("ida", token)
+    watcher.join(30)
+    (session,) = sessions_of(hub, token)
+    ended = dt.datetime.fromisoformat(session["ended"].replace("Z", "+00:00")).timestamp()
+    # Within the 2 ms polling here and the hub thread's own stamp of the exit.
+    assert abs(ended - exits[0]) < 0.05, (ended - exits[0], session)
+
+
+LEFTOVER_CONFIG = """
+import os, subprocess, sys
+_job = subprocess.Popen(
+    [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                           "signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(1000)"],
+    start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL)
+with open(os.path.expanduser("~/leftover.pid"), "w") as f:
+    f.write(str(_job.pid))
+"""
+
+
+def test_what_a_server_leaves_running_is_billed_until_it_is_ended(hub, admin):
+    # A job started from the researcher's own config outlives the server and
+    # ignores SIGTERM and SIGINT: the stop ends it (through its cgroup, or SIGKILL
+    # after 3 s), and billing runs until then, not only to the server's own exit.
+    token = hub.add_user(admin, "jon", "10")
+    home_config(hub, "jon", LEFTOVER_CONFIG)
+    r = hub.api("POST", "users/jon/server", token, {"user_options": {"profile": "cpu"}})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready("jon", token)
+    job = int((hub.state / "homes" / "jon" / "leftover.pid").read_text())
+    server_exit: list[float] = []
+    job_end: list[float] = []
+    watchers = [threading.Thread(target=_exit_of, args=(_server_pid(hub, "jon", ""), server_exit)),
+                threading.Thread(target=_exit_of, args=(job, job_end))]
+    for w in watchers:
+        w.start()
+    assert hub.api("DELETE", "users/jon/server", token).status_code in (202, 204)
+    hub.wait_server_stopped("jon", token)
+    for w in watchers:
+        w.join(30)
+    assert job_end and job_end[0] > server_exit[0] + 0.01  # it outlived the server
+    (session,) = sessions_of(hub, token)
+    ended = dt.datetime.fromisoformat(session["ended"].replace("Z", "+00:00")).timestamp()
+    assert ended >= job_end[0] - 0.01, (ended - job_end[0], ended - server_exit[0])
 
 
 def test_no_credit_is_402_naming_balance_and_need(hub, admin):

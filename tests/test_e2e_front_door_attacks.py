@@ -214,8 +214,11 @@ def test_a_body_declared_too_large_is_refused_unread(hub, path):
             f"Content-Length: {50 * MIB}\r\n\r\n").encode()
     assert _raw(hub.hub_port, head).startswith(b"HTTP/1.1 400 "), "straight at the hub"
     # Through the hub's proxy, the whole of 8 MiB sent: the proxy answers 503 for the
-    # hub that stopped reading, where the hub's handler answered 403 having read it all.
-    assert _sent_whole(hub.port, path, 8 * MIB).startswith(b"HTTP/1.1 503 ")
+    # hub that stopped reading, where the hub's handler answered 403 having read it all
+    # (or, when the hub's refusal reaches it while it still forwards the body, node's
+    # own 400 for the request it then drops: CI saw that once on a loaded machine).
+    refused = _sent_whole(hub.port, path, 8 * MIB)
+    assert refused.startswith((b"HTTP/1.1 503 ", b"HTTP/1.1 400 ")), refused[:200]
     # Under the bound the hub's own handler answers, as before (no login: 403).
     assert _sent_whole(hub.port, path, MIB // 2).startswith(b"HTTP/1.1 403 ")
     assert hub.api("GET", "", "").status_code == 200
