@@ -17,6 +17,7 @@ import yaml
 from gpulease.hub.catalog import Catalog
 from gpulease.hub.shown import shown
 from gpulease.hub.units import (
+    MAX_PRICE_PER_HOUR_UCR,
     credits_text,
     format_duration,
     format_quantity,
@@ -236,6 +237,9 @@ def parse_profile(
     price = _required(p, data, "price_per_hour", parse_credits, 'credits per hour like "1.20"')
     if price is not None and price < 0:
         p.add("price_per_hour", f"must not be negative, got {shown(data['price_per_hour'])}")
+    elif price is not None and price > MAX_PRICE_PER_HOUR_UCR:
+        p.add("price_per_hour", f"must be at most {credits_text(MAX_PRICE_PER_HOUR_UCR)} "
+                                f"credits per hour, got {shown(data['price_per_hour'])}")
     durations = {
         name: _attempt(p, name, parse_duration, data.get(name, default))
         for name, default in DEFAULTS.items()

@@ -180,6 +180,10 @@ def credits_text(ucr: int) -> str:
 
 
 MS_PER_HOUR = 3_600_000
+# The highest price a profile may have, in µcr per hour (1,000,000 credits an
+# hour): a session's charge must fit the ledger's 64-bit column however long it
+# runs, and at this price it would take over 1,000 years to overflow it.
+MAX_PRICE_PER_HOUR_UCR = 10**12
 
 
 def seconds_text(ms: int) -> str:

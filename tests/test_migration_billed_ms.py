@@ -18,7 +18,14 @@ import pytest
 from sqlalchemy import Engine, insert, select, text
 
 from gpulease.hub.billing_reports import report, usage
-from gpulease.hub.db import ledger_entries, make_engine, sessions, sqlite_url, upgrade
+from gpulease.hub.db import (
+    MIGRATIONS_DIR,
+    ledger_entries,
+    make_engine,
+    sessions,
+    sqlite_url,
+    upgrade,
+)
 from gpulease.hub.ledger import Ledger
 from gpulease.hub.sessions import SessionLedger
 
@@ -153,3 +160,32 @@ def test_a_session_running_across_the_migration_is_billed_by_the_millisecond(bef
     assert closed.billed_ms() == 61_100 and closed.cost() == 61_100
     (charge,) = [e for e in Ledger(engine).entries() if e["kind"] == "charge"]
     assert charge["amount_ucr"] == -61_100 and charge["note"] == "cpu 61.100 s"
+
+
+def _downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        command.downgrade(cfg, revision)
+
+
+def test_a_downgrade_that_would_lose_milliseconds_is_refused(before_0006):
+    engine = before_0006
+    upgrade(engine)
+    meter = SessionLedger(engine)
+    whole = meter.open("ann", "a", "cpu", "user:ann", 3_600_000, T0)
+    meter.close(whole.id, T0 + dt.timedelta(seconds=5), "user")
+    _downgrade(engine, "0005")  # nothing billed by the millisecond yet: allowed
+    upgrade(engine)
+    assert SessionLedger(engine).get(whole.id).billed_ms() == 5000
+    by_ms = meter.open("ann", "b", "cpu", "user:ann", 3_600_000, T0)
+    meter.close(by_ms.id, T0 + dt.timedelta(milliseconds=61_100), "user")
+    with pytest.raises(RuntimeError, match="1 session.* billed by the millisecond"):
+        _downgrade(engine, "0005")
+    with engine.connect() as conn:  # nothing changed: still 0006, its milliseconds kept
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0006"
+    assert SessionLedger(engine).get(by_ms.id).billed_ms() == 61_100

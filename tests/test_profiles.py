@@ -174,9 +174,14 @@ def test_image_check_can_be_relaxed_for_stored_profiles():
     ("NaN", "not an amount"),
     (Decimal("Infinity"), "not a finite"),
     (True, "not an amount"),
+    ("1000000.000001", "at most 1000000 credits per hour"),  # a charge must fit 64 bits
 ])
 def test_bad_price(price, needle):
     assert needle in problems(with_(price_per_hour=price))["price_per_hour"]
+
+
+def test_the_highest_price_is_allowed():
+    assert parse_profile(with_(price_per_hour="1000000"), CATALOG).price_per_hour_ucr == 10**12
 
 
 def test_price_exact_from_yaml_and_json():

@@ -42,5 +42,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Below 0006 a session's billed length is its interval rounded up to the
+    # second: one billed by the millisecond would come back from a later
+    # upgrade billed whole seconds, disagreeing with its charge. Refused, not lost.
+    by_ms = op.get_bind().execute(sa.text(
+        "SELECT COUNT(*) FROM sessions WHERE billed_ms % 1000 <> 0")).scalar()
+    if by_ms:
+        raise RuntimeError(
+            f"Cannot downgrade below revision 0006: {by_ms} session(s) were billed by the "
+            "millisecond, and without billed_ms their billed length would no longer match "
+            "their charges. Restore the database from a backup made before the upgrade.")
     with op.batch_alter_table("sessions") as batch:
         batch.drop_column("billed_ms")
