@@ -25,6 +25,7 @@ from sqlalchemy import Engine, create_engine, event, insert, make_url, text
 
 from gpulease.hub import billing_reports
 from gpulease.hub.db import ledger_entries, open_database, utcnow
+from gpulease.hub.ledger import to_ms
 from gpulease.hub.metering import LiveSession, Meter
 from gpulease.hub.sessions import SessionLedger
 
@@ -99,7 +100,7 @@ def time_heartbeats(meter: Meter, label: str, min_reps: int = 20, min_s: float =
           f"balances median {statistics.median(reads) * 1000:.1f} ms "
           f"-> {rate:.1f} heartbeats/s", flush=True)
     confirmed = meter.sessions.open_sessions()
-    if len(confirmed) != count or any(s.last_confirmed != now for s in confirmed):
+    if len(confirmed) != count or any(s.last_confirmed != to_ms(now) for s in confirmed):
         raise RuntimeError(f"{label}: the last heartbeat did not confirm every session")
     meter.release_lease()
     return rate

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import subprocess
 from collections.abc import Callable
 from datetime import datetime
@@ -82,12 +83,31 @@ async def wait_for_exit(proc: subprocess.Popen, timeout: float) -> datetime | No
     """When `proc` (our child) ended (UTC), taken in a thread that waits on it as it
     ends; None if it still runs after `timeout` seconds. For a stop: JupyterHub
     looks at backed-off, random intervals (0.1, 0.3, 0.7, 1.5 s ...)."""
+    return await in_own_thread(lambda: _exit_time(proc, timeout), "gpulease-server-exit")
 
-    def wait() -> datetime | None:
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
+
+def _exit_time(proc: subprocess.Popen, timeout: float) -> datetime | None:
+    # A pidfd turns readable the moment the process ends. Popen.wait(timeout)
+    # instead polls with sleeps growing to 50 ms, and the end was stamped up
+    # to that late (bench/billing.py saw 20-60 ms); it is the fallback only.
+    if proc.poll() is not None:  # reaped already (a poll got there first): it ended by now
         return utcnow()
-
-    return await in_own_thread(wait, "gpulease-server-exit")
+    try:  # not reaped, so its pid is still its own
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # an old kernel
+        fd = None
+    if fd is not None:
+        try:
+            ready, _, _ = select.select([fd], [], [], timeout)
+        finally:
+            os.close(fd)
+        if not ready:
+            return None
+        ended = utcnow()
+        proc.wait()  # reaps it (it has ended: at once)
+        return ended
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return utcnow()
