@@ -9,10 +9,15 @@
            `/user/U/S/api/status` through the proxy, polled once the POST is
            answered, comes after it (JupyterHub's wait_up and the route): the
            "proxy lag", shown as information.
-  end      The moment the stop's DELETE is answered 204: JupyterHub answers only
-           once the spawner's stop returned (devices released). A 202 (slower
-           than slow_stop_timeout) falls back to polling the user model until
-           the server is gone, and the run is flagged.
+  end      The moment the server's process is seen ended (gone, or a zombie not
+           yet reaped) by the client, polling /proc/PID/stat every POLL_S from
+           the moment the stop's DELETE is sent: billing ends when the last of
+           the server ended (the bench's servers leave nothing running). The
+           DELETE's answer (204: JupyterHub answers once the spawner's stop
+           returned and its own bookkeeping is done) comes after it, shown as
+           "bookkeeping", as information. A 202 (slower than
+           slow_stop_timeout) then polls the user model until the server is
+           gone, and the run is flagged.
   removal  A stopped named server is then removed (DELETE with {"remove": true}),
            as a client does, so that a user's named_server_limit_per_user (5)
            is never reached; the billing sessions stay in gpulease's table.
@@ -50,14 +55,21 @@ class Run:
     server: str
     length_s: float
     post_sent: float = 0.0
+    pid: int = 0  # the server's process
     first_answer: float = 0.0  # first answer on the server's own port
+    exited: float = 0.0  # its process seen ended
     proxy_ready: float = 0.0  # first 200 through the proxy
     stop_done: float = 0.0  # DELETE answered 204 (or, slow stop, seen gone)
     slow_stop: bool = False  # DELETE answered 202: stop_done comes from polling
 
     @property
     def client_ms(self) -> float:
-        return (self.stop_done - self.first_answer) * 1000
+        return ((self.exited or self.stop_done) - self.first_answer) * 1000
+
+    @property
+    def bookkeeping_ms(self) -> float:
+        """From the process's end to the DELETE's answer: JupyterHub's part of a stop."""
+        return (self.stop_done - self.exited) * 1000 if self.exited else 0.0
 
     @property
     def proxy_lag_ms(self) -> float:
@@ -84,8 +96,10 @@ def _environ(pid: int) -> dict[bytes, bytes]:
     return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
 
 
-def server_env(hub_pid: int, user: str, server: str, deep: bool = False) -> dict[bytes, bytes]:
-    """The environment of the hub's child that runs user/server ({} if none yet).
+def server_process(hub_pid: int, user: str, server: str,
+                   deep: bool = False) -> tuple[int, dict[bytes, bytes]]:
+    """The pid and environment of the hub's child that runs user/server ((0, {}) if
+    none yet).
 
     Between fork and exec the child still has the hub's environment; it is
     found once it runs the server's command. `deep`: all descendants, for a
@@ -94,8 +108,31 @@ def server_env(hub_pid: int, user: str, server: str, deep: bool = False) -> dict
     for pid in descendants(hub_pid) if deep else _children(hub_pid):
         env = _environ(pid)
         if all(env.get(k) == v for k, v in want.items()) and b"JUPYTERHUB_SERVICE_URL" in env:
-            return env
-    return {}
+            return pid, env
+    return 0, {}
+
+
+def _ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def watch_end(run: Run, stop: threading.Event) -> threading.Thread:
+    """A thread that sets run.exited when the server's process ends."""
+
+    def watch() -> None:
+        while not stop.is_set():
+            if _ended(run.pid):
+                run.exited = time.time()
+                return
+            time.sleep(POLL_S)
+
+    thread = threading.Thread(target=watch, name=f"end-{run.server}", daemon=True)
+    thread.start()
+    return thread
 
 
 def answers(url: str, timeout: float = 2.0) -> bool:
@@ -151,7 +188,8 @@ class Client:
             tries, env = 0, {}
             while not env:
                 self._check(posted, name, deadline)
-                env = server_env(self.hub_pid, self.user, name, deep=tries % 20 == 19)
+                run.pid, env = server_process(self.hub_pid, self.user, name,
+                                              deep=tries % 20 == 19)
                 tries += 1
                 if not env:
                     time.sleep(POLL_S)
@@ -178,8 +216,21 @@ class Client:
                 time.sleep(PROXY_POLL_S)
 
     def stop(self, run: Run) -> None:
-        """Stop the server; run.stop_done is when the DELETE was answered 204 (a 202:
-        when the hub no longer lists the server, and run.slow_stop)."""
+        """Stop the server; run.exited is when its process was seen ended, run.stop_done
+        when the DELETE was answered 204 (a 202: when the hub no longer lists the
+        server, and run.slow_stop)."""
+        done = threading.Event()
+        watcher = watch_end(run, done) if run.pid else None
+        try:
+            self._stop(run)
+        finally:
+            if watcher is not None:
+                watcher.join(STOP_TIMEOUT_S)
+            done.set()
+        if watcher is not None and not run.exited:
+            raise RuntimeError(f"stop {run.server}: answered, but its process {run.pid} runs")
+
+    def _stop(self, run: Run) -> None:
         with self.session() as http:
             r = http.delete(self._server_api(run.server), timeout=STOP_TIMEOUT_S)
             answered = time.time()

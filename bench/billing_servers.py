@@ -177,7 +177,8 @@ class Measured:
 
     @property
     def end_lead_ms(self) -> float:  # > 0: the client saw the end after the hub
-        return (self.run.stop_done - parse_z(self.session["ended"])) * 1000
+        end = self.run.exited or self.run.stop_done
+        return (end - parse_z(self.session["ended"])) * 1000
 
 
 def plan(count: int, long_count: int, short: tuple[float, float], long: tuple[float, float],
@@ -220,8 +221,9 @@ def bench_servers(bench: Bench, runs: list[Run], concurrency: int) -> dict[str, 
           f"(target <= {MAX_ERROR_TARGET_MS:g} ms); servers of {LONG_S:g} s or more: max "
           + (f"{max(long_pct):.4f} %" if long_pct else "n/a (none)")
           + f" (target < {MAX_ERROR_TARGET_PCT:g} %)")
-    for side in ("start_lead_ms", "end_lead_ms"):
-        values = [getattr(m, side) for m in measured]
+    for side in ("start_lead_ms", "end_lead_ms", "bookkeeping_ms"):
+        values = [getattr(m, side) if side != "bookkeeping_ms" else m.run.bookkeeping_ms
+                  for m in measured]
         print(f"  {side[:-3].replace('_', ' ')}: min {min(values):.1f}, median "
               f"{statistics.median(values):.1f}, max {max(values):.1f} ms")
     print(f"  whole seconds (billed_seconds, rounded up): max error {max(whole_s):.3f} s",
@@ -233,20 +235,21 @@ def bench_servers(bench: Bench, runs: list[Run], concurrency: int) -> dict[str, 
 
 def print_servers(measured: list[Measured]) -> None:
     print("  client = first answer on the server's own port (polled every 5 ms from the POST)")
-    print("           -> the stop's DELETE answered 204 (202*: a slow stop, polled until gone)")
-    print("  billed = billed_ms in api/usage (hub: its own poll's first answer, every 10 ms")
-    print("           -> devices released at the end of the spawner's stop)")
-    print("  start lead = client's first answer - session start; end lead = DELETE answered")
-    print("  - session end; error = |billed - client| = |start lead - end lead|;")
-    print("  proxy lag = first 200 through the proxy - first answer (information)")
+    print("           -> its process seen ended (/proc, polled every 5 ms from the DELETE)")
+    print("  billed = billed_ms in api/usage (hub: its probe thread's first answer, every 10 ms")
+    print("           -> the last of the server ended, timed by the stop's thread)")
+    print("  start lead = client's first answer - session start; end lead = process seen")
+    print("  ended - session end; error = |billed - client| = |start lead - end lead|;")
+    print("  proxy lag = first 200 through the proxy - first answer; bookkeeping = DELETE")
+    print("  answered (204; 202*: a slow stop) - process ended (both information)")
     print(f"  {'server':<7}{'length s':>9}{'client ms':>11}{'billed_ms':>10}{'error ms':>9}"
-          f"{'start lead':>11}{'end lead':>9}{'proxy lag':>10}  end")
+          f"{'start lead':>11}{'end lead':>9}{'proxy lag':>10}{'bookkeep':>9}  end")
     for m in measured:
         run = m.run
         print(f"  {run.server:<7}{run.length_s:9.2f}{run.client_ms:11.1f}{m.billed_ms:10d}"
               f"{m.error_ms:9.1f}{m.start_lead_ms:11.1f}{m.end_lead_ms:9.1f}"
-              f"{run.proxy_lag_ms:10.1f}  {'202*' if run.slow_stop else '204'} "
-              f"{m.session['end_reason']}")
+              f"{run.proxy_lag_ms:10.1f}{run.bookkeeping_ms:9.1f}  "
+              f"{'202*' if run.slow_stop else '204'} {m.session['end_reason']}")
 
 
 # --- 2. hub SIGKILL mid-session ----------------------------------------------------------
