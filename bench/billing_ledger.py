@@ -127,29 +127,31 @@ PROFILE_RATES = {  # µcr per hour
 }
 GENERATE = """
 INSERT INTO sessions (user_name, server_name, profile_slug, account, rate_per_hour_ucr,
-                      started_at, last_confirmed_at, ended_at, end_reason)
+                      started_at, last_confirmed_at, ended_at, end_reason, billed_ms)
 SELECT 'u' || lpad(u::text, 4, '0'),
        CASE WHEN g % 3 = 0 THEN '' ELSE 'nb' || (g % 4)::text END,
        p.slug,
        CASE WHEN random() < 0.2 THEN 'group:lab' || lpad((u % 50)::text, 2, '0')
             ELSE 'user:u' || lpad(u::text, 4, '0') END,
-       p.rate, st, st + len - (random() * 15) * interval '1 second', st + len,
-       CASE WHEN g % 7 = 0 THEN 'idle' ELSE 'user' END
+       p.rate, st, date_trunc('milliseconds', st + len - (random() * 15) * interval '1 second'),
+       st + len, CASE WHEN g % 7 = 0 THEN 'idle' ELSE 'user' END,
+       CAST(EXTRACT(EPOCH FROM len) * 1000 AS BIGINT)
 FROM (SELECT g, (g * 7919) % :users AS u, g % :profiles AS pi,
-             :t0 + random() * :span * interval '1 second' AS st,
-             (60 + power(random(), 2) * 28800) * interval '1 second' AS len
+             date_trunc('milliseconds', :t0 + random() * :span * interval '1 second') AS st,
+             date_trunc('milliseconds',
+                        (60 + power(random(), 2) * 28800) * interval '1 second') AS len
       FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) AS g) AS x
 JOIN (SELECT (ordinality - 1)::int AS pi, slug, rate
       FROM unnest(CAST(:slugs AS text[]), CAST(:rates AS bigint[])) WITH ORDINALITY
            AS t(slug, rate)) AS p USING (pi)
 """
-# Each closed session's charge, as SessionLedger.close writes it, and a grant per account.
+# Sessions as metering writes them: times on the millisecond, billed_ms stored at the
+# close; each closed session's charge, ceil(billed_ms × rate / 3,600,000) as
+# SessionLedger.close writes it, and a grant per account.
 CHARGES = """
 INSERT INTO ledger_entries (account, kind, amount_ucr, note, actor, user_name, session_id,
                             created_at)
-SELECT account, 'charge',
-       -((CAST(CEIL(date_part('epoch', ended_at - started_at)) AS BIGINT)
-          * rate_per_hour_ucr + 3599) / 3600),
+SELECT account, 'charge', -((billed_ms * rate_per_hour_ucr + 3599999) / 3600000),
        profile_slug || ' session', 'metering', user_name, id, ended_at
 FROM sessions
 """
