@@ -1,6 +1,7 @@
 """Waiting for a server's first HTTP answer: the moment its billing session opens.
 
-Any answer counts (whatever its status): the server is up and can be used.
+Any answer counts (whatever its status): the server is up and can be used. It
+counts from its first byte (see `_answered_at`).
 A connection refused while it starts, a reset, or a server that accepts but
 does not answer yet means "keep waiting", never a failed start.
 
@@ -28,14 +29,22 @@ POLL_S = 0.01  # between tries: billing opens within ~10 ms of the server's firs
 TRY_TIMEOUT_S = 2.0
 
 
-def _answers(host: str, port: int, path: str) -> bool:
+def _answered_at(host: str, port: int, path: str) -> datetime | None:
+    """When the server began to answer a GET of `path` (its first byte), or None.
+
+    The first byte is the answer: what follows, and how slowly, is the server's
+    own code's to choose. Waiting for the whole of it let a server that drips its
+    headers or body (each byte within the per-read timeout) open its billing
+    session when it chose to finish, or hold this thread for as long as it ran.
+    """
     conn = http.client.HTTPConnection(host, port, timeout=TRY_TIMEOUT_S)
     try:
         conn.request("GET", path)
-        conn.getresponse().read()
-        return True
+        if conn.sock is not None and conn.sock.recv(1):
+            return utcnow()
+        return None  # closed without a word: not an answer
     except (OSError, http.client.HTTPException):
-        return False
+        return None
     finally:
         conn.close()
 
@@ -51,8 +60,9 @@ def probe(url: str, still_ours: Callable[[], bool], timeout: float | None,
     while deadline is None or time.monotonic() < deadline:
         if cancelled.is_set() or not still_ours():
             return False
-        if _answers(host, port, path):
-            return utcnow()
+        answered = _answered_at(host, port, path)
+        if answered is not None:
+            return answered
         cancelled.wait(POLL_S)
     return None
 

@@ -117,3 +117,38 @@ def test_a_cancelled_wait_ends_its_probe_thread():
             t.name == "gpulease-first-answer" for t in threading.enumerate()):
         time.sleep(0.05)
     assert not [t for t in threading.enumerate() if t.name == "gpulease-first-answer"]
+
+
+def test_a_slow_answer_is_timed_at_its_first_byte_and_holds_no_probe():
+    """A server's own code decides how its answer comes: one that sends its status line
+    at once and then drips its headers (each byte within the probe's 2 s per read)
+    answered at its first byte; its billing opens there, not when it chose to finish
+    (or never: a drip that never ends held the probe's thread, and billing, for good)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    first_byte: list[dt.datetime] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)  # the probe's request
+            first_byte.append(utcnow())
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(8):  # 4 s of headers, a byte every 0.5 s
+                time.sleep(0.5)
+                try:
+                    conn.sendall(b"X")
+                except OSError:
+                    return  # the probe has its answer and went
+
+    threading.Thread(target=serve, daemon=True).start()
+    started = time.monotonic()
+    try:
+        answered = asyncio.run(first_answer(f"http://127.0.0.1:{port}/api", lambda: True, 10))
+    finally:
+        listener.close()
+    assert isinstance(answered, dt.datetime) and first_byte
+    assert 0 <= (answered - first_byte[0]).total_seconds() < 0.05, answered - first_byte[0]
+    assert time.monotonic() - started < 1.0  # the probe did not wait for the rest
