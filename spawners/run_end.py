@@ -130,6 +130,10 @@ class RunEnd:
         user, server = self.user.name, self.name
         self.gpulease_devices = ()
         if ctx.meter is not None:
+            if ended is not None:
+                # A death closes at the last moment it was seen alive; what it
+                # left in its cgroup was, until it was ended just now.
+                ctx.meter.mark_alive(user, server, ended)
             await asyncio.to_thread(ctx.meter.close, user, server, reason, ended)
         if devices_may_go(emptied):
             def give_back() -> object:

@@ -1,0 +1,97 @@
+"""The end of a run (spawners/run_end.py): when the session of a server that ended
+closes, on a real database and, where root may make one, a real cgroup v1 freezer.
+
+The spawner is a stand-in (`Run`: the attributes RunEnd reads, no JupyterHub): its
+release path is what is tested, as a poll that found the server's process gone
+takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpulease.hub.db import utcnow
+from gpulease.hub.ledger import to_ms
+from gpulease.hub.metering import Meter
+from gpulease.spawners.assignments import AssignmentStore
+from gpulease.spawners.cgroup_kill import cgroup_pids, remove_dirs
+from gpulease.spawners.cgroups import parse_mounts
+from gpulease.spawners.run_end import RunEnd
+
+RATE = 3_600_000_000  # 1 credit a second
+
+# Left running by a server that ended itself: its child goes on (a training run).
+LEFT_RUNNING = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nos._exit(0)\n"
+
+
+class Run(RunEnd):
+    """The attributes RunEnd reads of a LocalGPUSpawner, and nothing of JupyterHub."""
+
+    def __init__(self, ctx: SimpleNamespace, cgroup: dict | None) -> None:
+        self.gpulease = ctx
+        self.gpulease_devices = ()
+        self.gpulease_cgroup = cgroup
+        self._stopping = False
+        self._gpulease_admitted = True
+        self._gpulease_unwatch = lambda: None
+        self.user = SimpleNamespace(name="ann")
+        self.name = ""
+        self.log = logging.getLogger("test_run_end")
+        self._log_name = "ann/(default)"
+        self.queue_poll_interval = 5.0
+
+
+def _freezer_cgroup() -> Path | None:
+    if os.geteuid() != 0:
+        return None
+    try:
+        v1, _ = parse_mounts(Path("/proc/self/mounts").read_text())
+        folder = Path(v1["freezer"]) / f"gpulease-test-{uuid.uuid4().hex[:8]}"
+        folder.mkdir()
+    except (OSError, KeyError):
+        return None
+    return folder
+
+
+def test_what_a_server_that_died_left_in_its_cgroup_is_billed_until_it_was_ended(engine):
+    """A server that ends itself (its config forks a training run and exits) is seen
+    gone by a poll: the exit watch's at once, or, without one (after a hub restart,
+    no pidfd), a heartbeat or JupyterHub's poll up to an interval later. What it left
+    in its cgroup ran until that poll ended it, and is billed so: its session ends
+    when the cgroup was emptied, not at the server's own exit (was: 0.6 s early)."""
+    folder = _freezer_cgroup()
+    if folder is None:
+        pytest.skip("no writable cgroup v1 freezer here (needs root)")
+    meter = Meter(engine, heartbeat_s=1)
+    meter.acquire_lease()
+    session = meter.open("ann", "", "gpu", "user:ann", RATE, utcnow())
+    run = Run(SimpleNamespace(meter=meter, assignments=AssignmentStore(engine)),
+              {"kind": "cgroup1", "unit": folder.name, "dirs": [str(folder)]})
+    try:
+        def join() -> None:
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+
+        subprocess.Popen([sys.executable, "-c", LEFT_RUNNING], preexec_fn=join).wait(10)
+        assert cgroup_pids([str(folder)]), "the leftover did not start"
+        meter.mark_alive("ann", "", utcnow())  # the server's exit, as the exit watch marks it
+        time.sleep(0.6)  # the leftover runs on until the poll
+        polled = utcnow()
+        asyncio.run(run._release("server_died"))
+        assert not cgroup_pids([str(folder)])
+    finally:
+        for pid in cgroup_pids([str(folder)]):
+            os.kill(pid, 9)
+        remove_dirs([str(folder)])
+    closed = meter.sessions.get(session.id)
+    assert closed.ended is not None and closed.end_reason == "server_died"
+    assert closed.ended >= to_ms(polled), (closed.ended, polled)
