@@ -36,6 +36,7 @@ class RunEnd:
     _gpulease_unwatch: Callable[[], None]
 
     _gpulease_exited_at: datetime | None = None  # when a stop saw its process end (UTC)
+    _gpulease_releasing: asyncio.Lock | None = None  # held while a release runs
 
     async def stop(self, now=False):
         # LocalProcessSpawner.stop polls while it waits for the process to end:
@@ -122,7 +123,17 @@ class RunEnd:
         the pool only once the server's cgroup is empty; when it cannot be
         emptied they are out of service until it is
         (gpulease.spawners.quarantine, checked on every heartbeat).
+
+        One at a time: a stop that comes while a poll releases its dead server
+        finds the cgroup taken and would give the devices back while the poll
+        is still emptying it (and before it could take them out of service).
         """
+        if self._gpulease_releasing is None:
+            self._gpulease_releasing = asyncio.Lock()
+        async with self._gpulease_releasing:
+            await self._release_now(reason, ended)
+
+    async def _release_now(self, reason: str, ended: datetime | None) -> None:
         self._gpulease_unwatch()
         emptied, emptied_at = await self._remove_cgroup()
         ended = max((t for t in (ended, emptied_at) if t is not None), default=None)

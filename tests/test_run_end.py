@@ -95,3 +95,67 @@ def test_what_a_server_that_died_left_in_its_cgroup_is_billed_until_it_was_ended
     closed = meter.sessions.get(session.id)
     assert closed.ended is not None and closed.end_reason == "server_died"
     assert closed.ended >= to_ms(polled), (closed.ended, polled)
+
+
+class _SeenAtRelease(AssignmentStore):
+    """The real store, noting what was still in the server's cgroup at each release."""
+
+    def __init__(self, engine, folder: Path) -> None:
+        super().__init__(engine)
+        self.folder = folder
+        self.seen: list[tuple[str, set[int]]] = []
+
+    def release(self, user: str, server: str, reason: str) -> list[str]:
+        self.seen.append((reason, cgroup_pids([str(self.folder)])))
+        return super().release(user, server, reason)
+
+    def take_out_of_service(self, user, server, reason, cgroup, detail) -> list[str]:
+        self.seen.append((reason, cgroup_pids([str(self.folder)])))
+        return super().take_out_of_service(user, server, reason, cgroup, detail)
+
+
+def test_a_stop_racing_the_poll_that_found_its_server_dead_releases_nothing_early(
+        engine, monkeypatch):
+    """The exit watch's poll releases a server that ended itself while a stop (the
+    user's DELETE, sent at that moment) comes in: the stop found no cgroup left to
+    empty (the poll had taken it) and gave the devices back while the poll was still
+    ending what the server left in it; a cgroup that could not be emptied then had
+    its devices in the pool, not out of service. The slow emptying is a stand-in
+    (a sleep before the real cgroup's end) for many processes or a slow kernel."""
+    from gpulease.spawners import run_end
+
+    folder = _freezer_cgroup()
+    if folder is None:
+        pytest.skip("no writable cgroup v1 freezer here (needs root)")
+    real_end = run_end.isolation.end_everything
+
+    def slow_end(state: dict):
+        time.sleep(0.3)
+        return real_end(state)
+
+    monkeypatch.setattr(run_end.isolation, "end_everything", slow_end)
+    meter = Meter(engine, heartbeat_s=1)
+    meter.acquire_lease()
+    meter.open("ann", "", "gpu", "user:ann", RATE, utcnow())
+    store = _SeenAtRelease(engine, folder)
+    run = Run(SimpleNamespace(meter=meter, assignments=store),
+              {"kind": "cgroup1", "unit": folder.name, "dirs": [str(folder)]})
+
+    async def race() -> None:
+        died = asyncio.ensure_future(run._release("server_died"))
+        await asyncio.sleep(0.05)
+        await run._release("user")  # the stop's, after its process was found gone
+        await died
+
+    try:
+        def join() -> None:
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+
+        subprocess.Popen([sys.executable, "-c", LEFT_RUNNING], preexec_fn=join).wait(10)
+        assert cgroup_pids([str(folder)]), "the leftover did not start"
+        asyncio.run(race())
+    finally:
+        for pid in cgroup_pids([str(folder)]):
+            os.kill(pid, 9)
+        remove_dirs([str(folder)])
+    assert store.seen and all(not left for _, left in store.seen), store.seen
