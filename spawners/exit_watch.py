@@ -97,8 +97,10 @@ def _exit_time(proc: subprocess.Popen, timeout: float) -> datetime | None:
     except (AttributeError, OSError):  # an old kernel
         fd = None
     if fd is not None:
-        try:
-            ready, _, _ = select.select([fd], [], [], timeout)
+        try:  # poll, not select: select refuses descriptors from 1024 on
+            waiting = select.poll()
+            waiting.register(fd, select.POLLIN)
+            ready = waiting.poll(None if timeout is None else max(0, timeout) * 1000)
         finally:
             os.close(fd)
         if not ready:

@@ -6,6 +6,8 @@ import asyncio
 import subprocess
 import sys
 
+import pytest
+
 from gpulease.hub.db import utcnow
 from gpulease.spawners.exit_watch import watch_exit
 
@@ -41,3 +43,31 @@ def test_a_stopped_watch_tells_nothing_and_a_reaped_process_is_not_watched():
         return seen
 
     assert asyncio.run(scenario()) == []
+
+
+def test_a_stop_waits_for_its_exit_in_a_hub_with_more_than_1024_descriptors():
+    """select() refuses descriptors from FD_SETSIZE (1024) on, with ValueError: in a
+    hub whose limit allows more (a systemd unit's LimitNOFILE), anyone holding open
+    a thousand connections to it gave the next pidfd a number above 1024, and every
+    stop's wait for its server's exit raised instead of waiting (the stop failed)."""
+    import os
+    import resource
+
+    from gpulease.spawners.exit_watch import wait_for_exit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit here is {hard}: no descriptor above 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1030:  # the next descriptor opened is above 1024
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+        ended = asyncio.run(wait_for_exit(proc, 10))
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert ended is not None and proc.returncode == 0
+    assert (utcnow() - ended).total_seconds() < 1
