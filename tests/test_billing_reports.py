@@ -35,7 +35,7 @@ def at(seconds: float) -> dt.datetime:
 def sample(engine):
     """Three closed sessions and an open one, around the period [T0, T0 + 1 day)."""
     meter = SessionLedger(engine)
-    before = meter.open("alice", "", "cpu", "user:alice", 3_600_000, at(-1))
+    before = meter.open("alice", "early", "cpu", "user:alice", 3_600_000, at(-1))
     meter.close(before.id, at(100), "user")
     first = meter.open("alice", "", "h200-1g", "user:alice", 3_600_000, T0)  # exactly since
     meter.close(first.id, at(61.2), "user")
