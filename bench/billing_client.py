@@ -9,9 +9,10 @@
            `/user/U/S/api/status` through the proxy, polled once the POST is
            answered, comes after it (JupyterHub's wait_up and the route): the
            "proxy lag", shown as information.
-  end      The moment the server's process is seen ended (gone, or a zombie not
-           yet reaped) by the client, polling /proc/PID/stat every POLL_S from
-           the moment the stop's DELETE is sent: billing ends when the last of
+  end      The moment the server's process is seen ended by the client, on its
+           pidfd (readable once all its threads ended; /proc polling every
+           POLL_S without pidfds), watched from the moment the stop's DELETE
+           is sent: billing ends when the last of
            the server ended (the bench's servers leave nothing running). The
            DELETE's answer (204: JupyterHub answers once the spawner's stop
            returned and its own bookkeeping is done) comes after it, shown as
@@ -26,6 +27,8 @@
 from __future__ import annotations
 
 import http.client
+import os
+import select
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -121,9 +124,25 @@ def _ended(pid: int) -> bool:
 
 
 def watch_end(run: Run, stop: threading.Event) -> threading.Thread:
-    """A thread that sets run.exited when the server's process ends."""
+    """A thread that sets run.exited when the server's process ends: its pidfd turns
+    readable once every thread of it has ended (/proc shows its main thread a
+    zombie while the others still run: ~10-20 ms early for JupyterLab); /proc
+    polling where pidfds are missing."""
 
     def watch() -> None:
+        try:
+            fd = os.pidfd_open(run.pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                while not stop.is_set():
+                    if select.select([fd], [], [], 0.5)[0]:
+                        run.exited = time.time()
+                        return
+            finally:
+                os.close(fd)
+            return
         while not stop.is_set():
             if _ended(run.pid):
                 run.exited = time.time()

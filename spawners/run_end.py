@@ -46,7 +46,7 @@ class RunEnd:
         self._stopping = True
         self._gpulease_unwatch()  # this stop times the exit itself (wait_for_death)
         self._gpulease_exited_at = None
-        leftovers = process_tree(self.pid)
+        leftovers = await asyncio.to_thread(process_tree, self.pid)  # all of /proc: off the loop
         try:
             await super().stop(now=now)
         finally:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
+import select
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -104,16 +105,14 @@ def test_a_session_is_billed_to_the_millisecond(hub, admin):
 
 
 def _exit_of(pid: int, found: list[float]) -> None:
-    """Note when process `pid` ends (gone, or a zombie not yet reaped), polling every 2 ms."""
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            state = "gone"
-        if state in ("Z", "X", "gone"):
-            found.append(time.time())
-            return
-        time.sleep(0.002)
+    """Note when process `pid` ends: its pidfd turns readable once every thread of it
+    has ended (its main thread alone can be a zombie while the others still run)."""
+    fd = os.pidfd_open(pid)
+    try:
+        select.select([fd], [], [], 60)
+        found.append(time.time())
+    finally:
+        os.close(fd)
 
 
 def test_a_stopped_server_is_billed_to_its_exit_not_to_when_the_hub_looked(hub, admin):
