@@ -16,8 +16,8 @@ and holds many connections. Each test is one attack and what stops it:
 - while addresses keep a name's turns full, its owner's browser, which logged
   in as it before (a cookie signed by the hub), gets in from a new address,
   and after a restart of the hub too (the throttle's known addresses are in
-  memory), where a browser without that cookie is refused (or, had it come
-  just as a turn came free, waits out the whole 10-second queue);
+  memory), where a browser without that cookie is refused, or waits out the
+  whole 10-second queue when it comes as a turn comes free;
 - a subscriber's IPv6 /64 (an Ingress in front saw the addresses) is one
   address to the throttle, not 2^64 fresh ones;
 - connections each holding back the last byte of a body of almost 1 MiB, to the
@@ -250,20 +250,19 @@ class _Flood:
 
 def _a_stranger_is_refused_or_waits_the_whole_queue(hub: HubProcess) -> None:
     """The right password from a browser without the cookie takes a turn like the
-    flood's tries: the queue is full, so it is refused unchecked, unless it
-    happened to arrive in the moment a turn came free (one a second, first
-    come), and then it waited for the end of the 10-second queue, where the
+    flood's tries: refused unchecked while the queue is over 10 s long, or, when a
+    turn came free as it arrived (one a second, first come: a client that retries
+    in step with the turns gets them, as sequential strangers here did five times
+    in five once), checked only at the end of the queue, ~10 s on, where the
     owner's browser waits a second."""
-    for k in range(3, 8):
-        source = f"127.0.35.{k}"
-        started = time.monotonic()
-        status = _login_with(hub, session_from(source), "yuri", pw("yuri"))
-        if status == 403:
-            assert f"'yuri' from {source} refused unchecked" in hub.log()
-            return
+    source = "127.0.35.3"
+    started = time.monotonic()
+    status = _login_with(hub, session_from(source), "yuri", pw("yuri"))
+    if status == 403:
+        assert f"'yuri' from {source} refused unchecked" in hub.log()
+    else:
         assert status == 302
         assert time.monotonic() - started > 8, "a stranger was let in without waiting its turn"
-    pytest.fail("five strangers in a row won a turn from 40 addresses flooding the name")
 
 
 def test_the_owners_browser_gets_in_from_anywhere_while_the_name_is_guessed(hub):
@@ -271,7 +270,9 @@ def test_the_owners_browser_gets_in_from_anywhere_while_the_name_is_guessed(hub)
     browser = session_from("127.0.35.1")
     assert _login_with(hub, browser, "yuri", pw("yuri")) == 302
     with _Flood(hub, "yuri", first=100):
+        started = time.monotonic()
         assert _login_with(hub, _moved(browser.cookies, "127.0.35.2"), "yuri", pw("yuri")) == 302
+        assert time.monotonic() - started < 5  # its second's delay, not a turn in the queue
         _a_stranger_is_refused_or_waits_the_whole_queue(hub)
     hub.interrupt()
     hub.start()
