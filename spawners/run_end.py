@@ -61,9 +61,9 @@ class RunEnd:
                 # gpulease's api/stop records its reason on the session beforehand.
                 # _release first ends what escaped the process tree (double fork,
                 # setsid, a respawn loop) through the cgroup.
-                self.log.info("%s stopped: its process ended at %s, %d process(es) it "
-                              "started were left%s", self._log_name, self._gpulease_exited_at,
-                              len(leftovers), f", ended at {ended}" if ended else "")
+                self.log.info("%s stopped: its process ended at %s%s", self._log_name,
+                              self._gpulease_exited_at,
+                              f"; what it left running was ended at {ended}" if ended else "")
                 await self._release("user", ended or self._gpulease_exited_at)
             finally:
                 self._stopping = False
