@@ -13,7 +13,9 @@ import asyncio
 import ipaddress
 import os
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
@@ -49,8 +51,11 @@ from gpulease.hub.named_servers import refusing_limit
 from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.server_control import HubServerControl
+from gpulease.hub.server_env import ServerEnvError
+from gpulease.hub.server_env import choose as choose_server_env
 from gpulease.hub.state import (
     StateError,
+    default_state_root,
     prepare_state_dir,
     read_or_create_secret,
     write_cli_file,
@@ -105,7 +110,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     @default("state_dir")
     def _default_state_dir(self):
-        return os.environ.get("GPULEASE_STATE") or os.path.abspath(".gpulease")
+        return os.environ.get("GPULEASE_STATE") or str(default_state_root(
+            Path.cwd(), accounts_must_reach=os.geteuid() == 0 and self.per_user_accounts))
 
     @default("profiles_file")
     def _default_profiles_file(self):
@@ -138,6 +144,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         self._audit_retention = parse_retention(self.audit_retention)
         state = prepare_state_dir(self.state_dir)
         self._state = state
+        self.log.info("State folder: %s", state.root)
         db_url = self.billing_db_url or state.gpulease_db_url
         inventory_file = self.inventory_file
         ctx = get_context(db_url, inventory_file, self.catalog_file, self.node_name)
@@ -191,7 +198,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             queue_places_per_user=self.queue_places_per_user,
             cpu_only_cpu_per_user=self.cpu_only_cpu_per_user,
             cpu_only_memory_per_user=self.cpu_only_memory_per_user,
-            isolation={**self._isolation.settings(), "homes": str(state.homes)},
+            isolation={**self._isolation.settings(), "homes": str(state.homes),
+                       "server_env": self._server_env},
         )
         # Notices the hub posts itself (a queued server started) go out the same ways.
         ctx.notify_backends = backends_from_env({
@@ -214,12 +222,19 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             mechanism=mechanism, hub_account=pwd.getpwuid(os.geteuid()).pw_name,
             device_nodes=self.device_nodes,
         )
+        try:
+            self._server_env, self._server_env_line = choose_server_env(
+                self.server_env, accounts=plan.unix_accounts, state_root=state.root)
+        except (ServerEnvError, OSError, subprocess.SubprocessError) as e:
+            raise StateError(f"cannot make the servers' environment: {e}") from None
         if plan.unix_accounts:
-            envs = [image.local_env for image in ctx.catalog.images]
+            default = self._server_env or None
+            envs = {image.local_env or default for image in ctx.catalog.images} | {default}
             problems = unreachable([*server_env_paths(envs),
                                     ("the homes folder", str(state.homes), False)])
             if problems:
                 raise StateError(reachability_error(problems, str(state.root)))
+        self.log.info(self._server_env_line)
         for line in plan.banner():
             self.log.info(line)
         return plan
@@ -356,6 +371,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     def _announce(self, url: str) -> None:
         lines = [f"gpulease is running at {url}", f"GPU inventory: {self._ctx.inventory.label}",
+                 f"State folder: {self._state.root} (databases and secrets in private/, "
+                 f"homes in {self._state.homes}/<user>)", self._server_env_line,
                  *self._isolation.banner()]
         if self._first_admin_password:
             lines.append(

@@ -24,8 +24,10 @@ from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
 class GPULeaseOptions(Configurable):
     state_dir = Unicode(
         config=True,
-        help="The state folder: private/ (databases, secrets) and homes/. "
-        "Default: $GPULEASE_STATE, else ./.gpulease",
+        help="The state folder: private/ (databases, secrets), homes/ and, when needed, "
+        "server-env/. Default: $GPULEASE_STATE, else ./.gpulease; as root with per-user "
+        "accounts, when they cannot pass into the current folder (a clone under /root), "
+        "/var/lib/gpulease/<folder name>-<hash of its path> instead, one per clone.",
     )
     profiles_file = Unicode(
         config=True,
@@ -185,6 +187,13 @@ class GPULeaseOptions(Configurable):
         help="When the hub runs as root, run each user's servers as their own Unix account "
         "(created on first start or by `gpulease users add`). False: every server runs as the "
         "hub's account, a trusted-group setup with no isolation between users.",
+    )
+    server_env = Unicode(
+        "", config=True,
+        help="The Python environment (a prefix with bin/jupyterhub-singleuser and gpulease) "
+        "servers run from when their image names no local_env. Empty: gpulease's own; as root "
+        "with per-user accounts that cannot reach it (a clone under /root), a copy of it that "
+        "`gpulease up` refreshes at each start in the state folder's server-env/.",
     )
     unix_account_prefix = Unicode(
         "gl-", config=True,

@@ -326,7 +326,7 @@ def hub_config(s: HubSettings) -> Config:
     spawner.node_name = s.node_name
     spawner.state_dir = str(s.state.root)
     for key in ("unix_accounts", "unix_prefix", "unix_uid_min", "unix_uid_max",
-                "resource_limits", "device_control", "device_nodes"):
+                "resource_limits", "device_control", "device_nodes", "server_env"):
         if key in s.isolation:
             setattr(spawner, key, s.isolation[key])
     # A queued spawn is still a pending start for JupyterHub: its start_timeout

@@ -5,7 +5,8 @@ mechanism into an `IsolationPlan`: the spawner's settings and the lines of
 the start banner. `unreachable` lists what a per-user account could not
 reach (the Python environment servers run with, the homes folder), so that
 the hub refuses to start with the folder to fix instead of failing every
-spawn later.
+spawn later. (What the hub does first so that the defaults are reachable:
+gpulease.hub.server_env and gpulease.hub.state.default_state_root.)
 """
 
 from __future__ import annotations
@@ -118,9 +119,12 @@ def reachability_error(problems: list[str], state_root: str) -> str:
     return (
         "servers run as per-user Unix accounts (the hub runs as root), but these accounts "
         "cannot reach what a server needs:\n" + "\n".join(problems) + "\n"
-        "Fix: install gpulease (and image environments) where every account can read them, "
-        "e.g. `python3 -m venv /opt/gpulease` (not under /root or another 0700 home); put the "
-        f"state folder ({state_root}) where every account can pass (its parents need o+x); "
-        "or, for a trusted group, run with --GPULeaseHub.per_user_accounts=False "
-        "(servers then run as the hub's account, with no isolation between users)."
+        "Fix: put image environments (a catalog's local_env) and --GPULeaseHub.server_env, "
+        "when set, where every account can read them (not under /root or another 0700 home; "
+        "left empty, gpulease's own environment is copied into the state folder when out of "
+        f"their reach); put the state folder ({state_root}) where every account can pass (its "
+        "parents need o+x; left unset, as root it goes to /var/lib/gpulease when they cannot "
+        "pass into the current folder); or, for a trusted group, run with "
+        "--GPULeaseHub.per_user_accounts=False (servers then run as the hub's account, with "
+        "no isolation between users)."
     )

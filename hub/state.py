@@ -3,6 +3,8 @@
     <state>/private/   mode 0700, the hub's account only: databases, cookie
                        secret, proxy token, the CLI's token and URL
     <state>/homes/     mode 0755; homes/<user> is that user's home (0700)
+    <state>/server-env/  as root, when per-user accounts cannot reach gpulease's
+                       own environment: the copy servers run from (gpulease.hub.server_env)
 
 The hub refuses to start when `private/` can be read by anyone else: it holds
 what lets a reader forge cookies or rewrite the ledger.
@@ -10,6 +12,7 @@ what lets a reader forge cookies or rewrite the ledger.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -63,10 +66,33 @@ class StateDir:
         return self.homes / user
 
 
+# Where a root hub keeps state that per-user accounts must reach, when they cannot pass
+# into the folder it was started from (docs/admin.md).
+SHARED_STATE_BASE = Path("/var/lib/gpulease")
+
+
+def default_state_root(cwd: Path, *, accounts_must_reach: bool,
+                       base: Path = SHARED_STATE_BASE) -> Path:
+    """./.gpulease, unless per-user accounts must reach it and cannot pass into `cwd`.
+
+    Then base/<folder name>-<hash of its path>: one state folder per clone, so that
+    two clones (or two checkouts of one) never share databases or homes.
+    """
+    cwd = cwd.resolve()
+    if not accounts_must_reach or all(os.stat(p).st_mode & stat.S_IXOTH
+                                      for p in (cwd, *cwd.parents)):
+        return cwd / ".gpulease"
+    key = hashlib.sha256(str(cwd).encode()).hexdigest()[:8]
+    return base / f"{cwd.name or 'root'}-{key}"
+
+
 def prepare_state_dir(root: str | os.PathLike) -> StateDir:
     """Create the layout if missing and check who can read `private/`."""
     state = StateDir(Path(root).resolve())
+    missing = [p for p in (state.root, *state.root.parents) if not p.exists()]
     state.root.mkdir(parents=True, exist_ok=True)
+    for made in missing:  # 0755 whatever the umask: homes/ inside must stay reachable
+        os.chmod(made, 0o755)
     check_not_world_writable(state.root)
     if not state.private.exists():
         state.private.mkdir(mode=0o700)

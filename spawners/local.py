@@ -100,6 +100,11 @@ class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
         help="Device UUID -> list of device node paths, for declared inventories (whose "
         "synthetic UUIDs have no nodes) and for tests; on NVML hosts the map comes from NVML.",
     )
+    server_env = Unicode(
+        "", config=True,
+        help="The Python environment of servers whose image names no local_env; empty: the "
+        "hub's own. Set by `gpulease up` (GPULeaseHub.server_env).",
+    )
 
     gpulease_choice: ServerChoice | None = None
     gpulease_isolation: isolation.Prepared | None = None
@@ -196,7 +201,7 @@ class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
             user=self.user.name,
             home=StateDir(Path(self._state_root())).home_of(self.user.name),
             device_uuids=self.gpulease_devices,
-            local_env=image.local_env if image else None,
+            local_env=(image.local_env if image else None) or self.server_env or None,
             run_as_uid=account.uid if account else os.getuid(),
             profile_slug=choice.profile.slug if choice else "",
             image_name=image.name if image else "",
