@@ -1,0 +1,337 @@
+"""Start, share and stop the test control plane.
+
+One supervisor process per run owns every component (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kwok, the kubelet emulator): it
+starts them in order, waits for each to be ready, writes `state.json`, and
+stops them all — SIGTERM, then SIGKILL — when it is told to or when the last
+client that registered in `clients/` has gone. Components die with it
+(PR_SET_PDEATHSIG), so even a SIGKILLed test run leaves no process behind.
+
+Pytest workers (pytest-xdist included) share one control plane through a
+lock file: the first starts the supervisor, each registers its pid.
+
+By hand (scripts/cluster-up runs this):
+    python -m tests.cluster.controlplane serve --dir /tmp/my-cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import closing
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from tests.cluster import components as c
+from tests.cluster.kube import Kube
+from tests.cluster.pki import Pki, make_pki
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "tests" / "cluster" / "tools" / "bin"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+            "kubectl")
+READY_TIMEOUT_S = 90
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def missing_tools(bin_dir: Path = TOOLS) -> list[str]:
+    return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Supervisor:
+    """Runs the components of one control plane (the `serve` command)."""
+
+    def __init__(self, root: Path, bin_dir: Path = TOOLS):
+        ports = c.Ports(*_free_ports(6))
+        self.layout = c.Layout(root, bin_dir, ports)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def prepare(self) -> None:
+        layout = self.layout
+        layout.logs.mkdir(parents=True, exist_ok=True)
+        pki = make_pki(layout.pki, c.SERVICE_IP)
+        for who in ("admin", "controller-manager", "scheduler", "kwok", "kubelet-emulator"):
+            cert, key = pki.client(who)
+            layout.kubeconfig(who).write_text(yaml.safe_dump(
+                c.kubeconfig(layout.server, pki.ca, cert, key, who)))
+        (layout.root / "scheduler.yaml").write_text(yaml.safe_dump(c.scheduler_config(layout)))
+        (layout.root / "kwok.yaml").write_text(yaml.safe_dump_all(c.kwok_stages()))
+        images = layout.root / "images.json"
+        if not images.exists():
+            images.write_text("{}")
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.layout.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            self.procs[name] = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=ROOT, start_new_session=True,
+                preexec_fn=lambda: libc.prctl(1, signal.SIGKILL))  # PR_SET_PDEATHSIG
+        finally:
+            log.close()
+
+    def _wait(self, name: str, ready, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise ControlPlaneError(f"{name} exited with {proc.returncode}; the end of its "
+                                        f"log ({self.layout.logs / (name + '.log')}):\n"
+                                        f"{_tail(self.layout.logs / (name + '.log'))}")
+            try:
+                if ready():
+                    return
+            except Exception:  # noqa: BLE001 - not answering yet
+                pass
+            time.sleep(0.1)
+        raise ControlPlaneError(f"{name} not ready within {timeout:g} s; the end of its log:\n"
+                                f"{_tail(self.layout.logs / (name + '.log'))}")
+
+    def admin(self) -> Kube:
+        cert, key = Pki(self.layout.pki).client("admin")
+        return Kube(self.layout.server, self.layout.pki / "ca.crt", cert, key, timeout=10)
+
+    def start(self) -> dict:
+        started = time.monotonic()
+        layout = self.layout
+        self.prepare()
+        timings = {}
+        self._spawn("etcd", c.etcd_argv(layout))
+        self._wait("etcd", lambda: _port_open(layout.ports.etcd_client))
+        timings["etcd"] = time.monotonic() - started
+        self._spawn("kube-apiserver", c.apiserver_argv(layout))
+        admin = self.admin()
+        self._wait("kube-apiserver", lambda: admin.request("GET", "/readyz").get("message") == "ok")
+        timings["kube-apiserver"] = time.monotonic() - started
+        version = admin.get("/version")
+        self._spawn("kube-controller-manager", c.controller_manager_argv(layout))
+        self._spawn("kube-scheduler", c.scheduler_argv(layout))
+        self._spawn("kwok", c.kwok_argv(layout))
+        self._spawn("kubelet-emulator", c.emulator_argv(layout, sys.executable))
+        # Ready means working: the service-account controllers made `default`'s
+        # account, and the scheduler holds no lock but answers its health check.
+        self._wait("kube-controller-manager",
+                   lambda: admin.get("/api/v1/namespaces/default/serviceaccounts/default"))
+        self._wait("kube-scheduler", lambda: _healthy(layout.ports.scheduler))
+        self._wait("kwok", lambda: _port_open(layout.ports.kwok))
+        timings["all"] = time.monotonic() - started
+        state = {"server": layout.server, "kubeconfig": str(layout.kubeconfig("admin")),
+                 "ca": str(layout.pki / "ca.crt"), "root": str(layout.root),
+                 "bin": str(layout.bin), "images": str(layout.root / "images.json"),
+                 "supervisor": os.getpid(), "ports": asdict(layout.ports),
+                 "pids": {n: p.pid for n, p in self.procs.items()},
+                 "version": version["gitVersion"], "etcd": _etcd_version(layout),
+                 "kwok": _kwok_version(layout), "ready_s": round(timings["all"], 2),
+                 "timings_s": {k: round(v, 2) for k, v in timings.items()}}
+        tmp = layout.root / "state.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.rename(layout.root / "state.json")
+        return state
+
+    def stop(self) -> None:
+        for name in reversed(c.STARTUP_ORDER):
+            proc = self.procs.get(name)
+            if proc and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            if proc:
+                try:  # whatever the component left in its group
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _port_open(port: int) -> bool:
+    with closing(socket.socket()) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _healthy(port: int) -> bool:
+    import ssl
+    import urllib.request
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the scheduler's own self-signed serving cert
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context,
+                                timeout=2) as r:
+        return r.read() == b"ok"
+
+
+def _etcd_version(layout: c.Layout) -> str:
+    out = subprocess.run([layout.tool("etcd"), "--version"], capture_output=True, text=True)
+    return out.stdout.split("\n")[0].split(":")[-1].strip()
+
+
+def _kwok_version(layout: c.Layout) -> str:
+    out = subprocess.run([layout.tool("kwok"), "--version"], capture_output=True, text=True)
+    words = out.stdout.split()  # "kwok version v0.8.0 go1.26.8 (linux/amd64)"
+    return words[2] if len(words) > 2 else "?"
+
+
+def serve(root: Path, clients: bool) -> int:
+    """Run a control plane in `root` until SIGTERM/SIGINT, or (clients) until no client is left."""
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)  # pods run as other users and need to reach their volumes below it
+    supervisor = Supervisor(root)
+    stopping = False
+
+    def on_signal(*_):
+        nonlocal stopping
+        stopping = True
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        state = supervisor.start()
+    except Exception as e:  # noqa: BLE001 - reported to whoever waits
+        (root / "failed").write_text(f"{type(e).__name__}: {e}")
+        supervisor.stop()
+        return 1
+    print(f"control plane ready in {state['ready_s']} s: Kubernetes {state['version']}, "
+          f"etcd {state['etcd']}, kwok {state['kwok']}\n"
+          f"  export KUBECONFIG={state['kubeconfig']}\n"
+          f"  {state['bin']}/kubectl get nodes", flush=True)
+    seen_client = False
+    try:
+        while not stopping:
+            time.sleep(0.5)
+            for name, proc in supervisor.procs.items():
+                if proc.poll() is not None:
+                    (root / "failed").write_text(f"{name} exited with {proc.returncode}:\n"
+                                                 f"{_tail(supervisor.layout.logs / (name + '.log'))}")
+                    stopping = True
+            if clients:
+                alive = _live_clients(root)
+                seen_client = seen_client or bool(alive)
+                if seen_client and not alive:
+                    break
+    finally:
+        supervisor.stop()
+        (root / "state.json").unlink(missing_ok=True)
+        if clients:  # a test run's cluster is thrown away; its logs stay for a post-mortem
+            for data in ("etcd", "pki", "emulator"):
+                shutil.rmtree(root / data, ignore_errors=True)
+    return 0
+
+
+def _live_clients(root: Path) -> list[int]:
+    alive = []
+    for entry in (root / "clients").glob("*"):
+        pid = int(entry.name)
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            entry.unlink(missing_ok=True)
+    return alive
+
+
+def attach(root: Path, timeout: float = 180) -> dict:
+    """Register this process as a client of the control plane in `root`, starting it if need be."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "clients").mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (root / "clients" / str(os.getpid())).touch()
+        state_file = root / "state.json"
+        if not state_file.exists() or not _alive(json.loads(state_file.read_text())["supervisor"]):
+            for old in root.iterdir():  # a dead run's etcd data must not be reused
+                if old.name not in ("lock", "clients"):
+                    shutil.rmtree(old) if old.is_dir() else old.unlink()
+            log = open(root / "supervisor.log", "ab")  # noqa: SIM115 - the child keeps it
+            subprocess.Popen([sys.executable, "-m", "tests.cluster.controlplane", "serve",
+                              "--dir", str(root), "--until-clients-gone"],
+                             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+        deadline = time.monotonic() + timeout
+        while not state_file.exists():
+            if (root / "failed").exists():
+                raise ControlPlaneError((root / "failed").read_text())
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"no control plane within {timeout:g} s; see "
+                                        f"{root}/supervisor.log and {root}/logs/")
+            time.sleep(0.1)
+        return json.loads(state_file.read_text())
+
+
+def detach(root: Path, wait_s: float = 30) -> None:
+    """Unregister; the last client waits for the supervisor to have stopped everything."""
+    state_file = root / "state.json"
+    supervisor = json.loads(state_file.read_text())["supervisor"] if state_file.exists() else 0
+    (root / "clients" / str(os.getpid())).unlink(missing_ok=True)
+    if supervisor and not _live_clients(root):
+        deadline = time.monotonic() + wait_s
+        while _alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (our own exited child) no longer runs anything.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The gpulease test control plane")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("serve", help="run a control plane until interrupted")
+    run.add_argument("--dir", type=Path, required=True, help="its files (made if missing)")
+    run.add_argument("--until-clients-gone", action="store_true",
+                     help="stop once every process registered in DIR/clients has exited")
+    args = parser.parse_args(argv)
+    missing = missing_tools()
+    if missing:
+        print(f"missing {', '.join(missing)} in {TOOLS}: run `make cluster-tools` (needs Go)",
+              file=sys.stderr)
+        return 2
+    return serve(args.dir, args.until_clients_gone)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""The kubelet emulator: a test double standing for the kubelet of emulated Nodes.
+
+Everything else in the test cluster is the real Kubernetes code. For each pod
+the real scheduler binds to a Node annotated `kwok.x-k8s.io/node=fake`, this
+process runs each container's command as a local process, in a cgroup of
+its own, as the pod's user, from the local environment mapped to its image
+(tests/cluster/pod_plan.py says what differs from a kubelet); hands it
+concrete device IDs from the Node's declared devices in NVIDIA_VISIBLE_DEVICES,
+never one device to two pods; reports Pending, Running with Ready conditions
+and termination with exit codes through the status subresource; honours
+deletion with SIGTERM, the grace period, then SIGKILL of everything left; and
+writes events. kwok only keeps the Nodes Ready.
+
+    python -m tests.cluster.kubelet_emulator --kubeconfig K --images images.json --state DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpulease.spawners.cgroup_kill import empty_cgroup, remove_dirs
+from tests.cluster import pod_plan
+from tests.cluster.kube import Kube, KubeError
+
+log = logging.getLogger("kubelet-emulator")
+NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+PR_SET_PDEATHSIG = 1
+
+
+def kube_from_kubeconfig(path: str) -> Kube:
+    config = yaml.safe_load(Path(path).read_text())
+    cluster = config["clusters"][0]["cluster"]
+    user = config["users"][0]["user"]
+    return Kube(cluster["server"], Path(cluster["certificate-authority"]),
+                Path(user["client-certificate"]), Path(user["client-key"]))
+
+
+def _cgroup_base() -> Path | None:
+    """Where each pod's cgroup goes: the v1 freezer hierarchy, or cgroup v2 with cgroup.kill."""
+    for base in (Path("/sys/fs/cgroup/freezer"), Path("/sys/fs/cgroup")):
+        if (base / "cgroup.procs").exists() and os.access(base, os.W_OK) and (
+                base.name == "freezer" or (base / "cgroup.kill").exists()
+                or (base / "cgroup.controllers").exists()):
+            return base / f"gpulease-kubelet-emulator-{os.getpid()}"
+    return None
+
+
+@dataclass
+class PodRun:
+    uid: str
+    namespace: str
+    name: str
+    ip: str = ""
+    devices: dict[str, list[str]] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    cgroup: Path | None = None
+    started: str = ""
+    terminating: bool = False
+    launched: threading.Event = field(default_factory=threading.Event)  # start() is over
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Emulator:
+    def __init__(self, kube: Kube, images: Path, state: Path):
+        self.kube = kube
+        self.images = images
+        self.state = state
+        self.lock = threading.Lock()
+        self.nodes: dict[str, dict[str, list[str]]] = {}  # emulated node -> declared devices
+        self.runs: dict[str, PodRun] = {}
+        self.free_ips = [f"127.1.{i // 250}.{i % 250 + 2}" for i in range(250 * 250)]
+        # PR_SET_PDEATHSIG fires when the *thread* that forked a child ends, so
+        # every pod process is forked by this one long-lived thread.
+        self.launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher")
+        self.cgroups = _cgroup_base()
+        if self.cgroups:
+            self.cgroups.mkdir(parents=True, exist_ok=True)
+
+    # ---- API writes -------------------------------------------------------
+    def event(self, pod: dict, reason: str, message: str, kind: str = "Normal") -> None:
+        meta = pod["metadata"]
+        stamp = pod_plan.now_iso()
+        body = {"metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {"kind": "Pod", "namespace": meta["namespace"],
+                                   "name": meta["name"], "uid": meta["uid"], "apiVersion": "v1"},
+                "reason": reason, "message": message, "type": kind,
+                "source": {"component": "kubelet", "host": pod["spec"].get("nodeName", "")},
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+        try:
+            self.kube.create(f"/api/v1/namespaces/{meta['namespace']}/events", body)
+        except KubeError as e:  # a namespace being deleted refuses events
+            log.info("event %s for %s/%s not written: %s", reason, meta["namespace"],
+                     meta["name"], e)
+
+    def set_status(self, run: PodRun, status: dict) -> None:
+        try:
+            self.kube.patch(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status",
+                            {"metadata": {"uid": run.uid}, "status": status})
+        except KubeError as e:
+            log.info("status of %s/%s not written: %s", run.namespace, run.name, e)
+
+    def lookup(self, namespace: str):
+        def read(kind: str, name: str, key: str) -> str:
+            obj = self.kube.get(f"/api/v1/namespaces/{namespace}/{kind}s/{name}")
+            if kind == "secret":
+                return base64.b64decode(obj["data"][key]).decode()
+            return obj["data"][key]
+        return read
+
+    # ---- starting a pod ---------------------------------------------------
+    def image(self, name: str) -> pod_plan.Image:
+        try:
+            images = json.loads(self.images.read_text())
+        except FileNotFoundError:
+            images = {}
+        if name not in images:
+            raise pod_plan.PlanError(
+                "ErrImagePull", f"failed to pull image {name!r}: the kubelet emulator has no local "
+                f"stand-in for it (mapped: {', '.join(sorted(images)) or 'none'})")
+        entry = images[name]
+        return pod_plan.Image(entry["prefix"], int(entry.get("user", 0)), entry.get("env", {}),
+                              tuple(entry.get("entrypoint", ())))
+
+    def mounts(self, pod: dict, container: dict, run: PodRun) -> dict[str, str]:
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        found: dict[str, str] = {}
+        for mount in container.get("volumeMounts", []):
+            volume = volumes.get(mount["name"], {})
+            if "persistentVolumeClaim" in volume:
+                claim = self.kube.get(f"/api/v1/namespaces/{run.namespace}/persistentvolumeclaims/"
+                                      f"{volume['persistentVolumeClaim']['claimName']}")
+                pv = self.kube.get(f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}")
+                host = pv["spec"]["hostPath"]["path"]
+            elif "hostPath" in volume:
+                host = volume["hostPath"]["path"]
+            elif "emptyDir" in volume:
+                folder = self.state / "pods" / run.uid / "volumes" / mount["name"]
+                folder.mkdir(parents=True, exist_ok=True)
+                folder.chmod(0o1777)
+                host = str(folder)
+            else:  # projected service-account tokens, config maps: not emulated
+                continue
+            found[mount["mountPath"]] = host + ("/" + mount["subPath"] if mount.get("subPath") else "")
+        return found
+
+    def start(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        run = PodRun(meta["uid"], meta["namespace"], meta["name"])
+        with self.lock:
+            if run.uid in self.runs:
+                return
+            self.runs[run.uid] = run
+        try:
+            self._start(pod, run)
+        except pod_plan.PlanError as e:
+            log.info("%s/%s: %s", run.namespace, run.name, e)
+            if e.reason == "UnexpectedAdmissionError":
+                self.set_status(run, pod_plan.failed_admission_status(e.reason, e.message))
+            else:
+                self.set_status(run, pod_plan.waiting_status(pod, e.reason, e.message))
+            self.event(pod, "Failed", e.message, "Warning")
+            self.release(run)
+            run.done.set()
+        finally:
+            run.launched.set()
+
+    def _start(self, pod: dict, run: PodRun) -> None:
+        node = pod["spec"]["nodeName"]
+        with self.lock:
+            taken = {d for r in self.runs.values() for ids in r.devices.values() for d in ids}
+            run.devices = pod_plan.pick_devices(pod_plan.gpu_requests(pod),
+                                                self.nodes.get(node, {}), taken)
+            run.ip = self.free_ips.pop(0)
+        plans, images = [], {}
+        for container in pod["spec"]["containers"]:
+            image = self.image(container["image"])
+            self.event(pod, "Pulled", f"Container image {container['image']!r} is the local "
+                       f"stand-in {image.prefix}")
+            images[container["name"]] = f"local://{image.prefix}"
+            plans.append(pod_plan.plan_container(pod, container, image, run.ip,
+                                                 self.mounts(pod, container, run), run.devices,
+                                                 self.lookup(run.namespace)))
+        if self.cgroups:
+            run.cgroup = self.cgroups / run.uid
+            run.cgroup.mkdir(exist_ok=True)
+        logs = self.state / "pods" / f"{run.namespace}_{run.name}_{run.uid}"
+        logs.mkdir(parents=True, exist_ok=True)
+        for plan in plans:
+            run.procs[plan.container] = self.launcher.submit(
+                self._spawn, plan, run, logs / f"{plan.container}.log").result()
+            self.event(pod, "Started", f"Started container {plan.container} as pid "
+                       f"{run.procs[plan.container].pid}, uid {plan.uid}, address {run.ip}")
+        run.started = pod_plan.now_iso()
+        self.set_status(run, pod_plan.running_status(pod, run.ip, run.started, images))
+        threading.Thread(target=self.wait_exit, args=(pod, run), daemon=True).start()
+
+    def _spawn(self, plan: pod_plan.ProcessPlan, run: PodRun, log_path: Path) -> subprocess.Popen:
+        procs_file = str(run.cgroup / "cgroup.procs") if run.cgroup else ""
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def in_child() -> None:  # between fork and exec: join the pod's cgroup, die with us
+            if procs_file:
+                fd = os.open(procs_file, os.O_WRONLY)
+                os.write(fd, b"0")
+                os.close(fd)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+        # Not root (a developer's own run): every pod runs as this account.
+        who = ({"user": plan.uid, "group": plan.gid, "extra_groups": plan.groups}
+               if os.geteuid() == 0 else {})
+        out = open(log_path, "ab")  # noqa: SIM115 - the child keeps it
+        try:
+            return subprocess.Popen(plan.argv, env=plan.env, cwd=plan.cwd, **who,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=in_child)
+        except OSError as e:
+            raise pod_plan.PlanError("StartError", f"{plan.argv[0]}: {e}") from None
+        finally:
+            out.close()
+
+    # ---- ending a pod -----------------------------------------------------
+    def wait_exit(self, pod: dict, run: PodRun) -> None:
+        codes = {name: proc.wait() for name, proc in run.procs.items()}
+        self.kill_rest(run)
+        finished = pod_plan.now_iso()
+        reasons = {n: "Error" for n, c in codes.items() if c and run.terminating}
+        self.set_status(run, pod_plan.terminated_status(pod, codes, run.started, finished, reasons))
+        self.release(run)
+        run.done.set()
+
+    def kill_rest(self, run: PodRun) -> None:
+        """Nothing of the pod outlives its containers (a PID namespace ends with its PID 1)."""
+        for proc in run.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if run.cgroup and run.cgroup.exists():
+            emptied = empty_cgroup("cgroup1", run.uid, [str(run.cgroup)], wait_s=10)
+            if not emptied.empty:
+                log.warning("pod %s/%s: %s", run.namespace, run.name, emptied.describe())
+            remove_dirs([str(run.cgroup)])
+
+    def release(self, run: PodRun) -> None:
+        with self.lock:
+            if run.ip:
+                self.free_ips.append(run.ip)
+            run.devices = {}
+            run.ip = ""
+
+    def terminate(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        with self.lock:
+            run = self.runs.get(meta["uid"])
+            if run is None or run.terminating:
+                return
+            run.terminating = True
+        grace = int(meta.get("deletionGracePeriodSeconds", 30))
+        run.launched.wait(60)
+        if run.procs and not run.done.is_set():
+            self.event(pod, "Killing", f"Stopping container(s) with grace period {grace} s")
+            for proc in run.procs.values():
+                if proc.poll() is None:
+                    os.kill(proc.pid, signal.SIGTERM)
+            if not run.done.wait(grace):
+                self.kill_rest(run)
+        run.done.wait(30)
+        try:  # the kubelet's last word: remove the object, this very pod only
+            self.kube.delete(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}",
+                             {"gracePeriodSeconds": 0, "preconditions": {"uid": run.uid}})
+        except KubeError as e:
+            log.info("final delete of %s/%s: %s", run.namespace, run.name, e)
+        with self.lock:
+            self.runs.pop(run.uid, None)
+
+    # ---- watching ---------------------------------------------------------
+    def on_node(self, node: dict) -> None:
+        meta = node["metadata"]
+        annotations = meta.get("annotations", {})
+        key, value = NODE_ANNOTATION
+        with self.lock:
+            if annotations.get(key) == value:
+                self.nodes[meta["name"]] = json.loads(
+                    annotations.get(pod_plan.DEVICES_ANNOTATION, "{}"))
+            else:
+                self.nodes.pop(meta["name"], None)
+
+    def on_pod(self, kind: str, pod: dict) -> None:
+        meta = pod["metadata"]
+        if pod["spec"].get("nodeName") not in self.nodes:
+            return
+        if kind == "DELETED" or meta.get("deletionTimestamp"):
+            threading.Thread(target=self.terminate, args=(pod,), daemon=True).start()
+        elif meta["uid"] not in self.runs and pod.get("status", {}).get("phase") in (None, "Pending"):
+            threading.Thread(target=self.start, args=(pod,), daemon=True).start()
+
+    def follow(self, path: str, handle, params: dict | None = None) -> None:
+        """List, then watch from the list's version; list again when the watch expires."""
+        while True:
+            try:
+                listed = self.kube.get(path, **(params or {}))
+                for item in listed["items"]:
+                    handle("ADDED", item)
+                version = listed["metadata"]["resourceVersion"]
+                while True:
+                    for event in self.kube.watch(path, version, **(params or {})):
+                        if event["type"] == "ERROR":
+                            raise KubeError(event["object"].get("code", 500), event["object"],
+                                            f"watch {path}")
+                        version = event["object"]["metadata"]["resourceVersion"]
+                        if event["type"] != "BOOKMARK":
+                            handle(event["type"], event["object"])
+            except (KubeError, OSError) as e:
+                log.info("re-listing %s after %s", path, e)
+                time.sleep(0.2)
+
+    def run(self) -> None:
+        for node in self.kube.get("/api/v1/nodes")["items"]:  # before any pod is looked at
+            self.on_node(node)
+        threading.Thread(target=self.follow, args=("/api/v1/nodes",
+                         lambda _kind, node: self.on_node(node)), daemon=True).start()
+        self.follow("/api/v1/pods", self.on_pod, {"fieldSelector": "spec.nodeName!="})
+
+    def shutdown(self) -> None:
+        for run in list(self.runs.values()):
+            self.kill_rest(run)
+        if self.cgroups:
+            remove_dirs([str(self.cgroups)])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--images", required=True, type=Path)
+    parser.add_argument("--state", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    emulator = Emulator(kube_from_kubeconfig(args.kubeconfig), args.images, args.state)
+
+    def stop(*_):
+        emulator.shutdown()
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    emulator.run()
+
+
+if __name__ == "__main__":
+    main()
