@@ -10,7 +10,7 @@ BIN     = $(VENV)/bin
 # The official configurable-http-proxy is installed with npm inside the project.
 export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: install run test lint bench clean labextension
+.PHONY: install run test lint bench clean labextension cluster-tools
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -32,7 +32,13 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 
-test: install lint
+# The Kubernetes control plane of the cluster tests (tests/cluster/), built
+# from Go modules and cached outside the clone: minutes cold, a second warm.
+# Without Go it says so, and the cluster tests skip (under CI=true they fail).
+cluster-tools:
+	scripts/cluster-tools
+
+test: install lint cluster-tools
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install
