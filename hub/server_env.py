@@ -18,6 +18,7 @@ server-env/; the tests (tests/isolation_env.py) keep theirs in /tmp.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
@@ -86,6 +87,9 @@ def build(target: Path) -> Path:
             f"no interpreter of this Python version ({version()}) that every account can run: "
             f"{sys.executable} is out of their reach and neither /usr/bin/{version()} nor "
             f"/usr/local/bin/{version()} exists (Debian: apt-get install {version()}-venv)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = os.open(target.with_name(f".{target.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time (two hubs, two test workers)
     old_umask = os.umask(0o022)  # what is made here is for every account to read
     try:
         _venv(python, target)
@@ -107,6 +111,7 @@ def build(target: Path) -> Path:
                           "from jupyterhub.singleuser import main\nsys.exit(main())\n", 0o755)
     finally:
         os.umask(old_umask)
+        os.close(lock)
     return target / "bin" / "python"
 
 

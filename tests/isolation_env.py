@@ -1,14 +1,14 @@
 """A hub that runs as root needs a Python environment every per-user account can run.
 
-On the build machines the project's virtualenv is readable by everyone but
-its interpreter is pyenv's, under /root (mode 0700): no per-user account can
-execute it, and `gpulease up` as root refuses to start, naming that folder
-(gpulease.hub.isolation_check). Tests do what an admin would do: run the hub
-from an environment every account can reach — here a virtualenv of the
-system Python of the same version, in /tmp, that uses the project's
-installed packages (a .pth file) and its Jupyter data and config (share/ and
-etc/ linked), so that the servers are the same JupyterLab with the same
-extensions. Nothing under /root is touched.
+Where the project's .venv is out of their reach — its interpreter pyenv's
+under /root, or the whole clone under /root (mode 0700) — `gpulease up` as
+root would run servers from a copy of it (gpulease.hub.server_env). Tests
+run the hub itself from such a copy, made once per session in /tmp with
+the same code (gpulease.hub.server_env.build: the project's installed
+packages, its code and Jupyter's data hard-linked, so the servers are the
+same JupyterLab with the same extensions), so that the hubs and the mock
+servers the tests start use one interpreter every account can run.
+Nothing under /root is touched.
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from functools import cache
 from pathlib import Path
 
+from gpulease.hub import server_env
 from gpulease.hub.isolation_check import server_env_paths, unreachable
-from gpulease.hub.unix_accounts import blocking_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,47 +35,11 @@ def hub_python() -> tuple[str, str]:
         return sys.executable, "the tests do not run as root"
     if not unreachable(server_env_paths([None])):
         return sys.executable, ""
-    site_packages = sysconfig.get_paths()["purelib"]
-    for what, path in (("the project", str(ROOT)), ("its packages", site_packages)):
-        blocked = blocking_dir(os.path.realpath(path))
-        if blocked:
-            return sys.executable, (f"{what} ({path}) cannot be reached by other accounts: "
-                                    f"{blocked[0]} is mode {blocked[1]:o}")
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    system = next((p for p in (f"/usr/bin/python{version}", f"/usr/local/bin/python{version}")
-                   if os.path.exists(p) and not blocking_dir(os.path.realpath(p), execute=True)),
-                  None)
-    if system is None:
-        return sys.executable, (f"the interpreter {sys.executable} is not reachable by other "
-                                f"accounts and no system python{version} is installed")
-    return str(_build_env(system, site_packages)), ""
-
-
-def _build_env(system_python: str, site_packages: str) -> Path:
-    key = hashlib.sha256(f"{ROOT}|{sys.prefix}|{system_python}".encode()).hexdigest()[:10]
-    env = Path(tempfile.gettempdir()) / f"gpulease-test-env-{key}"
-    python = env / "bin" / "python"
-    if (env / ".ready").exists():
-        return python
-    work = Path(tempfile.mkdtemp(prefix=f"{env.name}-", dir=env.parent))
-    subprocess.run([system_python, "-m", "venv", "--without-pip", str(work)], check=True)
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    (work / "lib" / version / "site-packages" / "gpulease_project.pth").write_text(
-        f"import site; site.addsitedir({site_packages!r})\n")
-    for name in ("share", "etc"):  # Jupyter's data (lab, kernels) and config (the extension)
-        if (Path(sys.prefix) / name).exists():
-            (work / name).symlink_to(Path(sys.prefix) / name)
-    script = work / "bin" / "jupyterhub-singleuser"
-    script.write_text(f"#!{env}/bin/python\nimport sys\nfrom jupyterhub.singleuser import main\n"
-                      "sys.exit(main())\n")
-    script.chmod(0o755)
-    work.chmod(0o755)
-    (work / ".ready").write_text("")
+    key = hashlib.sha256(f"{ROOT}|{sys.prefix}".encode()).hexdigest()[:10]
     try:
-        work.rename(env)
-    except OSError:  # another test session made it first
-        shutil.rmtree(work, ignore_errors=True)
-    return python
+        return str(server_env.build(Path(tempfile.gettempdir()) / f"gpulease-server-env-{key}")), ""
+    except server_env.ServerEnvError as e:
+        return sys.executable, str(e)
 
 
 SHARED = Path(tempfile.gettempdir()) / "gpulease-e2e"
