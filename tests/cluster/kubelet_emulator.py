@@ -212,23 +212,28 @@ class Emulator:
     def _spawn(self, plan: pod_plan.ProcessPlan, run: PodRun, log_path: Path) -> subprocess.Popen:
         procs_file = str(run.cgroup / "cgroup.procs") if run.cgroup else ""
         libc = ctypes.CDLL(None, use_errno=True)
+        as_root = os.geteuid() == 0  # else (a developer's own run) pods run as this account
 
-        def in_child() -> None:  # between fork and exec: join the pod's cgroup, die with us
+        def in_child() -> None:
+            # Between fork and exec, in this order: join the pod's cgroup while
+            # still root, take the pod's user, then ask to die with the
+            # emulator (a change of credentials clears that request).
             if procs_file:
                 fd = os.open(procs_file, os.O_WRONLY)
-                os.write(fd, b"0")
+                os.write(fd, str(os.getpid()).encode())
                 os.close(fd)
+            if as_root:
+                os.setgroups(plan.groups)
+                os.setgid(plan.gid)
+                os.setuid(plan.uid)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
-        # Not root (a developer's own run): every pod runs as this account.
-        who = ({"user": plan.uid, "group": plan.gid, "extra_groups": plan.groups}
-               if os.geteuid() == 0 else {})
         out = open(log_path, "ab")  # noqa: SIM115 - the child keeps it
         try:
-            return subprocess.Popen(plan.argv, env=plan.env, cwd=plan.cwd, **who,
+            return subprocess.Popen(plan.argv, env=plan.env, cwd=plan.cwd,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=in_child)
-        except OSError as e:
+        except (OSError, subprocess.SubprocessError) as e:
             raise pod_plan.PlanError("StartError", f"{plan.argv[0]}: {e}") from None
         finally:
             out.close()
