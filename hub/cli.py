@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--token", help="API token (default: $GPULEASE_TOKEN, else the embedded hub's)"
     )
-    parser.add_argument("--state", help="state folder of the embedded hub (default ./.gpulease)")
+    parser.add_argument("--state", help="state folder of the embedded hub (default: "
+                        "$GPULEASE_STATE, else the one `gpulease up` run here uses)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="run the embedded hub (see `gpulease up --help-all`)", add_help=False)
     inv = sub.add_parser("inventory", help="GPUs and MIG devices, what is free, who holds what")

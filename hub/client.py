@@ -9,7 +9,7 @@ from typing import Any
 
 import requests
 
-from gpulease.hub.state import StateDir, read_cli_file
+from gpulease.hub.state import StateDir, default_state_root, read_cli_file
 
 
 class ClientError(RuntimeError):
@@ -60,11 +60,16 @@ def client_from(url: str | None, token: str | None, state_dir: str | None) -> Hu
     url = url or os.environ.get("GPULEASE_URL")
     token = token or os.environ.get("GPULEASE_TOKEN")
     if not (url and token):
-        root = state_dir or os.environ.get("GPULEASE_STATE") or ".gpulease"
-        found = read_cli_file(StateDir(Path(root).resolve()))
+        given = state_dir or os.environ.get("GPULEASE_STATE")
+        # `up`'s default: ./.gpulease, or as root its folder in /var/lib/gpulease
+        roots = [Path(given)] if given else list(dict.fromkeys([
+            Path(".gpulease").resolve(),
+            default_state_root(Path.cwd(), accounts_must_reach=os.geteuid() == 0)]))
+        found = next(filter(None, (read_cli_file(StateDir(r.resolve())) for r in roots)), None)
         if not found:
+            where = " nor ".join(f"{r}/private/cli.json" for r in roots)
             raise ClientError(
-                f"no hub to talk to: {root}/private/cli.json not found (is `gpulease up` "
+                f"no hub to talk to: {where} not found (is `gpulease up` "
                 "running with this state folder?); or pass --url and --token"
             )
         url, token = url or found["url"], token or found["token"]

@@ -172,6 +172,12 @@ def test_make_run_as_root_from_a_clone_in_a_0700_folder(tmp_path):
         assert "Users: each runs as their own Unix account (gl-NAME" in hub.log()
         assert f"gpulease is running at http://127.0.0.1:{hub.port}/" in hub.log()
 
+        # the CLI, run in the clone, finds the hub where `up` put its state
+        cli = subprocess.run([str(clone / ".venv" / "bin" / "gpulease"), "inventory"], cwd=clone,
+                             capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k != "GPULEASE_STATE"})
+        assert cli.returncode == 0 and "own Unix account" in cli.stdout, cli.stderr
+
         server = _start_a_server(hub, name)
         account = pwd.getpwnam(f"gl-{name}")
         assert server.uids().real == account.pw_uid, (server.uids(), account)
