@@ -37,6 +37,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="makes accounts and 0700 folders as root"),
     pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "gpulease").exists(),
                        reason="needs the project's .venv (`make install`)"),
+    pytest.mark.skipif(not (ROOT / ".git").exists(), reason="clones this checkout with git"),
 ]
 
 
