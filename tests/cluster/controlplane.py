@@ -214,6 +214,7 @@ def serve(root: Path, clients: bool) -> int:
     root.chmod(0o755)  # pods run as other users and need to reach their volumes below it
     supervisor = Supervisor(root)
     stopping = False
+    (root / "supervisor.pid").write_text(str(os.getpid()))
 
     def on_signal(*_):
         nonlocal stopping
@@ -230,7 +231,6 @@ def serve(root: Path, clients: bool) -> int:
           f"etcd {state['etcd']}, kwok {state['kwok']}\n"
           f"  export KUBECONFIG={state['kubeconfig']}\n"
           f"  {state['bin']}/kubectl get nodes", flush=True)
-    seen_client = False
     try:
         while not stopping:
             time.sleep(0.5)
@@ -239,17 +239,22 @@ def serve(root: Path, clients: bool) -> int:
                     (root / "failed").write_text(f"{name} exited with {proc.returncode}:\n"
                                                  f"{_tail(supervisor.layout.logs / (name + '.log'))}")
                     stopping = True
-            if clients:
-                alive = _live_clients(root)
-                seen_client = seen_client or bool(alive)
-                if seen_client and not alive:
-                    break
+            # Whoever started us registered before doing so: no client, no run.
+            # Decided under the lock: a client attaching now either registered
+            # in time (we serve on) or finds no state.json and starts afresh.
+            if clients and not _live_clients(root):
+                with open(root / "lock", "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    if not _live_clients(root):
+                        (root / "state.json").unlink(missing_ok=True)
+                        break
     finally:
-        supervisor.stop()
         (root / "state.json").unlink(missing_ok=True)
+        supervisor.stop()
         if clients:  # a test run's cluster is thrown away; its logs stay for a post-mortem
             for data in ("etcd", "pki", "emulator"):
                 shutil.rmtree(root / data, ignore_errors=True)
+        (root / "supervisor.pid").unlink(missing_ok=True)
     return 0
 
 
@@ -274,6 +279,7 @@ def attach(root: Path, timeout: float = 180) -> dict:
         (root / "clients" / str(os.getpid())).touch()
         state_file = root / "state.json"
         if not state_file.exists() or not _alive(json.loads(state_file.read_text())["supervisor"]):
+            _wait_for_previous(root)
             for old in root.iterdir():  # a dead run's etcd data must not be reused
                 if old.name not in ("lock", "clients"):
                     shutil.rmtree(old) if old.is_dir() else old.unlink()
@@ -292,6 +298,17 @@ def attach(root: Path, timeout: float = 180) -> dict:
                                         f"{root}/supervisor.log and {root}/logs/")
             time.sleep(0.1)
         return json.loads(state_file.read_text())
+
+
+def _wait_for_previous(root: Path, wait_s: float = 30) -> None:
+    """A supervisor still stopping in `root` must be gone before a new one starts there."""
+    try:
+        pid = int((root / "supervisor.pid").read_text())
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + wait_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def detach(root: Path, wait_s: float = 30) -> None:

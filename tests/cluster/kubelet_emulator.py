@@ -40,6 +40,7 @@ from tests.cluster.kube import Kube, KubeError
 log = logging.getLogger("kubelet-emulator")
 NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def kube_from_kubeconfig(path: str) -> Kube:
@@ -58,6 +59,19 @@ def _cgroup_base() -> Path | None:
                 or (base / "cgroup.controllers").exists()):
             return base / f"gpulease-kubelet-emulator-{os.getpid()}"
     return None
+
+
+def _marked(pod_uid: str) -> list[int]:
+    """Processes whose environment carries the pod's marker (where no cgroup holds them)."""
+    marker = f"{pod_plan.POD_MARKER}={pod_uid}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
 
 
 @dataclass
@@ -258,6 +272,17 @@ class Emulator:
             if not emptied.empty:
                 log.warning("pod %s/%s: %s", run.namespace, run.name, emptied.describe())
             remove_dirs([str(run.cgroup)])
+        else:  # no cgroup to use: every process carrying the pod's marker
+            for _ in range(50):
+                found = _marked(run.uid)
+                if not found:
+                    break
+                for pid in found:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.02)
 
     def release(self, run: PodRun) -> None:
         with self.lock:
@@ -333,11 +358,32 @@ class Emulator:
                 time.sleep(0.2)
 
     def run(self) -> None:
+        # Orphans of pod processes come back to us, not to init, so none escapes.
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)
+        threading.Thread(target=self.reap_orphans, daemon=True).start()
         for node in self.kube.get("/api/v1/nodes")["items"]:  # before any pod is looked at
             self.on_node(node)
         threading.Thread(target=self.follow, args=("/api/v1/nodes",
                          lambda _kind, node: self.on_node(node)), daemon=True).start()
         self.follow("/api/v1/pods", self.on_pod, {"fieldSelector": "spec.nodeName!="})
+
+    def reap_orphans(self) -> None:
+        """Collect the exit of adopted orphans; our own containers' exits are Popen's to read."""
+        me = str(os.getpid())
+        while True:
+            time.sleep(1)
+            with self.lock:
+                ours = {p.pid for r in self.runs.values() for p in r.procs.values()}
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if fields[0] == "Z" and fields[1] == me and int(pid) not in ours:
+                    try:
+                        os.waitpid(int(pid), os.WNOHANG)
+                    except ChildProcessError:
+                        pass
 
     def shutdown(self) -> None:
         for run in list(self.runs.values()):

@@ -28,6 +28,9 @@ GPU_RESOURCE_PREFIX = "nvidia.com/"
 # {resource: [ids]}), as the device plugin would enumerate them.
 DEVICES_ANNOTATION = "gpulease.test/devices"
 DEFAULT_HOME = "/home/jovyan"
+# In each pod process's environment: which pod it belongs to, so that where no
+# cgroup can hold a pod, its processes can still all be found and ended.
+POD_MARKER = "GPULEASE_TEST_POD_UID"
 
 
 class PlanError(Exception):
@@ -161,6 +164,7 @@ def plan_container(pod: dict, container: dict, image: Image, pod_ip: str,
     env.update({k: _rewrite_bind(v, pod_ip) for k, v in declared.items()})
     if home:
         env["HOME"] = home
+    env[POD_MARKER] = pod["metadata"]["uid"]
     ids = [d for resource in sorted(devices) for d in devices[resource]]
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids) if ids else "void"
     argv = list(container.get("command") or image.entrypoint) + list(container.get("args", []))

@@ -37,7 +37,7 @@ def test_the_api_server_reports_the_pinned_release(control_plane: ControlPlane, 
     assert control_plane.state["ready_s"] < 60
 
 
-def test_gpu_nodes_carry_device_plugin_capacity_and_gfd_labels(gpu_nodes):
+def test_gpu_nodes_carry_device_plugin_capacity_and_gfd_labels(gpu_nodes, kube: Kube):
     (node,) = gpu_nodes(GpuNode("mig", mig={"1g.18gb": 7}),)
     labels, capacity = node["metadata"]["labels"], node["status"]["allocatable"]
     assert capacity["nvidia.com/mig-1g.18gb"] == "7"
@@ -47,6 +47,10 @@ def test_gpu_nodes_carry_device_plugin_capacity_and_gfd_labels(gpu_nodes):
     assert labels["nvidia.com/cuda.driver-version.full"].count(".") == 2
     ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] == "True"  # kwok's node stage
+    name = node["metadata"]["name"]
+    lease = kube.wait_for("kwok's node lease", lambda: kube.get(
+        f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"))
+    assert lease["spec"]["leaseDurationSeconds"] == 40 and lease["spec"]["renewTime"]
 
 
 def test_a_privileged_pod_is_refused_in_a_restricted_namespace(kube: Kube, namespace: str):
