@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -85,7 +86,15 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     except Exception:
         detach(root)
         raise
-    request.addfinalizer(lambda: detach(root))
+
+    def leave() -> None:
+        # The last one out throws the run's folder away, unless a test failed:
+        # then its logs stay, for a post-mortem.
+        if detach(root) and request.session.testsfailed == 0:
+            shutil.rmtree(root, ignore_errors=True)
+        elif request.session.testsfailed:
+            print(f"\ncontrol plane logs kept in {root}/logs")
+    request.addfinalizer(leave)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter:
         reporter.write_line(

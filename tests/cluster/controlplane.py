@@ -208,7 +208,17 @@ def _kwok_version(layout: c.Layout) -> str:
     return words[2] if len(words) > 2 else "?"
 
 
-def serve(root: Path, clients: bool) -> int:
+def _add_samples(supervisor: Supervisor) -> None:
+    from tests.cluster.nodes import GpuNode, node_object
+    admin = supervisor.admin()
+    for spec in (GpuNode("gpu-mig", mig={"1g.18gb": 7}), GpuNode("gpu-full", gpus=8)):
+        admin.create("/api/v1/nodes", node_object(spec))
+    images = supervisor.layout.root / "images.json"
+    images.write_text(json.dumps({"gpulease/singleuser:test": {
+        "prefix": str(Path(sys.executable).parent.parent), "user": 1000}}))
+
+
+def serve(root: Path, clients: bool, samples: bool = False) -> int:
     """Run a control plane in `root` until SIGTERM/SIGINT, or (clients) until no client is left."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)  # pods run as other users and need to reach their volumes below it
@@ -227,6 +237,8 @@ def serve(root: Path, clients: bool) -> int:
         (root / "failed").write_text(f"{type(e).__name__}: {e}")
         supervisor.stop()
         return 1
+    if samples:
+        _add_samples(supervisor)
     print(f"control plane ready in {state['ready_s']} s: Kubernetes {state['version']}, "
           f"etcd {state['etcd']}, kwok {state['kwok']}\n"
           f"  export KUBECONFIG={state['kubeconfig']}\n"
@@ -311,15 +323,19 @@ def _wait_for_previous(root: Path, wait_s: float = 30) -> None:
         time.sleep(0.1)
 
 
-def detach(root: Path, wait_s: float = 30) -> None:
-    """Unregister; the last client waits for the supervisor to have stopped everything."""
+def detach(root: Path, wait_s: float = 30) -> bool:
+    """Unregister; the last client waits for the supervisor to have stopped everything.
+
+    True for the last client (the control plane is gone)."""
     state_file = root / "state.json"
     supervisor = json.loads(state_file.read_text())["supervisor"] if state_file.exists() else 0
     (root / "clients" / str(os.getpid())).unlink(missing_ok=True)
-    if supervisor and not _live_clients(root):
-        deadline = time.monotonic() + wait_s
-        while _alive(supervisor) and time.monotonic() < deadline:
-            time.sleep(0.1)
+    if _live_clients(root):
+        return False
+    deadline = time.monotonic() + wait_s
+    while supervisor and _alive(supervisor) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return True
 
 
 def _alive(pid: int) -> bool:
@@ -341,13 +357,16 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dir", type=Path, required=True, help="its files (made if missing)")
     run.add_argument("--until-clients-gone", action="store_true",
                      help="stop once every process registered in DIR/clients has exited")
+    run.add_argument("--sample-nodes", action="store_true",
+                     help="add two emulated GPU nodes (7 MIG 1g.18gb slices; 8 whole H200s) "
+                          "and map gpulease/singleuser:test to this Python's environment")
     args = parser.parse_args(argv)
     missing = missing_tools()
     if missing:
         print(f"missing {', '.join(missing)} in {TOOLS}: run `make cluster-tools` (needs Go)",
               file=sys.stderr)
         return 2
-    return serve(args.dir, args.until_clients_gone)
+    return serve(args.dir, args.until_clients_gone, args.sample_nodes)
 
 
 if __name__ == "__main__":
