@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulease.hub.catalog import load_catalog
 from tests.cluster.controlplane import TOOLS, attach, detach, missing_tools
 from tests.cluster.kube import Kube, KubeError
 from tests.cluster.nodes import GpuNode, node_object
@@ -101,8 +102,13 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
             f"\ncontrol plane: Kubernetes {state['version']}, etcd {state['etcd']}, kwok "
             f"{state['kwok']}, ready in {state['ready_s']} s ({state['root']})")
     plane = ControlPlane(state)
+    # gpulease's own environment (one every account can run) stands for the
+    # test image and for each catalog image without a local_env of its own.
     python, _why = hub_python()
-    plane.map_image(SINGLEUSER_IMAGE, str(Path(python).parent.parent))
+    ours = str(Path(python).parent.parent)
+    plane.map_image(SINGLEUSER_IMAGE, ours)
+    for entry in load_catalog().images:
+        plane.map_image(entry.image, entry.local_env or ours)
     yield plane
 
 
