@@ -27,6 +27,22 @@ GPU_MEMORY: dict[str, int] = {
 
 KNOWN_MODELS: tuple[str, ...] = tuple(GPU_MEMORY)
 
+# Model key -> every value GPU feature discovery writes to a whole card's
+# `nvidia.com/gpu.product` label (the NVML name with hyphens for spaces). One
+# key can be several products (SXM and PCIe boards), so a pod's node affinity
+# for a model lists them all. Under the `single` MIG strategy GFD appends
+# `-MIG-<profile>` to these.
+GFD_PRODUCTS: dict[str, tuple[str, ...]] = {
+    "A100-40GB": ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"),
+    "A100-80GB": ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"),
+    "H100-80GB": ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"),
+    "H100-NVL": ("NVIDIA-H100-NVL",),
+    "H200": ("NVIDIA-H200",),
+    "L40S": ("NVIDIA-L40S",),
+    "A10G": ("NVIDIA-A10G",),
+    "T4": ("Tesla-T4",),
+}
+
 _A100_80_PROFILES = {
     "1g.10gb": 7,
     "1g.10gb+me": 1,

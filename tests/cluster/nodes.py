@@ -14,15 +14,16 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from gpulease.spawners.gpu_models import GPU_MEMORY, mig_compute_slices, mig_memory_bytes
+from gpulease.spawners.gpu_models import (
+    GFD_PRODUCTS,
+    GPU_MEMORY,
+    mig_compute_slices,
+    mig_memory_bytes,
+)
 from tests.cluster.components import EMULATED_NODE_ANNOTATION
 from tests.cluster.pod_plan import DEVICES_ANNOTATION
 
 MiB = 1024**2
-# GFD's product names for the model keys of gpulease.spawners.gpu_models.
-PRODUCTS = {"H200": "NVIDIA-H200", "H100-80GB": "NVIDIA-H100-80GB-HBM3",
-            "A100-80GB": "NVIDIA-A100-SXM4-80GB", "A100-40GB": "NVIDIA-A100-SXM4-40GB",
-            "L40S": "NVIDIA-L40S"}
 COMPUTE = {"H200": (9, 0), "H100-80GB": (9, 0), "A100-80GB": (8, 0), "A100-40GB": (8, 0),
            "L40S": (8, 9)}
 FAMILY = {9: "hopper", 8: "ampere"}
@@ -39,6 +40,7 @@ class GpuNode:
     memory: str = "512Gi"
     driver: str = "570.133.20"
     cuda_runtime: str = "12.8"
+    product: str = ""  # GFD's product value; default: the model's first board
 
 
 def _device_id(kind: str, node: str, n: int) -> str:
@@ -54,7 +56,7 @@ def node_object(spec: GpuNode) -> dict:
         "kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64", "type": "kwok",
         "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.product": PRODUCTS.get(spec.model, spec.model),
+        "nvidia.com/gpu.product": spec.product or GFD_PRODUCTS.get(spec.model, (spec.model,))[0],
         "nvidia.com/gpu.memory": str(GPU_MEMORY.get(spec.model, 0) // MiB),
         "nvidia.com/gpu.count": str(spec.gpus + (1 if spec.mig else 0)),
         "nvidia.com/gpu.family": FAMILY.get(compute[0], "unknown"),

@@ -1,0 +1,116 @@
+"""What a profile asks of Kubernetes: the pod spec of the cluster shape, as plain data.
+
+gpulease decides whether and when a request may run; Kubernetes decides where.
+This module turns a profile into the parts of a pod that say what it needs —
+extended resources as the NVIDIA device plugin names them, node affinity for
+the GPU model as GPU feature discovery labels it, tolerations for GPU taints,
+CPU and memory, the scheduler — and the security context every user's pod
+gets, one that passes PodSecurity `restricted`. `kubespawner_traits` maps the
+result onto kubespawner's own options, which is all GPUKubeSpawner sets.
+Pure functions over dataclasses; no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from gpulease.hub.profiles import GpuSpec, Profile
+from gpulease.spawners.gpu_models import GFD_PRODUCTS
+
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+MIG_STRATEGIES = ("mixed", "single")
+# The taint GPU node pools commonly carry (and the NVIDIA GPU operator's docs use).
+DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+)
+# jovyan in the Jupyter images; a user's pod never runs as root.
+POD_UID = 1000
+POD_GID = 100
+
+
+@dataclass(frozen=True)
+class ClusterGpus:
+    """How this cluster's GPU nodes are set up (per cluster, from configuration)."""
+
+    mig_strategy: str = "mixed"  # the device plugin's MIG strategy: mixed | single
+    tolerations: tuple[dict[str, str], ...] = DEFAULT_GPU_TOLERATIONS
+    scheduler_name: str = ""  # the GPU-packing scheduler; "" = the cluster's default
+
+    def __post_init__(self) -> None:
+        if self.mig_strategy not in MIG_STRATEGIES:
+            raise ValueError(f"mig_strategy {self.mig_strategy!r}: allowed are "
+                             f"{', '.join(MIG_STRATEGIES)}")
+
+
+@dataclass(frozen=True)
+class PodNeeds:
+    """The parts of a pod a profile decides."""
+
+    cpu: Decimal
+    memory_bytes: int
+    extended: dict[str, int] = field(default_factory=dict)  # limits = requests
+    node_affinity: tuple[dict[str, Any], ...] = ()  # nodeSelectorTerms
+    tolerations: tuple[dict[str, str], ...] = ()
+    scheduler_name: str = ""
+
+
+def gpu_resource(gpu: GpuSpec, strategy: str) -> tuple[str, int]:
+    """(extended resource name, count) the device plugin advertises for this GPU spec."""
+    if gpu.mig and strategy == "mixed":
+        return f"nvidia.com/mig-{gpu.mig}", gpu.count
+    return "nvidia.com/gpu", gpu.count  # whole cards, or MIG slices under `single`
+
+
+def product_values(gpu: GpuSpec, strategy: str) -> list[str]:
+    """Every `nvidia.com/gpu.product` value a node able to run this spec may carry."""
+    products = GFD_PRODUCTS.get(gpu.model)
+    if not products:
+        raise ValueError(f"GPU model {gpu.model!r} has no GPU feature discovery product names: "
+                         f"known are {', '.join(sorted(GFD_PRODUCTS))}")
+    if gpu.mig and strategy == "single":
+        return [f"{p}-MIG-{gpu.mig}" for p in products]
+    return list(products)
+
+
+def pod_needs(profile: Profile, cluster: ClusterGpus) -> PodNeeds:
+    """What a server of `profile` asks of Kubernetes."""
+    if profile.gpu is None:
+        return PodNeeds(profile.cpu, profile.memory_bytes, scheduler_name=cluster.scheduler_name)
+    resource, count = gpu_resource(profile.gpu, cluster.mig_strategy)
+    term = {"matchExpressions": [{"key": PRODUCT_LABEL, "operator": "In",
+                                  "values": product_values(profile.gpu, cluster.mig_strategy)}]}
+    return PodNeeds(profile.cpu, profile.memory_bytes, {resource: count}, (term,),
+                    tuple(cluster.tolerations), cluster.scheduler_name)
+
+
+def restricted_security() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod, container) security contexts that pass PodSecurity `restricted`."""
+    pod = {"runAsNonRoot": True, "runAsUser": POD_UID, "runAsGroup": POD_GID,
+           "fsGroup": POD_GID, "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                 "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    return pod, container
+
+
+def kubespawner_traits(needs: PodNeeds, image: str) -> dict[str, Any]:
+    """kubespawner's options for a server with these needs, of this image."""
+    pod_security, container_security = restricted_security()
+    extended = {name: str(count) for name, count in needs.extended.items()}
+    return {
+        "image": image,
+        "cpu_limit": float(needs.cpu), "cpu_guarantee": float(needs.cpu),
+        "mem_limit": needs.memory_bytes, "mem_guarantee": needs.memory_bytes,
+        # An extended resource's request must equal its limit (the API server checks).
+        "extra_resource_limits": extended, "extra_resource_guarantees": dict(extended),
+        "node_affinity_required": [dict(t) for t in needs.node_affinity],
+        "tolerations": [dict(t) for t in needs.tolerations],
+        "scheduler_name": needs.scheduler_name,
+        "uid": POD_UID, "gid": POD_GID, "fs_gid": POD_GID,
+        "allow_privilege_escalation": False,
+        "pod_security_context": pod_security,
+        "container_security_context": container_security,
+        # A user's pod is user code: no credential of the cluster's in it.
+        "automount_service_account_token": False,
+    }
