@@ -69,23 +69,40 @@ def test_a_pod_runs_as_its_user_at_its_own_address_and_reports_its_exit(
     assert {"Scheduled", "Pulled", "Started"} <= events
 
 
-def test_a_running_pod_is_ready_and_reached_at_its_own_address(kube: Kube, namespace: str,
-                                                               gpu_nodes):
+def _listening(ip: str, port: int) -> bool:
+    try:
+        socket.create_connection((ip, port), timeout=1).close()
+    except OSError:  # not yet (the pod is Running once started, before it listens)
+        return False
+    return True
+
+
+def test_running_pods_are_ready_and_reached_at_their_own_addresses(kube: Kube, namespace: str,
+                                                                   gpu_nodes):
     gpu_nodes(GpuNode("n"))
-    body = _pod("server", namespace, (
-        "import os, socket, time; s = socket.socket(); "
-        "s.bind((os.environ['BIND'], 8888)); s.listen(); time.sleep(600)"))
-    # As KubeSpawner does: bind everything; the emulator rewrites it to the pod's address.
-    body["spec"]["containers"][0]["env"] = [{"name": "BIND", "value": "0.0.0.0"}]
-    kube.create(pods_path(namespace), body)
-    pod = kube.wait_for("server Running", lambda: (
-        p := kube.get(pods_path(namespace, "server")))["status"].get("phase") == "Running" and p)
-    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
-    assert ready["Ready"] == "True" and ready["ContainersReady"] == "True"
-    assert pod["status"]["containerStatuses"][0]["ready"] is True
-    ip = pod["status"]["podIP"]
-    kube.wait_for(f"the pod listening on {ip}:8888", lambda: socket.create_connection(
-        (ip, 8888), timeout=1).close() or True)
+    # As KubeSpawner does, both bind everything on one port of one node (one through
+    # its environment, one through its arguments); the emulator rewrites 0.0.0.0 to
+    # each pod's address, so neither takes the other's port.
+    listen = ("import os, socket, sys, time; s = socket.socket(); "
+              "s.bind((os.environ.get('BIND') or sys.argv[1], 8888)); s.listen(); time.sleep(600)")
+    by_env = _pod("by-env", namespace, listen)
+    by_env["spec"]["containers"][0]["env"] = [{"name": "BIND", "value": "0.0.0.0"}]
+    by_args = _pod("by-args", namespace, listen)
+    by_args["spec"]["containers"][0]["args"] = ["0.0.0.0"]
+    for body in (by_env, by_args):
+        kube.create(pods_path(namespace), body)
+    ips = set()
+    for name in ("by-env", "by-args"):
+        pod = kube.wait_for(f"{name} Running", lambda n=name: (
+            p := kube.get(pods_path(namespace, n)))["status"].get("phase") == "Running" and p)
+        ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+        assert ready["Ready"] == "True" and ready["ContainersReady"] == "True"
+        assert pod["status"]["containerStatuses"][0]["ready"] is True
+        ip = pod["status"]["podIP"]
+        kube.wait_for(f"{name} listening on {ip}:8888", lambda ip=ip: _listening(ip, 8888),
+                      timeout=20)
+        ips.add(ip)
+    assert len(ips) == 2
 
 
 def _gone(kube: Kube, namespace: str, name: str) -> bool:
