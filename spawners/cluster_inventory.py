@@ -1,0 +1,231 @@
+"""The GPU inventory of the cluster shape, and whether a request fits it: pure.
+
+The API server never says which device a pod got, only how many of an
+extended resource each pod requests and on which node it is bound. So the
+cluster inventory is counted per node and resource: allocatable (the device
+plugin's `nvidia.com/gpu` and `nvidia.com/mig-*`), minus what the pods bound
+there request, with gpulease's own pods named as holders. Node facts come from
+GPU feature discovery's labels (model, MIG strategy, CUDA driver version).
+
+`fit` is gpulease's admission decision for capacity: a request fits when some
+schedulable node of its model has that many free of its resource, after the
+requests already admitted but not yet bound are given room (first fit, the
+fullest node first, as the packing scheduler would). Kubernetes then decides
+where. The watch adapter that keeps these dataclasses current is separate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from gpulease.spawners.gpu_models import model_key_from_gfd_product
+from gpulease.spawners.placement import DeviceRequest, NoFit
+
+GPU_PREFIX = "nvidia.com/"
+USER_LABEL = "hub.jupyter.org/username"
+SERVER_ANNOTATION = "hub.jupyter.org/servername"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    name: str
+    model: str | None  # gpulease's model key, from nvidia.com/gpu.product
+    mig_strategy: str  # the device plugin's: mixed | single | none
+    driver: str  # nvidia.com/cuda.driver-version.full ("" if not labelled)
+    allocatable: dict[str, int]  # nvidia.com/* resource -> count
+    schedulable: bool = True  # Ready and not cordoned
+    # Under the `single` strategy every nvidia.com/gpu is a slice of this
+    # profile (GFD's product reads `<product>-MIG-<profile>`).
+    single_profile: str | None = None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What one pod requests of a node's GPU resources ('' node: admitted, not yet bound)."""
+
+    pod: str  # namespace/name
+    node: str
+    resources: dict[str, int]
+    user: str = ""  # gpulease's pods only
+    server: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterInventory:
+    nodes: tuple[ClusterNode, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    _free: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def free(self) -> dict[str, dict[str, int]]:
+        """node -> resource -> free count, after the bound pods' requests."""
+        if not self._free:
+            free = {n.name: dict(n.allocatable) for n in self.nodes}
+            for hold in self.holds:
+                room = free.get(hold.node)
+                if room is not None:
+                    for resource, count in hold.resources.items():
+                        room[resource] = room.get(resource, 0) - count
+            self._free.update(free)
+        return self._free
+
+    def rows(self) -> list[dict]:
+        """The `api/inventory` cluster form: per node, per resource, who holds how many."""
+        free = self.free()
+        holders: dict[tuple[str, str], list[dict]] = defaultdict(list)
+        for hold in self.holds:
+            for resource, count in hold.resources.items():
+                who = {"user": hold.user, "server": hold.server} if hold.user else {"pod": hold.pod}
+                holders[(hold.node, resource)].append({**who, "count": count})
+        return [{"name": n.name, "model": n.model, "mig_strategy": n.mig_strategy,
+                 "driver": n.driver, "schedulable": n.schedulable,
+                 "resources": [{"resource": r, "allocatable": a, "free": max(free[n.name][r], 0),
+                                "holders": holders.get((n.name, r), [])}
+                               for r, a in sorted(n.allocatable.items())]}
+                for n in sorted(self.nodes, key=lambda n: n.name)]
+
+
+def _ready(obj: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in obj.get("status", {}).get("conditions", []))
+
+
+def node_from_object(obj: dict) -> ClusterNode:
+    """A Node object as the inventory sees it."""
+    labels = obj["metadata"].get("labels", {})
+    product = labels.get("nvidia.com/gpu.product", "")
+    model, profile = model_key_from_gfd_product(product) if product else (None, None)
+    allocatable = {name: int(value) for name, value in
+                   obj.get("status", {}).get("allocatable", {}).items()
+                   if name.startswith(GPU_PREFIX) and str(value).isdigit()}
+    return ClusterNode(obj["metadata"]["name"], model,
+                       labels.get("nvidia.com/mig.strategy", "none"),
+                       labels.get("nvidia.com/cuda.driver-version.full", ""), allocatable,
+                       _ready(obj) and not obj.get("spec", {}).get("unschedulable", False),
+                       profile)
+
+
+def hold_from_pod(pod: dict) -> Hold | None:
+    """The GPU resources a live pod requests, or None (no GPU, or it has ended)."""
+    if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
+        return None
+    wanted: Counter[str] = Counter()
+    for container in pod["spec"].get("containers", []):
+        resources = container.get("resources", {})
+        for name, value in {**resources.get("requests", {}), **resources.get("limits", {})}.items():
+            if name.startswith(GPU_PREFIX):
+                wanted[name] += int(value)
+    if not wanted:
+        return None
+    meta = pod["metadata"]
+    user = meta.get("labels", {}).get(USER_LABEL, "")
+    return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
+                dict(wanted), user, meta.get("annotations", {}).get(SERVER_ANNOTATION, "") if user
+                else "")
+
+
+Kind = tuple[str, "str | None"]  # what a request asks for: (model, MIG profile or None)
+
+
+def kinds_offered(node: ClusterNode) -> list[tuple[Kind, str]]:
+    """(kind, extended resource) pairs a node offers (under its MIG strategy)."""
+    if node.model is None:
+        return []
+    if node.mig_strategy == "single":  # every nvidia.com/gpu is a slice of one profile
+        gpus = "nvidia.com/gpu" in node.allocatable
+        return [((node.model, node.single_profile), "nvidia.com/gpu")] if gpus else []
+    offered = []
+    for resource in node.allocatable:
+        if resource == "nvidia.com/gpu":
+            offered.append(((node.model, None), resource))
+        elif resource.startswith("nvidia.com/mig-"):
+            offered.append(((node.model, resource.removeprefix("nvidia.com/mig-")), resource))
+    return offered
+
+
+@dataclass
+class _Index:
+    """Per kind: the nodes offering it, and the schedulable ones bucketed by free count."""
+
+    resource: dict[tuple[str, Kind], str]  # (node, kind) -> resource
+    largest: dict[Kind, int]
+    buckets: dict[Kind, dict[int, list[str]]]  # free count -> node names (sorted)
+    nodes: dict[Kind, int]  # how many nodes offer it
+
+    @classmethod
+    def of(cls, inventory: ClusterInventory) -> _Index:
+        free = inventory.free()
+        index = cls({}, {}, defaultdict(lambda: defaultdict(list)), Counter())
+        for node in sorted(inventory.nodes, key=lambda n: n.name):
+            for kind, resource in kinds_offered(node):
+                index.resource[(node.name, kind)] = resource
+                index.largest[kind] = max(index.largest.get(kind, 0), node.allocatable[resource])
+                index.nodes[kind] += 1
+                if node.schedulable:
+                    index.buckets[kind][max(free[node.name][resource], 0)].append(node.name)
+        return index
+
+
+def _index(inventory: ClusterInventory) -> _Index:
+    cached = inventory._free.get(_Index)
+    if cached is None:
+        cached = inventory._free[_Index] = _Index.of(inventory)
+    return cached
+
+
+def fit(request: DeviceRequest, inventory: ClusterInventory,
+        pending: tuple[DeviceRequest, ...] = ()) -> str:
+    """The node `request` would fit on now (after room for `pending`); NoFit 422 or 503.
+
+    O(largest free count + pending) per decision: the index is built once per
+    inventory (the watch adapter makes a new one as pods and nodes change).
+    """
+    index = _index(inventory)
+    kind: Kind = (request.model, request.mig_profile)
+    if kind not in index.largest:
+        offered = sorted(f"{k[0]} {'slice ' + k[1] if k[1] else 'full cards'}"
+                         for k in index.largest)
+        raise NoFit(422, f"No node offers {request.describe()}, so it can never run here "
+                         f"(offered: {', '.join(offered) or 'no GPU on any node'}).")
+    if request.count > index.largest[kind]:
+        raise NoFit(422, f"{request.describe()} needs {request.count} on one node; the largest "
+                         f"{request.model} node has {index.largest[kind]}.")
+    moved: dict[Kind, dict[str, int]] = defaultdict(dict)  # room given to pending requests
+    for earlier in pending:  # admitted, not yet bound: they come first
+        earlier_kind: Kind = (earlier.model, earlier.mig_profile)
+        chosen = _pick(index, earlier_kind, earlier.count, moved[earlier_kind])
+        if chosen:
+            name, free = chosen
+            moved[earlier_kind][name] = free - earlier.count
+    chosen = _pick(index, kind, request.count, moved[kind])
+    if chosen is None:
+        free = sum(v * len(names) for v, names in index.buckets[kind].items())
+        free -= sum(_base_free(index, kind, n) - left for n, left in moved[kind].items())
+        raise NoFit(503, f"No {request.model} node has {request.count} free for "
+                         f"{request.describe()} now ({free} free across "
+                         f"{index.nodes[kind]} node(s)).")
+    return chosen[0]
+
+
+def _base_free(index: _Index, kind: Kind, name: str) -> int:
+    for free, names in index.buckets[kind].items():
+        if name in names:
+            return free
+    return 0
+
+
+def _pick(index: _Index, kind: Kind, count: int,
+          moved: dict[str, int]) -> tuple[str, int] | None:
+    """(node, its free count) of the fullest node with room: packing keeps whole nodes free."""
+    best: tuple[int, str, int] | None = None  # (left, name, free)
+    buckets = index.buckets.get(kind, {})
+    for free in range(count, index.largest.get(kind, 0) + 1):
+        name = next((n for n in buckets.get(free, ()) if n not in moved), None)
+        if name is not None:
+            best = (free - count, name, free)
+            break
+    for name, free in moved.items():
+        if free >= count and (best is None or (free - count, name) < best[:2]):
+            best = (free - count, name, free)
+    return (best[1], best[2]) if best else None

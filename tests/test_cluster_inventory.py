@@ -1,0 +1,157 @@
+"""The cluster shape's inventory and capacity decision (spawners/cluster_inventory.py): pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulease.spawners.cluster_inventory import (
+    ClusterInventory,
+    ClusterNode,
+    Hold,
+    fit,
+    hold_from_pod,
+    node_from_object,
+)
+from gpulease.spawners.placement import DeviceRequest, NoFit
+from tests.cluster.nodes import GpuNode, node_object
+
+SLICE = DeviceRequest("H200", "1g.18gb")
+
+
+def _node(name: str, model: str = "H200", strategy: str = "mixed", schedulable: bool = True,
+          single: str | None = None, **allocatable: int) -> ClusterNode:
+    resources = {k.replace("_", "-").replace("mig-1g-18gb", "mig-1g.18gb"): v
+                 for k, v in allocatable.items()}
+    return ClusterNode(name, model, strategy, "570.133.20",
+                       {f"nvidia.com/{r}": v for r, v in resources.items()}, schedulable, single)
+
+
+def _pod(name: str, node: str, resources: dict[str, str], user: str = "", phase: str = "Running",
+         server: str = "") -> dict:
+    meta = {"name": name, "namespace": "ns", "labels": {}, "annotations": {}}
+    if user:
+        meta["labels"]["hub.jupyter.org/username"] = user
+        meta["annotations"]["hub.jupyter.org/servername"] = server
+    return {"metadata": meta, "status": {"phase": phase},
+            "spec": {"nodeName": node, "containers": [{"resources": {"limits": resources}}]}}
+
+
+def test_a_gfd_labelled_node_reads_as_its_model_strategy_driver_and_gpu_resources():
+    obj = node_object(GpuNode("n1", model="A100-80GB", product="NVIDIA-A100-80GB-PCIe",
+                              mig={"1g.10gb": 7}, gpus=2))
+    obj["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node = node_from_object(obj)
+    assert (node.model, node.mig_strategy, node.driver) == ("A100-80GB", "mixed", "570.133.20")
+    assert node.allocatable == {"nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 7}
+    assert node.schedulable
+    obj["spec"]["unschedulable"] = True  # cordoned
+    assert not node_from_object(obj).schedulable
+
+
+def test_holds_come_from_live_gpu_pods_only():
+    assert hold_from_pod(_pod("a", "n1", {"cpu": "2"})) is None
+    assert hold_from_pod(_pod("b", "n1", {"nvidia.com/gpu": "2"}, phase="Succeeded")) is None
+    hold = hold_from_pod(_pod("c", "n1", {"nvidia.com/gpu": "2"}, user="alice", server="big"))
+    assert hold == Hold("ns/c", "n1", {"nvidia.com/gpu": 2}, "alice", "big")
+
+
+def test_rows_count_free_per_node_and_name_gpuleases_holders():
+    inventory = ClusterInventory(
+        (_node("n1", mig_1g_18gb=7),),
+        (Hold("ns/jupyter-alice", "n1", {"nvidia.com/mig-1g.18gb": 1}, "alice", ""),
+         Hold("other/job", "n1", {"nvidia.com/mig-1g.18gb": 2})))
+    (row,) = inventory.rows()
+    (resource,) = row["resources"]
+    assert resource == {"resource": "nvidia.com/mig-1g.18gb", "allocatable": 7, "free": 4,
+                        "holders": [{"user": "alice", "server": "", "count": 1},
+                                    {"pod": "other/job", "count": 2}]}
+
+
+def test_a_request_no_node_could_ever_run_is_422_naming_what_exists():
+    inventory = ClusterInventory((_node("n1", gpu=4), _node("m1", model="A100-80GB", gpu=8)))
+    with pytest.raises(NoFit) as never:
+        fit(DeviceRequest("H200", None, 8), inventory)
+    assert never.value.status == 422
+    assert "largest H200 node has 4" in never.value.message
+    with pytest.raises(NoFit) as missing:
+        fit(DeviceRequest("L40S"), inventory)
+    assert missing.value.status == 422
+    assert "offered: A100-80GB full cards, H200 full cards" in missing.value.message
+
+
+def test_a_multi_gpu_request_needs_one_node_with_that_many_free():
+    inventory = ClusterInventory((_node("a", gpu=4), _node("b", gpu=4)),
+                                 (Hold("x/1", "a", {"nvidia.com/gpu": 2}),
+                                  Hold("x/2", "b", {"nvidia.com/gpu": 2})))
+    with pytest.raises(NoFit) as busy:  # 4 free in all, but no node has 3
+        fit(DeviceRequest("H200", None, 3), inventory)
+    assert busy.value.status == 503 and "4 free across 2 node(s)" in busy.value.message
+    assert fit(DeviceRequest("H200", None, 2), inventory) in ("a", "b")
+
+
+def test_the_fullest_node_is_filled_first_and_pending_requests_get_room_first():
+    inventory = ClusterInventory((_node("empty", mig_1g_18gb=7), _node("busy", mig_1g_18gb=7)),
+                                 (Hold("x/1", "busy", {"nvidia.com/mig-1g.18gb": 5}),))
+    assert fit(SLICE, inventory) == "busy"
+    assert fit(SLICE, inventory, pending=(SLICE, SLICE)) == "empty"
+
+
+def test_cordoned_nodes_and_the_single_strategy():
+    inventory = ClusterInventory((_node("cordoned", schedulable=False, mig_1g_18gb=7),
+                                  _node("single", strategy="single", single="1g.18gb", gpu=7)))
+    assert fit(SLICE, inventory) == "single"  # a slice is one nvidia.com/gpu there
+    with pytest.raises(NoFit):  # its GPUs are all slices: no whole card there
+        fit(DeviceRequest("H200"), ClusterInventory(inventory.nodes[1:]))
+    with pytest.raises(NoFit) as none:
+        fit(SLICE, ClusterInventory((_node("cordoned", schedulable=False, mig_1g_18gb=7),)))
+    assert none.value.status == 503
+
+
+def _reference_fit(request: DeviceRequest, inventory: ClusterInventory,
+                   pending: tuple[DeviceRequest, ...]) -> str | None:
+    """The decision by brute force: every node, the fewest left over, then by name."""
+    from gpulease.spawners.cluster_inventory import kinds_offered
+    free = {n.name: dict(r) for n, r in ((n, inventory.free()[n.name]) for n in inventory.nodes)}
+
+    def pick(wanted: DeviceRequest):
+        options = []
+        for node in inventory.nodes:
+            for kind, resource in kinds_offered(node):
+                if node.schedulable and kind == (wanted.model, wanted.mig_profile):
+                    left = max(free[node.name][resource], 0) - wanted.count
+                    if left >= 0:
+                        options.append((left, node.name, resource))
+        return min(options) if options else None
+    for earlier in pending:
+        chosen = pick(earlier)
+        if chosen:
+            free[chosen[1]][chosen[2]] = max(free[chosen[1]][chosen[2]], 0) - earlier.count
+    chosen = pick(request)
+    return chosen[1] if chosen else None
+
+
+def test_the_indexed_decision_is_the_brute_force_one():
+    import random
+    rng = random.Random(3)
+    kinds = [DeviceRequest("H200", "1g.18gb"), DeviceRequest("H200", None, 1),
+             DeviceRequest("H200", None, 4), DeviceRequest("A100-80GB", None, 2)]
+    for case in range(300):
+        nodes, holds = [], []
+        for n in range(rng.randint(1, 12)):
+            model = rng.choice(("H200", "A100-80GB"))
+            allocatable = rng.choice(({"gpu": 8}, {"mig_1g_18gb": 7}, {"gpu": 4, "mig_1g_18gb": 7}))
+            node = _node(f"n{n:02d}", model=model, schedulable=rng.random() > 0.1, **allocatable)
+            nodes.append(node)
+            for resource, count in node.allocatable.items():
+                taken = rng.randint(0, count)
+                if taken:
+                    holds.append(Hold(f"x/{case}-{n}-{resource}", node.name, {resource: taken}))
+        inventory = ClusterInventory(tuple(nodes), tuple(holds))
+        pending = tuple(rng.choice(kinds) for _ in range(rng.randint(0, 4)))
+        for request in kinds:
+            expected = _reference_fit(request, inventory, pending)
+            try:
+                got = fit(request, inventory, pending)
+            except NoFit:
+                got = None
+            assert got == expected, (case, request, pending)
