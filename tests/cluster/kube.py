@@ -38,6 +38,9 @@ class Kube:
     key: Path | None = None
     token: str = ""
     timeout: float = 30.0
+    # Who the API server records as having written (managedFields, audit): the
+    # tests' own client, or the kubelet emulator, never "unknown".
+    agent: str = "gpulease-test-client"
     _context: ssl.SSLContext | None = field(default=None, repr=False)
 
     def _ssl(self) -> ssl.SSLContext:
@@ -58,7 +61,7 @@ class Kube:
                 content_type: str = "application/json") -> dict[str, Any]:
         if params:
             path += "?" + urllib.parse.urlencode(params)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": self.agent}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         data = None
@@ -104,7 +107,7 @@ class Kube:
                  **params}
         if resource_version:
             query["resourceVersion"] = resource_version
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": self.agent}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         conn = self._connection(timeout + 10)

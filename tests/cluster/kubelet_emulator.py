@@ -40,6 +40,8 @@ from tests.cluster.kube import Kube, KubeError
 log = logging.getLogger("kubelet-emulator")
 NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 PR_SET_PDEATHSIG = 1
+# The field manager of every status it writes: the pod status's one writer.
+AGENT = "gpulease-kubelet-emulator"
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -48,7 +50,7 @@ def kube_from_kubeconfig(path: str) -> Kube:
     cluster = config["clusters"][0]["cluster"]
     user = config["users"][0]["user"]
     return Kube(cluster["server"], Path(cluster["certificate-authority"]),
-                Path(user["client-certificate"]), Path(user["client-key"]))
+                Path(user["client-certificate"]), Path(user["client-key"]), agent=AGENT)
 
 
 def _cgroup_base() -> Path | None:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.cluster.conftest import POD_UID, POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
+from tests.cluster.kubelet_emulator import AGENT
 from tests.cluster.nodes import GpuNode
 from tests.cluster.pod_plan import DEVICES_ANNOTATION
 
@@ -67,6 +68,10 @@ def test_a_pod_runs_as_its_user_at_its_own_address_and_reports_its_exit(
     events = {e["reason"] for e in kube.get(f"/api/v1/namespaces/{namespace}/events",
                                             fieldSelector="involvedObject.name=one")["items"]}
     assert {"Scheduled", "Pulled", "Started"} <= events
+    # Pod status has one writer, the emulator (kwok keeps only the Nodes).
+    writers = {m["manager"] for m in pod["metadata"]["managedFields"]
+               if m.get("subresource") == "status"}
+    assert writers == {AGENT}
 
 
 def _listening(ip: str, port: int) -> bool:
