@@ -88,10 +88,18 @@ def build(target: Path) -> Path:
             f"{sys.executable} is out of their reach and neither /usr/bin/{version()} nor "
             f"/usr/local/bin/{version()} exists (Debian: apt-get install {version()}-venv)")
     target.parent.mkdir(parents=True, exist_ok=True)
-    lock = os.open(target.with_name(f".{target.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time (two hubs, two test workers)
+    lock_path = target.with_name(f".{target.name}.lock")
+    try:
+        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:  # a link left there (ELOOP)
+        raise ServerEnvError(f"{lock_path}: {e.strerror}: the server environment is not made "
+                             "through it (move it away)") from None
     old_umask = os.umask(0o022)  # what is made here is for every account to read
     try:
+        _refuse_foreign(lock_path, os.fstat(lock))
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time (two hubs, two test workers)
+        target.mkdir(mode=0o755, exist_ok=True)
+        _refuse_foreign(target, target.lstat())
         _venv(python, target)
         site = target / "lib" / version() / "site-packages"
         editable = editable_packages()
@@ -113,6 +121,23 @@ def build(target: Path) -> Path:
         os.umask(old_umask)
         os.close(lock)
     return target / "bin" / "python"
+
+
+def _refuse_foreign(path: Path, st: os.stat_result) -> None:
+    """The copy's folder and lock must be this account's and no one else's to change.
+
+    In a folder every account may write (the tests' /tmp), another account could
+    make the copy's folder first and change the packages in it after `build`
+    filled them: code that the hub, or every user's server, would then run.
+    """
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        raise ServerEnvError(f"{path} is not a plain folder or file: the server environment is "
+                             "not made through it (move it away)")
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ServerEnvError(
+            f"{path} belongs to uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):o}), not to "
+            f"this account (uid {os.geteuid()}) alone: whoever can change it could change the "
+            "code the servers run; the server environment is not made there (move it away)")
 
 
 def _venv(python: str, target: Path) -> None:

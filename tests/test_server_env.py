@@ -5,10 +5,13 @@ The whole path, `make run` from a clone in a 0700 folder: test_fresh_clone.py.""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
-from gpulease.hub.server_env import _mirror, editable_packages
+import pytest
+
+from gpulease.hub.server_env import ServerEnvError, _mirror, build, editable_packages
 from gpulease.hub.state import SHARED_STATE_BASE, default_state_root
 from tests.isolation_env import shared_tmpdir
 
@@ -75,3 +78,31 @@ def test_the_editable_install_names_every_subpackage_from_pyproject():
     assert packages["gpulease.hub"] == ROOT / "hub"
     assert packages["gpulease.idle_culler"] == ROOT / "idle-culler"
     assert all(folder.is_dir() for folder in packages.values())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a folder to another account")
+def test_no_copy_is_made_in_a_folder_or_through_a_lock_another_account_controls():
+    """In a folder everyone may write (the tests' /tmp), an account that made the copy's
+    folder first could change its packages once `build` filled it: code the hub run from
+    it (as root, in the tests) or every server would run. `build` refuses, naming it."""
+    parent = shared_tmpdir("env-")
+    try:
+        theirs = parent / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)  # nobody's
+        with pytest.raises(ServerEnvError, match=r"theirs belongs to uid 65534"):
+            build(theirs)
+        assert list(theirs.iterdir()) == []  # nothing was put in it
+
+        open_to_all = parent / "open"
+        open_to_all.mkdir()
+        open_to_all.chmod(0o777)
+        with pytest.raises(ServerEnvError, match=r"open belongs to uid 0 \(mode 777\)"):
+            build(open_to_all)
+
+        (parent / ".linked.lock").symlink_to(parent / "elsewhere")
+        with pytest.raises(ServerEnvError, match=r"\.linked\.lock: Too many levels"):
+            build(parent / "linked")
+        assert not (parent / "elsewhere").exists()
+    finally:
+        shutil.rmtree(parent)
