@@ -20,6 +20,7 @@ import pwd
 import re
 import stat
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,16 +150,20 @@ def _lookup(name: str) -> pwd.struct_passwd | None:
         return None
 
 
-def ensure_unix_account(hub_name: str, policy: UnixAccountPolicy, home: Path) -> UnixAccount:
+def ensure_unix_account(hub_name: str, policy: UnixAccountPolicy, home: Path,
+                        sleep: Callable[[float], None] = time.sleep) -> UnixAccount:
     """The hub user's Unix account, created (group of its own, no login password) if missing.
 
     Another hub process may create the same account at the same moment (the
     hub and its service, or two hubs on one host): a failed useradd is
-    followed by a fresh look-up before it counts as a failure.
+    followed by a fresh look-up before it counts as a failure. Servers started
+    at once create accounts at once, and useradd gives up at once when another
+    holds /etc/passwd's lock ("cannot lock /etc/passwd; try again later"), so
+    tries are spaced out (0.05 s doubling, about 1.5 s in all).
     """
     name = unix_name(hub_name, policy.prefix)
     errors = []
-    for _ in range(5):
+    for attempt in range(6):
         entry = _lookup(name)
         if entry is not None:
             problem = account_problem(entry, hub_name, policy)
@@ -177,6 +182,8 @@ def ensure_unix_account(hub_name: str, policy: UnixAccountPolicy, home: Path) ->
                   "--comment", GECOS_MARK + hub_name, name])
         except UnixAccountError as e:
             errors.append(str(e))
+            if attempt < 5:
+                sleep(0.05 * 2 ** attempt)
     raise UnixAccountError(f"could not create Unix account {name}: {'; '.join(errors)}")
 
 

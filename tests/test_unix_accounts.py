@@ -134,3 +134,27 @@ def test_server_runs_under_its_unix_name_without_allow_root():
                               image_name="pytorch", unix_user="gl-ada")
     assert spec.env["USER"] == spec.env["LOGNAME"] == "gl-ada"
     assert spec.env["HOME"] == "/s/homes/ada" and "--allow-root" not in spec.cmd
+
+
+def test_a_locked_passwd_file_is_waited_out_not_failed_at_once(monkeypatch, tmp_path):
+    """Servers started at once make accounts at once; useradd fails at once on the lock."""
+    from gpulease.hub import unix_accounts as ua
+    made: dict[str, object] = {}
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str]) -> None:
+        calls.append(cmd)
+        if cmd[0] == "useradd" and len([c for c in calls if c[0] == "useradd"]) < 3:
+            raise ua.UnixAccountError("useradd: cannot lock /etc/passwd; try again later.")
+        if cmd[0] == "useradd":
+            made["entry"] = pwd.struct_passwd((cmd[-1], "x", 61000, 61000,
+                                               ua.GECOS_MARK + "alice", str(tmp_path), "/bin/sh"))
+    monkeypatch.setattr(ua, "_run", run)
+    monkeypatch.setattr(ua, "_lookup", lambda name: made.get("entry"))
+    monkeypatch.setattr(ua, "_group_gid", lambda name: 61000)
+    monkeypatch.setattr(ua, "_taken_ids", lambda: set())
+    monkeypatch.setattr(ua, "_expired", lambda name: True)
+    slept: list[float] = []
+    account = ua.ensure_unix_account("alice", ua.UnixAccountPolicy(), tmp_path, sleep=slept.append)
+    assert account.uid == 61000
+    assert slept == [0.05, 0.1]  # two waits, then the third useradd got the lock
