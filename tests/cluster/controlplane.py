@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -285,6 +286,7 @@ def _live_clients(root: Path) -> list[int]:
 def attach(root: Path, timeout: float = 180) -> dict:
     """Register this process as a client of the control plane in `root`, starting it if need be."""
     root.mkdir(parents=True, exist_ok=True)
+    _refuse_foreign(root)
     (root / "clients").mkdir(exist_ok=True)
     with open(root / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -310,6 +312,17 @@ def attach(root: Path, timeout: float = 180) -> dict:
                                         f"{root}/supervisor.log and {root}/logs/")
             time.sleep(0.1)
         return json.loads(state_file.read_text())
+
+
+def _refuse_foreign(root: Path) -> None:
+    """The run's folder (in /tmp, under a name anyone can guess) must be ours alone: whoever
+    could write there could map an image to their own programs (images.json), which the
+    emulator would run, as root when the tests run as root."""
+    st = root.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise ControlPlaneError(
+            f"{root} is not a folder of this account's alone (uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}): no control plane is run from it; move it away")
 
 
 def _wait_for_previous(root: Path, wait_s: float = 30) -> None:

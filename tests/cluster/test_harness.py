@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.cluster.conftest import ControlPlane
-from tests.cluster.controlplane import ROOT
+from tests.cluster.controlplane import ROOT, ControlPlaneError, attach
 
 ATTACH = """
 import json, sys
@@ -89,3 +91,15 @@ def test_a_client_that_dies_mid_test_leaves_no_process_behind(tmp_path: Path,
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert leftovers() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a folder to another account")
+def test_no_control_plane_runs_from_a_folder_another_account_made(tmp_path: Path):
+    # /tmp/gpulease-cluster-<run> has a name anyone can guess: made first by another
+    # account, it would let them map an image to their programs for the emulator to run.
+    theirs = tmp_path / "plane"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # nobody's
+    with pytest.raises(ControlPlaneError, match=r"plane is not a folder of this account's"):
+        attach(theirs, timeout=2)
+    assert list(theirs.iterdir()) == []
