@@ -33,6 +33,7 @@ and holds many connections. Each test is one attack and what stops it:
 from __future__ import annotations
 
 import re
+import select
 import socket
 import threading
 import time
@@ -157,18 +158,23 @@ def _held_back(port: int, path: str, count: int, first: int) -> list[socket.sock
     return held
 
 
-def _refused(held: list[socket.socket]) -> int:
+def _refused(held: list[socket.socket], wait_s: float = 3.0) -> int:
+    """How many of `held` were answered (400/503) or closed; all are watched at once
+    for `wait_s` (one after another, 0.2 s each, the wait grew with the count)."""
     refused = 0
-    for s in held:
-        s.settimeout(0.2)
-        try:
-            answer = s.recv(100)
-        except TimeoutError:
-            continue  # still held: no answer
-        except OSError:
-            answer = b""
-        assert not answer or answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 503 ")), answer
-        refused += 1
+    pending = list(held)
+    deadline = time.monotonic() + wait_s
+    while pending and time.monotonic() < deadline:
+        readable, _, _ = select.select(pending, [], [], max(0.0, deadline - time.monotonic()))
+        for s in readable:
+            pending.remove(s)
+            s.settimeout(2)
+            try:
+                answer = s.recv(100)
+            except OSError:
+                answer = b""
+            assert not answer or answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 503 ")), answer
+            refused += 1
     return refused
 
 
