@@ -11,6 +11,7 @@ import pytest
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
+from tests.cluster.rbac import grant, service_account_token
 
 MODULES = Path(__file__).parent / "tools"
 
@@ -63,17 +64,9 @@ def test_a_privileged_pod_is_refused_in_a_restricted_namespace(kube: Kube, names
     assert "privileged" in refused.value.message
 
 
-def _token_for(kube: Kube, namespace: str, account: str) -> str:
-    kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": account}})
-    answer = kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-                         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                          "spec": {"expirationSeconds": 600}})
-    return answer["status"]["token"]
-
-
 def test_a_service_account_without_pod_rights_gets_403(control_plane: ControlPlane, kube: Kube,
                                                        namespace: str):
-    token = _token_for(kube, namespace, "no-pods")  # TokenRequest: the SA signing keys work
+    token = service_account_token(kube, namespace, "no-pods", seconds=600)  # TokenRequest: the SA signing keys work
     as_account = control_plane.as_token(token)
     with pytest.raises(KubeError) as refused:
         as_account.create(pods_path(namespace), _pod("p", namespace))
@@ -81,15 +74,8 @@ def test_a_service_account_without_pod_rights_gets_403(control_plane: ControlPla
     assert (f'User "system:serviceaccount:{namespace}:no-pods" cannot create resource "pods"'
             in refused.value.message)
     # The same account with a Role that grants pods: it is RBAC that refused, not the token.
-    kube.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
-                {"metadata": {"name": "pods"}, "rules": [
-                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]}]})
-    kube.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
-                {"metadata": {"name": "pods"},
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                             "name": "pods"},
-                 "subjects": [{"kind": "ServiceAccount", "name": "no-pods",
-                               "namespace": namespace}]})
+    grant(kube, namespace, "no-pods", rules=[
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]}])
     created = kube.wait_for("the RoleBinding to apply", lambda: as_account.create(
         pods_path(namespace), _pod("p", namespace)), timeout=10)
     assert created["metadata"]["name"] == "p"

@@ -10,19 +10,15 @@ import pytest
 from tests.cluster.conftest import ControlPlane
 from tests.cluster.faults import Fault, FaultProxy
 from tests.cluster.kube import Kube, KubeError
+from tests.cluster.rbac import grant, service_account_token
 
 
 @pytest.fixture
-def proxied(control_plane: ControlPlane, kube: Kube, namespace: str) -> Iterator[tuple[FaultProxy, Kube]]:
+def proxied(control_plane: ControlPlane, kube: Kube,
+            namespace: str) -> Iterator[tuple[FaultProxy, Kube]]:
     """A ServiceAccount with namespace admin rights, reaching the API server through the proxy."""
-    kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "sa"}})
-    kube.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
-        "metadata": {"name": "sa"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": namespace}]})
-    token = kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/sa/token", {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 600}})["status"]["token"]
+    token = service_account_token(kube, namespace, "sa", seconds=600)
+    grant(kube, namespace, "sa", cluster_role="admin")
     pki = control_plane.root / "pki"
     proxy = FaultProxy(control_plane.state["server"], control_plane.state["ca"],
                        str(pki / "apiserver.crt"), str(pki / "apiserver.key")).start()

@@ -23,6 +23,7 @@ import yaml
 from tests.cluster.conftest import POD_UID, POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
+from tests.cluster.rbac import grant, service_account_token
 from tests.hubproc import CHP, free_port, require_chp, run_in_kernel
 
 # What z2jh's hub Role grants (templates/hub/rbac.yaml).
@@ -35,17 +36,8 @@ HUB_RULES = [
 
 def hub_kubeconfig(kube: Kube, plane: ControlPlane, namespace: str, folder: Path) -> Path:
     """A kubeconfig with a token of the `hub` ServiceAccount, bound to the hub Role only."""
-    ns = f"/api/v1/namespaces/{namespace}"
-    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
-    kube.create(f"{ns}/serviceaccounts", {"metadata": {"name": "hub"}})
-    kube.create(f"{rbac}/roles", {"metadata": {"name": "hub"}, "rules": HUB_RULES})
-    kube.create(f"{rbac}/rolebindings", {
-        "metadata": {"name": "hub"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"},
-        "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": namespace}]})
-    token = kube.create(f"{ns}/serviceaccounts/hub/token", {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600}})["status"]["token"]
+    token = service_account_token(kube, namespace, "hub")
+    grant(kube, namespace, "hub", rules=HUB_RULES)
     path = folder / "hub.kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "hub",
