@@ -72,7 +72,9 @@ def _run_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"gpulease-cluster-{run[:12]}"
 
 
-@pytest.fixture(scope="session")
+# Package scope: the control plane goes once tests/cluster/ is done, not at
+# the end of the whole run (it would idle beside the other tests).
+@pytest.fixture(scope="package")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     missing = missing_tools()
     if missing:
