@@ -191,6 +191,10 @@ def _mirror(source: Path, target: Path, keep: set[str] = frozenset(),
 
 
 def _sync_file(source: Path, target: Path) -> None:
+    # A link in the source (gpulease's hub/service/rest-api.yml points at
+    # ../../docs/) is brought over as the file it names: link(2) would make a
+    # hard link to the link itself, dangling in the copy.
+    source = Path(os.path.realpath(source))
     try:
         src = source.stat()
     except FileNotFoundError:  # a dangling link

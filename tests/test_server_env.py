@@ -54,7 +54,12 @@ def test_the_mirror_links_copies_refreshes_and_drops(tmp_path):
     (src / "gone.py").write_text("")
     (src / "__editable__.finder.py").write_text("")
     (dst / "kept").mkdir(parents=True)  # filled by another mirror
+    (src / "docs").mkdir()
+    (src / "docs" / "api.yml").write_text("openapi: 3.1.0\n")
+    (src / "pkg" / "api.yml").symlink_to("../docs/api.yml")  # as hub/service/rest-api.yml is
     _mirror(src, dst, keep={"kept"}, skip_prefix="__editable__")
+    assert (dst / "pkg" / "api.yml").read_text() == "openapi: 3.1.0\n"  # not a dangling link
+    assert not (dst / "pkg" / "api.yml").is_symlink()
 
     assert os.stat(dst / "pkg" / "mod.py").st_ino == os.stat(src / "pkg" / "mod.py").st_ino
     assert stat.S_IMODE(os.stat(dst / "pkg" / "data.bin").st_mode) & 0o004  # readable by all
