@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -29,7 +30,31 @@ ROOT = Path(__file__).resolve().parent.parent
 CHP = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port() -> int:
+    """A free loopback port, below the kernel's ephemeral range where there is room.
+
+    A port is free here until its user binds it: the hub's proxy port stays
+    unbound while the hub starts, and JupyterHub picks its services' ports
+    with port 0, from the ephemeral range; once the gpulease service got the
+    proxy's port (Address already in use, the hub never ready). Ports below
+    that range are never handed out for port 0.
+    """
+    low = _ephemeral_low()
+    for _ in range(50 if low > 20_000 else 0):
+        port = random.randrange(15_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
