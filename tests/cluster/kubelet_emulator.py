@@ -54,7 +54,11 @@ def kube_from_kubeconfig(path: str) -> Kube:
 
 
 def _cgroup_base() -> Path | None:
-    """Where each pod's cgroup goes: the v1 freezer hierarchy, or cgroup v2 with cgroup.kill."""
+    """Where each pod's cgroup goes: the v1 freezer hierarchy, or cgroup v2 with cgroup.kill.
+
+    GPULEASE_TEST_EMULATOR_CGROUPS=0 uses none (how a host without them runs)."""
+    if os.environ.get("GPULEASE_TEST_EMULATOR_CGROUPS") == "0":
+        return None
     for base in (Path("/sys/fs/cgroup/freezer"), Path("/sys/fs/cgroup")):
         if (base / "cgroup.procs").exists() and os.access(base, os.W_OK) and (
                 base.name == "freezer" or (base / "cgroup.kill").exists()
@@ -105,7 +109,11 @@ class Emulator:
         self.launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher")
         self.cgroups = _cgroup_base()
         if self.cgroups:
-            self.cgroups.mkdir(parents=True, exist_ok=True)
+            try:
+                self.cgroups.mkdir(parents=True, exist_ok=True)
+            except OSError as e:  # a read-only or undelegated cgroupfs: pods are marked
+                log.warning("no cgroups for pods (%s): their processes are found by marker", e)
+                self.cgroups = None
 
     # ---- API writes -------------------------------------------------------
     def event(self, pod: dict, reason: str, message: str, kind: str = "Normal") -> None:
@@ -212,8 +220,11 @@ class Emulator:
                                                  self.mounts(pod, container, run), run.devices,
                                                  self.lookup(run.namespace)))
         if self.cgroups:
-            run.cgroup = self.cgroups / run.uid
-            run.cgroup.mkdir(exist_ok=True)
+            try:
+                (self.cgroups / run.uid).mkdir(exist_ok=True)
+                run.cgroup = self.cgroups / run.uid
+            except OSError as e:
+                log.warning("pod %s/%s without a cgroup (%s)", run.namespace, run.name, e)
         logs = self.state / "pods" / f"{run.namespace}_{run.name}_{run.uid}"
         logs.mkdir(parents=True, exist_ok=True)
         for plan in plans:
@@ -235,9 +246,12 @@ class Emulator:
             # still root, take the pod's user, then ask to die with the
             # emulator (a change of credentials clears that request).
             if procs_file:
-                fd = os.open(procs_file, os.O_WRONLY)
-                os.write(fd, str(os.getpid()).encode())
-                os.close(fd)
+                try:
+                    fd = os.open(procs_file, os.O_WRONLY)
+                    os.write(fd, str(os.getpid()).encode())
+                    os.close(fd)
+                except OSError:  # still ended by its marker (kill_rest)
+                    pass
             if as_root:
                 os.setgroups(plan.groups)
                 os.setgid(plan.gid)
@@ -274,17 +288,18 @@ class Emulator:
             if not emptied.empty:
                 log.warning("pod %s/%s: %s", run.namespace, run.name, emptied.describe())
             remove_dirs([str(run.cgroup)])
-        else:  # no cgroup to use: every process carrying the pod's marker
-            for _ in range(50):
-                found = _marked(run.uid)
-                if not found:
-                    break
-                for pid in found:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.02)
+        # And every process carrying the pod's marker: all of them where no
+        # cgroup could hold the pod, none otherwise.
+        for _ in range(50):
+            found = _marked(run.uid)
+            if not found:
+                break
+            for pid in found:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
 
     def release(self, run: PodRun) -> None:
         with self.lock:
