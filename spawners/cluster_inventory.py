@@ -56,19 +56,20 @@ class Hold:
 class ClusterInventory:
     nodes: tuple[ClusterNode, ...] = ()
     holds: tuple[Hold, ...] = ()
-    _free: dict = field(default_factory=dict, compare=False, repr=False)
+    # What is derived once per inventory (it never changes): "free", "index".
+    _derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     def free(self) -> dict[str, dict[str, int]]:
         """node -> resource -> free count, after the bound pods' requests."""
-        if not self._free:
+        if "free" not in self._derived:
             free = {n.name: dict(n.allocatable) for n in self.nodes}
             for hold in self.holds:
                 room = free.get(hold.node)
                 if room is not None:
                     for resource, count in hold.resources.items():
                         room[resource] = room.get(resource, 0) - count
-            self._free.update(free)
-        return self._free
+            self._derived["free"] = free
+        return self._derived["free"]
 
     def rows(self) -> list[dict]:
         """The `api/inventory` cluster form: per node, per resource, who holds how many."""
@@ -168,10 +169,9 @@ class _Index:
 
 
 def _index(inventory: ClusterInventory) -> _Index:
-    cached = inventory._free.get(_Index)
-    if cached is None:
-        cached = inventory._free[_Index] = _Index.of(inventory)
-    return cached
+    if "index" not in inventory._derived:
+        inventory._derived["index"] = _Index.of(inventory)
+    return inventory._derived["index"]
 
 
 def fit(request: DeviceRequest, inventory: ClusterInventory,
