@@ -190,8 +190,9 @@ class GPULeaseOptions(Configurable):
     )
     server_env = Unicode(
         "", config=True,
-        help="The Python environment (a prefix with bin/jupyterhub-singleuser and gpulease) "
-        "servers run from when their image names no local_env. Empty: gpulease's own; as root "
+        help="The Python environment servers run from (its bin/gpulease-singleuser) when "
+        "their image names no local_env: a prefix with gpulease installed. Empty: gpulease's "
+        "own; as root "
         "with per-user accounts that cannot reach it (a clone under /root), a copy of it that "
         "`gpulease up` refreshes at each start in the state folder's server-env/.",
     )

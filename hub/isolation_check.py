@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulease.hub.unix_accounts import UnixAccountPolicy, blocking_dir
+from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners.cgroups import Mechanism
 
 
@@ -84,7 +85,7 @@ def server_env_paths(local_envs: Iterable[str | None]) -> list[tuple[str, str, b
     out: list[tuple[str, str, bool]] = []
     for env in sorted({e or "" for e in local_envs}):
         bindir = Path(env) / "bin" if env else Path(sys.executable).parent
-        script = bindir / "jupyterhub-singleuser"
+        script = bindir / SERVER_SCRIPT
         label = f"the server environment {env or sys.prefix}"
         out.append((label, os.path.realpath(script), True))
         interpreter = shebang_interpreter(script)

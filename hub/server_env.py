@@ -29,10 +29,10 @@ import tomllib
 from pathlib import Path
 
 from gpulease.hub.unix_accounts import blocking_dir
+from gpulease.singleuser import SERVER_SCRIPT
 
 # Never part of an environment: a built labextension's npm tree, a repository.
 SKIPPED = frozenset({"node_modules", ".git"})
-SCRIPT = "jupyterhub-singleuser"
 
 
 class ServerEnvError(RuntimeError):
@@ -114,9 +114,10 @@ def build(target: Path) -> Path:
         for data in ("share", "etc"):  # Jupyter's data (lab, kernels) and config (the extension)
             if (Path(sys.prefix) / data).is_dir():
                 _mirror(Path(sys.prefix) / data, target / data)
-        script = target / "bin" / SCRIPT
+        script = target / "bin" / SERVER_SCRIPT
         _write_if_changed(script, f"#!{target / 'bin' / 'python'}\nimport sys\n"
-                          "from jupyterhub.singleuser import main\nsys.exit(main())\n", 0o755)
+                          "from gpulease.singleuser.launch import main\nsys.exit(main())\n",
+                          0o755)
     finally:
         os.umask(old_umask)
         os.close(lock)

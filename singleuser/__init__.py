@@ -16,6 +16,9 @@ Importing this package must stay cheap and must not import the hub side.
 from pathlib import Path
 
 LABEXTENSION_NAME = "gpulease-notices"
+# The script every server runs: jupyterhub-singleuser's server, started faster
+# (gpulease.singleuser.launch; a console script of pyproject.toml).
+SERVER_SCRIPT = "gpulease-singleuser"
 LABEXTENSION_DIR = Path(__file__).parent / "labextension" / "prebuilt"
 
 

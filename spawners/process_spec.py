@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulease.singleuser import SERVER_SCRIPT
+
 
 @dataclass(frozen=True)
 class ProcessSpec:
@@ -20,14 +22,17 @@ class ProcessSpec:
 
 
 def singleuser_command(local_env: str | None, run_as_uid: int) -> tuple[str, ...]:
-    """`jupyterhub-singleuser` of the image's local environment, else of gpulease's own.
+    """`gpulease-singleuser` of the image's local environment, else of gpulease's own.
+
+    It is jupyterhub-singleuser's server, started without a 1.5 s parser
+    build (gpulease.singleuser.launch); the environment must hold gpulease.
 
     As root the server refuses to start without --allow-root (and the hub then
     answers a bare 500 after its timeout), so it is added exactly when the
     server will run as uid 0.
     """
     bindir = Path(local_env) / "bin" if local_env else Path(sys.executable).parent
-    cmd: list[str] = [str(bindir / "jupyterhub-singleuser")]
+    cmd: list[str] = [str(bindir / SERVER_SCRIPT)]
     if run_as_uid == 0:
         cmd.append("--allow-root")
     return tuple(cmd)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gpulease.hub import server_env
 from gpulease.hub.isolation_check import server_env_paths, unreachable
+from gpulease.singleuser import SERVER_SCRIPT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,7 +122,7 @@ def mock_server_catalog(base: Path) -> Path:
     python, no_accounts = hub_python()
     env = (base if no_accounts else shared_tmpdir("mockenv-")) / "mockenv"
     (env / "bin").mkdir(parents=True)
-    script = env / "bin" / "jupyterhub-singleuser"
+    script = env / "bin" / SERVER_SCRIPT
     script.write_text(f"#!/bin/sh\nexec {python} -m jupyterhub.tests.mocksu \"$@\"\n")
     script.chmod(0o755)
     catalog = base / "catalog.yaml"

@@ -292,7 +292,7 @@ def _server_pid(hub, user: str, server: str) -> int:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if (b"jupyterhub-singleuser" in cmd and f"JUPYTERHUB_USER={user}".encode() in env
+        if (b"gpulease-singleuser" in cmd and f"JUPYTERHUB_USER={user}".encode() in env
                 and f"JUPYTERHUB_SERVER_NAME={server}\0".encode() in env
                 and str(hub.state).encode() in env):
             return int(pid)

@@ -177,7 +177,7 @@ def _singleuser_pids(state) -> list[int]:
             cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if b"jupyterhub-singleuser" in cmdline and str(state).encode() in environ:
+        if b"gpulease-singleuser" in cmdline and str(state).encode() in environ:
             pids.append(int(pid))
     return pids
 

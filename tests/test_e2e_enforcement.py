@@ -138,7 +138,7 @@ def server_pid(hub, user: str) -> int:
             cmd, env = proc.info["cmdline"] or [], proc.info["environ"] or {}
         except psutil.Error:
             continue
-        if (any("jupyterhub-singleuser" in part for part in cmd)
+        if (any("gpulease-singleuser" in part for part in cmd)
                 and env.get("JUPYTERHUB_USER") == user
                 and str(hub.state) in env.get("HOME", "")):
             return proc.pid

@@ -135,13 +135,13 @@ def _banner(hub: HubProcess, what: str) -> str:
 
 
 def _server_process(user: str) -> psutil.Process:
-    """The running `jupyterhub-singleuser` of hub user `user`."""
+    """The running `gpulease-singleuser` of hub user `user`."""
     for proc in psutil.process_iter(["cmdline", "environ"]):
         cmd = proc.info["cmdline"] or []
-        if any(part.endswith("/jupyterhub-singleuser") for part in cmd[:2]) and (
+        if any(part.endswith("/gpulease-singleuser") for part in cmd[:2]) and (
                 (proc.info["environ"] or {}).get("JUPYTERHUB_USER") == user):
             return proc
-    raise AssertionError(f"no jupyterhub-singleuser process of {user}")
+    raise AssertionError(f"no gpulease-singleuser process of {user}")
 
 
 def _start_a_server(hub: HubProcess, name: str) -> psutil.Process:

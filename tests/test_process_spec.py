@@ -23,8 +23,8 @@ def test_allow_root_only_for_uid_0():
 
 
 def test_local_env_interpreter_or_our_own():
-    assert singleuser_command("/opt/envs/pytorch", 1000)[0] == "/opt/envs/pytorch/bin/jupyterhub-singleuser"
-    assert singleuser_command(None, 1000)[0] == str(Path(sys.executable).parent / "jupyterhub-singleuser")
+    assert singleuser_command("/opt/envs/pytorch", 1000)[0] == "/opt/envs/pytorch/bin/gpulease-singleuser"
+    assert singleuser_command(None, 1000)[0] == str(Path(sys.executable).parent / "gpulease-singleuser")
 
 
 def test_spec_home_and_labels():
