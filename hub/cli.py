@@ -15,6 +15,7 @@ from gpulease.hub.cli_limits import LIMITS_COMMANDS, add_limits_parsers
 from gpulease.hub.client import ClientError, HubClient, client_from
 from gpulease.hub.units import load_yaml_file
 from gpulease.hub.user_names import name_problem
+from gpulease.process_exit import end_process
 
 
 def _yaml_safe(value):
@@ -187,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpulease.hub.app import GPULeaseHub
 
         GPULeaseHub.launch_instance(argv[1:])
-        return 0
+        end_process(0)  # stopped and cleaned up: skip Python's finalization
     args = build_parser().parse_args(argv)
     try:
         client = client_from(args.url, args.token, args.state)

@@ -32,6 +32,7 @@ from gpulease.idle_culler.gpu import (
 )
 from gpulease.idle_culler.hubapi import HubClient
 from gpulease.idle_culler.service_notices import ServiceNotices
+from gpulease.process_exit import end_process
 
 log = logging.getLogger("gpulease.culler")
 SERVICE_NAME = "gpulease-culler"
@@ -172,3 +173,4 @@ def main(argv: list[str] | None = None) -> None:
         log.info("gpulease-culler stopped")
 
     asyncio.run(serve())
+    end_process(0)  # stopped: skip Python's finalization (the hub waits for it)

@@ -32,6 +32,7 @@ from gpulease.hub.service import (
 from gpulease.hub.service import billing_handlers as b
 from gpulease.hub.service import handlers as h
 from gpulease.hub.service import notice_handlers as n
+from gpulease.process_exit import end_process
 
 log = logging.getLogger("gpulease.service")
 TEMPLATES = Path(__file__).parent / "templates"
@@ -129,3 +130,4 @@ def main() -> None:
         log.info("gpulease service stopped")
 
     asyncio.run(serve())
+    end_process(0)  # stopped: skip Python's finalization (the hub waits for it)
