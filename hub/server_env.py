@@ -114,10 +114,13 @@ def build(target: Path) -> Path:
         for data in ("share", "etc"):  # Jupyter's data (lab, kernels) and config (the extension)
             if (Path(sys.prefix) / data).is_dir():
                 _mirror(Path(sys.prefix) / data, target / data)
-        script = target / "bin" / SERVER_SCRIPT
-        _write_if_changed(script, f"#!{target / 'bin' / 'python'}\nimport sys\n"
-                          "from gpulease.singleuser.launch import main\nsys.exit(main())\n",
-                          0o755)
+        # The servers' script, and JupyterHub's own beside it as in any environment
+        # with JupyterHub installed (an image's, a stock KubeSpawner's command).
+        for script, module in ((SERVER_SCRIPT, "gpulease.singleuser.launch"),
+                               ("jupyterhub-singleuser", "jupyterhub.singleuser")):
+            _write_if_changed(target / "bin" / script,
+                              f"#!{target / 'bin' / 'python'}\nimport sys\n"
+                              f"from {module} import main\nsys.exit(main())\n", 0o755)
     finally:
         os.umask(old_umask)
         os.close(lock)
