@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from gpulease.hub.db import local_accounts, reading, utcnow
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.user_names import MAX_NAME_LENGTH as MAX_NAME_LENGTH  # re-exported
 from gpulease.hub.user_names import name_problem
 
@@ -47,8 +48,8 @@ _hasher = PasswordHasher(
 )
 
 
-class AccountError(ValueError):
-    """A name, password or account state that is not allowed; the message says what is."""
+class AccountError(Refusal, ValueError):
+    """A name, password or account state that is not allowed (400); the message says what is."""
 
 
 def validate_username(name: str) -> str:

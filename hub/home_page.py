@@ -24,6 +24,7 @@ from gpulease.hub.db import utcnow
 from gpulease.hub.my_servers import ServerFacts, ServerState, check_profile_choice, server_states
 from gpulease.hub.options import OptionsRefused, price_text
 from gpulease.hub.profiles import usable_by
+from gpulease.hub.refusal import http_error
 from gpulease.hub.sessions import SessionLedger
 from gpulease.hub.template_values import OffLoop
 from gpulease.hub.units import format_credits, seconds_text
@@ -143,5 +144,5 @@ class DefaultProfileFormHandler(BaseHandler):
         try:
             await asyncio.to_thread(save)
         except OptionsRefused as e:
-            raise web.HTTPError(e.status, e.message) from None
+            raise http_error(e) from None
         self.redirect(url_path_join(self.hub.base_url, "home"))

@@ -17,8 +17,8 @@ from typing import Any
 
 from jupyterhub.apihandlers.users import UserAPIHandler, UserListAPIHandler
 from jupyterhub.scopes import needs_scope
-from tornado import web
 
+from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.shown import shown
 from gpulease.hub.user_names import name_problem
 
@@ -34,7 +34,7 @@ def _refuse_unless_valid(handler: Any, names: list[Any]) -> None:
         if problem:
             problems.append(problem)
     if problems:
-        raise web.HTTPError(400, " / ".join(problems))
+        raise http_error(Refusal(" / ".join(problems), [("name", p) for p in problems]))
 
 
 def _normalized(handler: Any, name: Any) -> Any:

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, delete, func, insert, literal, select
 
 from gpulease.hub.db import account_caps, ledger_entries, reading, sessions, utcnow
 from gpulease.hub.holds import Held, OpenRun, credit_refusal
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.shown import shown
 from gpulease.hub.units import MAX_UCR, format_credits, ms_cost
 
@@ -39,14 +40,11 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}", re.IGNORECASE)
 _IN_CHUNK = 900
 
 
-class BillingError(Exception):
-    """A refusal with the HTTP status the hub service answers it with."""
+class BillingError(Refusal):
+    """A ledger refusal: `status`, why, and the field it is about when there is one."""
 
     def __init__(self, status: int, message: str, field: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.field = field
+        super().__init__(message, [(field, message)] if field else (), status=status)
 
 
 def parse_account(text: str, *, default_user: str | None = None) -> str:

@@ -21,6 +21,7 @@ from sqlalchemy import Engine, delete, insert, select, update
 
 from gpulease.hub.db import limits, reading
 from gpulease.hub.ledger import advisory_lock
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.shown import shown
 
 if TYPE_CHECKING:
@@ -31,13 +32,8 @@ MAX_LIMIT = 1_000_000
 _SUBJECT = re.compile(r"(user|group):([^/\s:][^/\s]{0,253})")
 
 
-class LimitError(ValueError):
-    """Bad input: `errors` lists (field, message) pairs."""
-
-    def __init__(self, message: str, errors: list[tuple[str, str]]):
-        super().__init__(message)
-        self.message = message
-        self.errors = errors
+class LimitError(Refusal, ValueError):
+    """A limit that cannot be set (400): `errors` name each field."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Collection
 from typing import Any
 
-from tornado import web
+from gpulease.hub.refusal import Refusal, http_error
 
 # gpulease's default for JupyterHub.named_server_limit_per_user (hub_config sets it).
 NAMED_SERVER_LIMIT = 5
@@ -73,7 +73,7 @@ def _refuse_beyond(handler: Any, limit: int) -> None:
         return  # JupyterHub answers 404 itself
     refusal = named_server_refusal(user.name, set(user.orm_spawners), target[1], int(limit))
     if refusal is not None:
-        raise web.HTTPError(409, refusal)
+        raise http_error(Refusal(refusal, [("name", refusal)], status=409))
 
 
 def refusing_limit(limit: int | Callable) -> Callable[[Any], Any]:

@@ -27,6 +27,7 @@ from sqlalchemy import Engine, and_, delete, insert, or_, select, update
 
 from gpulease.hub.db import notices, notification_prefs, reading, utcnow
 from gpulease.hub.ledger import advisory_lock
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.shown import shown
 
 __all__ = [
@@ -48,13 +49,11 @@ _MENTION = re.compile(r"(<@[A-Z0-9]{2,32}>|[\w][\w .'@-]{0,63})")
 _BROADCASTS = ("@channel", "@here", "@everyone", "@all")
 
 
-class NoticeError(ValueError):
-    """Bad input, naming the field it is about."""
+class NoticeError(Refusal, ValueError):
+    """A notice or notification setting refused (400), naming the field it is about."""
 
     def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
+        super().__init__(message, [(field, message)])
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gpulease.hub.catalog import Catalog, Image
 from gpulease.hub.profiles import FieldError, Profile, usable_by
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.shown import kind_of, shown
 from gpulease.hub.units import format_credits
 
@@ -31,14 +32,11 @@ class ServerChoice:
     chosen_by: str
 
 
-class OptionsRefused(Exception):
-    """A start refused before launch: `status` is the HTTP status to answer with."""
+class OptionsRefused(Refusal):
+    """A start refused before launch, for its options (400), rights (403) or profile (422)."""
 
     def __init__(self, status: int, message: str, errors: list[FieldError] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.errors = list(errors or [])
+        super().__init__(message, errors or (), status=status)
 
 
 def _refuse(status: int, field: str, message: str) -> OptionsRefused:

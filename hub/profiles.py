@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from gpulease.hub.catalog import Catalog
+from gpulease.hub.refusal import FieldError, Refusal
 from gpulease.hub.shown import shown
 from gpulease.hub.units import (
     MAX_PRICE_PER_HOUR_UCR,
@@ -95,22 +96,11 @@ class Profile:
         return spec
 
 
-@dataclass(frozen=True)
-class FieldError:
-    field: str
-    message: str
+class ProfileError(Refusal, ValueError):
+    """Profiles that cannot be used: every problem, each naming its field."""
 
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}" if self.field else self.message
-
-
-class ProfileError(ValueError):
-    def __init__(self, errors: list[FieldError]):
-        self.errors = list(errors)
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        return "\n".join(str(error) for error in self.errors)
+    def __init__(self, errors: list[FieldError], message: str = ""):
+        super().__init__(message or "\n".join(str(error) for error in errors), errors)
 
 
 @dataclass

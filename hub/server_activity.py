@@ -34,6 +34,8 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
+from gpulease.hub.refusal import Refusal
+
 MAX_BODY_BYTES = 256 * 1024
 MAX_KERNELS = 1000
 MAX_TERMINALS = 1000
@@ -47,14 +49,11 @@ _STATE = re.compile(r"^[a-z][a-z_-]{0,31}$")  # jupyter_server: idle, busy, star
 _SERVER_SCOPE = re.compile(r"^access:servers!server=([^/]+)/(.*)$")
 
 
-class PushError(Exception):
-    """A refused push: `status` and every problem as (field, message)."""
+class PushError(Refusal):
+    """A refused push: `status` and every problem, naming its field."""
 
     def __init__(self, status: int, message: str, errors: list[tuple[str, str]] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.errors = errors or []
+        super().__init__(message, errors or (), status=status)
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,9 @@ from sqlalchemy.orm import object_session
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.holds import Hold, held_on
-from gpulease.hub.ledger import LOW_BALANCE_MINUTES, BillingError, minutes_left
+from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.hub.options import (
     CHOSEN_BY_REQUEST,
-    OptionsRefused,
     ServerChoice,
     options_summary,
     plain_options,
@@ -31,6 +30,7 @@ from gpulease.hub.options import (
     why_chosen,
 )
 from gpulease.hub.profiles import saved_profile
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.units import format_credits, format_duration, rate_cost
 from gpulease.hub.user_names import name_problem
 from gpulease.spawners.cpu_totals import (
@@ -75,8 +75,8 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     spawner._options_to_restore = (prior[1],) if replaced_now else None
     problem = name_problem(spawner.user.name)  # a user made before the rule: no home for it
     if problem:
-        spawner.refuse(400, f"Cannot start a server for this user: {problem}. An admin can "
-                            "rename the user (docs/admin.md, User names)")
+        spawner.refuse(Refusal(f"Cannot start a server for this user: {problem}. An admin "
+                               "can rename the user (docs/admin.md, User names)"))
     ctx = spawner.gpulease
     # Not counted with the profile of its last run by other starts (cpu_only_servers).
     spawner.gpulease_choice = None
@@ -111,13 +111,11 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
 
     try:
         choice, profiles = await asyncio.to_thread(resolve_and_check_credit)
-    except OptionsRefused as refused:
-        spawner.refuse(refused.status, refused.message)
-    except BillingError as refused:
-        spawner.refuse(refused.status, refused.message)
+    except Refusal as refused:  # the options (OptionsRefused) or the credit (BillingError)
+        spawner.refuse(refused)
     except SQLAlchemyError as e:
         spawner.log.error("gpulease database error resolving options: %s", e)
-        spawner.refuse(503, DATABASE_DOWN)
+        spawner.refuse(Refusal(DATABASE_DOWN, status=503))
     if choice.profile.is_cpu_only:
         # On the event loop, with no await until the choice is set: starts at once are
         # checked one after the other, each counting those before it.
@@ -127,7 +125,7 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
             parse_cores_cap(spawner.cpu_only_cpu_per_user),
             parse_memory_cap(spawner.cpu_only_memory_per_user))
         if refusal is not None:
-            spawner.refuse(409, refusal)
+            spawner.refuse(Refusal(refusal, status=409))
     spawner.gpulease_choice = choice
     if choice.chosen_by != CHOSEN_BY_REQUEST:
         _save_resolved(spawner, resolved_options(choice))

@@ -18,6 +18,7 @@ from gpulease.hub.catalog import Image
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.hub.options import price_text
 from gpulease.hub.profiles import Profile
+from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.units import format_credits, format_duration, rate_cost
 from gpulease.spawners.gpu_models import GPU_MEMORY, mig_memory_bytes
 
@@ -213,9 +214,7 @@ QUERY_START_REFUSED = ("A server starts from the Start button of this form (or t
 
 def refuse_query_start(query: object) -> dict:
     """Spawner.options_from_query: no start from a GET; JupyterHub shows the form with this."""
-    from tornado import web
-
-    raise web.HTTPError(400, QUERY_START_REFUSED)
+    raise http_error(Refusal(QUERY_START_REFUSED))
 
 
 def options_from_form(formdata: dict[str, list[str]]) -> dict[str, str]:

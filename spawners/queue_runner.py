@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.limits import Holding, check_limits
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.units import format_duration
 from gpulease.spawners.assignments import Holder
 from gpulease.spawners.inventory import Inventory
@@ -36,13 +37,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpulease.queue")
 
 
-class Refused(Exception):
-    """A start that cannot be admitted: HTTP `status`, and a message naming why."""
+class Refused(Refusal):
+    """A start that cannot be admitted (limits, capacity, the queue): `status`, and why."""
 
     def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
+        super().__init__(message, status=status)
 
 
 @dataclass(eq=False)

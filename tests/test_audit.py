@@ -20,8 +20,8 @@ from gpulease.hub.db import profiles as profiles_table
 from gpulease.hub.options import OptionsRefused, resolve_user_options
 from gpulease.hub.profile_store import PROFILES_FILE_ACTOR, ProfileStore
 from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file, servers_saving
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.service.audit_handlers import MAX_LIMIT, parse_audit_query
-from gpulease.hub.service.errors import APIError
 
 CATALOG = load_catalog()
 CPU, SLICE, FULL = load_profiles_file(SAMPLE_PROFILES, CATALOG)
@@ -215,9 +215,9 @@ def test_parse_audit_query_defaults_and_bounds():
     ({"since": "2025-02-01", "until": "2025-01-01"}, "until"),
 ])
 def test_parse_audit_query_names_the_bad_field(args, field):
-    with pytest.raises(APIError) as info:
+    with pytest.raises(Refusal) as info:
         parse_audit_query(args)
-    assert info.value.status_code == 400 and info.value.errors[0]["field"] == field
+    assert info.value.status == 400 and info.value.errors[0].field == field
 
 
 def test_servers_saving_a_profile():

@@ -48,7 +48,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gpulease.hub.service.handlers import NUL_REFUSED
+from gpulease.hub.service.base import NUL_REFUSED
 from tests.hubproc import HubProcess
 
 pytestmark = pytest.mark.e2e

@@ -24,26 +24,22 @@ from jupyterhub.services.auth import UserNotAllowed
 from tornado import web
 
 from gpulease.hub.push_rate import PushRate
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.server_activity import (
     MAX_BODY_BYTES,
     ActivityStore,
-    PushError,
     iso,
     parse_push,
     server_of,
 )
+from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.handlers import BaseAPIHandler
 from gpulease.hub.units import json_loads
 
 # A refusal before the body is read: tornado then closes the connection, and says
 # so only with this header. Without it the hub's proxy kept the connection for its
 # next request, to any path of the service, which failed (the proxy's 503).
 UNREAD_BODY = {"Connection": "close"}
-
-
-def _api_error(e: PushError) -> APIError:
-    return APIError(e.status, e.message, [{"field": f, "message": m} for f, m in e.errors])
 
 
 @web.stream_request_body
@@ -63,7 +59,7 @@ class ServerActivityHandler(BaseAPIHandler):
         self._size = 0
         try:
             await self._admit()
-        except APIError as e:
+        except Refusal as e:
             if self.request.method == "PUT":  # refused with its body unread
                 e.headers = {**e.headers, **UNREAD_BODY}
             raise
@@ -119,10 +115,7 @@ class ServerActivityHandler(BaseAPIHandler):
             data = json_loads(body.decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"The body is not valid JSON: {e}") from None
-        try:
-            push = parse_push(data, user, server, datetime.now(UTC))
-        except PushError as e:
-            raise _api_error(e) from None
+        push = parse_push(data, user, server, datetime.now(UTC))  # PushError: its status
         self.store.put(push)
         self.set_status(204)
         self.finish()
@@ -136,10 +129,7 @@ class ServerActivityHandler(BaseAPIHandler):
         self.finish(f'{head}, "servers": [{listed}]}}')
 
     def _own_server(self) -> tuple[str, str]:
-        try:
-            return server_of(self.caller())
-        except PushError as e:
-            raise _api_error(e) from None
+        return server_of(self.caller())  # PushError: not a server's token
 
 
 ROUTES = [(r"api/server-activity", ServerActivityHandler)]

@@ -17,6 +17,7 @@ from tornado import web
 from gpulease.hub.db import account_caps, ledger_entries, reading
 from gpulease.hub.limits import FIELDS as LIMIT_FIELDS
 from gpulease.hub.limits import LimitError, LimitStore, parse_limit_body, parse_subject
+from gpulease.hub.refusal import FieldError, Refusal
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.admin_base import AdminPage
 from gpulease.hub.service.billing_handlers import parse_monthly_cap
@@ -45,11 +46,11 @@ def all_caps(engine: Engine) -> list[dict[str, Any]]:
                 for r in conn.execute(query)]
 
 
-def _errors(e: APIError) -> dict[str, list[str]]:
-    """An API error as messages by form input (a message without a field goes to "")."""
+def _errors(e: Refusal) -> dict[str, list[str]]:
+    """A refusal as messages by form input (a message without a field goes to "")."""
     by_field: dict[str, list[str]] = {}
-    for item in e.errors or [{"field": "", "message": e.message}]:
-        by_field.setdefault(item.get("field") or "", []).append(item["message"])
+    for item in e.errors or [FieldError("", e.message)]:
+        by_field.setdefault(item.field, []).append(item.message)
     return by_field
 
 
@@ -92,8 +93,8 @@ class CreditsPage(AdminPage):
             account, amount, note = await self.entry_input(
                 kind, values["account"].strip(), values["amount"].strip(), values["note"])
             entry_id = await self.write_entry(kind, account, amount, note)
-        except APIError as e:
-            if e.status_code >= 500:
+        except Refusal as e:
+            if e.status >= 500:
                 raise
             await self.show(kind, values, _errors(e), 400)
             return
@@ -157,8 +158,8 @@ class LimitsPage(AdminPage):
             monthly = parse_monthly_cap(values["monthly"] or None)
             await self.hub_user(values["user"], missing=400)
             await self.write_cap(account, values["user"], monthly)
-        except APIError as e:
-            if e.status_code >= 500:
+        except Refusal as e:
+            if e.status >= 500:
                 raise
             await self.show("cap", values, _errors(e), 400)
             return
@@ -176,8 +177,8 @@ class LimitsPage(AdminPage):
             try:  # both checked, so every problem shows at once
                 result = check()
             except LimitError as e:
-                for field, message in e.errors:
-                    errors.setdefault(field, []).append(message)
+                for error in e.errors:
+                    errors.setdefault(error.field, []).append(error.message)
             else:
                 parsed = result if isinstance(result, dict) else parsed
         if not errors:

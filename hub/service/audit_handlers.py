@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from tornado import web
 
 from gpulease.hub.audit import entry_view
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
-from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.handlers import BaseAPIHandler
+from gpulease.hub.service.base import BaseAPIHandler
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -29,8 +29,9 @@ class AuditQuery:
     offset: int = 0
 
 
-def _field_error(field: str, message: str) -> APIError:
-    return APIError(400, f"{field}: {message}", [{"field": field, "message": message}])
+def _field_error(field: str, message: str) -> Refusal:
+    # a query argument's refusal names it in the message too: "limit: must be ..."
+    return Refusal(f"{field}: {message}", [(field, message)])
 
 
 def _whole(text: str | None, field: str, default: int, low: int, high: int) -> int:

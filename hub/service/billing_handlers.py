@@ -8,7 +8,6 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 from tornado.escape import url_escape
-from tornado.httpclient import HTTPClientError
 
 from gpulease.hub import billing_reports
 from gpulease.hub.db import ledger_entries, reading, utcnow
@@ -20,55 +19,46 @@ from gpulease.hub.ledger import (
     parse_account,
 )
 from gpulease.hub.profiles import usable_by
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
+from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.handlers import BaseAPIHandler
 from gpulease.hub.sessions import END_REASONS, SessionLedger
 from gpulease.hub.shown import shown
 from gpulease.hub.units import parse_credits
 
 
-def _field_error(field: str, message: str, status: int = 400) -> APIError:
-    return APIError(status, message, [{"field": field, "message": message}])
-
-
-def _billing_error(e: BillingError) -> APIError:
-    field = getattr(e, "field", None)
-    errors = [{"field": field, "message": e.message}] if field else []
-    return APIError(getattr(e, "status", 400), e.message, errors)
-
-
 def parse_entry_account(text: Any, field: str = "account") -> str:
     """The account of a grant or adjustment ("user:NAME" or "group:NAME"), canonical."""
     if not isinstance(text, str) or not text:
-        raise _field_error(field, 'account must be "user:NAME" or "group:NAME"')
+        raise Refusal.of_field(field, 'account must be "user:NAME" or "group:NAME"')
     try:
         return parse_account(text)
     except BillingError as e:
-        raise _field_error(field, e.message) from None
+        raise Refusal.of_field(field, e.message) from None
 
 
 def parse_entry_amount(raw: Any, kind: str) -> int:
     """µcr of a grant (positive) or an adjustment (signed, non-zero) from credits text."""
     if raw is None or raw == "":
-        raise _field_error("amount", "amount is required (credits, e.g. \"12.5\")")
+        raise Refusal.of_field("amount", "amount is required (credits, e.g. \"12.5\")")
     try:
         amount = parse_credits(raw)
     except ValueError as e:
-        raise _field_error("amount", str(e)) from None
+        raise Refusal.of_field("amount", str(e)) from None
     if amount == 0:
-        raise _field_error("amount", "amount must not be zero")
+        raise Refusal.of_field("amount", "amount must not be zero")
     if amount < 0 and kind == "grant":
-        raise _field_error("amount", "a grant must be positive; take credits away with "
+        raise Refusal.of_field("amount", "a grant must be positive; take credits away with "
                                      "an adjustment (api/adjustments, with a note)")
     return amount
 
 
 def parse_entry_note(note: Any, kind: str) -> str:
     if not isinstance(note, str):
-        raise _field_error("note", "note must be a string")
+        raise Refusal.of_field("note", "note must be a string")
     if kind == "adjustment" and not note.strip():
-        raise _field_error("note", "an adjustment needs a note saying why")
+        raise Refusal.of_field("note", "an adjustment needs a note saying why")
     return note
 
 
@@ -79,9 +69,9 @@ def parse_monthly_cap(raw: Any) -> int | None:
     try:
         monthly = parse_credits(raw)
     except ValueError as e:
-        raise _field_error("monthly", str(e)) from None
+        raise Refusal.of_field("monthly", str(e)) from None
     if monthly < 0:
-        raise _field_error("monthly", "a monthly cap must not be negative")
+        raise Refusal.of_field("monthly", "a monthly cap must not be negative")
     return monthly
 
 
@@ -92,24 +82,11 @@ class BillingHandler(BaseAPIHandler):
     def ledger(self) -> Ledger:
         return self.ctx.ledger
 
-    async def hub_user(self, name: str, field: str = "user", missing: int = 404) -> dict:
-        """The hub's model of user `name` (with stopped servers); `missing` when unknown."""
-        try:
-            return await self.hub_api(
-                "GET", f"/users/{url_escape(name, plus=False)}?include_stopped_servers=1")
-        except HTTPClientError as e:
-            if e.code == 404:
-                raise _field_error(field, f"unknown user {name}", missing) from None
-            raise APIError(502, f"The hub did not answer about user {name}: {e}") from None
-
     def period(self) -> tuple[dt.datetime, dt.datetime]:
         """A usage query's since and until: the current UTC month by default, at most
         bv.MAX_USAGE_DAYS long (400 naming what is allowed)."""
-        try:
-            return bv.usage_period(self.get_argument("since", None),
-                                   self.get_argument("until", None), utcnow())
-        except bv.PeriodError as e:
-            raise _field_error(e.field, e.message) from None
+        return bv.usage_period(self.get_argument("since", None),
+                               self.get_argument("until", None), utcnow())
 
     async def entry_input(self, kind: str, account: Any, amount: Any, note: Any,
                           field: str = "account") -> tuple[str, int, str]:
@@ -120,7 +97,7 @@ class BillingHandler(BaseAPIHandler):
         amount = parse_entry_amount(amount, kind)
         note = parse_entry_note(note, kind)
         if kind == "adjustment" and not await self.run(self.ledger.account_exists, account):
-            raise _field_error("account", f"unknown account {account}: it has no ledger "
+            raise Refusal.of_field("account", f"unknown account {account}: it has no ledger "
                                           "entries yet (grant credits to create it)")
         return account, amount, note
 
@@ -147,11 +124,8 @@ class BillingHandler(BaseAPIHandler):
                        _cap_view(account, user, before), _cap_view(account, user, monthly))
 
     async def run(self, fn, *args, **kwargs) -> Any:
-        """Call a ledger function in a thread; its BillingErrors become API errors."""
-        try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        except BillingError as e:
-            raise _billing_error(e) from None
+        """Call a ledger function in a thread (its BillingErrors are refusals as they are)."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 class BalanceHandler(BillingHandler):
@@ -184,7 +158,7 @@ def balance_of(ctx, name: str, groups: list[str]) -> dict[str, Any]:
 
 def _own_name(model: dict[str, Any]) -> str:
     if model.get("kind", "user") != "user":
-        raise _field_error("user", f"{model.get('name')} is a service, with no balance of "
+        raise Refusal.of_field("user", f"{model.get('name')} is a service, with no balance of "
                                    "its own: pass ?user=NAME")
     return model["name"]
 
@@ -196,7 +170,7 @@ class UsageHandler(BillingHandler):
         account = self.get_argument("account", None)
         fmt = self.get_argument("format", "json")
         if fmt not in ("json", "csv"):
-            raise _field_error("format", f"format must be json or csv, got {fmt!r}")
+            raise Refusal.of_field("format", f"format must be json or csv, got {fmt!r}")
         if not self.is_auditor():
             if user not in (None, me["name"]):
                 raise APIError(403, "Only gpulease admins and auditors may see another "
@@ -205,10 +179,7 @@ class UsageHandler(BillingHandler):
         elif user is None and account is None and me.get("kind", "user") == "user":
             user = me["name"]  # people see their own by default; services (the CLI) all
         if account is not None:
-            try:
-                account = parse_account(account)
-            except BillingError as e:
-                raise _field_error("account", e.message) from None
+            account = parse_account(account)  # a BillingError naming the account field
         since, until = self.period()
         report = await self.run(billing_reports.usage, self.ctx.engine, user=user,
                                 account=account, since=since, until=until)
@@ -238,7 +209,7 @@ class _EntryHandler(BillingHandler):
             raise APIError(400, f"Unknown fields: {', '.join(sorted(unknown))}; "
                                 "allowed: account (or user), amount, note")
         if "account" in body and "user" in body:
-            raise _field_error("account", "give either account or user, not both")
+            raise Refusal.of_field("account", "give either account or user, not both")
         field = "user" if "user" in body else "account"
         raw = body.get(field)
         text = f"user:{raw}" if field == "user" and isinstance(raw, str) and raw else raw
@@ -303,12 +274,12 @@ class StopHandler(BillingHandler):
             raise APIError(400, 'The body must be {"user": NAME, "server": NAME, "reason": ...}')
         user, server, reason = body.get("user"), body.get("server", ""), body.get("reason")
         if not isinstance(user, str) or not user:
-            raise _field_error("user", "user is required")
+            raise Refusal.of_field("user", "user is required")
         if not isinstance(server, str):
-            raise _field_error("server", 'server must be a name ("" for the default server)')
+            raise Refusal.of_field("server", 'server must be a name ("" for the default server)')
         allowed = ", ".join(END_REASONS)
         if reason not in END_REASONS:
-            raise _field_error("reason", f"unknown reason {shown(reason)}; allowed: {allowed}")
+            raise Refusal.of_field("reason", f"unknown reason {shown(reason)}; allowed: {allowed}")
         if not self.is_admin() and (user != me["name"] or reason != "user"):
             raise APIError(403, 'Users may stop only their own servers, with reason "user"; '
                                 "other stops need a gpulease admin")
@@ -324,9 +295,9 @@ class StopHandler(BillingHandler):
         await self.run(sessions.request_end_reason, user, server, reason)
         path = f"/users/{url_escape(user, plus=False)}/" + (
             f"servers/{url_escape(server, plus=False)}" if server else "server")
-        try:
-            await self.hub_api("DELETE", path)
-        except HTTPClientError as e:
-            raise APIError(409 if e.code in (400, 409) else 502,
-                           f"The hub refused to stop {label}: {e}") from None
+        def refused(message: str) -> Refusal:
+            return Refusal(f"The hub refused to stop {label}: {message}", status=409)
+
+        await self.hub_call("DELETE", path, doing=f"stop {label}",
+                            answers={400: refused, 409: refused})
         self.write_json({"user": user, "server": server, "reason": reason}, 202)

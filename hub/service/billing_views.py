@@ -13,6 +13,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from gpulease.hub.billing_reports import iso_z
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.units import format_credits
 
 USAGE_COLUMNS = ["user", "server", "profile", "account", "started", "ended",
@@ -21,11 +22,11 @@ REPORT_COLUMNS = ["key", "sessions", "billed_seconds", "billed_ms", "cost"]
 REPORT_GROUPS = ("user", "account", "profile")
 
 
-class PeriodError(ValueError):
+class PeriodError(Refusal, ValueError):
+    """A period or time that is not one (400), naming its field."""
+
     def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
+        super().__init__(message, [(field, message)])
 
 
 def iso(value: dt.datetime | str | None) -> str | None:

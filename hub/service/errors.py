@@ -1,15 +1,16 @@
-"""The gpulease API's error body: {"status", "message", "errors": [{field, message}]}."""
+"""APIError: a Refusal made by the service's handlers themselves (hub/refusal.py).
+
+The handlers render every Refusal the same way (BaseAPIHandler.write_error):
+{"status", "message", "errors": [{field, message}]}.
+"""
 
 from __future__ import annotations
 
-from tornado import web
+from gpulease.hub.refusal import Refusal
 
 
-class APIError(web.HTTPError):
+class APIError(Refusal):
     def __init__(self, status: int, message: str, errors: list[dict[str, str]] | None = None,
                  headers: dict[str, str] | None = None):
-        super().__init__(status, "%s", message)
-        self.message = message
-        self.errors = errors or []
-        # Sent with the error (tornado clears headers set before it), e.g. Retry-After.
-        self.headers = headers or {}
+        # headers are sent with the error (tornado clears headers set before it): Retry-After
+        super().__init__(message, errors or (), status=status, headers=headers)

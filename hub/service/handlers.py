@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
-from jupyterhub.services.auth import HubOAuthenticated
-from sqlalchemy.exc import DataError, SQLAlchemyError
-from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
 from gpulease.hub.accounts import AccountError, validate_password, validate_username
-from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
 from gpulease.hub.profiles import (
     ProfileError,
     parse_profile,
@@ -21,135 +13,14 @@ from gpulease.hub.profiles import (
     servers_saving,
     usable_by,
 )
+from gpulease.hub.refusal import Refusal
+from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.caller_rights import (
     has_hub_admin_powers,
-    is_gpulease_admin,
-    is_gpulease_auditor,
 )
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import inventory_view, profile_view
 from gpulease.hub.shown import shown
-from gpulease.hub.units import json_loads
-
-
-class BaseAPIHandler(HubOAuthenticated, web.RequestHandler):
-    """JSON in and out; every error in the gpulease error format."""
-
-    def initialize(self, ctx: GPULeaseContext, hub_api_url: str, hub_api_token: str) -> None:
-        self.ctx = ctx
-        self.hub_api_url = hub_api_url.rstrip("/")
-        self.hub_api_token = hub_api_token
-
-    def check_xsrf_cookie(self):
-        # Only a request a token authenticated skips the check, never one that
-        # merely has an Authorization header: a browser behind a Basic-auth
-        # proxy sends `Basic ...` with every request, cross-site posts too, and
-        # `token garbage` falls back to the cookie. Identifying the caller first
-        # sets HubAuth's `_token_authenticated`, which HubAuth's own check
-        # (super) honours; a cookie login is checked against `_xsrf`.
-        if not hasattr(self, "_cached_hub_user"):
-            self.get_current_user()
-        return super().check_xsrf_cookie()
-
-    def set_default_headers(self) -> None:
-        self.set_header("Content-Type", "application/json; charset=utf-8")
-
-    # --- who is calling --------------------------------------------------------
-
-    def caller(self) -> dict[str, Any]:
-        model = self.get_current_user()
-        if not model:
-            raise APIError(403, "Authentication required: send a hub API token "
-                                "(Authorization: token ...) or log in to the hub")
-        return model
-
-    # The rule is the token's scopes, never the owner's admin flag alone
-    # (caller_rights): a hub admin's narrowed or server token is no admin here.
-    def is_admin(self) -> bool:
-        return is_gpulease_admin(self.caller())
-
-    def is_auditor(self) -> bool:
-        return is_gpulease_auditor(self.caller())
-
-    def require_admin(self) -> None:
-        if not self.is_admin():
-            raise APIError(403, f"This needs a gpulease admin: a token with the {ADMIN_SCOPE} "
-                                f"scope, or a hub admin's token with {HUB_ADMIN_SCOPE} (a "
-                                "narrowed token or a server's own token is not one)")
-
-    def require_auditor(self) -> None:
-        if not self.is_auditor():
-            raise APIError(403, f"This needs a gpulease admin or auditor ({AUDIT_SCOPE})")
-
-    # --- bodies and errors ------------------------------------------------------
-
-    def json_body(self) -> Any:
-        # Only a caller's body is read: a stranger gets 403, not the parser's
-        # work (up to 1 MiB) and its answers about what the body should be.
-        self.caller()
-        if not self.request.body:
-            raise APIError(400, "A JSON body is required")
-        try:
-            body = json_loads(self.request.body.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise APIError(400, f"The body is not valid JSON: {e}") from None
-        field = nul_field(body)
-        if field is not None:
-            raise APIError(400, f"{field}: {NUL_REFUSED}", [{"field": field,
-                                                              "message": NUL_REFUSED}])
-        return body
-
-    def decode_argument(self, value: bytes, name: str | None = None) -> str:
-        # Path arguments (name None) reach the database as they are; query
-        # arguments have control characters replaced by tornado itself.
-        text = super().decode_argument(value, name)
-        if name is None and "\x00" in text:
-            raise APIError(400, f"The path has %00: {NUL_REFUSED}",
-                           [{"field": "path", "message": NUL_REFUSED}])
-        return text
-
-    def write_json(self, data: Any, status: int = 200) -> None:
-        self.set_status(status)
-        self.finish(json.dumps(data))
-
-    def write_error(self, status_code: int, **kwargs) -> None:
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, DataError):
-            # The database refused a value (too long for its column, say): the
-            # request's fault, not an outage. The checks before it should name it.
-            status_code = 400
-            self.set_status(400)
-            first = str(getattr(exc, "orig", exc)).splitlines()[0][:200]
-            message, errors = f"A value of this request cannot be stored: {first}", []
-        elif isinstance(exc, SQLAlchemyError):
-            status_code = 503
-            self.set_status(503)
-            message, errors = ("gpulease's database cannot be reached; running servers are "
-                               "not affected. Try again in a minute."), []
-        elif isinstance(exc, APIError):
-            message, errors = exc.message, exc.errors
-            for name, value in exc.headers.items():
-                self.set_header(name, value)
-        elif isinstance(exc, web.HTTPError) and exc.log_message:
-            message, errors = exc.log_message % exc.args if exc.args else exc.log_message, []
-        elif status_code >= 500:
-            message, errors = "Internal error in the gpulease service; see its log", []
-        else:
-            message, errors = self._reason, []
-        self.finish(json.dumps({"status": status_code, "message": message, "errors": errors}))
-
-    async def hub_api(self, method: str, path: str, body: Any = None,
-                      headers: dict[str, str] | None = None) -> Any:
-        request = HTTPRequest(
-            f"{self.hub_api_url}{path}",
-            method=method,
-            headers={"Authorization": f"token {self.hub_api_token}",
-                     "Content-Type": "application/json", **(headers or {})},
-            body=json.dumps(body) if body is not None else (None if method == "GET" else ""),
-            allow_nonstandard_methods=True,
-        )
-        response = await AsyncHTTPClient().fetch(request)
-        return json.loads(response.body) if response.body else None
 
 
 class InventoryHandler(BaseAPIHandler):
@@ -194,7 +65,7 @@ class ProfilesHandler(BaseAPIHandler):
             profiles = parse_profiles_document({"profiles": body["profiles"]},
                                                self.ctx.catalog, "")
         except ProfileError as e:
-            raise APIError(400, "Invalid profiles: nothing was changed", _field_errors(e)) from None
+            raise Refusal("Invalid profiles: nothing was changed", e.errors) from None
         actor = self.caller()["name"]
         result = await asyncio.to_thread(self.ctx.profiles.apply, profiles, prune, actor)
         self.write_json(
@@ -216,7 +87,7 @@ class ProfileHandler(BaseAPIHandler):
         try:
             profile = parse_profile(body, self.ctx.catalog, slug=slug)
         except ProfileError as e:
-            raise APIError(400, f"Invalid profile {slug}", _field_errors(e)) from None
+            raise Refusal(f"Invalid profile {slug}", e.errors) from None
         actor = self.caller()["name"]
         outcome = await asyncio.to_thread(self.ctx.profiles.upsert, profile, actor)
         self.write_json({"slug": slug, "result": outcome, **profile.to_spec()},
@@ -252,16 +123,13 @@ class ProfileHandler(BaseAPIHandler):
         """Every hub user with their servers, stopped ones included (page by page)."""
         users: list[dict] = []
         paginated = {"Accept": "application/jupyterhub-pagination+json"}
-        try:
-            while True:
-                page = await self.hub_api(
-                    "GET", f"/users?include_stopped_servers=1&offset={len(users)}",
-                    headers=paginated)
-                users.extend(page["items"])
-                if not page["items"] or page["_pagination"].get("next") is None:
-                    return users
-        except HTTPClientError as e:
-            raise APIError(502, f"The hub did not list its users' servers: {e}") from None
+        while True:
+            page = await self.hub_call(
+                "GET", f"/users?include_stopped_servers=1&offset={len(users)}",
+                headers=paginated, doing="list its users' servers")
+            users.extend(page["items"])
+            if not page["items"] or page["_pagination"].get("next") is None:
+                return users
 
 
 class UsersHandler(BaseAPIHandler):
@@ -304,16 +172,10 @@ class UsersHandler(BaseAPIHandler):
             raise APIError(409, str(e), [{"field": "name", "message": str(e)}]) from None
         try:
             await self._create_hub_user(name, caller_token)
-        except HTTPClientError as e:
+        except Refusal:
             # Nothing half-written: without its hub user the account is useless.
             await asyncio.to_thread(self.ctx.accounts.delete, name)
-            if admin and e.code == 403:
-                raise APIError(403, f"Cannot make {name} a hub admin: only a hub admin may, and "
-                                    f"{self.caller().get('name')} is not one; "
-                                    "create the user without admin, or ask a hub admin",
-                               [{"field": "admin", "message": "only a hub admin may grant "
-                                                              "admin"}]) from None
-            raise APIError(502, f"The hub refused to create user {name}: {e}") from None
+            raise
         # Never the password: who created which account, and whether an admin.
         await asyncio.to_thread(self.ctx.audit.record, self.caller()["name"], "user.create",
                                 f"user:{name}", None, {"name": name, "admin": admin})
@@ -330,12 +192,9 @@ class UsersHandler(BaseAPIHandler):
         a hub admin's narrowed token."""
         if has_hub_admin_powers(self.caller()):
             return
-        try:
-            existing = await self.hub_api("GET", f"/users/{name}")
-        except HTTPClientError as e:
-            if e.code == 404:
-                return
-            raise APIError(502, f"The hub did not say whether user {name} exists: {e}") from None
+        existing = await self.hub_call("GET", f"/users/{name}",
+                                       doing=f"say whether user {name} exists",
+                                       answers={404: lambda _: None})
         if existing and existing.get("admin"):
             raise APIError(403, f"{name} is a hub admin already: only a hub admin may give it "
                                 f"a gpulease account and password, and "
@@ -345,14 +204,18 @@ class UsersHandler(BaseAPIHandler):
     async def _create_hub_user(self, name: str, admin_token: str | None) -> None:
         """The hub user; an admin only through `admin_token`, the calling hub admin's."""
         as_caller = {"Authorization": f"token {admin_token}"} if admin_token else None
-        try:
-            await self.hub_api("POST", f"/users/{name}", {"admin": True} if admin_token else None,
-                               headers=as_caller)
-        except HTTPClientError as e:
-            if e.code != 409:  # a hub user of that name may exist already
-                raise
-            if admin_token:
-                await self.hub_api("PATCH", f"/users/{name}", {"admin": True}, headers=as_caller)
+        not_admin = {403: lambda _: Refusal(
+            f"Cannot make {name} a hub admin: only a hub admin may, and "
+            f"{self.caller().get('name')} is not one; create the user without admin, or ask "
+            "a hub admin", [("admin", "only a hub admin may grant admin")], status=403)
+        } if admin_token else {}
+        made = await self.hub_call(
+            "POST", f"/users/{name}", {"admin": True} if admin_token else None,
+            headers=as_caller, doing=f"create user {name}",
+            answers={**not_admin, 409: lambda _: None})  # a hub user of that name may exist
+        if made is None and admin_token:
+            await self.hub_call("PATCH", f"/users/{name}", {"admin": True}, headers=as_caller,
+                                doing=f"make user {name} an admin", answers=not_admin)
 
 
 def make_unix_account(name: str, isolation: dict) -> dict[str, str]:
@@ -399,29 +262,6 @@ class NotFoundHandler(BaseAPIHandler):
         raise APIError(404, f"No such gpulease API path: {self.request.path}")
 
 
-NUL_REFUSED = "text may not contain the NUL character (\\u0000)"
 
 
-def nul_field(value: Any) -> str | None:
-    """Where the first string (or key) holding NUL is in a JSON value, like
-    `user_options.profile` or `profiles[2].groups[0]` ("body" for the whole);
-    None when none does. PostgreSQL cannot store NUL in text."""
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:  # no recursion: the value may nest as deep as json allowed
-        path, item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return path or "body"
-        elif isinstance(item, dict):
-            for key, inner in reversed(list(item.items())):
-                here = f"{path}.{key}" if path else str(key)
-                if "\x00" in str(key):
-                    return here
-                stack.append((here, inner))
-        elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
-    return None
 
-
-def _field_errors(e: ProfileError) -> list[dict[str, str]]:
-    return [{"field": fe.field, "message": fe.message} for fe in e.errors]

@@ -15,8 +15,8 @@ import asyncio
 
 from tornado import web
 
+from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.handlers import BaseAPIHandler
 from gpulease.spawners.quarantine import leftover_pids
 
 

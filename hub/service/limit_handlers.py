@@ -14,17 +14,13 @@ import asyncio
 
 from tornado import web
 
-from gpulease.hub.limits import Limit, LimitError, parse_limit_body, parse_subject
+from gpulease.hub.limits import Limit, parse_limit_body, parse_subject
+from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.handlers import BaseAPIHandler
 
 
 def limit_view(limit: Limit) -> dict:
     return {"subject": limit.subject, **limit.as_dict()}
-
-
-def _api_error(e: LimitError) -> APIError:
-    return APIError(400, e.message, [{"field": f, "message": m} for f, m in e.errors])
 
 
 class LimitsHandler(BaseAPIHandler):
@@ -39,10 +35,7 @@ class LimitsHandler(BaseAPIHandler):
 
 class LimitHandler(BaseAPIHandler):
     def _subject(self, subject: str) -> str:
-        try:
-            return parse_subject(subject)
-        except LimitError as e:
-            raise _api_error(e) from None
+        return parse_subject(subject)  # LimitError (a Refusal) names the rule of subjects
 
     async def get(self, subject: str):
         model = self.caller()  # a stranger is told nothing, the rule of subjects neither
@@ -56,10 +49,7 @@ class LimitHandler(BaseAPIHandler):
     async def put(self, subject: str):
         self.require_admin()
         subject = self._subject(subject)
-        try:
-            values = parse_limit_body(self.json_body())
-        except LimitError as e:
-            raise _api_error(e) from None
+        values = parse_limit_body(self.json_body())
         _, after = await asyncio.to_thread(self.ctx.limits.set, subject, values,
                                            actor=self.caller()["name"], audit=self.ctx.audit)
         self.write_json(limit_view(after))

@@ -18,18 +18,15 @@ from typing import Any
 
 from jupyterhub.utils import url_path_join
 
-from gpulease.hub.notices import CHANNELS, KINDS, Notice, NoticeError, NoticeStore
+from gpulease.hub.notices import CHANNELS, KINDS, Notice, NoticeStore
 from gpulease.hub.notifier import Notifier, backends_from_env, dispatch, subject_for
-from gpulease.hub.service.billing_views import PeriodError, iso, parse_time
+from gpulease.hub.refusal import Refusal
+from gpulease.hub.service.base import BaseAPIHandler
+from gpulease.hub.service.billing_views import iso, parse_time
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.handlers import BaseAPIHandler
 
 log = logging.getLogger("gpulease.service")
 _background: set[asyncio.Task] = set()
-
-
-def _field_error(field: str, message: str, status: int = 400) -> APIError:
-    return APIError(status, message, [{"field": field, "message": message}])
 
 
 def notice_view(n: Notice) -> dict[str, Any]:
@@ -47,16 +44,13 @@ class NoticeHandler(BaseAPIHandler):
         return NoticeStore(self.ctx.engine)
 
     async def run(self, fn, *args, **kwargs) -> Any:
-        """Call a store function in a thread; its NoticeErrors become 400s."""
-        try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        except NoticeError as e:
-            raise _field_error(e.field, e.message) from None
+        """Call a store function in a thread (its NoticeErrors are 400s as they are)."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
     def own_name(self) -> str:
         me = self.caller()
         if me.get("kind", "user") != "user":
-            raise _field_error("user", f"{me.get('name')} is a service, with no notices "
+            raise Refusal.of_field("user", f"{me.get('name')} is a service, with no notices "
                                        "of its own: pass ?user=NAME")
         return me["name"]
 
@@ -85,11 +79,8 @@ class NoticesHandler(NoticeHandler):
                                 '"deadline"} (deadline: ISO 8601 UTC, or null)')
         raw = body.get("deadline")
         if raw is not None and not isinstance(raw, str):
-            raise _field_error("deadline", "deadline must be an ISO 8601 timestamp or null")
-        try:
-            deadline = parse_time(raw, "deadline")
-        except PeriodError as e:
-            raise _field_error(e.field, e.message) from None
+            raise Refusal.of_field("deadline", "deadline must be an ISO 8601 timestamp or null")
+        deadline = parse_time(raw, "deadline")  # PeriodError: a 400 naming deadline
         notice = await self.run(self.store.post, body.get("user"), body.get("server", ""),
                                 body.get("kind"), body.get("message"), deadline)
         notify = not notice.replaced  # told already when this replaced an open notice
@@ -117,7 +108,7 @@ class NoticesHandler(NoticeHandler):
         kind = self.get_argument("kind", None)
         kinds = [k for k in kind.split(",") if k] if kind else None
         if kinds is not None and set(kinds) - set(KINDS):
-            raise _field_error("kind", f"unknown kind in {kind!r}; allowed: {', '.join(KINDS)}")
+            raise Refusal.of_field("kind", f"unknown kind in {kind!r}; allowed: {', '.join(KINDS)}")
         cleared = await self.run(self.store.clear, user, server, kinds)
         self.write_json({"cleared": cleared})
 
@@ -135,13 +126,13 @@ class MyNotificationsHandler(NoticeHandler):
             raise APIError(400, 'The body must be {"channel": "email"|"webhook"|"none", '
                                 '"address": "..."}')
         if "channel" not in body:
-            raise _field_error("channel", f"channel is required: one of {', '.join(CHANNELS)}")
+            raise Refusal.of_field("channel", f"channel is required: one of {', '.join(CHANNELS)}")
         channel = body["channel"]
         if channel in CHANNELS and channel not in self.available():
             what = "no webhook" if channel == "webhook" else "no mail server (SMTP)"
             message = (f"The admin has configured {what}, so {channel!r} cannot be chosen; "
                        f"available: {', '.join(self.available())}")
-            raise _field_error("channel", message, 409)
+            raise Refusal.of_field("channel", message, 409)
         prefs = await self.run(self.store.set_prefs, user, channel, body.get("address", ""))
         self.write_json({"channel": prefs.channel, "address": prefs.address,
                          "available": self.available()})

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tornado import web
 
-from gpulease.hub.service.handlers import BaseAPIHandler
+from gpulease.hub.service.base import BaseAPIHandler
 
 DOCUMENT = Path(__file__).with_name("rest-api.yml")
 # The one `servers` entry of docs/rest-api.yml, as written there.

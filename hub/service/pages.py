@@ -13,9 +13,9 @@ from tornado import web
 
 from gpulease.hub import billing_reports
 from gpulease.hub.db import utcnow
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
-from gpulease.hub.service.errors import APIError
 from gpulease.hub.units import seconds_text
 
 CHART_DAYS = 30
@@ -50,8 +50,12 @@ class PageHandler(BillingHandler):
 
     def write_error(self, status_code: int, **kwargs) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, APIError):
-            message = exc.message
+        if isinstance(exc, Refusal):
+            status_code = exc.status
+            self.set_status(status_code)
+            # the one field it names, on a page that has no form to show it beside
+            one = exc.errors[0] if len(exc.errors) == 1 else None
+            message = str(one) if one and one.message == exc.message else exc.message
         elif status_code >= 500:
             message = "Internal error in the gpulease service; see its log"
         else:
@@ -71,10 +75,7 @@ class UsagePage(PageHandler):
         chart_until = dt.datetime.combine(today + dt.timedelta(days=1), dt.time())
         since_arg = self.get_argument("since", None) or first.isoformat()
         until_arg = self.get_argument("until", None)
-        try:
-            since, until = bv.usage_period(since_arg, until_arg, utcnow())
-        except bv.PeriodError as e:
-            raise APIError(400, f"{e.field}: {e.message}") from None
+        since, until = bv.usage_period(since_arg, until_arg, utcnow())  # PeriodError: a 400
         model = await self.hub_user(name)
         balance = await self.run(balance_of, self.ctx, name, model.get("groups") or [])
         report = await self.run(billing_reports.usage, self.ctx.engine, user=name,
@@ -110,11 +111,9 @@ class ReportPage(PageHandler):
         until_arg = self.get_argument("until", None) or bv.next_month(start).date().isoformat()
         by = self.get_argument("by", "user")
         if by not in bv.REPORT_GROUPS:
-            raise APIError(400, f"by must be one of {', '.join(bv.REPORT_GROUPS)}, got {by!r}")
-        try:  # any span: admins and auditors report on years (aggregated, not listed)
-            since, until = bv.parse_period(since_arg, until_arg)
-        except bv.PeriodError as e:
-            raise APIError(400, f"{e.field}: {e.message}") from None
+            raise Refusal(f"by must be one of {', '.join(bv.REPORT_GROUPS)}, got {by!r}")
+        # any span: admins and auditors report on years (aggregated, not listed)
+        since, until = bv.parse_period(since_arg, until_arg)
         rows = bv.report_view(await self.run(billing_reports.report, self.ctx.engine,
                                              since=since, until=until, group_by=by))
         if self.get_argument("format", "html") == "csv":

@@ -15,11 +15,11 @@ from typing import Any
 from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 from tornado.escape import url_escape
-from tornado.httpclient import HTTPClientError
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.my_servers import ServerFacts, check_profile_choice, server_states
 from gpulease.hub.options import OptionsRefused, resolve_user_options
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.service.billing_handlers import BillingHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.sessions import SessionLedger
@@ -28,21 +28,6 @@ SERVER_NAME_RULE = ("server names are 1-30 characters: lowercase ASCII letters, 
                     "single hyphens, starting with a letter and ending with a letter or digit "
                     "(e.g. train-1)")
 POST_KEYS = ("name", "user_options", "user", "replace")
-
-
-def _refused(e: OptionsRefused) -> APIError:
-    return APIError(e.status, e.message, [{"field": f"user_options.{fe.field}"
-                                           if fe.field != "user_options" else fe.field,
-                                           "message": fe.message} for fe in e.errors])
-
-
-def _hub_message(e: HTTPClientError) -> str:
-    import json
-
-    try:
-        return str(json.loads(e.response.body).get("message") or e)
-    except Exception:  # no JSON body (a proxy's page, a timeout)
-        return str(e)
 
 
 class ServerAPIHandler(BillingHandler):
@@ -123,8 +108,8 @@ class CreateServerHandler(ServerAPIHandler):
 
         try:
             choice = await asyncio.to_thread(resolve)
-        except OptionsRefused as e:
-            raise _refused(e) from None
+        except OptionsRefused as e:  # its fields are the options': user_options.<key>
+            raise e.under("user_options", whole="user_options") from None
         saved = {}
         for key, value in given.items():
             value = value[0] if isinstance(value, list) and len(value) == 1 else value
@@ -136,16 +121,11 @@ class CreateServerHandler(ServerAPIHandler):
         return saved
 
     async def call_hub(self, method: str, path: str, body: dict) -> Any:
-        try:
-            return await self.hub_api(method, path, body)
-        except HTTPClientError as e:
-            message = _hub_message(e)
-            # 409 names the limit of named servers (gpulease.hub.named_servers) or a clash
-            if e.code in (400, 409):
-                raise APIError(e.code, message, [{"field": "name", "message": message}]) from None
-            if e.code == 404:
-                raise APIError(404, message) from None
-            raise APIError(502, f"The hub did not store the server: {message}") from None
+        # 409 names the limit of named servers (gpulease.hub.named_servers) or a clash
+        return await self.hub_call(method, path, body, doing="store the server", answers={
+            400: lambda m: Refusal.of_field("name", m, 400),
+            409: lambda m: Refusal.of_field("name", m, 409),
+            404: lambda m: Refusal(m, status=404)})
 
 
 class DefaultProfileHandler(ServerAPIHandler):
@@ -177,9 +157,8 @@ class DefaultProfileHandler(ServerAPIHandler):
                     lambda: check_profile_choice(
                         slug, user=user, groups=model.get("groups") or [],
                         profiles=ctx.profiles.list(include_disabled=True), catalog=ctx.catalog))
-            except OptionsRefused as e:
-                raise APIError(e.status, e.message,
-                               [{"field": "profile", "message": e.message}]) from None
+            except OptionsRefused as e:  # about the one field of this body
+                raise Refusal.of_field("profile", e.message, e.status) from None
         await asyncio.to_thread(self.ctx.profiles.set_default_profile, user, slug)
         self.write_json({"user": user, "profile": slug})
 
