@@ -15,58 +15,36 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import object_session
-from tornado import web
-from traitlets import Bool, Dict, Integer, Unicode, default
+from traitlets import Bool, Dict, Integer, Unicode
 
-from gpulease.hub.context import GPULeaseContext, get_context
-from gpulease.hub.db import utcnow
 from gpulease.hub.options import ServerChoice
+from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.state import StateDir, StateError, ensure_home
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
-from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
-from gpulease.spawners.admission_options import AdmissionOptions
+from gpulease.spawners.admission import DATABASE_DOWN
 from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.exit_watch import watch_server_exit
-from gpulease.spawners.first_answer import first_answer
-from gpulease.spawners.options_form import (
-    options_from_form,
-    refuse_query_start,
-    render_options_form,
-)
 from gpulease.spawners.process_spec import build_process_spec, filter_server_env
 from gpulease.spawners.process_tree import kill_tree
-from gpulease.spawners.queue_runner import Refused, queue_progress, runner_for, tell_started
+from gpulease.spawners.queue_runner import Refused, runner_for
 from gpulease.spawners.run_end import RunEnd
-from gpulease.spawners.spawn_form import spawn_form_data
+from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
 
-class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
+class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
     """Run each server as a local process on the GPU devices placed for it.
 
-    Its queue and per-user limit options are AdmissionOptions' (spawners/admission_options.py).
+    The spawn path shared with the cluster shape (the form, options, refusals,
+    progress, the first answer and billing) is GPULeaseSpawnCore's
+    (spawners/spawn_core.py); its queue and limit options AdmissionOptions'.
     """
 
-    db_url = Unicode(
-        "",
-        config=True,
-        help="gpulease's database (profiles, device assignments). Set by `gpulease up`.",
-    )
-    inventory_file = Unicode(
-        "",
-        config=True,
-        help="Declared inventory file (YAML) to use instead of NVML; empty: NVML on this host.",
-    )
-    catalog_file = Unicode(
-        "", config=True, help="Image catalog (YAML); empty: the catalog shipped with gpulease."
-    )
-    node_name = Unicode("local", config=True, help="Name of this host in the inventory.")
     state_dir = Unicode(
         "",
         config=True,
@@ -106,65 +84,9 @@ class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
         "hub's own. Set by `gpulease up` (GPULeaseHub.server_env).",
     )
 
-    gpulease_choice: ServerChoice | None = None
     gpulease_isolation: isolation.Prepared | None = None
     gpulease_cgroup: dict | None = None  # what to remove when the server stops (kept in state)
     gpulease_devices: tuple[str, ...] = ()
-    gpulease_balance: int = 0  # the account's balance when this start was admitted
-    _options_to_restore: tuple[dict | None] | None = None
-    _stopping: bool = False
-    _gpulease_admitted: bool = False  # this start is past the limits and the queue
-    gpulease_answered_at: datetime | None = None  # this run's first HTTP answer (UTC)
-    _gpulease_opening: bool = False  # its billing session is being written now
-    _gpulease_watch: asyncio.Task | None = None  # waits for a late first answer
-    _gpulease_unwatch = staticmethod(lambda: None)  # stops watching for its exit
-
-    @default("apply_user_options")
-    def _default_apply_user_options(self):
-        return apply_gpulease_options
-
-    @default("options_form")
-    def _default_options_form(self):
-        return LocalGPUSpawner._render_form
-
-    @default("default_url")
-    def _default_default_url(self):
-        return "/lab"
-
-    @property
-    def gpulease(self) -> GPULeaseContext:
-        return get_context(self.db_url, self.inventory_file, self.catalog_file, self.node_name)
-
-    # --- the choice -------------------------------------------------------------
-
-    @staticmethod
-    async def _render_form(spawner: LocalGPUSpawner) -> str:
-        # Read the hub's ORM here, on the loop; spawn_form gathers the rest from
-        # gpulease's database in a thread, so a busy database stalls only this page.
-        groups = {g.name for g in spawner.user.groups}
-        orm_spawner = spawner.orm_spawner
-        saved = dict(orm_spawner.user_options or {}) if orm_spawner else {}
-        data = await asyncio.to_thread(spawn_form_data, spawner.gpulease, spawner.user.name,
-                                       groups, saved)
-        return render_options_form(data)
-
-    def options_from_form(self, formdata):
-        return options_from_form(formdata)
-
-    def options_from_query(self, query_data):
-        return refuse_query_start(query_data)  # a link starts nothing (spawners/options_form.py)
-
-    def refuse(self, status: int, message: str):
-        """Fail this start with `status`, restoring the saved options it replaced."""
-        if self._options_to_restore is not None:
-            (previous,) = self._options_to_restore
-            self.orm_spawner.user_options = previous
-            self.user_options = previous or {}
-            session = object_session(self.orm_spawner)
-            if session is not None:
-                session.commit()
-            self._options_to_restore = None
-        raise web.HTTPError(status, message)
 
     # --- the process ------------------------------------------------------------
 
@@ -218,7 +140,7 @@ class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
             )
         except (UnixAccountError, CgroupError, OSError) as e:
             self.log.error("cannot isolate %s: %s", self._log_name, e)
-            raise web.HTTPError(500, f"Cannot start the server: {e}") from None
+            raise http_error(Refusal(f"Cannot start the server: {e}", status=500)) from None
         self.gpulease_cgroup = self.gpulease_isolation.state() or None
 
     def _state_root(self):
@@ -229,12 +151,12 @@ class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
     async def start(self):
         choice = self.gpulease_choice
         if choice is None:  # apply_user_options always runs first in JupyterHub >= 5.3
-            self.refuse(400, "No profile was resolved for this start")
+            self.refuse(Refusal("No profile was resolved for this start"))
         ctx = self.gpulease
         try:  # a name outside the rule is refused earlier (apply_gpulease_options)
             home = ensure_home(StateDir(Path(self._state_root())), self.user.name)
         except StateError as e:
-            self.refuse(500, f"Cannot start the server: {e}")
+            self.refuse(Refusal(f"Cannot start the server: {e}", status=500))
         self._gpulease_admitted = False
         self.gpulease_answered_at = None
         admitted = None
@@ -262,10 +184,10 @@ class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
             try:
                 ip, port = await super().start()
             except PermissionError:
-                raise web.HTTPError(
-                    500, f"Cannot start the server: {self.cmd[0]} cannot be run as "
+                raise http_error(Refusal(
+                    f"Cannot start the server: {self.cmd[0]} cannot be run as "
                     f"{self._spec().env['USER']} (permission denied on its way or its "
-                    "interpreter); see docs/security.md") from None
+                    "interpreter); see docs/security.md", status=500)) from None
             answered = await self._wait_until_answering(ip, port, self.http_timeout)
             if answered:
                 await self._first_answer(choice, admitted)
@@ -294,85 +216,22 @@ class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
                 max_per_user=self.queue_places_per_user,
             )
         except Refused as refused:
-            self.refuse(refused.status, f"Cannot start {profile.slug}: {refused.message}")
+            self.refuse(Refusal(f"Cannot start {profile.slug}: {refused.message}",
+                                status=refused.status))
         except SQLAlchemyError as e:
             self.log.error("gpulease database error placing %s: %s", self._log_name, e)
-            self.refuse(503, DATABASE_DOWN)
+            self.refuse(Refusal(DATABASE_DOWN, status=503))
 
-    async def _wait_until_answering(self, ip: str, port: int,
-                                    timeout: float | None) -> bool | None:
-        """True as soon as the server answers HTTP (any status; `gpulease_answered_at`
-        says when), False once its process ended or this run is being stopped, None
-        after `timeout` seconds without an answer (None: no limit).
-
-        Billing starts at that answer. It also saves time: JupyterHub's own
-        readiness check tries once at once, then backs off with growing random
-        delays while JupyterLab starts; returning only when the server answers
-        lets its first try succeed (about a second per spawn, bench/spawn.py).
-        """
+    def _run_still_ours(self) -> Callable[[], bool]:
         proc = self.proc
 
         def still_ours() -> bool:  # died (JupyterHub's own check reports it), or stopped
             return not (proc is None or proc.poll() is not None or self.proc is not proc
                         or self._stopping)
+        return still_ours
 
-        url = f"http://{ip}:{port}{self.server.base_url}api"
-        answered = await first_answer(url, still_ours, timeout)
-        if isinstance(answered, datetime):
-            self.gpulease_answered_at = answered
-            return True
-        return answered
-
-    async def _first_answer(self, choice: ServerChoice, admitted) -> None:
-        """The server answered: bill it from now on, and tell a queued user it started."""
-        await self._open_session(choice)
-        self._gpulease_unwatch = watch_server_exit(self)  # billed to the very exit
-        if admitted is not None and admitted.queued:
-            await tell_started(self.gpulease, self.user.name, self.name, choice.profile.slug,
-                               admitted.waited_s)
-
-    def _watch_first_answer(self, ip: str, port: int, choice: ServerChoice, admitted) -> None:
-        """After start returned unanswered: open the session at the first answer, if any."""
-        proc = self.proc
-        returned = utcnow()
-
-        async def watch() -> None:
-            try:
-                if not await self._wait_until_answering(ip, port, None):
-                    return  # ended or stopped before it ever answered
-                if self._stopping or self.proc is not proc:
-                    return
-                late = (self.gpulease_answered_at - returned).total_seconds()
-                self.log.warning("%s first answered %.1f s after its start returned (a slow "
-                                 "start); its billing session opens now", self._log_name, late)
-                await self._first_answer(choice, admitted)
-            except web.HTTPError:
-                pass  # the database is away: the heartbeat opens it from the answer's time
-            except Exception:
-                self.log.exception("watching for the first answer of %s", self._log_name)
-
-        self._gpulease_watch = asyncio.ensure_future(watch())  # a reference keeps it alive
-
-    async def _open_session(self, choice: ServerChoice) -> None:
-        try:  # a suspended notice lasts until the server runs again
-            await asyncio.to_thread(self.gpulease.notices.server_started, self.user.name, self.name)
-        except SQLAlchemyError as e:
-            self.log.warning("could not clear the notices of %s: %s", self._log_name, e)
-        meter = self.gpulease.meter
-        if meter is None:  # not under `gpulease up` (no metering configured)
-            return
-        profile = choice.profile
-        self._gpulease_opening = True  # not a gap for the heartbeat's repair
-        try:
-            await asyncio.to_thread(
-                meter.open, self.user.name, self.name, profile.slug, choice.account,
-                profile.price_per_hour_ucr, self.gpulease_answered_at or utcnow(),
-            )
-        except SQLAlchemyError as e:
-            self.log.error("cannot open the billing session of %s: %s", self._log_name, e)
-            raise web.HTTPError(503, DATABASE_DOWN) from None
-        finally:
-            self._gpulease_opening = False
+    def _watch_exit(self) -> Callable[[], None]:
+        return watch_server_exit(self)  # billed to the very exit
 
     async def kill_now(self) -> int:
         """SIGKILL the server and what it started, at once: a stop that did not complete
@@ -384,21 +243,6 @@ class LocalGPUSpawner(AdmissionOptions, RunEnd, LocalProcessSpawner):
             self.log.warning("killed %s (%d processes): its stop did not complete",
                              self._log_name, sent)
         return sent
-
-    async def progress(self):
-        choice = self.gpulease_choice
-        if choice is None:
-            return
-        for event in start_events(choice, self.gpulease_balance):
-            yield event
-        profile = choice.profile
-        if profile.gpu is not None:
-            runner = runner_for(self.gpulease, self.queue_poll_interval)
-            async for event in queue_progress(
-                runner, self.user.name, self.name, profile.gpu.device_request().describe(),
-                lambda: self._spawn_pending and not self._gpulease_admitted,
-            ):
-                yield event
 
     # --- state across hub restarts -------------------------------------------------
 

@@ -10,7 +10,7 @@ service while it cannot be emptied).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -34,6 +34,7 @@ class RunEnd:
     _stopping: bool
     _gpulease_admitted: bool
     _gpulease_unwatch: Callable[[], None]
+    _end_billing: Callable[[str, datetime | None], Awaitable[None]]
 
     _gpulease_exited_at: datetime | None = None  # when a stop saw its process end (UTC)
     _gpulease_releasing: asyncio.Lock | None = None  # held while a release runs
@@ -140,12 +141,7 @@ class RunEnd:
         ctx = self.gpulease
         user, server = self.user.name, self.name
         self.gpulease_devices = ()
-        if ctx.meter is not None:
-            if ended is not None:
-                # A death closes at the last moment it was seen alive; what it
-                # left in its cgroup was, until it was ended just now.
-                ctx.meter.mark_alive(user, server, ended)
-            await asyncio.to_thread(ctx.meter.close, user, server, reason, ended)
+        await self._end_billing(reason, ended)  # GPULeaseSpawnCore's
         if devices_may_go(emptied):
             def give_back() -> object:
                 return ctx.assignments.release(user, server, reason)

@@ -1,0 +1,164 @@
+"""GPUKubeSpawner: the cluster shape's spawner, kubespawner's KubeSpawner with gpulease's path.
+
+gpulease decides whether and when a request may run (GPULeaseSpawnCore: the
+options, rights, credit and limits, the first answer and billing); Kubernetes
+decides where. What a profile asks of the cluster is a plain decision
+(gpulease.spawners.pod_spec): this class only hands it to kubespawner's own
+options before kubespawner makes the pod, and adds what gpulease keeps apart
+from kubespawner's defaults:
+
+- each user's home is one PersistentVolumeClaim, `claim-{username}`, shared
+  by all their servers: a stop deletes the pod and keeps the claim, and
+  deleting a named server (or the user) never deletes the home
+  (`delete_forever`);
+- the billing session opens at the server's first answer and closes when its
+  pod is stopped or found gone.
+
+Not yet here (issue "Cluster shape", kept open): admission to capacity
+through the cluster inventory and the fair queue (until then the pod waits
+in Kubernetes' own Pending), the inventory API's cluster form, restarting a
+reflector that gave up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse
+
+from kubespawner import KubeSpawner
+from traitlets import Dict, List, Unicode, default
+
+from gpulease.hub.db import utcnow
+from gpulease.hub.options import ServerChoice
+from gpulease.hub.refusal import Refusal
+from gpulease.singleuser import SERVER_SCRIPT
+from gpulease.spawners.pod_spec import (
+    DEFAULT_GPU_TOLERATIONS,
+    MIG_STRATEGIES,
+    ClusterGpus,
+    kubespawner_traits,
+    pod_needs,
+)
+from gpulease.spawners.spawn_core import GPULeaseSpawnCore
+
+HOME_CLAIM = "claim-{username}"  # one home per user, whatever the server
+HOME_MOUNT = "/home/jovyan"
+
+
+def pod_options(choice: ServerChoice, cluster: ClusterGpus) -> dict[str, Any]:
+    """kubespawner's options for a server of this choice on this cluster."""
+    return kubespawner_traits(pod_needs(choice.profile, cluster), choice.image.image)
+
+
+class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
+    """One pod per server, asking for exactly its profile's GPUs (see the module doc)."""
+
+    mig_strategy = Unicode(
+        "mixed", config=True,
+        help="The NVIDIA device plugin's MIG strategy on this cluster: mixed (a slice is "
+        f"nvidia.com/mig-<profile>) or single (a slice is nvidia.com/gpu on a node whose "
+        f"product is <model>-MIG-<profile>). One of {', '.join(MIG_STRATEGIES)}.",
+    )
+    gpu_tolerations = List(
+        Dict(), default_value=[dict(t) for t in DEFAULT_GPU_TOLERATIONS], config=True,
+        help="Tolerations every GPU pod gets, for the taints of the GPU nodes.",
+    )
+    packing_scheduler = Unicode(
+        "", config=True,
+        help="schedulerName of GPU pods: gpulease's GPU-packing kube-scheduler when it is "
+        "deployed; empty: the cluster's default scheduler.",
+    )
+
+    @default("pvc_name_template")
+    def _default_pvc_name_template(self):
+        # user names are DNS-safe (gpulease.hub.user_names): the slug is the name
+        return HOME_CLAIM
+
+    @default("storage_pvc_ensure")
+    def _default_storage_pvc_ensure(self):
+        return True
+
+    @default("delete_pvc")
+    def _default_delete_pvc(self):
+        return False
+
+    @default("volumes")
+    def _default_volumes(self):
+        return [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
+
+    @default("volume_mounts")
+    def _default_volume_mounts(self):
+        return [{"name": "home", "mountPath": HOME_MOUNT}]
+
+    @default("cmd")
+    def _default_cmd(self):
+        return [SERVER_SCRIPT]
+
+    def cluster_gpus(self) -> ClusterGpus:
+        return ClusterGpus(self.mig_strategy, tuple(dict(t) for t in self.gpu_tolerations),
+                           self.packing_scheduler)
+
+    # --- the start --------------------------------------------------------------
+
+    async def start(self):
+        choice = self.gpulease_choice
+        if choice is None:  # apply_user_options always runs first in JupyterHub >= 5.3
+            self.refuse(Refusal("No profile was resolved for this start"))
+        try:
+            options = pod_options(choice, self.cluster_gpus())
+        except ValueError as e:  # a GPU model this cluster's labels cannot name
+            self.refuse(Refusal(f"Cannot start {choice.profile.slug}: {e}", status=422))
+        for name, value in options.items():
+            setattr(self, name, value)
+        self._options_to_restore = None
+        self._gpulease_admitted = True
+        self.gpulease_answered_at = None
+        url = await KubeSpawner.start(self)
+        where = urlparse(url)
+        answered = await self._wait_until_answering(where.hostname, where.port,
+                                                    self.http_timeout)
+        if answered:
+            await self._first_answer(choice, None)
+        elif answered is None:
+            self._watch_first_answer(where.hostname, where.port, choice, None)
+        return url
+
+    def _run_still_ours(self) -> Callable[[], bool]:
+        started = self._start_future
+
+        def still_ours() -> bool:  # a stop, or another start since, ends this one
+            return not self._stopping and self._start_future is started
+        return still_ours
+
+    async def progress(self):
+        async for event in GPULeaseSpawnCore.progress(self):
+            yield event
+        async for event in KubeSpawner.progress(self):  # the pod's events: scheduling, pull
+            yield event
+
+    # --- the end ------------------------------------------------------------------
+
+    async def stop(self, now=False):
+        self._stopping = True
+        try:
+            await KubeSpawner.stop(self, now=now)
+        finally:
+            self._stopping = False
+            self._gpulease_admitted = False
+            await self._end_billing("user", utcnow())
+
+    async def poll(self):
+        status = await KubeSpawner.poll(self)
+        meter = self.gpulease.meter
+        if status is None:
+            if meter is not None:
+                meter.mark_alive(self.user.name, self.name)
+        elif not self._stopping:
+            await self._end_billing("server_died", None)
+        return status
+
+    async def delete_forever(self):
+        """Keep the home: it is the user's, shared by all their servers; deleting a
+        server (or the user) never deletes it. An admin removes a claim deliberately."""
+        self.log.info("keeping the home %s of %s", self.pvc_name, self._log_name)

@@ -1,0 +1,240 @@
+"""GPULeaseSpawnCore: what every gpulease spawner does, whatever runs the server.
+
+A mixin placed before the JupyterHub spawner it extends (LocalProcessSpawner
+for LocalGPUSpawner; KubeSpawner for the cluster shape). It holds the part
+of the spawn path that is the same in both shapes:
+
+- the start form, a start's options and their restore when it is refused
+  (`apply_user_options` is gpulease.spawners.admission's: profile, rights,
+  credit, CPU-only totals);
+- one way to refuse a start (`refuse`, a gpulease.hub.refusal.Refusal);
+- the progress a waiting user sees (the choice, the balance, the queue);
+- the first answer of the server, where its billing session opens, and the
+  notices that go with a start.
+
+A subclass adds what differs: where the server runs and how it is admitted
+to capacity (`start`), whether this run is still the one being started
+(`_run_still_ours`) and how its end is watched (`_watch_exit`). The core
+imports the model and billing core and no spawner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import object_session
+from traitlets import Unicode, default
+
+from gpulease.hub.context import GPULeaseContext, get_context
+from gpulease.hub.db import utcnow
+from gpulease.hub.options import ServerChoice
+from gpulease.hub.refusal import Refusal, http_error
+from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
+from gpulease.spawners.admission_options import AdmissionOptions
+from gpulease.spawners.first_answer import first_answer
+from gpulease.spawners.options_form import (
+    options_from_form,
+    refuse_query_start,
+    render_options_form,
+)
+from gpulease.spawners.queue_runner import queue_progress, runner_for, tell_started
+from gpulease.spawners.spawn_form import spawn_form_data
+
+
+class GPULeaseSpawnCore(AdmissionOptions):
+    """The shared spawn path (see the module doc); its queue and limit options are
+    AdmissionOptions'."""
+
+    db_url = Unicode(
+        "",
+        config=True,
+        help="gpulease's database (profiles, device assignments). Set by `gpulease up`.",
+    )
+    inventory_file = Unicode(
+        "",
+        config=True,
+        help="Declared inventory file (YAML) to use instead of NVML; empty: NVML on this host.",
+    )
+    catalog_file = Unicode(
+        "", config=True, help="Image catalog (YAML); empty: the catalog shipped with gpulease."
+    )
+    node_name = Unicode("local", config=True, help="Name of this host in the inventory.")
+
+    gpulease_choice: ServerChoice | None = None
+    gpulease_balance: int = 0  # the account's balance when this start was admitted
+    _options_to_restore: tuple[dict | None] | None = None
+    _stopping: bool = False
+    _gpulease_admitted: bool = False  # this start is past the limits and the queue
+    gpulease_answered_at: datetime | None = None  # this run's first HTTP answer (UTC)
+    _gpulease_opening: bool = False  # its billing session is being written now
+    _gpulease_watch: asyncio.Task | None = None  # waits for a late first answer
+    _gpulease_unwatch = staticmethod(lambda: None)  # stops watching for its exit
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return apply_gpulease_options
+
+    @default("options_form")
+    def _default_options_form(self):
+        return GPULeaseSpawnCore._render_form
+
+    @default("default_url")
+    def _default_default_url(self):
+        return "/lab"
+
+    @property
+    def gpulease(self) -> GPULeaseContext:
+        return get_context(self.db_url, self.inventory_file, self.catalog_file, self.node_name)
+
+    # --- the choice -------------------------------------------------------------
+
+    @staticmethod
+    async def _render_form(spawner: GPULeaseSpawnCore) -> str:
+        # Read the hub's ORM here, on the loop; spawn_form gathers the rest from
+        # gpulease's database in a thread, so a busy database stalls only this page.
+        groups = {g.name for g in spawner.user.groups}
+        orm_spawner = spawner.orm_spawner
+        saved = dict(orm_spawner.user_options or {}) if orm_spawner else {}
+        data = await asyncio.to_thread(spawn_form_data, spawner.gpulease, spawner.user.name,
+                                       groups, saved)
+        return render_options_form(data)
+
+    def options_from_form(self, formdata):
+        return options_from_form(formdata)
+
+    def options_from_query(self, query_data):
+        return refuse_query_start(query_data)  # a link starts nothing (spawners/options_form.py)
+
+    def refuse(self, refusal: Refusal):
+        """Fail this start with `refusal`, restoring the saved options it replaced.
+
+        JupyterHub 6.1 saves a start's `user_options` before any spawner code
+        runs (gpulease.spawners.admission remembers what they were)."""
+        if self._options_to_restore is not None:
+            (previous,) = self._options_to_restore
+            self.orm_spawner.user_options = previous
+            self.user_options = previous or {}
+            session = object_session(self.orm_spawner)
+            if session is not None:
+                session.commit()
+            self._options_to_restore = None
+        raise http_error(refusal)
+
+    # --- what a subclass provides -------------------------------------------------
+
+    def _run_still_ours(self) -> Callable[[], bool]:
+        """A check, made now, of whether the run being started is still this start's:
+        False once it ended, was replaced or is being stopped."""
+        raise NotImplementedError
+
+    def _watch_exit(self) -> Callable[[], None]:
+        """Start watching for the end of the run that answered; returns what stops it.
+        Without a watch the heartbeat's polls see the end."""
+        return lambda: None
+
+    # --- the first answer -----------------------------------------------------------
+
+    async def _wait_until_answering(self, ip: str, port: int, timeout: float | None,
+                                    still_ours: Callable[[], bool] | None = None
+                                    ) -> bool | None:
+        """True as soon as the server answers HTTP (any status; `gpulease_answered_at`
+        says when), False once its run ended or is being stopped, None after
+        `timeout` seconds without an answer (None: no limit).
+
+        Billing starts at that answer. It also saves time: JupyterHub's own
+        readiness check tries once at once, then backs off with growing random
+        delays while JupyterLab starts; returning only when the server answers
+        lets its first try succeed (about a second per spawn, bench/spawn.py).
+        """
+        url = f"http://{ip}:{port}{self.server.base_url}api"
+        answered = await first_answer(url, still_ours or self._run_still_ours(), timeout)
+        if isinstance(answered, datetime):
+            self.gpulease_answered_at = answered
+            return True
+        return answered
+
+    async def _first_answer(self, choice: ServerChoice, admitted) -> None:
+        """The server answered: bill it from now on, and tell a queued user it started."""
+        await self._open_session(choice)
+        self._gpulease_unwatch = self._watch_exit()  # billed to the very end
+        if admitted is not None and admitted.queued:
+            await tell_started(self.gpulease, self.user.name, self.name, choice.profile.slug,
+                               admitted.waited_s)
+
+    def _watch_first_answer(self, ip: str, port: int, choice: ServerChoice, admitted) -> None:
+        """After start returned unanswered: open the session at the first answer, if any.
+
+        A slow start (a slow config in the home, a slow image): JupyterHub keeps
+        waiting for it after start returns, and so does billing."""
+        still_ours = self._run_still_ours()
+        returned = utcnow()
+
+        async def watch() -> None:
+            try:
+                if not await self._wait_until_answering(ip, port, None, still_ours):
+                    return  # ended or stopped before it ever answered
+                if not still_ours():
+                    return
+                late = (self.gpulease_answered_at - returned).total_seconds()
+                self.log.warning("%s first answered %.1f s after its start returned (a slow "
+                                 "start); its billing session opens now", self._log_name, late)
+                await self._first_answer(choice, admitted)
+            except Exception as e:
+                if getattr(e, "status_code", None) == 503:
+                    return  # the database is away: the heartbeat opens it from the answer
+                self.log.exception("watching for the first answer of %s", self._log_name)
+
+        self._gpulease_watch = asyncio.ensure_future(watch())  # a reference keeps it alive
+
+    async def _open_session(self, choice: ServerChoice) -> None:
+        try:  # a suspended notice lasts until the server runs again
+            await asyncio.to_thread(self.gpulease.notices.server_started, self.user.name, self.name)
+        except SQLAlchemyError as e:
+            self.log.warning("could not clear the notices of %s: %s", self._log_name, e)
+        meter = self.gpulease.meter
+        if meter is None:  # not under `gpulease up` (no metering configured)
+            return
+        profile = choice.profile
+        self._gpulease_opening = True  # not a gap for the heartbeat's repair
+        try:
+            await asyncio.to_thread(
+                meter.open, self.user.name, self.name, profile.slug, choice.account,
+                profile.price_per_hour_ucr, self.gpulease_answered_at or utcnow(),
+            )
+        except SQLAlchemyError as e:
+            self.log.error("cannot open the billing session of %s: %s", self._log_name, e)
+            raise http_error(Refusal(DATABASE_DOWN, status=503)) from None
+        finally:
+            self._gpulease_opening = False
+
+    async def _end_billing(self, reason: str, ended: datetime | None) -> None:
+        """Close the billing session with `reason`: at `ended`, the last moment the
+        server was known to run (its exit, or what it left running ended), else now."""
+        meter = self.gpulease.meter
+        if meter is None:
+            return
+        if ended is not None:
+            # A death closes at the last moment it was seen alive; what it left
+            # running was alive until it was ended.
+            meter.mark_alive(self.user.name, self.name, ended)
+        await asyncio.to_thread(meter.close, self.user.name, self.name, reason, ended)
+
+    # --- what a waiting user sees ----------------------------------------------------
+
+    async def progress(self):
+        choice = self.gpulease_choice
+        if choice is None:
+            return
+        for event in start_events(choice, self.gpulease_balance):
+            yield event
+        profile = choice.profile
+        if profile.gpu is not None:
+            runner = runner_for(self.gpulease, self.queue_poll_interval)
+            async for event in queue_progress(
+                runner, self.user.name, self.name, profile.gpu.device_request().describe(),
+                lambda: self._spawn_pending and not self._gpulease_admitted,
+            ):
+                yield event
