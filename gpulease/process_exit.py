@@ -7,7 +7,10 @@ services, servers and proxy and closed its database, and each service has
 stopped serving. `gpulease up` is stopped at every restart, and a stopping
 hub waits for each of its services in turn, so this is paid two or three
 times over at each stop. What Python's exit still does that matters is done
-here first: the atexit callbacks, and flushing the logs and standard streams.
+here first, in its order: waiting for the threads still running (thread-pool
+work in flight: JupyterHub's loop, unlike asyncio.run, does not wait for its
+executor, so a write begun before the stop would otherwise be cut off), the
+atexit callbacks, and flushing the logs and standard streams.
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ import atexit
 import logging
 import os
 import sys
+import threading
 
 
 def end_process(code: int = 0) -> None:
-    """Run the atexit callbacks, flush, and leave with `code`, skipping finalization."""
+    """Join the threads, run the atexit callbacks, flush, and leave with `code`,
+    skipping finalization."""
     try:
+        if threading.current_thread() is threading.main_thread():
+            # What Python's exit does first: the threading atexits (thread pools stop
+            # taking work and finish what they hold), then every non-daemon thread joined.
+            threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
