@@ -39,6 +39,7 @@ import yaml
 
 from bench.billing_client import Aborted, Client, Run
 from bench.procs import Children
+from gpulease.singleuser import SERVER_SCRIPT
 from tests.hubproc import HubProcess
 
 __all__ = ["Aborted", "bench_kill", "bench_servers", "running_hub"]
@@ -140,14 +141,15 @@ def in_parallel(bench: Bench, work: Callable[[Run], None], runs: list[Run],
 
 
 def server_pid(user: str, server: str, candidates: list[int]) -> int:
-    """The jupyterhub-singleuser process of user/server among the hub's descendants."""
+    """The server process of user/server among the hub's descendants (gpulease's
+    servers run gpulease-singleuser, spawners/process_spec.py)."""
     for pid in candidates:
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if (b"jupyterhub-singleuser" in cmd and f"JUPYTERHUB_USER={user}\0".encode() in env
+        if (SERVER_SCRIPT.encode() in cmd and f"JUPYTERHUB_USER={user}\0".encode() in env
                 and f"JUPYTERHUB_SERVER_NAME={server}\0".encode() in env):
             return pid
     raise LookupError(f"no process for {user}/{server}")

@@ -1,0 +1,27 @@
+"""bench/billing_servers.server_pid finds a server by the script servers run now
+(`gpulease-singleuser`, spawners/process_spec.py), so `make bench` measures billing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # bench/ is run from the clone's root, not installed
+
+from bench.billing_servers import server_pid  # noqa: E402
+from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
+
+
+def test_server_pid_finds_a_server_started_through_gpulease_singleuser():
+    # A stand-in process whose command line and environment are a server's.
+    env = {**os.environ, "JUPYTERHUB_USER": "ada", "JUPYTERHUB_SERVER_NAME": "train"}
+    proc = subprocess.Popen(["/bin/sh", "-c", "sleep 30", f"/venv/bin/{SERVER_SCRIPT}"],
+                            env=env)
+    try:
+        assert server_pid("ada", "train", [os.getpid(), proc.pid]) == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
