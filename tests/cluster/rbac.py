@@ -32,3 +32,14 @@ def grant(kube: Kube, namespace: str, account: str, *, rules: list[dict] | None 
         "metadata": {"name": account},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})
+
+
+def grant_cluster(kube: Kube, namespace: str, account: str, rules: list[dict]) -> None:
+    """Bind the account, cluster-wide, to a ClusterRole of `rules` (named after its namespace:
+    cluster objects outlive the test's namespace, in this run's control plane only)."""
+    name = f"{namespace}-{account}"
+    kube.create(f"{RBAC}/clusterroles", {"metadata": {"name": name}, "rules": rules})
+    kube.create(f"{RBAC}/clusterrolebindings", {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})

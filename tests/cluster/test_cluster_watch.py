@@ -1,0 +1,153 @@
+"""ClusterWatch (spawners/cluster_watch.py) on the real API server, through the fault proxy
+with a ServiceAccount holding only CLUSTER_RULES: the inventory follows nodes appearing,
+cordoned, losing a GPU and going away, counts every pod's GPUs, and a watch that is dropped,
+expired (410) or refused is listed again and misses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from gpulease.spawners.cluster_watch import CLUSTER_RULES, ClusterWatch
+from tests.cluster.conftest import POOL_LABEL, ControlPlane
+from tests.cluster.faults import Fault, FaultProxy
+from tests.cluster.kube import Kube, pods_path
+from tests.cluster.nodes import GpuNode
+from tests.cluster.rbac import grant_cluster, service_account_token
+
+
+async def eventually(what: str, check: Callable[[], Any], timeout: float = 20) -> Any:
+    """Await until `check()` is truthy (the event loop runs the watches meanwhile)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last = None
+    while loop.time() < deadline:
+        last = check()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what} (last: {last!r})")
+
+
+@pytest.fixture
+def proxy(control_plane: ControlPlane):
+    pki = control_plane.root / "pki"
+    p = FaultProxy(control_plane.state["server"], control_plane.state["ca"],
+                   str(pki / "apiserver.crt"), str(pki / "apiserver.key")).start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+async def api(control_plane: ControlPlane, kube: Kube, namespace: str, proxy: FaultProxy):
+    """The API through the fault proxy, as a ServiceAccount holding only CLUSTER_RULES."""
+    token = service_account_token(kube, namespace, "inventory", seconds=600)
+    grant_cluster(kube, namespace, "inventory", CLUSTER_RULES)
+    config = client.Configuration(host=proxy.url)
+    config.api_key = {"BearerToken": token}
+    config.api_key_prefix = {"BearerToken": "Bearer"}
+    config.ssl_ca_cert = str(control_plane.root / "pki" / "ca.crt")
+    api_client = client.ApiClient(config)
+    core = client.CoreV1Api(api_client)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while True:  # until the binding applies (the authorizer's cache)
+        try:
+            await core.list_node(limit=1)
+            break
+        except client.ApiException:
+            assert loop.time() < deadline, "the ClusterRole never applied"
+            await asyncio.sleep(0.2)
+    yield core
+    await api_client.close()
+
+
+@pytest.fixture
+async def watch(api: client.CoreV1Api):
+    w = ClusterWatch(api)
+    await w.start()
+    yield w
+    await w.stop()
+
+
+def node(w: ClusterWatch, name: str):
+    return next((n for n in w.inventory().nodes if n.name == name), None)
+
+
+async def test_nodes_appear_cordon_lose_a_gpu_and_go(kube: Kube, gpu_nodes, watch: ClusterWatch):
+    (made,) = gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}))
+    name = made["metadata"]["name"]
+    seen = await eventually(f"{name} in the inventory", lambda: node(watch, name))
+    assert (seen.model, seen.allocatable, seen.schedulable) == (
+        "H200", {"nvidia.com/mig-1g.18gb": 7}, True)
+
+    kube.patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": True}})
+    await eventually("cordoned", lambda: not node(watch, name).schedulable)
+
+    kube.patch(f"/api/v1/nodes/{name}/status", {"status": {  # one slice turned unhealthy
+        "allocatable": {"nvidia.com/mig-1g.18gb": "6"}}}, kind="strategic")
+    await eventually("6 slices left", lambda: node(watch, name).allocatable.get(
+        "nvidia.com/mig-1g.18gb") == 6)
+
+    kube.delete(f"/api/v1/nodes/{name}")
+    await eventually(f"{name} gone", lambda: node(watch, name) is None)
+
+
+async def test_every_pods_gpus_are_held_and_gpulease_pods_name_their_server(
+        kube: Kube, namespace: str, gpu_nodes, watch: ClusterWatch):
+    (made,) = gpu_nodes(GpuNode("a100", model="A100-80GB", gpus=4))
+    name = made["metadata"]["name"]
+
+    def pod(pod_name: str, count: int, labels: dict, annotations: dict) -> dict:
+        return {"metadata": {"name": pod_name, "labels": labels, "annotations": annotations},
+                "spec": {"nodeSelector": {POOL_LABEL: namespace},
+                         "containers": [{"name": "c", "image": "none", "resources": {
+                             "limits": {"nvidia.com/gpu": str(count)}}}]}}
+    kube.create(pods_path(namespace), pod("theirs", 1, {}, {}))  # not gpulease's: still taken
+    kube.create(pods_path(namespace), pod("jupyter-ada--train", 2,
+                                          {"hub.jupyter.org/username": "ada"},
+                                          {"hub.jupyter.org/servername": "train"}))
+
+    def holds():
+        return {h.pod: h for h in watch.inventory().holds if h.node == name}
+    held = await eventually("both pods bound and held", lambda: len(holds()) == 2 and holds())
+    ours = held[f"{namespace}/jupyter-ada--train"]
+    assert (ours.user, ours.server, ours.resources) == ("ada", "train", {"nvidia.com/gpu": 2})
+    assert held[f"{namespace}/theirs"].user == ""
+    assert watch.inventory().free()[name]["nvidia.com/gpu"] == 1
+
+
+WATCH = r"/api/v1/nodes\?.*watch="
+
+
+@pytest.mark.parametrize("faults", [
+    [Fault("GET", WATCH, drop_after=0.5, times=2)],
+    [Fault("GET", WATCH, expire_watch=True, times=2)],
+    [Fault("GET", r"/api/v1/nodes$", status=500, times=3)],
+], ids=["dropped", "expired-410", "refused-500"])
+async def test_a_failing_watch_is_listed_again_and_misses_nothing(
+        gpu_nodes, api: client.CoreV1Api, proxy: FaultProxy, faults: list[Fault]):
+    for fault in faults:  # met by the watch's first requests
+        proxy.add(fault)
+    watch = ClusterWatch(api)
+    await watch.start()  # the 500s: listed once they stop
+    try:
+        await _misses_nothing(gpu_nodes, watch, faults)
+    finally:
+        await watch.stop()
+
+
+async def _misses_nothing(gpu_nodes, watch: ClusterWatch, faults: list[Fault]) -> None:
+    (first,) = gpu_nodes(GpuNode("during", gpus=8))  # while the watch is being cut
+    await eventually("the faults met", lambda: all(f.fired == f.times for f in faults)
+                     and watch.nodes.failures >= 1, timeout=30)
+    (second,) = gpu_nodes(GpuNode("after", gpus=2))
+    for made, count in ((first, 8), (second, 2)):
+        name = made["metadata"]["name"]
+        seen = await eventually(f"{name} seen", lambda n=name: node(watch, n), timeout=60)
+        assert seen.allocatable == {"nvidia.com/gpu": count}
+    await eventually("watching again", lambda: not watch.stale)
