@@ -16,13 +16,17 @@ from kubespawner's defaults:
 
 Not yet here (issue "Cluster shape", kept open): admission to capacity
 through the cluster inventory and the fair queue (until then the pod waits
-in Kubernetes' own Pending), the inventory API's cluster form, restarting a
-reflector that gave up.
+in Kubernetes' own Pending; spawners/cluster_watch.py keeps the inventory),
+the inventory API's cluster form, `gpulease up` running this spawner.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import Callable
+from contextvars import ContextVar
+from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
@@ -42,8 +46,12 @@ from gpulease.spawners.pod_spec import (
 )
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
+REFLECTOR_RESTART_PAUSES_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # then 30 s each time
 HOME_CLAIM = "claim-{username}"  # one home per user, whatever the server
 HOME_MOUNT = "/home/jovyan"
+# Set while kubespawner's poll runs: a stop it makes then (delete_stopped_pods, on a
+# notebook container that terminated) ends a dead server, not a user's stop.
+_IN_POLL: ContextVar[bool] = ContextVar("gpulease_kube_in_poll", default=False)
 
 
 def pod_options(choice: ServerChoice, cluster: ClusterGpus) -> dict[str, Any]:
@@ -124,11 +132,14 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             self._watch_first_answer(where.hostname, where.port, choice, None)
         return url
 
+    _gpulease_stops: int = 0  # stops so far: a run a stop ended stays ended
+
     def _run_still_ours(self) -> Callable[[], bool]:
-        started = self._start_future
+        started, stops = self._start_future, self._gpulease_stops
 
         def still_ours() -> bool:  # a stop, or another start since, ends this one
-            return not self._stopping and self._start_future is started
+            return (not self._stopping and self._start_future is started
+                    and self._gpulease_stops == stops)
         return still_ours
 
     async def progress(self):
@@ -137,24 +148,67 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         async for event in KubeSpawner.progress(self):  # the pod's events: scheduling, pull
             yield event
 
+    # --- kubespawner's watches -------------------------------------------------------
+
+    async def _start_reflector(self, kind, reflector_class, replace=False, **kwargs):
+        """kubespawner's shared reflector of `kind`, which gpulease restarts when it gives up.
+
+        kubespawner's reflector stops for good after about 50 s of failing
+        watches; kubespawner then halts the hub (user namespaces) or keeps
+        handing out the dead reflector, and spawns and polls wait on a watch
+        that sees nothing. Here a reflector that gave up is replaced at once."""
+        reflector = await KubeSpawner._start_reflector(self, kind, reflector_class,
+                                                       replace=replace, **kwargs)
+        reflector.on_failure = partial(self._reflector_gave_up, kind)
+        return reflector
+
+    def _reflector_gave_up(self, kind: str) -> None:
+        self.log.error("kubespawner's %s watch gave up; starting a new one", kind)
+        asyncio.ensure_future(self._restart_reflector(kind))
+
+    async def _restart_reflector(self, kind: str) -> None:
+        start = self._start_watching_pods if kind == "pods" else self._start_watching_events
+        # until it runs: a dead reflector stays the one kubespawner hands out
+        for pause in itertools.chain(REFLECTOR_RESTART_PAUSES_S, itertools.repeat(30.0)):
+            await asyncio.sleep(pause)
+            try:
+                await start(replace=True)
+            except Exception as e:  # the API server still away: pause longer, try again
+                self.log.error("cannot restart the %s watch yet (%s: %s)", kind,
+                               type(e).__name__, e)
+            else:
+                self.log.info("kubespawner's %s watch is running again", kind)
+                return
+
     # --- the end ------------------------------------------------------------------
 
     async def stop(self, now=False):
         self._stopping = True
+        self._gpulease_stops += 1
+        died = _IN_POLL.get()  # kubespawner's poll deleting a pod whose server ended
         try:
             await KubeSpawner.stop(self, now=now)
+        except BaseException:
+            # The pod may still run and hold its GPUs: billed on until a poll finds it gone.
+            self._stopping = False
+            raise
+        self._gpulease_admitted = False
+        try:  # a death closes at the last moment it was seen alive
+            await self._end_billing(*(("server_died", None) if died else ("user", utcnow())))
         finally:
             self._stopping = False
-            self._gpulease_admitted = False
-            await self._end_billing("user", utcnow())
 
     async def poll(self):
-        status = await KubeSpawner.poll(self)
+        in_poll, stops = _IN_POLL.set(True), self._gpulease_stops
+        try:
+            status = await KubeSpawner.poll(self)
+        finally:
+            _IN_POLL.reset(in_poll)
         meter = self.gpulease.meter
         if status is None:
             if meter is not None:
                 meter.mark_alive(self.user.name, self.name)
-        elif not self._stopping:
+        elif not self._stopping and self._gpulease_stops == stops:  # else its stop closed it
             await self._end_billing("server_died", None)
         return status
 

@@ -1,0 +1,94 @@
+"""GPUKubeSpawner on the real API server: its pod passes PodSecurity `restricted` with the
+user's home claim mounted, and kubespawner's pod watch is replaced when it gives up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from decimal import Decimal
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.config import kube_config
+
+from gpulease.hub.catalog import Image
+from gpulease.hub.options import ServerChoice
+from gpulease.hub.profiles import GpuSpec, Profile
+from gpulease.spawners.kube import GPUKubeSpawner, pod_options
+from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
+from tests.cluster.kube import Kube, KubeError, pods_path
+from tests.cluster.nodes import GpuNode
+
+GiB = 1024**3
+
+
+@pytest.fixture(autouse=True)
+def _kubeconfig(control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    # kubespawner loads a kubeconfig as it is made; the client read $KUBECONFIG at import.
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", control_plane.kubeconfig)
+
+
+def slice_choice() -> ServerChoice:
+    profile = Profile(slug="h200-slice", display_name="slice", description="",
+                      gpu=GpuSpec("H200", "1g.18gb"), cpu=Decimal("1"), memory_bytes=2 * GiB,
+                      images=("singleuser",), price_per_hour_ucr=1, min_run_s=0,
+                      idle_timeout_s=1800, max_runtime_s=0)
+    image = Image(name="singleuser", image=SINGLEUSER_IMAGE, cuda=None, min_driver=None,
+                  frameworks={}, description="", local_env=None)
+    return ServerChoice(profile=profile, image=image, account="user:ada", chosen_by="request")
+
+
+def spawner_of(namespace: str) -> GPUKubeSpawner:
+    spawner = GPUKubeSpawner(_mock=True, namespace=namespace,
+                             node_selector={POOL_LABEL: namespace})
+    spawner.user.name = "ada"
+    spawner.pvc_name = spawner._expand_user_properties(spawner.pvc_name_template)
+    spawner.pod_name = "jupyter-ada"
+    return spawner
+
+
+async def test_its_pod_passes_restricted_and_mounts_the_users_home_claim(
+        kube: Kube, namespace: str, gpu_nodes):
+    kube.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}))
+    spawner = spawner_of(namespace)
+    for name, value in pod_options(slice_choice(), spawner.cluster_gpus()).items():
+        setattr(spawner, name, value)
+    body = ApiClient().sanitize_for_serialization(await spawner.get_pod_manifest())
+    created = kube.create(pods_path(namespace), body)  # PodSecurity restricted admits it
+    (volume,) = [v for v in created["spec"]["volumes"] if v["name"] == "home"]
+    assert volume["persistentVolumeClaim"]["claimName"] == "claim-ada"
+    assert created["spec"]["automountServiceAccountToken"] is False
+
+    root = {**body, "metadata": {**body["metadata"], "name": "as-root"}}
+    root["spec"] = {**body["spec"], "securityContext": {"runAsUser": 0}}
+    with pytest.raises(KubeError) as refused:  # the check that admitted it can refuse
+        kube.create(pods_path(namespace), root)
+    assert refused.value.status == 403 and "restricted" in str(refused.value)
+
+
+async def test_a_pod_watch_that_gave_up_is_replaced(kube: Kube, namespace: str):
+    spawner = spawner_of(namespace)
+    dead = await spawner._start_watching_pods()
+    key = spawner._get_reflector_key("pods")
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await dead.stop()  # as after kubespawner's ~50 s of failed retries
+        kube.create(pods_path(namespace), {
+            "metadata": {"name": "late", "labels": {"component": "singleuser-server"}},
+            "spec": {"containers": [{"name": "c", "image": "none"}]}})
+        dead.on_failure()  # what kubespawner's reflector calls when it gives up
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while GPUKubeSpawner.reflectors.get(key) is dead:
+            assert loop.time() < deadline, "the pod watch was not replaced"
+            await asyncio.sleep(0.1)
+        fresh = GPUKubeSpawner.reflectors[key]
+        assert f"{namespace}/late" in fresh.resources  # it listed what the dead one missed
+        assert fresh.on_failure is not None  # and it too is replaced if it gives up
+    finally:
+        reflector = GPUKubeSpawner.reflectors.pop(key, None)
+        if reflector is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await reflector.stop()

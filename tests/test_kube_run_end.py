@@ -1,0 +1,83 @@
+"""GPUKubeSpawner's end of a run: how its billing session closes (spawners/kube.py).
+
+No cluster here: kubespawner's stop and poll are replaced by stand-ins (named
+so) doing what kubespawner's do to the spawner; the meter is a recorder of
+closes (tests/cluster/ has a real API server)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import kubespawner.spawner
+import pytest
+from kubespawner import KubeSpawner
+
+from gpulease.spawners.kube import GPUKubeSpawner
+
+
+class RecordingMeter:
+    def __init__(self) -> None:
+        self.closes: list[tuple[str, str, str]] = []
+
+    def mark_alive(self, user, server, at=None) -> None:
+        pass
+
+    def close(self, user, server, reason, ended=None) -> None:
+        self.closes.append((user, server, reason))
+
+
+@pytest.fixture
+def spawner(monkeypatch):
+    monkeypatch.setattr(kubespawner.spawner, "load_config", lambda **kw: None)
+    meter = RecordingMeter()
+    monkeypatch.setattr(GPUKubeSpawner, "gpulease", property(lambda s: SimpleNamespace(
+        meter=meter)))
+
+    async def stand_in_stop(self, now=False):  # the pod deleted and gone
+        await asyncio.sleep(0)
+    monkeypatch.setattr(KubeSpawner, "stop", stand_in_stop)
+
+    async def make() -> GPUKubeSpawner:
+        made = GPUKubeSpawner(_mock=True, namespace="gpulease")
+        made.user.name = "ada"
+        return made
+    made = asyncio.run(make())
+    made.meter = meter
+    return made
+
+
+def test_a_pod_found_dead_closes_as_died_not_as_a_users_stop(spawner, monkeypatch):
+    async def stand_in_poll(self):
+        # kubespawner's poll, on a notebook container that terminated: it deletes
+        # the pod itself (delete_stopped_pods) through self.stop(now=True)
+        await self.stop(now=True)
+        return 1
+    monkeypatch.setattr(KubeSpawner, "poll", stand_in_poll)
+    assert asyncio.run(spawner.poll()) == 1
+    assert spawner.meter.closes == [("ada", spawner.name, "server_died")]
+
+
+def test_a_users_stop_closes_as_the_users(spawner):
+    asyncio.run(spawner.stop())
+    assert spawner.meter.closes == [("ada", spawner.name, "user")]
+
+
+def test_a_stopped_run_is_no_longer_the_one_a_late_answer_is_waited_for(spawner):
+    async def run() -> bool:
+        spawner._start_future = asyncio.get_running_loop().create_future()  # a started run
+        still_ours = spawner._run_still_ours()
+        assert still_ours()
+        await spawner.stop()
+        return still_ours()
+    assert asyncio.run(run()) is False
+
+
+def test_a_stop_that_fails_keeps_billing_while_the_pod_may_run(spawner, monkeypatch):
+    async def failing_stop(self, now=False):  # the API server refused the deletion
+        raise TimeoutError("Could not delete pod gpulease/jupyter-ada")
+    monkeypatch.setattr(KubeSpawner, "stop", failing_stop)
+    with pytest.raises(TimeoutError):
+        asyncio.run(spawner.stop())
+    assert spawner.meter.closes == []  # billed on: a poll closes it once the pod is gone
+    assert spawner._stopping is False
