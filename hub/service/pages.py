@@ -53,6 +53,8 @@ class PageHandler(BillingHandler):
         if isinstance(exc, Refusal):
             status_code = exc.status
             self.set_status(status_code)
+            for name, value in exc.headers.items():  # Retry-After, as the JSON answer has
+                self.set_header(name, value)
             # the one field it names, on a page that has no form to show it beside
             one = exc.errors[0] if len(exc.errors) == 1 else None
             message = str(one) if one and one.message == exc.message else exc.message
