@@ -13,8 +13,8 @@ admission can say so rather than decide on an old picture. (kubespawner's
 reflector, which keys objects by namespace and so cannot hold Nodes, gives
 up after about 50 s of failures; GPUKubeSpawner restarts its own.)
 
-Needs `get`, `list` and `watch` on nodes and pods cluster-wide (the
-ClusterRole in docs/cluster.md).
+Needs `list` and `watch` on nodes and pods cluster-wide, nothing else
+(CLUSTER_RULES; the ClusterRole in docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from gpulease.spawners.cluster_inventory import ClusterInventory, hold_from_pod,
 
 log = logging.getLogger("gpulease.cluster")
 # What the watches need, cluster-wide (a ClusterRole; docs/cluster.md).
-CLUSTER_RULES = [{"apiGroups": [""], "resources": ["nodes", "pods"],
-                  "verbs": ["get", "list", "watch"]}]
+# Each rule is needed: tests/cluster/test_cluster_watch.py removes each in turn.
+CLUSTER_RULES = [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}]
 PAUSES_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # then 30 s each time
 WATCH_TIMEOUT_S = 300  # the API server ends a watch after this; it is started again
 

@@ -42,28 +42,41 @@ def proxy(control_plane: ControlPlane):
     p.stop()
 
 
-@pytest.fixture
-async def api(control_plane: ControlPlane, kube: Kube, namespace: str, proxy: FaultProxy):
-    """The API through the fault proxy, as a ServiceAccount holding only CLUSTER_RULES."""
+def atomic(rules: list[dict]) -> list[tuple[str, str]]:
+    """Every (resource, verb) a list of rules grants."""
+    return [(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]]
+
+
+async def api_as(control_plane: ControlPlane, kube: Kube, namespace: str, url: str,
+                 grants: list[tuple[str, str]]) -> client.CoreV1Api:
+    """The API at `url` as a ServiceAccount holding exactly `grants`, once they apply."""
     token = service_account_token(kube, namespace, "inventory", seconds=600)
-    grant_cluster(kube, namespace, "inventory", CLUSTER_RULES)
-    config = client.Configuration(host=proxy.url)
+    grant_cluster(kube, namespace, "inventory", [
+        {"apiGroups": [""], "resources": [r], "verbs": [v]} for r, v in grants])
+    config = client.Configuration(host=url)
     config.api_key = {"BearerToken": token}
     config.api_key_prefix = {"BearerToken": "Bearer"}
     config.ssl_ca_cert = str(control_plane.root / "pki" / "ca.crt")
-    api_client = client.ApiClient(config)
-    core = client.CoreV1Api(api_client)
+    core = client.CoreV1Api(client.ApiClient(config))
+    listed = next(r for r, v in grants if v == "list")
+    probe = core.list_node if listed == "nodes" else core.list_pod_for_all_namespaces
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20
     while True:  # until the binding applies (the authorizer's cache)
         try:
-            await core.list_node(limit=1)
-            break
+            await probe(limit=1)
+            return core
         except client.ApiException:
             assert loop.time() < deadline, "the ClusterRole never applied"
             await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def api(control_plane: ControlPlane, kube: Kube, namespace: str, proxy: FaultProxy):
+    """The API through the fault proxy, as a ServiceAccount holding only CLUSTER_RULES."""
+    core = await api_as(control_plane, kube, namespace, proxy.url, atomic(CLUSTER_RULES))
     yield core
-    await api_client.close()
+    await core.api_client.close()
 
 
 @pytest.fixture
@@ -151,3 +164,22 @@ async def _misses_nothing(gpu_nodes, watch: ClusterWatch, faults: list[Fault]) -
         seen = await eventually(f"{name} seen", lambda n=name: node(watch, n), timeout=60)
         assert seen.allocatable == {"nvidia.com/gpu": count}
     await eventually("watching again", lambda: not watch.stale)
+
+
+@pytest.mark.parametrize("missing", atomic(CLUSTER_RULES), ids="-".join)
+async def test_each_grant_of_the_cluster_role_is_needed(
+        control_plane: ControlPlane, kube: Kube, namespace: str, missing: tuple[str, str]):
+    grants = [g for g in atomic(CLUSTER_RULES) if g != missing]
+    core = await api_as(control_plane, kube, namespace, control_plane.state["server"], grants)
+    watch = ClusterWatch(core)
+    try:
+        if missing[1] == "list":
+            with pytest.raises(TimeoutError):  # the inventory never loads
+                await watch.start(timeout=3)
+        else:
+            await watch.start(timeout=10)  # listed, but its watch is refused: stale
+            await eventually("the watch refused", lambda: watch.stale and (
+                watch.nodes if missing[0] == "nodes" else watch.pods).failures >= 1)
+    finally:
+        await watch.stop()
+        await core.api_client.close()
