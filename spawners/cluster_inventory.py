@@ -17,6 +17,7 @@ where. The watch adapter that keeps these dataclasses current is separate.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpulease.spawners.gpu_models import model_key_from_gfd_product
@@ -175,8 +176,13 @@ def _index(inventory: ClusterInventory) -> _Index:
 
 
 def fit(request: DeviceRequest, inventory: ClusterInventory,
-        pending: tuple[DeviceRequest, ...] = ()) -> str:
+        pending: tuple[DeviceRequest, ...] = (),
+        reserved: Mapping[Kind, Collection[str]] | None = None) -> str:
     """The node `request` would fit on now (after room for `pending`); NoFit 422 or 503.
+
+    `reserved`: per kind, nodes whose free capacity is kept for earlier waiting
+    requests (the fair queue, spawners/cluster_queue.py); `request` is not
+    placed there.
 
     O(largest free count + pending) per decision: the index is built once per
     inventory (the watch adapter makes a new one as pods and nodes change).
@@ -198,7 +204,10 @@ def fit(request: DeviceRequest, inventory: ClusterInventory,
         if chosen:
             name, free = chosen
             moved[earlier_kind][name] = free - earlier.count
-    chosen = _pick(index, kind, request.count, moved[kind])
+    room = dict(moved[kind])
+    for name in (reserved or {}).get(kind, ()):
+        room[name] = 0  # kept for an earlier request: no room for this one
+    chosen = _pick(index, kind, request.count, room)
     if chosen is None:
         free = sum(v * len(names) for v, names in index.buckets[kind].items())
         free -= sum(_base_free(index, kind, n) - left for n, left in moved[kind].items())
@@ -206,6 +215,15 @@ def fit(request: DeviceRequest, inventory: ClusterInventory,
                          f"{request.describe()} now ({free} free across "
                          f"{index.nodes[kind]} node(s)).")
     return chosen[0]
+
+
+def nodes_for(request: DeviceRequest, inventory: ClusterInventory) -> set[str]:
+    """Every node that could ever run `request`: it offers the kind, enough of it."""
+    index = _index(inventory)
+    kind: Kind = (request.model, request.mig_profile)
+    return {n.name for n in inventory.nodes
+            if (n.name, kind) in index.resource
+            and n.allocatable[index.resource[(n.name, kind)]] >= request.count}
 
 
 def _base_free(index: _Index, kind: Kind, name: str) -> int:

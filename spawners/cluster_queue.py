@@ -1,0 +1,56 @@
+"""The cluster shape's queue decision: which waiting spawns may start now. Pure.
+
+The same fairness rule as the embedded queue (spawners/queue.py): the queue
+is served in order, and a request may start ahead of an earlier waiting one
+only if it cannot delay it. In the cluster gpulease never picks devices, only
+counts per node and resource (spawners/cluster_inventory.py), so an earlier
+request that does not fit now keeps every node that could ever run it: later
+requests of its kind do not start there, and an 8-GPU request at the head is
+not overtaken forever by 1-GPU requests taking each GPU as it frees. Requests
+of other kinds (another model, a MIG slice) still pass.
+
+Admitted requests whose pods are not bound yet come first (`admitted`): the
+scheduler has yet to place them, and they must not be counted twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from gpulease.spawners.cluster_inventory import ClusterInventory, Kind, fit, nodes_for
+from gpulease.spawners.placement import DeviceRequest, NoFit
+from gpulease.spawners.queue import Waiting
+
+
+@dataclass
+class ClusterPlan:
+    """What a pass decides: `start` (key, the node it fits on now) in queue order, `never`
+    (key, why no node can ever run it), `waiting` the rest."""
+
+    start: list[tuple[Hashable, str]] = field(default_factory=list)
+    never: list[tuple[Hashable, str]] = field(default_factory=list)
+    waiting: list[Hashable] = field(default_factory=list)
+
+
+def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
+                 admitted: Sequence[DeviceRequest] = ()) -> ClusterPlan:
+    """Serve `queue` (oldest first), each request after room for those before it."""
+    pending = list(admitted)
+    reserved: dict[Kind, set[str]] = defaultdict(set)
+    result = ClusterPlan()
+    for entry in queue:
+        request = entry.request
+        try:
+            node = fit(request, inventory, tuple(pending), reserved)
+        except NoFit as nofit:
+            if nofit.status != 503:
+                result.never.append((entry.key, nofit.message))
+                continue
+            reserved[(request.model, request.mig_profile)] |= nodes_for(request, inventory)
+            result.waiting.append(entry.key)
+            continue
+        pending.append(request)
+        result.start.append((entry.key, node))
+    return result
