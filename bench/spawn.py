@@ -8,7 +8,10 @@ Starts two hubs side by side, each on its own free loopback ports and temp state
             declared demo inventory, spawning the `h200-1g` MIG profile, so that
             options resolution, placement and the assignment record are all on the path
 
-Both run real JupyterLab (`jupyterhub-singleuser` of this venv). Each spawn is
+Both run real JupyterLab through the same script, `gpulease-singleuser` of this
+venv (JupyterHub's single-user server, started without a grammar build that
+costs ~1.5 s: giving only gpulease that saving would hide the hub's own cost
+in the ratio). Each spawn is
 timed from the REST start (`POST /hub/api/users/{name}/server`) until
 `GET /user/{name}/api/status` answers 200 through the proxy. Spawns alternate
 (stock, gpulease, stock, ...) so that drift on a shared machine hits both alike;
@@ -44,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.hubproc` importable
 
 from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
+from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
 from gpulease.spawners.inventory import DEMO_INVENTORY  # noqa: E402
 from tests.hubproc import CHP, HubProcess, free_port  # noqa: E402
 
@@ -141,7 +145,7 @@ class StockHub:
             proxy_token=secrets.token_hex(32),
             chp=str(CHP),
             home_template=str(self.workdir / "homes" / "{username}"),
-            singleuser=str(VENV_BIN / "jupyterhub-singleuser"),
+            singleuser=str(VENV_BIN / SERVER_SCRIPT),  # the same server as gpulease's
             args=["--allow-root"] if os.getuid() == 0 else [],
             service_token=self.service_token,
         ))
