@@ -111,3 +111,15 @@ def pytest_runtest_makereport(item, call):
 
         for path in save_screenshots(item):
             report.sections.append(("screenshot", str(path)))
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """kubespawner's spawner made where no cluster is: KubeSpawner loads a client
+    configuration as it is made (none is loaded), and the client's default is a
+    fresh one, not the one a cluster test left pointing at its gone control plane."""
+    import kubespawner.spawner
+    from kubernetes_asyncio.client import Configuration
+
+    monkeypatch.setattr(kubespawner.spawner, "load_config", lambda **kw: None)
+    monkeypatch.setattr(Configuration, "_default", None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-import kubespawner.spawner
 import pytest
 from kubespawner import KubeSpawner
 
@@ -28,8 +27,7 @@ class RecordingMeter:
 
 
 @pytest.fixture
-def spawner(monkeypatch):
-    monkeypatch.setattr(kubespawner.spawner, "load_config", lambda **kw: None)
+def spawner(monkeypatch, no_cluster):
     meter = RecordingMeter()
     monkeypatch.setattr(GPUKubeSpawner, "gpulease", property(lambda s: SimpleNamespace(
         meter=meter)))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from decimal import Decimal
 
-import kubespawner.spawner
 import pytest
 
 from gpulease.hub.catalog import Image
@@ -44,10 +43,7 @@ def manifest(picked: ServerChoice, name: str = "") -> tuple[GPUKubeSpawner, dict
     return asyncio.run(build())
 
 
-@pytest.fixture(autouse=True)
-def no_cluster(monkeypatch):
-    """kubespawner loads a cluster's client configuration as it is made: there is none."""
-    monkeypatch.setattr(kubespawner.spawner, "load_config", lambda **kw: None)
+pytestmark = pytest.mark.usefixtures("no_cluster")  # tests/conftest.py
 
 
 def test_a_mig_slice_pod_asks_for_its_slice_on_the_models_nodes_and_is_locked_down():

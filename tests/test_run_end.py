@@ -27,6 +27,7 @@ from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.cgroup_kill import cgroup_pids, remove_dirs
 from gpulease.spawners.cgroups import parse_mounts
 from gpulease.spawners.run_end import RunEnd
+from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
 RATE = 3_600_000_000  # 1 credit a second
 
@@ -36,6 +37,8 @@ LEFT_RUNNING = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nos._exi
 
 class Run(RunEnd):
     """The attributes RunEnd reads of a LocalGPUSpawner, and nothing of JupyterHub."""
+
+    _end_billing = GPULeaseSpawnCore._end_billing  # the session's close, the core's
 
     def __init__(self, ctx: SimpleNamespace, cgroup: dict | None) -> None:
         self.gpulease = ctx
