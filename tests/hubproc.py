@@ -37,6 +37,9 @@ def _ephemeral_low() -> int:
         return 0
 
 
+_HANDED_OUT: set[int] = set()  # by free_port, in this process
+
+
 def free_port() -> int:
     """A free loopback port, below the kernel's ephemeral range where there is room.
 
@@ -44,11 +47,17 @@ def free_port() -> int:
     unbound while the hub starts, and JupyterHub picks its services' ports
     with port 0, from the ephemeral range; once the gpulease service got the
     proxy's port (Address already in use, the hub never ready). Ports below
-    that range are never handed out for port 0.
+    that range are never handed out for port 0. Nor is a port handed out
+    twice in one test run: a hub's three ports are chosen before any is
+    bound, and two of them once came out the same (the proxy's API on the
+    hub's port: Address already in use).
     """
     low = _ephemeral_low()
     for _ in range(50 if low > 20_000 else 0):
         port = random.randrange(15_000, low)
+        if port in _HANDED_OUT:
+            continue
+        _HANDED_OUT.add(port)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
