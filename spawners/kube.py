@@ -134,6 +134,11 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
 
     _gpulease_stops: int = 0  # stops so far: a run a stop ended stays ended
 
+    async def load_user_options(self):
+        """Nothing: gpulease resolved the start's options (apply_user_options) and set the
+        pod from its profile above. kubespawner's own `profile_list` is not gpulease's
+        profiles, and it refused a `profile` option it does not list (a bare 500)."""
+
     def _run_still_ours(self) -> Callable[[], bool]:
         started, stops = self._start_future, self._gpulease_stops
 

@@ -100,13 +100,15 @@ c.KubeSpawner.http_timeout = 90
 
 
 class StockHub:
-    """`jupyterhub` itself (not gpulease) with KubeSpawner, as a child process."""
+    """`jupyterhub` itself (not `gpulease up`) as a child process: with stock KubeSpawner
+    (HUB_CONFIG), or a `template` of its own with the same placeholders."""
 
-    def __init__(self, folder: Path, kubeconfig: Path, **config: object):
+    def __init__(self, folder: Path, kubeconfig: Path, template: str = HUB_CONFIG,
+                 **config: object):
         self.folder = folder
         self.port = free_port()
         self.token = uuid.uuid4().hex
-        folder.joinpath("jupyterhub_config.py").write_text(HUB_CONFIG.format(
+        folder.joinpath("jupyterhub_config.py").write_text(template.format(
             port=self.port, hub_port=free_port(), proxy_api=free_port(), chp=str(CHP),
             folder=folder, token=self.token, **config))
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
