@@ -3,9 +3,10 @@
 The hub runs `jupyterhub` with GPUKubeSpawner (not yet `gpulease up`: the
 cluster shape is not wired into it, docs/cluster.md) and a ServiceAccount
 holding only Zero to JupyterHub's hub Role; gpulease's database holds the
-sample profiles and the user's credit. A MIG-slice start goes through
-gpulease's admission (options, rights, credit), becomes a pod with exactly
-its slice, and is run by the kubelet emulator on an emulated H200 node.
+sample profiles, a 2-GPU one and the user's credit. A MIG-slice and a
+2-GPU start go through gpulease's admission (options, rights, credit),
+become pods with exactly their GPUs, and are run by the kubelet emulator on
+emulated H200 nodes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file, parse_profiles_document
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
@@ -42,11 +43,15 @@ c.GPUKubeSpawner.http_timeout = 90
 def gpu_hub(control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes,
             tmp_path: Path) -> Iterator[tuple[StockHub, Path]]:
     require_chp()
-    gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}))
+    gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}), GpuNode("h200x8", gpus=8))
     storage_class, home = home_volume(kube, control_plane, namespace)
     db_url = f"sqlite:///{tmp_path}/gpulease.sqlite"
     ctx = GPULeaseContext(db_url)
-    ctx.profiles.apply(load_profiles_file(SAMPLE_PROFILES, ctx.catalog), actor="test")
+    two = parse_profiles_document({"profiles": [{
+        "slug": "two-h200", "display_name": "Two H200", "description": "two whole cards",
+        "gpu": {"model": "H200", "count": 2}, "cpu": 2, "memory": "8Gi",
+        "images": ["pytorch"], "price_per_hour": "16.00"}]}, ctx.catalog, "test")
+    ctx.profiles.apply(load_profiles_file(SAMPLE_PROFILES, ctx.catalog) + two, actor="test")
     ctx.ledger.grant("user:alice", 50_000_000, note="test credit", actor="test")
     ctx.engine.dispose()
     hub = StockHub(tmp_path, hub_kubeconfig(kube, control_plane, namespace, tmp_path),
@@ -61,11 +66,16 @@ def _server(hub: StockHub) -> dict:
     return hub.api("GET", "/users/alice").json()["servers"].get("", {})
 
 
-def test_a_mig_slice_server_runs_in_its_pod_with_only_its_slice(gpu_hub, kube: Kube,
-                                                                namespace: str):
+@pytest.mark.parametrize("profile, resource, count, node, prefix", [
+    ("h200-1g", "nvidia.com/mig-1g.18gb", 1, "h200", "MIG-"),
+    ("two-h200", "nvidia.com/gpu", 2, "h200x8", "GPU-"),
+], ids=["mig-slice", "two-gpus"])
+def test_a_server_runs_in_its_pod_with_exactly_its_gpus(gpu_hub, kube: Kube, namespace: str,
+                                                        profile: str, resource: str,
+                                                        count: int, node: str, prefix: str):
     hub, home = gpu_hub
     assert hub.api("POST", "/users/alice").status_code == 201
-    started = hub.api("POST", "/users/alice/server", json={"profile": "h200-1g"})
+    started = hub.api("POST", "/users/alice/server", json={"profile": profile})
     assert started.status_code in (201, 202), started.text + hub.tail()
     deadline = time.monotonic() + 120
     while not _server(hub).get("ready"):
@@ -75,7 +85,8 @@ def test_a_mig_slice_server_runs_in_its_pod_with_only_its_slice(gpu_hub, kube: K
     pod = kube.get(pods_path(namespace, "jupyter-alice"))
     spec = pod["spec"]
     (container,) = spec["containers"]
-    assert container["resources"]["limits"]["nvidia.com/mig-1g.18gb"] == "1"
+    assert container["resources"]["limits"][resource] == str(count)
+    assert spec["nodeName"] == f"{namespace}-{node}"
     assert container["image"] == "registry.example.org/gpulease/pytorch:2.6-cuda12.6"
     assert container["args"][0] == "gpulease-singleuser"
     (term,) = spec["affinity"]["nodeAffinity"][
@@ -94,7 +105,8 @@ def test_a_mig_slice_server_runs_in_its_pod_with_only_its_slice(gpu_hub, kube: K
         "print(os.environ['NVIDIA_VISIBLE_DEVICES'],"
         " os.path.exists('/var/run/secrets/kubernetes.io/serviceaccount/token'))"))
     devices, has_token = out.split()
-    assert devices.startswith("MIG-") and "," not in devices  # exactly one slice
+    ids = devices.split(",")
+    assert len(ids) == count == len(set(ids)) and all(i.startswith(prefix) for i in ids)
     assert has_token == "False"
 
     assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
