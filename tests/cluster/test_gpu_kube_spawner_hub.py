@@ -11,7 +11,6 @@ emulated H200 nodes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +19,16 @@ import pytest
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file, parse_profiles_document
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
-from tests.cluster.kube import Kube, KubeError, pods_path
+from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode
-from tests.cluster.test_kubespawner import HUB_CONFIG, StockHub, home_volume, hub_kubeconfig
+from tests.cluster.test_kubespawner import (
+    HUB_CONFIG,
+    StockHub,
+    home_volume,
+    hub_kubeconfig,
+    stop_keeping_home,
+    wait_ready,
+)
 from tests.hubproc import require_chp, run_in_kernel
 
 # The stock hub's settings, with GPUKubeSpawner and gpulease's database instead.
@@ -62,10 +68,6 @@ def gpu_hub(control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes,
     kube.delete(f"/api/v1/persistentvolumes/{namespace}-home")
 
 
-def _server(hub: StockHub) -> dict:
-    return hub.api("GET", "/users/alice").json()["servers"].get("", {})
-
-
 @pytest.mark.parametrize("profile, resource, count, node, prefix", [
     ("h200-1g", "nvidia.com/mig-1g.18gb", 1, "h200", "MIG-"),
     ("two-h200", "nvidia.com/gpu", 2, "h200x8", "GPU-"),
@@ -77,10 +79,7 @@ def test_a_server_runs_in_its_pod_with_exactly_its_gpus(gpu_hub, kube: Kube, nam
     assert hub.api("POST", "/users/alice").status_code == 201
     started = hub.api("POST", "/users/alice/server", json={"profile": profile})
     assert started.status_code in (201, 202), started.text + hub.tail()
-    deadline = time.monotonic() + 120
-    while not _server(hub).get("ready"):
-        assert time.monotonic() < deadline, hub.tail()
-        time.sleep(0.5)
+    wait_ready(hub)
 
     pod = kube.get(pods_path(namespace, "jupyter-alice"))
     spec = pod["spec"]
@@ -109,19 +108,5 @@ def test_a_server_runs_in_its_pod_with_exactly_its_gpus(gpu_hub, kube: Kube, nam
     assert len(ids) == count == len(set(ids)) and all(i.startswith(prefix) for i in ids)
     assert has_token == "False"
 
-    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
-    deadline = time.monotonic() + 60
-    while _server(hub):
-        assert time.monotonic() < deadline, hub.tail()
-        time.sleep(0.5)
-
-    def pod_gone() -> bool:
-        try:
-            kube.get(pods_path(namespace, "jupyter-alice"))
-        except KubeError as e:
-            return e.status == 404
-        return False
-    kube.wait_for("the pod deleted", pod_gone, timeout=30)
-    claim = kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/claim-alice")
-    assert claim["status"]["phase"] == "Bound"  # the home stays
+    stop_keeping_home(hub, kube, namespace)
     assert (home / "kept.txt").read_text() == "mine"

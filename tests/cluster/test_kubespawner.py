@@ -162,14 +162,38 @@ def _server(hub: StockHub) -> dict:
     return hub.api("GET", "/users/alice").json()["servers"].get("", {})
 
 
+def wait_ready(hub: StockHub, timeout: float = 120) -> None:
+    """Until the hub says alice's default server is ready."""
+    deadline = time.monotonic() + timeout
+    while not _server(hub).get("ready"):
+        assert time.monotonic() < deadline, hub.tail()
+        time.sleep(0.5)
+
+
+def stop_keeping_home(hub: StockHub, kube: Kube, namespace: str) -> None:
+    """Stop alice's server: the hub forgets it, its pod is deleted, her claim stays Bound."""
+    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
+    deadline = time.monotonic() + 60
+    while _server(hub):
+        assert time.monotonic() < deadline, hub.tail()
+        time.sleep(0.5)
+
+    def pod_gone() -> bool:
+        try:
+            kube.get(pods_path(namespace, "jupyter-alice"))
+        except KubeError as e:
+            return e.status == 404
+        return False
+    kube.wait_for("the pod deleted", pod_gone, timeout=30)
+    claim = kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/claim-alice")
+    assert claim["status"]["phase"] == "Bound"  # the user's home stays
+
+
 def test_stock_kubespawner_runs_a_server_on_the_cluster(stock_hub, kube: Kube, namespace: str):
     hub, home = stock_hub
     assert hub.api("POST", "/users/alice").status_code == 201
     assert hub.api("POST", "/users/alice/server").status_code in (201, 202)
-    deadline = time.monotonic() + 120
-    while not _server(hub).get("ready"):
-        assert time.monotonic() < deadline, hub.tail()
-        time.sleep(0.5)
+    wait_ready(hub)
 
     pod = kube.get(pods_path(namespace, "jupyter-alice"))
     assert pod["spec"]["nodeName"] == f"{namespace}-gpu"  # bound by kube-scheduler
@@ -192,19 +216,5 @@ def test_stock_kubespawner_runs_a_server_on_the_cluster(stock_hub, kube: Kube, n
     assert int(uid) == (POD_UID if os.geteuid() == 0 else os.geteuid())
     assert devices.startswith("MIG-") and "," not in devices  # one slice, a concrete ID
 
-    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
-    deadline = time.monotonic() + 60
-    while _server(hub):
-        assert time.monotonic() < deadline, hub.tail()
-        time.sleep(0.5)
-
-    def pod_gone() -> bool:
-        try:
-            kube.get(pods_path(namespace, "jupyter-alice"))
-        except KubeError as e:
-            return e.status == 404
-        return False
-    kube.wait_for("the pod deleted", pod_gone, timeout=30)
-    claim = kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/claim-alice")
-    assert claim["status"]["phase"] == "Bound"  # the user's PVC stays
+    stop_keeping_home(hub, kube, namespace)
     assert (home / "kept.txt").read_text() == "still here"
