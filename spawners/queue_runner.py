@@ -13,47 +13,28 @@ anyone waits, as a fallback for releases this process did not see.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.limits import Holding, check_limits
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.units import format_duration
 from gpulease.spawners.assignments import Holder
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary, place
 from gpulease.spawners.queue import Waiting, plan, queue_places_refusal, restricted
+from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progress: re-exported)
+    QueueBase,
+    Refused,
+    Ticket,
+    queue_progress,
+    tell_started,
+)
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
-
-log = logging.getLogger("gpulease.queue")
-
-
-class Refused(Refusal):
-    """A start that cannot be admitted (limits, capacity, the queue): `status`, and why."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message, status=status)
-
-
-@dataclass(eq=False)
-class Ticket:
-    """A spawn waiting in the queue; its future gets the placement (or a Refused)."""
-
-    user: str
-    server: str
-    profile: str
-    request: DeviceRequest
-    future: asyncio.Future
-    enqueued_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -77,32 +58,12 @@ def holdings_from(held: Mapping[str, Holder], inventory: Inventory) -> list[Hold
             in counts.items()]
 
 
-def _asks(request: DeviceRequest) -> tuple[int, int]:
+def asks(request: DeviceRequest) -> tuple[int, int]:
     return (0, 1) if request.mig_profile is not None else (request.count, 0)
 
 
-class QueueRunner:
-    def __init__(self, ctx: GPULeaseContext, poll_s: float = 5.0):
-        self.ctx = ctx
-        self.poll_s = poll_s
-        self.waiting: list[Ticket] = []
-        self._lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._loop_task: asyncio.Task | None = None
-        self._background: set[asyncio.Task] = set()
-
-    # --- what the spawner and its progress ask --------------------------------------
-
-    def position(self, user: str, server: str) -> int | None:
-        for index, ticket in enumerate(self.waiting, start=1):
-            if (ticket.user, ticket.server) == (user, server):
-                return index
-        return None
-
-    def released(self) -> None:
-        """Devices were released: serve the queue now rather than at the next poll."""
-        if self.waiting:
-            self._kick()
+class QueueRunner(QueueBase):
+    """The embedded box's queue: devices claimed by UUID (AssignmentStore)."""
 
     # --- admission ---------------------------------------------------------------------
 
@@ -124,8 +85,8 @@ class QueueRunner:
             held = await asyncio.to_thread(ctx.assignments.held)
             limit_table = await asyncio.to_thread(ctx.limits.all)
             holdings = holdings_from(held, inventory) + [
-                Holding(t.user, t.server, *_asks(t.request), queued=True) for t in self.waiting]
-            refusal = check_limits(user, server, *_asks(request), user_groups, group_members,
+                Holding(t.user, t.server, *asks(t.request), queued=True) for t in self.waiting]
+            refusal = check_limits(user, server, *asks(request), user_groups, group_members,
                                    limit_table, holdings)
             if refusal is not None:
                 raise Refused(409, refusal.message)
@@ -161,62 +122,21 @@ class QueueRunner:
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later. "
                                    f"Free now: {free_summary(inventory, held)}")
-            await asyncio.to_thread(ctx.queue.add, user, server, profile)
-            ticket = Ticket(user, server, profile, request,
-                            asyncio.get_running_loop().create_future())
-            self.waiting.append(ticket)
-            log.info("%s/%s waits for %s at position %d", user, server, request.describe(),
-                     len(self.waiting))
-        try:
-            placement = await self._wait(ticket, max_wait)
-        finally:
-            await self._forget(ticket)
+            ticket = await self._enqueue(user, server, profile, request)
+        placement = await self._wait_in_queue(ticket, max_wait)
         waited = (utcnow() - ticket.enqueued_at).total_seconds()
         return Admitted(placement, waited, queued=True)
 
-    async def _wait(self, ticket: Ticket, max_wait: float) -> Placement:
-        self._kick()  # keep passes coming while it waits
-        try:
-            return await asyncio.wait_for(asyncio.shield(ticket.future), max_wait)
-        except TimeoutError:
-            if ticket.future.done():  # served at the very last moment
-                return ticket.future.result()
-            self._withdraw(ticket)
-            held = await asyncio.to_thread(self.ctx.assignments.held)
-            raise Refused(503, f"Waited {format_duration(int(max_wait))} in the queue "
-                               f"(queue_max_wait) and no {ticket.request.describe()} came "
-                               f"free for this start; it is given up. Try again later. "
-                               f"Free now: {free_summary(self.ctx.inventory, held)}") from None
-        except asyncio.CancelledError:
-            self._withdraw(ticket)
-            if ticket.future.done() and not ticket.future.cancelled() \
-                    and ticket.future.exception() is None:
-                # Placed just as the spawn was cancelled: give the devices back.
-                self._spawn(asyncio.to_thread(self.ctx.assignments.release, ticket.user,
-                                              ticket.server, "cancelled"))
-            raise
-        except BaseException:
-            self._withdraw(ticket)
-            raise
+    async def _timed_out(self, ticket: Ticket, max_wait: float) -> Refused:
+        held = await asyncio.to_thread(self.ctx.assignments.held)
+        return Refused(503, f"Waited {format_duration(int(max_wait))} in the queue "
+                            f"(queue_max_wait) and no {ticket.request.describe()} came "
+                            f"free for this start; it is given up. Try again later. "
+                            f"Free now: {free_summary(self.ctx.inventory, held)}")
 
-    def _withdraw(self, ticket: Ticket) -> None:
-        """Leave the queue (synchronous: no pass can place it half-way)."""
-        if ticket in self.waiting:
-            self.waiting.remove(ticket)
-            if not ticket.future.done():
-                ticket.future.cancel()
-            self._kick()  # those it held back may start now
-
-    async def _forget(self, ticket: Ticket) -> None:
-        # The row goes even when this spawn is being cancelled: a task of its own.
-        task = self._spawn(asyncio.to_thread(self.ctx.queue.remove, ticket.user, ticket.server))
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            pass
-        except SQLAlchemyError as e:
-            log.error("cannot remove %s/%s from the queue table yet: %s",
-                      ticket.user, ticket.server, e)
+    def _cancelled_after_placing(self, ticket: Ticket) -> None:
+        self._spawn(asyncio.to_thread(self.ctx.assignments.release, ticket.user,
+                                      ticket.server, "cancelled"))
 
     # --- serving the queue -----------------------------------------------------------------
 
@@ -243,40 +163,6 @@ class QueueRunner:
                     await asyncio.to_thread(ctx.assignments.release, ticket.user,
                                             ticket.server, "cancelled")
 
-    def _settle(self, ticket: Ticket, outcome: Placement | Refused) -> None:
-        if ticket in self.waiting:
-            self.waiting.remove(ticket)
-        if ticket.future.done():
-            return
-        if isinstance(outcome, Refused):
-            ticket.future.set_exception(outcome)
-        else:
-            ticket.future.set_result(outcome)
-
-    def _kick(self) -> None:
-        self._wake.set()
-        if self._loop_task is None or self._loop_task.done():
-            self._loop_task = self._spawn(self._serve_while_waiting())
-
-    async def _serve_while_waiting(self) -> None:
-        while self.waiting:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            try:
-                await self.serve()
-            except Exception:  # the database may be away: the next pass tries again
-                log.exception("serving the spawn queue failed")
-
-    def _spawn(self, coro) -> asyncio.Task:
-        # The event loop keeps only weak references to tasks.
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
-
 
 _runners: dict[int, tuple[GPULeaseContext, QueueRunner]] = {}
 
@@ -290,35 +176,4 @@ def runner_for(ctx: GPULeaseContext, poll_s: float = 5.0) -> QueueRunner:
     entry[1].poll_s = poll_s
     return entry[1]
 
-
-# --- what the user sees -------------------------------------------------------------------
-
-
-async def queue_progress(
-    runner: QueueRunner, user: str, server: str, what: str,
-    admitting: Callable[[], bool], interval: float = 0.5,
-) -> AsyncIterator[dict]:
-    """Spawn progress events while a start waits: its position, each time it changes.
-
-    `admitting()` is true until the start is past the queue (placed or refused).
-    """
-    last = None
-    while admitting():
-        pos = runner.position(user, server)
-        if pos is not None and pos != last:
-            last = pos
-            yield {"progress": 15,
-                   "message": f"Waiting for a free {what}: position {pos} in the queue"}
-        await asyncio.sleep(interval)
-    if last is not None and runner.position(user, server) is None:
-        yield {"progress": 40, "message": f"A free {what} is yours; starting"}
-
-
-async def tell_started(ctx: GPULeaseContext, user: str, server: str, profile: str,
-                       waited_s: float) -> None:
-    """A queued server answers: post a `queued_started` notice and notify its user."""
-    from gpulease.hub.notifier import announce
-
-    await announce(ctx.notices, ctx.notify_backends, "queued_started", user, server, profile,
-                   waited_s / 60)
 
