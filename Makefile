@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml singleuser/labextension/prebuilt/package.json
 	$(PYTHON) -c 'import sys; sys.exit("gpulease needs Python 3.11 or newer") if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,cluster]'
 	$(BIN)/python -m gpulease.singleuser.install
 	touch $@
 

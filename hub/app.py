@@ -30,6 +30,12 @@ from gpulease.hub.audit import RetentionError, parse_retention
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.body_budget import BudgetedHTTPServer
 from gpulease.hub.catalog import CatalogError
+from gpulease.hub.cluster_shape import banner_lines as cluster_banner
+from gpulease.hub.cluster_shape import (
+    cluster_spawner_classes,
+    require_kubespawner,
+    resolve_namespace,
+)
 from gpulease.hub.context import get_context
 from gpulease.hub.hub_config import (
     HubSettings,
@@ -111,7 +117,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
     @default("state_dir")
     def _default_state_dir(self):
         return os.environ.get("GPULEASE_STATE") or str(default_state_root(
-            Path.cwd(), accounts_must_reach=os.geteuid() == 0 and self.per_user_accounts))
+            Path.cwd(), accounts_must_reach=os.geteuid() == 0 and self.per_user_accounts
+            and self.shape == "embedded"))
 
     @default("profiles_file")
     def _default_profiles_file(self):
@@ -123,7 +130,12 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     @default("classes")
     def _gpulease_classes(self):
-        return [*super()._load_classes(), LocalGPUSpawner, LocalAccountsAuthenticator]
+        return [*super()._load_classes(), LocalGPUSpawner, *cluster_spawner_classes(),
+                LocalAccountsAuthenticator]
+
+    @property
+    def _cluster(self) -> bool:
+        return self.shape == "cluster"
 
     def load_config_file(self, *args, **kwargs):
         """Lay gpulease's defaults under the user's config file and command line."""
@@ -142,13 +154,20 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     def _prepare(self) -> None:
         self._audit_retention = parse_retention(self.audit_retention)
-        state = prepare_state_dir(self.state_dir)
+        namespace = ""
+        if self._cluster:
+            require_kubespawner()
+            namespace = resolve_namespace(self.cluster_namespace, self.config)
+            if self.inventory_file:
+                self.log.warning("GPULeaseHub.inventory_file is ignored in the cluster shape: "
+                                 "the inventory is the cluster's nodes")
+        state = prepare_state_dir(self.state_dir, homes=not self._cluster)
         self._state = state
         self.log.info("State folder: %s", state.root)
         db_url = self.billing_db_url or state.gpulease_db_url
-        inventory_file = self.inventory_file
+        inventory_file = "" if self._cluster else self.inventory_file
         ctx = get_context(db_url, inventory_file, self.catalog_file, self.node_name)
-        if ctx.inventory.source == "none" and not inventory_file:
+        if not self._cluster and ctx.inventory.source == "none" and not inventory_file:
             from gpulease.spawners.inventory import DEMO_INVENTORY
 
             inventory_file = str(DEMO_INVENTORY)
@@ -165,7 +184,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         stale = ctx.queue.clear()
         if stale:
             self.log.info("Removed %d spawns left in the queue by the previous hub", stale)
-        self.log.info("GPU inventory: %s", ctx.inventory.label)
+        if not self._cluster:
+            self.log.info("GPU inventory: %s", ctx.inventory.label)
         applied = ctx.profiles.apply_file_if_changed(self.profiles_file)
         if applied is not None:
             self.log.info("Applied profiles file %s: %s", self.profiles_file, applied)
@@ -173,7 +193,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         self._first_admin_password = ensure_first_admin(
             ctx.accounts, self.admin_name, os.environ.get("GPULEASE_ADMIN_PASSWORD") or None
         )
-        self._isolation = self._check_isolation(state, ctx)
+        # The cluster's pods are kept apart by Kubernetes (docs/cluster.md), not here.
+        self._isolation = None if self._cluster else self._check_isolation(state, ctx)
         cli_token = read_or_create_secret(state.private / "cli_token")
         self._settings = HubSettings(
             state=state,
@@ -192,14 +213,17 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             smtp_port=self.smtp_port, smtp_from=self.smtp_from,
             smtp_starttls=self.smtp_starttls, smtp_username=self.smtp_username,
             public_url=self._public_url(),
-            culler=self._culler_settings(ctx.inventory.source),
+            culler=self._culler_settings("cluster" if self._cluster else ctx.inventory.source),
             queue_max_wait_s=parse_duration(self.queue_max_wait, "queue_max_wait"),
             queue_max_length=self.queue_max_length,
             queue_places_per_user=self.queue_places_per_user,
             cpu_only_cpu_per_user=self.cpu_only_cpu_per_user,
             cpu_only_memory_per_user=self.cpu_only_memory_per_user,
-            isolation={**self._isolation.settings(), "homes": str(state.homes),
-                       "server_env": self._server_env},
+            isolation={} if self._isolation is None else {
+                **self._isolation.settings(), "homes": str(state.homes),
+                "server_env": self._server_env},
+            shape=self.shape, cluster_namespace=namespace,
+            kubeconfig=os.environ.get("KUBECONFIG", ""),
         )
         # Notices the hub posts itself (a queued server started) go out the same ways.
         ctx.notify_backends = backends_from_env({
@@ -249,13 +273,19 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
     def _culler_settings(self, inventory_source: str) -> dict[str, str] | None:
         if not self.culler_enabled:
             return None
-        gpu = self.culler_gpu_source or ("nvml" if inventory_source == "nvml" else "none")
+        # The cluster shape: a pod's GPU from dcgm-exporter through Prometheus (by its pod
+        # labels), its CPU from metrics.k8s.io (unknown where no metrics server runs).
+        prometheus = f"prometheus:{self.culler_prometheus_url}" if (
+            self.culler_prometheus_url) else ""
+        gpu = self.culler_gpu_source or prometheus or (
+            "nvml" if inventory_source == "nvml" else "none")
         return {
             "port": str(_free_port()),
             "interval": str(self.culler_interval),
             "cpu_threshold": str(self.culler_cpu_threshold),
             "gpu_threshold": str(self.culler_gpu_threshold),
             "gpu_source": gpu,
+            "cpu_source": "pod-metrics" if self.shape == "cluster" else "process",
             "warn_before": self.culler_warn_before,
             "stale_after": self.culler_stale_after,
         }
@@ -295,6 +325,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             return spawner is not None and spawner.server is not None
 
         ctx.meter.recover(running)
+        if self._cluster:  # no devices of this host: Kubernetes assigns them
+            return count
         report = ctx.assignments.reconcile(ctx.inventory, running)
         for device, holder in report.gone:
             self.log.error(
@@ -320,9 +352,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         self._audit_pruner = PeriodicCallback(self._prune_audit_async, AUDIT_PRUNE_EVERY_MS)
         self._audit_pruner.start()
         # Out-of-service devices return once their last server's cgroup is empty.
-        self._oos_check = PeriodicCallback(self._recheck_out_of_service,
-                                           self.heartbeat_interval * 1000)
-        self._oos_check.start()
+        if not self._cluster:
+            self._oos_check = PeriodicCallback(self._recheck_out_of_service,
+                                               self.heartbeat_interval * 1000)
+            self._oos_check.start()
         url = self.bind_url.rstrip("/") + "/"
         write_cli_file(self._state, url.rsplit("/hub/", 1)[0], self._settings.cli_token)
         self._announce(url)
@@ -370,10 +403,16 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             await asyncio.to_thread(meter.release_lease)  # a write: may wait for the lock
 
     def _announce(self, url: str) -> None:
-        lines = [f"gpulease is running at {url}", f"GPU inventory: {self._ctx.inventory.label}",
-                 f"State folder: {self._state.root} (databases and secrets in private/, "
-                 f"homes in {self._state.homes}/<user>)", self._server_env_line,
-                 *self._isolation.banner()]
+        if self._isolation is None:  # the cluster shape
+            lines = [f"gpulease is running at {url}",
+                     *cluster_banner(self._settings.cluster_namespace),
+                     f"State folder: {self._state.root} (databases and secrets in private/)"]
+        else:
+            lines = [f"gpulease is running at {url}",
+                     f"GPU inventory: {self._ctx.inventory.label}",
+                     f"State folder: {self._state.root} (databases and secrets in private/, "
+                     f"homes in {self._state.homes}/<user>)", self._server_env_line,
+                     *self._isolation.banner()]
         if self._first_admin_password:
             lines.append(
                 f"First-run admin: user '{self.admin_name}', password "

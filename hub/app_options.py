@@ -7,7 +7,7 @@ docs/config.md (tests/test_docs.py checks).
 
 from __future__ import annotations
 
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from gpulease.hub.notifier import WebhookURL
@@ -20,8 +20,24 @@ from gpulease.spawners.cpu_totals import (
 )
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
 
+SHAPES = ("embedded", "cluster")
+
 
 class GPULeaseOptions(Configurable):
+    shape = Enum(
+        list(SHAPES), "embedded",
+        config=True,
+        help="Where servers run: embedded (local processes on this GPU box, LocalGPUSpawner) "
+        "or cluster (one Kubernetes pod per server, GPUKubeSpawner; needs gpulease[cluster]). "
+        "Kubernetes details (storage_class, node_selector, image pull...) are GPUKubeSpawner's "
+        "options, set in your config file.",
+    )
+    cluster_namespace = Unicode(
+        "",
+        config=True,
+        help="cluster shape: the Kubernetes namespace of the servers' pods and home claims. "
+        "Empty: the namespace the hub's pod runs in (its ServiceAccount's), else 'default'.",
+    )
     state_dir = Unicode(
         config=True,
         help="The state folder: private/ (databases, secrets), homes/ and, when needed, "
@@ -159,7 +175,16 @@ class GPULeaseOptions(Configurable):
     culler_gpu_source = Unicode(
         "", config=True,
         help="Where the culler reads GPU activity: nvml, prometheus:URL (DCGM exporter) or "
-        "none. Empty: nvml when the inventory comes from NVML, else none.",
+        "none. Empty: prometheus:culler_prometheus_url when that is set, else nvml when the "
+        "inventory comes from NVML, else none.",
+    )
+    culler_prometheus_url = Unicode(
+        "", config=True,
+        help="Base URL of the Prometheus HTTP API that scrapes dcgm-exporter (e.g. "
+        "http://prometheus.monitoring:9090): the culler's GPU signal, "
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE; in the cluster shape a pod's series are found by "
+        "their pod and namespace labels. Empty: no Prometheus (in the cluster shape the GPU "
+        "signal is then unknown).",
     )
     culler_warn_before = Unicode(
         "5m", config=True,

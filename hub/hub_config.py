@@ -12,10 +12,11 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from traitlets.config import Config
 
+from gpulease.hub.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
 from gpulease.hub.named_servers import NAMED_SERVER_LIMIT
 from gpulease.hub.state import StateDir
 from gpulease.spawners.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
@@ -178,6 +179,11 @@ class HubSettings:
     # Isolation between users (gpulease.hub.isolation_check.IsolationPlan.settings()):
     # the spawner's unix_*/resource_limits/device_* options; shown by api/inventory.
     isolation: dict = field(default_factory=dict)
+    # GPULeaseHub.shape: embedded (LocalGPUSpawner) or cluster (GPUKubeSpawner, pods
+    # in cluster_namespace; the hub's $KUBECONFIG, if any, passed to the service).
+    shape: str = "embedded"
+    cluster_namespace: str = ""
+    kubeconfig: str = ""
 
 
 def project_chp() -> str | None:
@@ -200,12 +206,15 @@ def hub_config(s: HubSettings) -> Config:
     hub.db_url = s.state.hub_db_url
     hub.cookie_secret_file = str(s.state.cookie_secret_file)
     hub.pid_file = ""
-    hub.spawner_class = "gpulease.spawners.local.LocalGPUSpawner"
+    cluster = s.shape == "cluster"
+    hub.spawner_class = (CLUSTER_SPAWNER if cluster else "gpulease.spawners.local.LocalGPUSpawner")
     hub.authenticator_class = "gpulease.hub.authenticator.LocalAccountsAuthenticator"
     hub.allow_named_servers = True
     # Refused with 409 naming it beyond (gpulease.hub.named_servers); yours wins.
     hub.named_server_limit_per_user = NAMED_SERVER_LIMIT
-    hub.cleanup_servers = True
+    # Ctrl-C stops the embedded box's servers; a cluster's pods outlive a hub restart
+    # (an upgrade, a rescheduled hub pod), their sessions carried on (Meter.recover).
+    hub.cleanup_servers = not cluster
     hub.custom_scopes = CUSTOM_SCOPES
     hub.template_paths = [str(TEMPLATES)]
     hub.template_vars = {
@@ -227,6 +236,10 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_SERVICE_PORT": str(s.service_port),
                 # api/inventory shows it; `users add` makes the Unix account with it
                 "GPULEASE_ISOLATION": json.dumps(s.isolation),
+                # The cluster shape's inventory reads the cluster (JupyterHub passes
+                # no KUBECONFIG to services of its own accord).
+                "GPULEASE_CLUSTER_NAMESPACE": s.cluster_namespace if cluster else "",
+                **({"KUBECONFIG": s.kubeconfig} if cluster and s.kubeconfig else {}),
                 **notify_environment(s),
             },
             "oauth_no_confirm": True,
@@ -309,12 +322,15 @@ def hub_config(s: HubSettings) -> Config:
     auth.db_url = s.db_url
     auth.admin_users = {s.admin_name}
 
-    spawner = c.LocalGPUSpawner
+    spawner = c.GPUKubeSpawner if cluster else c.LocalGPUSpawner
     # Every server's extension asks the gpulease service for its notices, and
     # pushes its kernel state there for the culler, with the server's own
-    # token, which therefore may reach that service.
+    # token, which therefore may reach that service. A pod's 127.0.0.1 is its
+    # own: it reaches the service through the proxy.
+    service_url = (urljoin(s.public_url, "services/gpulease/") if cluster
+                   else f"http://127.0.0.1:{s.service_port}/services/gpulease/")
     spawner.environment = {
-        "GPULEASE_SERVICE_URL": f"http://127.0.0.1:{s.service_port}/services/gpulease/",
+        "GPULEASE_SERVICE_URL": service_url,
         "JUPYTERHUB_ACTIVITY_INTERVAL": "60",  # the culler's user-activity signal, per minute
     }
     spawner.server_token_scopes = [
@@ -324,11 +340,14 @@ def hub_config(s: HubSettings) -> Config:
     spawner.inventory_file = s.inventory_file
     spawner.catalog_file = s.catalog_file
     spawner.node_name = s.node_name
-    spawner.state_dir = str(s.state.root)
-    for key in ("unix_accounts", "unix_prefix", "unix_uid_min", "unix_uid_max",
-                "resource_limits", "device_control", "device_nodes", "server_env"):
-        if key in s.isolation:
-            setattr(spawner, key, s.isolation[key])
+    if cluster:
+        spawner.namespace = s.cluster_namespace
+    else:  # what only the embedded box has: its state folder, accounts, cgroups
+        spawner.state_dir = str(s.state.root)
+        for key in ("unix_accounts", "unix_prefix", "unix_uid_min", "unix_uid_max",
+                    "resource_limits", "device_control", "device_nodes", "server_env"):
+            if key in s.isolation:
+                setattr(spawner, key, s.isolation[key])
     # A queued spawn is still a pending start for JupyterHub: its start_timeout
     # must outlast the wait, and its concurrent_spawn_limit count the queue.
     spawner.queue_max_wait = float(s.queue_max_wait_s)

@@ -86,8 +86,9 @@ def default_state_root(cwd: Path, *, accounts_must_reach: bool,
     return base / f"{cwd.name or 'root'}-{key}"
 
 
-def prepare_state_dir(root: str | os.PathLike) -> StateDir:
-    """Create the layout if missing and check who can read `private/`."""
+def prepare_state_dir(root: str | os.PathLike, homes: bool = True) -> StateDir:
+    """Create the layout if missing and check who can read `private/`; `homes`: also
+    homes/ (the embedded shape's; the cluster shape's homes are claims)."""
     state = StateDir(Path(root).resolve())
     missing = [p for p in (state.root, *state.root.parents) if not p.exists()]
     state.root.mkdir(parents=True, exist_ok=True)
@@ -99,6 +100,8 @@ def prepare_state_dir(root: str | os.PathLike) -> StateDir:
     check_private(state.private)
     for item in sorted(state.private.iterdir()):
         tighten_private_file(item)
+    if not homes:
+        return state
     if not state.homes.exists():
         state.homes.mkdir(mode=0o755)
     check_not_world_writable(state.homes)

@@ -1,0 +1,117 @@
+"""`gpulease up` in the cluster shape, without a cluster: its configuration and refusals.
+
+The shape end to end, on the real control plane: tests/cluster/test_gpulease_up_cluster.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+from gpulease.hub.cluster_shape import resolve_namespace
+from gpulease.hub.hub_config import SERVICE_NAME, HubSettings, hub_config
+from gpulease.hub.state import StateDir, StateError
+from tests.test_up_command import run_up
+
+
+def settings(tmp_path: Path, **kw) -> HubSettings:
+    return HubSettings(
+        state=StateDir(tmp_path), db_url="sqlite:///x", inventory_file="", catalog_file="",
+        node_name="box", admin_name="root-admin", service_port=9999, cli_token="t0k",
+        proxy_token="p", chp_command=None, public_url="http://hub.example:8000/", **kw)
+
+
+def service_env(c: Config) -> dict:
+    (service,) = [s for s in c.JupyterHub.services if s["name"] == SERVICE_NAME]
+    return service["environment"]
+
+
+def test_cluster_shape_runs_gpu_kube_spawner_with_gpuleases_options(tmp_path):
+    c = hub_config(settings(tmp_path, shape="cluster", cluster_namespace="gpu-users",
+                            kubeconfig="/etc/hub.kubeconfig", queue_max_wait_s=600,
+                            queue_max_length=40, queue_places_per_user=2,
+                            cpu_only_cpu_per_user="8"))
+    assert c.JupyterHub.spawner_class == "gpulease.spawners.kube.GPUKubeSpawner"
+    kube = c.GPUKubeSpawner
+    assert kube.db_url == "sqlite:///x" and kube.namespace == "gpu-users"
+    assert (kube.queue_max_wait, kube.queue_max_length, kube.queue_places_per_user,
+            kube.cpu_only_cpu_per_user) == (600.0, 40, 2, "8")
+    assert kube.start_timeout == 660 and c.JupyterHub.concurrent_spawn_limit == 140
+    # a pod's 127.0.0.1 is its own: it reaches the service through the proxy
+    assert kube.environment["GPULEASE_SERVICE_URL"] == "http://hub.example:8000/services/gpulease/"
+    # nothing of the embedded box's own
+    assert "state_dir" not in kube and "unix_accounts" not in kube
+    assert "LocalGPUSpawner" not in c
+    assert c.JupyterHub.cleanup_servers is False  # pods outlive a hub restart
+    env = service_env(c)
+    assert env["GPULEASE_CLUSTER_NAMESPACE"] == "gpu-users"
+    assert env["KUBECONFIG"] == "/etc/hub.kubeconfig"
+
+
+def test_embedded_shape_has_no_cluster_namespace_nor_kubeconfig(tmp_path):
+    s = settings(tmp_path, kubeconfig="/etc/hub.kubeconfig", cluster_namespace="ignored")
+    c = hub_config(s)
+    assert c.JupyterHub.spawner_class.endswith("LocalGPUSpawner")
+    assert "GPUKubeSpawner" not in c and c.JupyterHub.cleanup_servers is True
+    env = service_env(c)
+    assert env["GPULEASE_CLUSTER_NAMESPACE"] == "" and "KUBECONFIG" not in env
+    # and without a kubeconfig the cluster shape passes none (in-cluster credentials)
+    env = service_env(hub_config(replace(s, shape="cluster", kubeconfig="")))
+    assert "KUBECONFIG" not in env and env["GPULEASE_CLUSTER_NAMESPACE"] == "ignored"
+
+
+def test_the_namespace_is_the_configured_one_else_the_hub_pods_else_default(tmp_path):
+    absent = tmp_path / "absent"
+    assert resolve_namespace("gpu-users", Config(), absent) == "gpu-users"
+    assert resolve_namespace("", Config(), absent) == "default"
+    mounted = tmp_path / "namespace"
+    mounted.write_text("jhub\n")
+    assert resolve_namespace("", Config(), mounted) == "jhub"
+
+
+def test_a_spawner_namespace_of_the_admins_own_that_differs_is_refused(tmp_path):
+    theirs = Config()
+    theirs.GPUKubeSpawner.namespace = "other"
+    with pytest.raises(StateError, match="cluster_namespace instead"):
+        resolve_namespace("gpu-users", theirs, tmp_path / "absent")
+    theirs.GPUKubeSpawner.namespace = "gpu-users"  # the same: fine
+    assert resolve_namespace("gpu-users", theirs, tmp_path / "absent") == "gpu-users"
+
+
+def test_help_all_shows_the_shape_and_gpu_kube_spawner():
+    out = run_up("--help-all").stdout
+    for option in ("--GPULeaseHub.shape", "--GPULeaseHub.cluster_namespace",
+                   "--GPUKubeSpawner.mig_strategy", "--GPUKubeSpawner.packing_scheduler"):
+        assert option in out, option
+
+
+# kubespawner made unimportable in this one process, as if `gpulease[cluster]` were not
+# installed (a stand-in: uninstalling it here would break every other test).
+WITHOUT_KUBESPAWNER = """
+import sys
+class NoKubespawner:
+    def find_spec(self, name, path=None, target=None):
+        if name == "kubespawner" or name.startswith("kubespawner."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+sys.meta_path.insert(0, NoKubespawner())
+from gpulease.hub.cli import main
+sys.argv = ["gpulease", "up", *sys.argv[1:]]
+main()
+"""
+
+
+def test_cluster_shape_without_kubespawner_stops_with_how_to_install(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-c", WITHOUT_KUBESPAWNER, f"--state={tmp_path / 's'}",
+         "--GPULeaseHub.shape=cluster"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "GPULEASE_ADMIN_PASSWORD": "x" * 12})
+    assert r.returncode != 0
+    assert "needs kubespawner" in r.stderr and "gpulease[cluster]" in r.stderr, r.stderr
