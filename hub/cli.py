@@ -36,6 +36,9 @@ def cmd_inventory(client: HubClient, args) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
+    if data.get("shape") == "cluster":
+        _print_cluster_inventory(data)
+        return 0
     print(f"Inventory: {data['label']}")
     for node in data["nodes"]:
         print(f"node {node['name']}")
@@ -66,6 +69,22 @@ def _return_device(client: HubClient, args) -> int:
     forced = f" (forced; pids still there: {result['pids_left']})" if result["forced"] else ""
     print(f"device {result['uuid']} is back in service{forced}")
     return 0
+
+
+def _print_cluster_inventory(data: dict) -> None:
+    """api/inventory's cluster form: per node and resource, counts and holders."""
+    print(f"Inventory: the Kubernetes cluster (servers in namespace {data['namespace']}), "
+          f"listed at {data['listed_at']}")
+    for node in data["nodes"]:
+        state = "" if node["schedulable"] else " NOT SCHEDULABLE (cordoned or not Ready)"
+        print(f"node {node['name']} {node['model'] or '(no GPU model)'}, MIG strategy "
+              f"{node['mig_strategy']}{state}")
+        for r in node["resources"]:
+            holders = ", ".join(f"{_holder(h) if 'user' in h else h['pod']} x{h['count']}"
+                                for h in r["holders"]) or "none"
+            print(f"  {r['resource']:<28} {r['free']}/{r['allocatable']} free  held by {holders}")
+    for q in data.get("queue", []):
+        print(f"queued {q['position']}: {_holder(q)} waits for {q['profile']}")
 
 
 def _holder(holder: dict) -> str:

@@ -185,6 +185,30 @@ def inventory_counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return counts
 
 
+def cluster_node_tables(view: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """api/inventory's cluster form -> one table per node: resource, allocatable, free, holders.
+
+    A holder reads `user/server ×count` (`(default)` for the default server), or
+    `namespace/pod ×count` for a pod that is not gpulease's.
+    """
+    tables = []
+    for node in view.get("nodes") or []:
+        rows = []
+        for r in node.get("resources") or []:
+            holders = []
+            for h in r.get("holders") or []:
+                who = (f"{h['user']}/{h.get('server') or '(default)'}" if h.get("user")
+                       else f"{h.get('pod', '')} (not gpulease's)")
+                holders.append(f"{who} ×{h.get('count', 0)}")
+            rows.append({"resource": r.get("resource", ""), "allocatable": r.get("allocatable", 0),
+                         "free": r.get("free", 0), "holders": holders})
+        tables.append({"name": node.get("name", ""), "model": node.get("model") or "(no GPU model)",
+                       "mig_strategy": node.get("mig_strategy", ""),
+                       "driver": node.get("driver") or "unknown",
+                       "schedulable": bool(node.get("schedulable")), "rows": rows})
+    return tables
+
+
 def queue_rows(view: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The queue of api/inventory, if the service has one (older views lack the key)."""
     rows = []

@@ -18,7 +18,7 @@ from gpulease.hub.service import admin_credit_pages, admin_profile_pages
 from gpulease.hub.service import admin_forms as af
 from gpulease.hub.service.admin_base import AdminPage
 from gpulease.hub.service.audit_handlers import parse_audit_query
-from gpulease.hub.service.views import inventory_view
+from gpulease.hub.service.handlers import current_inventory
 
 AUDIT_PAGE = 50
 AUDIT_FILTERS = ("since", "until", "actor", "target", "action")
@@ -29,9 +29,11 @@ class InventoryPage(AdminPage):
     async def get(self):
         self.viewer()
         # The same view as GET api/inventory (InventoryHandler), queue included.
-        held = await asyncio.to_thread(self.ctx.assignments.held)
-        waiting = await asyncio.to_thread(self.ctx.queue.rows)
-        view = inventory_view(self.ctx.inventory, held, waiting)
+        view = await current_inventory(self)
+        if view["shape"] == "cluster":
+            self.render("admin_inventory_cluster.html", view=view,
+                        nodes=af.cluster_node_tables(view), queue=af.queue_rows(view))
+            return
         rows = af.inventory_rows(view)
         self.render("admin_inventory.html", rows=rows, counts=af.inventory_counts(rows),
                     queue=af.queue_rows(view), has_queue="queue" in view,

@@ -32,6 +32,7 @@ from gpulease.hub.service import (
 from gpulease.hub.service import billing_handlers as b
 from gpulease.hub.service import handlers as h
 from gpulease.hub.service import notice_handlers as n
+from gpulease.hub.service.cluster_source import source_from_env
 from gpulease.process_exit import end_process
 
 log = logging.getLogger("gpulease.service")
@@ -87,6 +88,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         gpulease_isolation=json.loads(env.get("GPULEASE_ISOLATION") or "{}"),
         # what servers pushed of their kernels and terminals, for the culler
         gpulease_server_activity=ActivityStore(since=datetime.now(UTC)),
+        # the cluster shape (GPULEASE_CLUSTER_NAMESPACE set): api/inventory's cluster form
+        gpulease_cluster=source_from_env(env),
     )
 
 

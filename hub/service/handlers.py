@@ -19,17 +19,27 @@ from gpulease.hub.service.caller_rights import (
     has_hub_admin_powers,
 )
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.views import inventory_view, profile_view
+from gpulease.hub.service.views import cluster_inventory_view, inventory_view, profile_view
 from gpulease.hub.shown import shown
+
+
+async def current_inventory(handler: BaseAPIHandler) -> dict[str, Any]:
+    """GET api/inventory's answer (the admin page shows the same): the embedded shape's
+    devices, or in the cluster shape (a ClusterSource in the settings) the cluster form."""
+    queue = await asyncio.to_thread(handler.ctx.queue.rows)
+    source = handler.settings.get("gpulease_cluster")
+    if source is not None:  # 502/503 refusals naming the cause when it cannot be listed
+        listed = await source.listed()
+        return cluster_inventory_view(listed.inventory, listed.at, source.namespace, queue)
+    held = await asyncio.to_thread(handler.ctx.assignments.held)
+    isolation = handler.settings.get("gpulease_isolation", {})
+    return inventory_view(handler.ctx.inventory, held, queue, isolation)
 
 
 class InventoryHandler(BaseAPIHandler):
     async def get(self):
         self.require_auditor()
-        held = await asyncio.to_thread(self.ctx.assignments.held)
-        queue = await asyncio.to_thread(self.ctx.queue.rows)
-        isolation = self.settings.get("gpulease_isolation", {})
-        self.write_json(inventory_view(self.ctx.inventory, held, queue, isolation))
+        self.write_json(await current_inventory(self))
 
 
 class ProfilesHandler(BaseAPIHandler):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from gpulease.hub.profiles import Profile
 from gpulease.spawners.assignments import Holder
+from gpulease.spawners.cluster_inventory import ClusterInventory
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import availability
 from gpulease.spawners.queue_store import QueuedSpawn
@@ -48,15 +50,36 @@ def inventory_view(
         if uuid not in present
     ]
     return {
+        "shape": "embedded",
         "source": inventory.source,
         "label": inventory.label,
         "nodes": nodes,
         "gone": gone,
-        "queue": [{"user": q.user, "server": q.server, "profile": q.profile,
-                   "position": q.position, "since": q.enqueued_at.isoformat() + "Z"}
-                  for q in queue],
+        "queue": queue_view(queue),
         "isolation": isolation_view(isolation or {}),
     }
+
+
+def cluster_inventory_view(inventory: ClusterInventory, listed_at: datetime, namespace: str,
+                           queue: Sequence[QueuedSpawn] = ()) -> dict[str, Any]:
+    """`api/inventory` in the cluster shape: per node and resource, counts and holders.
+
+    The API server never says which device a pod got, so there are no device
+    UUIDs here: `ClusterInventory.rows()`, each holder a gpulease server
+    ({user, server, count}) or another pod ({pod: namespace/name, count}).
+    """
+    return {
+        "shape": "cluster",
+        "namespace": namespace,
+        "listed_at": listed_at.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z",
+        "nodes": inventory.rows(),
+        "queue": queue_view(queue),
+    }
+
+
+def queue_view(queue: Sequence[QueuedSpawn]) -> list[dict[str, Any]]:
+    return [{"user": q.user, "server": q.server, "profile": q.profile,
+             "position": q.position, "since": q.enqueued_at.isoformat() + "Z"} for q in queue]
 
 
 def isolation_view(isolation: dict) -> dict[str, Any]:
