@@ -186,6 +186,22 @@ class HubSettings:
     kubeconfig: str = ""
 
 
+# What a kubernetes_asyncio client in a hub service needs of the hub's environment:
+# JupyterHub passes a service only its `environment`, and in a pod the in-cluster
+# configuration is found by these two variables (with the ServiceAccount's files).
+IN_CLUSTER_VARIABLES = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+
+
+def kube_client_environment(kubeconfig: str, environ: dict[str, str] | None = None
+                            ) -> dict[str, str]:
+    """The variables a hub service's Kubernetes client is configured from."""
+    environ = os.environ if environ is None else environ
+    out = {name: environ[name] for name in IN_CLUSTER_VARIABLES if environ.get(name)}
+    if kubeconfig:
+        out["KUBECONFIG"] = kubeconfig
+    return out
+
+
 def project_chp() -> str | None:
     """configurable-http-proxy installed by npm inside the project, if there is one."""
     root = Path(__file__).resolve().parent.parent
@@ -299,6 +315,8 @@ def hub_config(s: HubSettings) -> Config:
                 # not 127.0.0.1, so the culler could not verify it and read nothing.
                 "GPULEASE_CULLER_HUB_URL": service_direct_url(s),
                 **{f"GPULEASE_CULLER_{k.upper()}": v for k, v in s.culler.items()},
+                # The cluster shape's CPU reading asks the API server (metrics.k8s.io).
+                **(kube_client_environment(s.kubeconfig) if cluster else {}),
             },
         })
         hub.load_roles.append({

@@ -31,6 +31,7 @@ from gpulease.idle_culler.gpu import (
     PrometheusDcgmSource,
 )
 from gpulease.idle_culler.hubapi import HubClient
+from gpulease.idle_culler.pod_metrics import PodMetricsCpuSource
 from gpulease.idle_culler.service_notices import ServiceNotices
 from gpulease.process_exit import end_process
 
@@ -52,9 +53,12 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument("--gpu-threshold", type=float, default=float(default("gpu-threshold", "5")),
                    help="GPU compute percent above which a server is busy (default 5)")
     p.add_argument("--gpu-source", default=default("gpu-source", "nvml"),
-                   help="nvml | prometheus:URL | none (default nvml)")
+                   help="nvml | prometheus:URL (dcgm-exporter; in the cluster shape a pod's "
+                        "series by its pod and namespace labels) | none (default nvml)")
     p.add_argument("--cpu-source", default=default("cpu-source", "process"),
-                   choices=["process", "none"], help="process (embedded) | none")
+                   choices=["process", "pod-metrics", "none"],
+                   help="process (embedded: the server's process tree) | pod-metrics (cluster: "
+                        "metrics.k8s.io PodMetrics; unknown without a metrics server) | none")
     p.add_argument("--hub-url", default=default("hub-url", env.get("JUPYTERHUB_PUBLIC_URL", "")),
                    help="base URL under which /services/gpulease/ is reached (the embedded "
                         "hub gives the service's own address; never the servers)")
@@ -87,7 +91,11 @@ def gpu_source(spec: str) -> GpuActivitySource:
 
 
 def cpu_source(spec: str) -> CpuSource:
-    return ProcessTreeCpuSource() if spec == "process" else NoCpuSource()
+    if spec == "process":
+        return ProcessTreeCpuSource()
+    if spec == "pod-metrics":
+        return PodMetricsCpuSource()
+    return NoCpuSource()
 
 
 MAX_BODY_BYTES = 1024  # the culler's own pages are GETs
@@ -161,15 +169,17 @@ def main(argv: list[str] | None = None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         watcher = asyncio.create_task(_exit_with_hub(os.getppid(), stop))
-        log.info("gpulease-culler: every %ss, cpu > %g%%, gpu > %g%% (%s), kernels as pushed "
-                 "to the gpulease service at %s (current for %ss)", args.interval,
-                 args.cpu_threshold, args.gpu_threshold, args.gpu_source, args.hub_url,
-                 args.stale_after)
+        log.info("gpulease-culler: every %ss, cpu > %g%% (%s), gpu > %g%% (%s), kernels as "
+                 "pushed to the gpulease service at %s (current for %ss)", args.interval,
+                 args.cpu_threshold, args.cpu_source, args.gpu_threshold, args.gpu_source,
+                 args.hub_url, args.stale_after)
         try:
             await culler.run_forever(stop)
         finally:
             watcher.cancel()
             await culler.hub.close()
+            if isinstance(culler.cpu, PodMetricsCpuSource):
+                await culler.cpu.close()
         log.info("gpulease-culler stopped")
 
     asyncio.run(serve())

@@ -2,8 +2,8 @@
 
 `CpuSource` is the interface; the embedded shape samples the server's
 process tree with psutil (its pid is in the spawner's state, which the hub
-shows to a token with `admin:server_state`). The cluster shape will read the
-pod's usage (metrics API or cgroup) behind the same interface.
+shows to a token with `admin:server_state`). The cluster shape reads the
+pod's usage from the metrics API behind the same interface (pod_metrics.py).
 """
 
 from __future__ import annotations

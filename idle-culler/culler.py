@@ -20,9 +20,10 @@ from typing import Protocol
 import aiohttp
 
 from gpulease.idle_culler.cpu import CpuSource
-from gpulease.idle_culler.gpu import GpuActivitySource, combine
+from gpulease.idle_culler.gpu import DCGM_METRIC, GpuActivitySource, combine, pod_label
 from gpulease.idle_culler.hubapi import HubClient, HubError, ProfileLimits, ServerInfo
 from gpulease.idle_culler.metrics import CullerMetrics
+from gpulease.idle_culler.pod_metrics import pod_of
 from gpulease.idle_culler.policy import (
     KEEP,
     SUSPEND,
@@ -270,16 +271,41 @@ class Culler:
         return view_for(self.pushed, self.pushed_error, info.key, info.started, self.clock(),
                         self.config.stale_after_s)
 
+    async def _pod_devices(self, pod: tuple[str, str],
+                           limits: ProfileLimits) -> tuple[list[str] | None, str]:
+        """A pod's GPU devices (the cluster shape): the series the GPU source labels with it.
+
+        The profile says how many it holds: none, no reading; fewer series than
+        that, the missing ones are unknown devices (a quiet card beside an
+        unreadable one proves nothing, gpu.combine).
+        """
+        if limits.gpus == 0:
+            return [], ""
+        namespace, name = pod
+        found = await self.gpu.pod_devices(namespace, name)
+        if found is None:
+            return None, self.gpu.describe(pod_label(namespace, name))
+        if not found and limits.gpus is None:
+            return None, (f"no {DCGM_METRIC} series of pod {namespace}/{name} "
+                          "(its profile is unknown)")
+        missing = range(len(found) + 1, (limits.gpus or 0) + 1)
+        return [*found, *(f"GPU {i} of pod {namespace}/{name}" for i in missing)], ""
+
     async def _snapshot(self, info: ServerInfo, view: KernelView) -> ServerSnapshot:
         """The server with all its signals: hub, pushed kernels and terminals, CPU, GPU."""
         limits = (self.profiles or {}).get(info.profile, self.config.default_limits)
-        devices = self._devices(info)
+        pod = pod_of(info.state)
+        if pod is not None:  # the cluster shape: the state names a pod, not devices
+            devices, why = await self._pod_devices(pod, limits)
+        else:
+            devices, why = self._devices(info), ""
         cpu = await self.cpu.read(info.key, info.state)
         if devices:
             gpu, gpu_source = combine(self.gpu, await self.gpu.read(devices),
                                       self.config.gpu_threshold)
         else:
-            gpu, gpu_source = None, "devices of this server unknown" if devices is None else "none"
+            gpu, gpu_source = None, why or (
+                "devices of this server unknown" if devices is None else "none")
         return ServerSnapshot(
             user=info.user, server=info.server, profile=info.profile, started=info.started,
             hub_last_activity=info.last_activity, kernels=view.kernels,

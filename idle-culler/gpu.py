@@ -30,6 +30,15 @@ class GpuActivitySource(Protocol):
     def describe(self, uuid: str) -> str:
         """Where the last value of `uuid` came from ('nvml', 'gpm', 'dcgm'), or why it is None."""
 
+    async def pod_devices(self, namespace: str, pod: str) -> list[str] | None:
+        """The devices this source sees a pod holding (the cluster shape, where the API
+        server never says which device a pod got); None: it cannot tell, and
+        `describe(pod_label(namespace, pod))` says why."""
+
+
+def pod_label(namespace: str, pod: str) -> str:
+    return f"pod {namespace}/{pod}"
+
 
 def combine(source: GpuActivitySource, values: dict[str, float | None],
             threshold: float) -> tuple[float | None, str]:
@@ -66,6 +75,10 @@ class StaticGpuSource:
         return "static" if self.values.get(uuid, self.default) is not None else \
             "set unknown by the test"
 
+    async def pod_devices(self, namespace: str, pod: str) -> list[str] | None:
+        return None
+
+
 
 class NoGpuSource:
     name = "none"
@@ -75,6 +88,9 @@ class NoGpuSource:
 
     def describe(self, uuid: str) -> str:
         return "no GPU activity source configured"
+
+    async def pod_devices(self, namespace: str, pod: str) -> list[str] | None:
+        return None
 
 
 class NvmlGpuSource:
@@ -95,6 +111,12 @@ class NvmlGpuSource:
 
     def describe(self, uuid: str) -> str:
         return self._why.get(uuid, self._init_error or "not read yet")
+
+    async def pod_devices(self, namespace: str, pod: str) -> list[str] | None:
+        self._why[pod_label(namespace, pod)] = (
+            "NVML cannot tell a pod's devices (the cluster shape reads dcgm-exporter "
+            "through Prometheus: prometheus:URL)")
+        return None
 
     def _read_sync(self, uuids: list[str]) -> dict[str, float | None]:
         with self._lock:
@@ -171,12 +193,16 @@ class NvmlGpuSource:
                 self.nvml.nvmlGpmSampleFree(self._gpm_prev.pop(uuid))
 
 
-def dcgm_index(body: Any) -> dict[tuple[str, str], float]:
-    """{(GPU UUID, GPU instance id or ''): percent} from a Prometheus `/api/v1/query` answer."""
+def _vector(body: Any) -> list[dict]:
     if not isinstance(body, dict) or body.get("status") != "success":
         raise ValueError(f"Prometheus answered {str(body)[:200]}")
+    return body.get("data", {}).get("result", [])
+
+
+def dcgm_index(body: Any) -> dict[tuple[str, str], float]:
+    """{(GPU UUID, GPU instance id or ''): percent} from a Prometheus `/api/v1/query` answer."""
     out: dict[tuple[str, str], float] = {}
-    for item in body.get("data", {}).get("result", []):
+    for item in _vector(body):
         labels, (_ts, value) = item.get("metric", {}), item["value"]
         key = (labels.get("UUID", ""), str(labels.get("GPU_I_ID", "")))
         # DCGM reports the engine-active ratio 0..1.
@@ -184,12 +210,41 @@ def dcgm_index(body: Any) -> dict[tuple[str, str], float]:
     return out
 
 
+def dcgm_pods(body: Any) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """{(namespace, pod): [(GPU UUID, GPU instance id or '')]}: the devices dcgm-exporter
+    labels with the pod using them (DCGM_EXPORTER_KUBERNETES, from the kubelet's
+    pod-resources socket; `pod`, `namespace`, `container`).
+
+    A Prometheus that does not honour the exporter's labels (honor_labels: false, a
+    ServiceMonitor's default) keeps them as `exported_pod` and `exported_namespace`,
+    its own `pod` and `namespace` then naming the exporter's pod: those win.
+    """
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for item in _vector(body):
+        labels = item.get("metric", {})
+        pod = labels.get("exported_pod") or labels.get("pod") or ""
+        namespace = labels.get("exported_namespace") or labels.get("namespace") or ""
+        if not pod:
+            continue  # a device no pod holds (or the exporter's mapping is off)
+        key = (labels.get("UUID", ""), str(labels.get("GPU_I_ID", "")))
+        devices = out.setdefault((namespace, pod), [])
+        if key not in devices:
+            devices.append(key)
+    return out
+
+
+def device_name(uuid: str, instance: str) -> str:
+    """A device as the culler names it: a card's UUID, a MIG device's parent UUID and GI."""
+    return f"{uuid}/gi{instance}" if instance else uuid
+
+
 class PrometheusDcgmSource:
     """dcgm-exporter's DCGM_FI_PROF_GR_ENGINE_ACTIVE through the Prometheus HTTP API.
 
     One query serves all servers of a pass (cached for `cache_s`). A full card
     joins on its UUID label; a MIG device on its parent's UUID and GPU_I_ID,
-    from `mig_map` {MIG uuid: (GPU uuid, GPU instance id)}.
+    from `mig_map` {MIG uuid: (GPU uuid, GPU instance id)}. In the cluster
+    shape a pod's devices are the series labelled with it (`pod_devices`).
     """
 
     name = "dcgm"
@@ -200,6 +255,7 @@ class PrometheusDcgmSource:
         self.mig_map = dict(mig_map or {})
         self.timeout_s, self.cache_s = timeout_s, cache_s
         self._index: dict[tuple[str, str], float] = {}
+        self._pods: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._fetched = -1e18
         self._error = ""
         self._why: dict[str, str] = {}
@@ -215,9 +271,10 @@ class PrometheusDcgmSource:
                 async with aiohttp.ClientSession(timeout=timeout) as session, \
                         session.get(url) as response:
                     body = await response.json(content_type=None)
-                self._index, self._error = dcgm_index(body), ""
+                self._index, self._pods, self._error = dcgm_index(body), dcgm_pods(body), ""
             except Exception as e:  # down, refusing, or garbage: all unknown
-                self._index, self._error = {}, f"Prometheus: {type(e).__name__}: {e}"
+                self._index, self._pods = {}, {}
+                self._error = f"Prometheus at {self.url}: {type(e).__name__}: {e}"
             self._fetched = time.monotonic()
 
     async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
@@ -228,6 +285,9 @@ class PrometheusDcgmSource:
             if uuid in self.mig_map:
                 parent, instance = self.mig_map[uuid]
                 key = (parent, str(instance))
+            elif "/gi" in uuid:  # a pod's MIG device, as device_name named it
+                parent, _, instance = uuid.rpartition("/gi")
+                key = (parent, instance)
             value = self._index.get(key)
             if self._error:
                 self._why[uuid] = self._error
@@ -237,6 +297,13 @@ class PrometheusDcgmSource:
                 self._why[uuid] = "dcgm"
             out[uuid] = value
         return out
+
+    async def pod_devices(self, namespace: str, pod: str) -> list[str] | None:
+        await self._refresh()
+        if self._error:
+            self._why[pod_label(namespace, pod)] = self._error
+            return None
+        return [device_name(u, gi) for u, gi in self._pods.get((namespace, pod), [])]
 
     def describe(self, uuid: str) -> str:
         return self._why.get(uuid, self._error or "not read yet")

@@ -46,6 +46,8 @@ class ServerInfo:
 class ProfileLimits:
     idle_timeout_s: int
     max_runtime_s: int
+    # GPU devices a server of the profile holds (a MIG slice is one); None: not known.
+    gpus: int | None = None
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -81,8 +83,10 @@ def parse_profiles(body: dict[str, Any]) -> dict[str, ProfileLimits]:
     """{slug: limits} from the gpulease service's `GET api/profiles`."""
     out = {}
     for p in body.get("profiles") or []:
+        gpu = p.get("gpu")
+        gpus = 0 if not gpu else 1 if gpu.get("mig") else int(gpu.get("count") or 1)
         out[p["slug"]] = ProfileLimits(parse_duration(p.get("idle_timeout", "30m")),
-                                       parse_duration(p.get("max_runtime", 0)))
+                                       parse_duration(p.get("max_runtime", 0)), gpus)
     return out
 
 

@@ -16,7 +16,10 @@ for its profile's idle timeout:
 
 A signal that cannot be read is listed as 'unknown: why' and contributes
 nothing, but a pass in which neither the kernels nor the CPU could be read
-never suspends: nothing on the server's side confirms the idleness. The
+never suspends: nothing on the server's side confirms the idleness. Nor
+does one in which a GPU server's GPU and CPU both could not be read (the
+cluster shape without a metrics server while Prometheus is down): kernels
+do not see a process started outside them, and only those two would. The
 kernels and terminals are what the server pushed (idle-culler/pushed.py);
 a server that pushes nothing (an image without gpulease.singleuser) is
 judged on the hub's activity instead, which then confirms, and its kernels
@@ -171,8 +174,14 @@ def decide(
 
     idle_since = None if active_now else max(quiet_since)
     idle_for = 0.0 if idle_since is None else max(0.0, (now - idle_since).total_seconds())
-    confirmed = snapshot.kernels is not None or cpu is not None or snapshot.hub_activity_only
-    return _choose(snapshot, now, idle_since, idle_for, active_now, confirmed, signals)
+    unconfirmed = ""
+    if not (snapshot.kernels is not None or cpu is not None or snapshot.hub_activity_only):
+        unconfirmed = "neither kernels nor CPU could be read"
+    elif snapshot.has_gpu and gpu is None and cpu is None:
+        # Kernels say nothing of a process started outside them (a training script
+        # run from a terminal in the background); only CPU and GPU see it.
+        unconfirmed = "neither GPU nor CPU could be read"
+    return _choose(snapshot, now, idle_since, idle_for, active_now, unconfirmed, signals)
 
 
 def _choose(
@@ -181,7 +190,7 @@ def _choose(
     idle_since: datetime | None,
     idle_for: float,
     active_now: list[str],
-    confirmed: bool,
+    unconfirmed: str,  # why the idleness is not confirmed; "": it is
     signals: dict[str, str],
 ) -> Decision:
     """The strongest applicable action: max-runtime stop, idle suspend, then the warnings."""
@@ -200,10 +209,10 @@ def _choose(
                         run_deadline)
     idle_text = f"idle for {idle_for:.0f}s (timeout {timeout}s)"
     if idle_deadline is not None and idle_for >= timeout:
-        if confirmed:
+        if not unconfirmed:
             return decision(SUSPEND, idle_text, idle_deadline)
-        idle_text += "; not suspending: neither kernels nor CPU could be read"
-    elif idle_deadline is not None and confirmed and (
+        idle_text += f"; not suspending: {unconfirmed}"
+    elif idle_deadline is not None and not unconfirmed and (
         idle_for >= timeout - default_warn_before(timeout, snap.warn_before_s)
     ):
         if run_deadline is None or idle_deadline <= run_deadline:

@@ -52,6 +52,9 @@ class FakeServer:
     # Runs gpulease.singleuser (pushes its state); False: a plain image, never pushes.
     singleuser: bool = True
     pushed: datetime | None = None  # None: just now (FakeCullerHub.push_time)
+    # The spawner's state; None: the embedded one (its pid and devices). A cluster
+    # server's is kubespawner's: {"pod_name", "namespace", ...}.
+    state: dict | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -144,7 +147,8 @@ class FakeCullerHub:
                 "name": s.name, "ready": True, "pending": None, "stopped": False,
                 "started": iso(s.started), "last_activity": iso(s.hub_activity), "url": s.url,
                 "user_options": {"profile": s.profile},
-                "state": {"pid": 1000, "gpulease_devices": s.devices},
+                "state": s.state if s.state is not None else {
+                    "pid": 1000, "gpulease_devices": s.devices},
             }
         return list(users.values())
 
@@ -190,8 +194,11 @@ class ProfilesHandler(FakeHandler):
     def get(self) -> None:
         if self.hub.profiles_fail:
             raise web.HTTPError(503)
-        self.finish({"profiles": [{"slug": slug, "idle_timeout": idle, "max_runtime": maximum}
-                                  for slug, (idle, maximum) in self.hub.profiles.items()]})
+        # {slug: (idle_timeout, max_runtime[, gpu])}, gpu as api/profiles shows it
+        self.finish({"profiles": [
+            {"slug": slug, "idle_timeout": limits[0], "max_runtime": limits[1],
+             **({"gpu": limits[2]} if len(limits) > 2 else {})}
+            for slug, limits in self.hub.profiles.items()]})
 
 
 class InventoryHandler(FakeHandler):

@@ -134,6 +134,32 @@ def test_without_kernels_and_cpu_a_server_is_never_suspended():
     assert run(replace(s, kernels=()), 30).action == SUSPEND
 
 
+def test_cluster_shape_unknown_cpu_is_never_quiet_and_gpu_or_kernels_decide():
+    """No metrics server: the CPU is unknown, says why, and counts neither as activity
+    nor as quiet. Idle pushed kernels and an idle DCGM reading suspend at the timeout,
+    as they would with a quiet CPU; a busy GPU keeps; and a GPU server whose GPU is
+    unknown too (Prometheus down) is not suspended, nor warned, however long: kernels
+    do not see a training script started from a terminal in the background."""
+    why = "no metrics server: the cluster does not serve metrics.k8s.io/v1beta1"
+    s = snap(cpu_percent=None, cpu_error=why, gpu_source="dcgm")
+    d = run(s, 30)
+    assert d.action == SUSPEND and d.signals["cpu"] == f"unknown: {why}"
+    assert d.idle_since == T0 and d.reason == "idle for 1800s (timeout 1800s)"
+    assert run(replace(s, gpu_percent=80.0), 600).reason == "active now: gpu"
+    blind = replace(s, gpu_percent=None, gpu_source="Prometheus at http://p:9090: refused")
+    for minutes in (25, 30, 600):
+        assert run(blind, minutes).action == KEEP
+    d = run(blind, 600)
+    assert d.reason.endswith("not suspending: neither GPU nor CPU could be read")
+    assert d.signals["gpu"] == "unknown: Prometheus at http://p:9090: refused"
+    # A server without a GPU has only its CPU to see such a process: the rule of
+    # kernels-or-CPU applies, and idle kernels suspend it.
+    assert run(replace(blind, has_gpu=False), 30).action == SUSPEND
+    # Nothing the server pushed, and a GPU unread: its hub activity alone does not confirm.
+    plain = replace(blind, kernels=None, hub_activity_only=True, kernels_error="not pushed")
+    assert run(plain, 600).action == KEEP
+
+
 def test_a_server_that_pushes_no_kernel_state_is_judged_on_hub_activity_and_says_so():
     """No gpulease.singleuser in the image: the hub's activity alone confirms (with CPU
     unknown too, e.g. the cluster shape), and the decision names the fallback."""

@@ -318,4 +318,4 @@ async def test_prometheus_dcgm_joins_by_uuid_and_gpu_instance():
 async def test_prometheus_down_is_unknown():
     source = PrometheusDcgmSource(f"http://127.0.0.1:{free_port()}", timeout_s=2)
     assert await source.read(["GPU-full"]) == {"GPU-full": None}
-    assert source.describe("GPU-full").startswith("Prometheus: ")
+    assert source.describe("GPU-full").startswith("Prometheus at http://127.0.0.1:")

@@ -80,3 +80,29 @@ def test_culler_stale_after_is_a_hub_option_that_reaches_the_culler(tmp_path):
     assert "culler_stale_after" in GPULeaseHub.class_get_help()
     with pytest.raises(TraitError, match="not a duration"):
         GPULeaseHub(culler_stale_after="90")
+
+
+def test_the_cluster_shapes_culler_reads_pods_through_prometheus_and_the_metrics_api(tmp_path):
+    """Cluster shape: CPU from metrics.k8s.io, GPU from culler_prometheus_url; the culler,
+    a hub service that inherits nothing, gets what its Kubernetes client is configured from."""
+    from dataclasses import replace
+
+    from gpulease.hub.app import GPULeaseHub
+    from gpulease.hub.hub_config import CULLER_SERVICE_NAME, kube_client_environment
+    from gpulease.idle_culler.app import parse_args
+
+    hub = GPULeaseHub(shape="cluster", culler_prometheus_url="http://prometheus.monitoring:9090")
+    culler = hub._culler_settings("cluster")
+    assert culler["cpu_source"] == "pod-metrics"
+    assert culler["gpu_source"] == "prometheus:http://prometheus.monitoring:9090"
+    assert GPULeaseHub(shape="cluster")._culler_settings("cluster")["gpu_source"] == "none"
+    assert GPULeaseHub()._culler_settings("declared")["cpu_source"] == "process"
+    c = hub_config(replace(settings(tmp_path), culler=culler, shape="cluster",
+                           kubeconfig="/etc/hub/kubeconfig"))
+    env = {svc["name"]: svc for svc in c.JupyterHub.services}[CULLER_SERVICE_NAME]["environment"]
+    assert env["KUBECONFIG"] == "/etc/hub/kubeconfig"
+    args = parse_args([], {k: v for k, v in env.items() if isinstance(v, str)})
+    assert args.cpu_source == "pod-metrics" and args.gpu_source.startswith("prometheus:")
+    in_pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    assert kube_client_environment("", in_pod) == in_pod
+    assert "culler_prometheus_url" in GPULeaseHub.class_get_help()
