@@ -40,6 +40,7 @@ class ClusterNode:
     # Under the `single` strategy every nvidia.com/gpu is a slice of this
     # profile (GFD's product reads `<product>-MIG-<profile>`).
     single_profile: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,16 @@ def node_from_object(obj: dict) -> ClusterNode:
                        labels.get("nvidia.com/mig.strategy", "none"),
                        labels.get("nvidia.com/cuda.driver-version.full", ""), allocatable,
                        _ready(obj) and not obj.get("spec", {}).get("unschedulable", False),
-                       profile)
+                       profile, dict(labels))
+
+
+def select_nodes(inventory: ClusterInventory, selector: Mapping[str, str]) -> ClusterInventory:
+    """Only the nodes a server's pod may run on (its node selector); every hold stays."""
+    if not selector:
+        return inventory
+    nodes = tuple(n for n in inventory.nodes
+                  if all(n.labels.get(k) == v for k, v in selector.items()))
+    return ClusterInventory(nodes, inventory.holds)
 
 
 def hold_from_pod(pod: dict) -> Hold | None:

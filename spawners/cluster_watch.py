@@ -49,6 +49,7 @@ class ObjectWatch:
         self.version = 0  # counts the changes seen, for the inventory's cache
         self.running = False  # listed, and watching
         self.failures = 0  # lists and watches that failed (tests, metrics)
+        self.last_error = ""  # why the last one failed, for a refusal to name
         self._on_change = on_change
         self._task: asyncio.Task | None = None
         self.first_list: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -106,6 +107,7 @@ class ObjectWatch:
             except Exception as e:
                 self.running = False
                 self.failures += 1
+                self.last_error = f"{self.kind}: {_why(e)}"
                 gone = isinstance(e, client.ApiException) and e.status == 410
                 version = None  # list afresh: what happened meanwhile is not in any event
                 wait = 0 if gone else PAUSES_S[min(pause, len(PAUSES_S) - 1)]
@@ -127,6 +129,12 @@ class ObjectWatch:
             self.objects[self.key(obj)] = obj
         self._changed()
         return version
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, client.ApiException):
+        return f"HTTP {e.status} {e.reason or ''}".strip()
+    return f"{type(e).__name__}: {e}"
 
 
 class ClusterWatch:

@@ -11,13 +11,10 @@ from kubespawner's defaults:
   by all their servers: a stop deletes the pod and keeps the claim, and
   deleting a named server (or the user) never deletes the home
   (`delete_forever`);
+- a GPU pod is made only once gpulease admits it to the cluster's counted
+  capacity, at once or from the fair queue (spawners/cluster_runner.py);
 - the billing session opens at the server's first answer and closes when its
   pod is stopped or found gone.
-
-Not yet here (issue "Cluster shape", kept open): admission to capacity
-through the cluster inventory and the fair queue (until then the pod waits
-in Kubernetes' own Pending; spawners/cluster_watch.py keeps the inventory),
-the inventory API's cluster form, `gpulease up` running this spawner.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from gpulease.hub.db import utcnow
 from gpulease.hub.options import ServerChoice
 from gpulease.hub.refusal import Refusal
 from gpulease.singleuser import SERVER_SCRIPT
+from gpulease.spawners.cluster_runner import ClusterQueueRunner, cluster_runner_for
 from gpulease.spawners.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,
     MIG_STRATEGIES,
@@ -117,20 +115,35 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             options = pod_options(choice, self.cluster_gpus())
         except ValueError as e:  # a GPU model this cluster's labels cannot name
             self.refuse(Refusal(f"Cannot start {choice.profile.slug}: {e}", status=422))
+        self._gpulease_admitted = False
+        self.gpulease_answered_at = None
+        admitted = None
+        if choice.profile.gpu is not None:  # room on some node, now or from the queue
+            try:
+                admitted = await self._admit(choice)
+            finally:
+                self._gpulease_admitted = True
+        self._gpulease_admitted = True
         for name, value in options.items():
             setattr(self, name, value)
         self._options_to_restore = None
-        self._gpulease_admitted = True
-        self.gpulease_answered_at = None
-        url = await KubeSpawner.start(self)
+        try:  # the pod is made only now, once admitted
+            url = await KubeSpawner.start(self)
+        finally:  # its pod is bound (it runs), or there is none: the pod counts from now
+            if admitted is not None:
+                self._queue_runner().done(self.user.name, self.name)
         where = urlparse(url)
         answered = await self._wait_until_answering(where.hostname, where.port,
                                                     self.http_timeout)
         if answered:
-            await self._first_answer(choice, None)
+            await self._first_answer(choice, admitted)
         elif answered is None:
-            self._watch_first_answer(where.hostname, where.port, choice, None)
+            self._watch_first_answer(where.hostname, where.port, choice, admitted)
         return url
+
+    def _queue_runner(self) -> ClusterQueueRunner:
+        return cluster_runner_for(self.gpulease, self.api, self.node_selector,
+                                  self.queue_poll_interval)
 
     _gpulease_stops: int = 0  # stops so far: a run a stop ended stays ended
 

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
-from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Bool, Dict, Integer, Unicode
 
 from gpulease.hub.options import ServerChoice
@@ -27,12 +26,10 @@ from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.state import StateDir, StateError, ensure_home
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
-from gpulease.spawners.admission import DATABASE_DOWN
 from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.exit_watch import watch_server_exit
 from gpulease.spawners.process_spec import build_process_spec, filter_server_env
 from gpulease.spawners.process_tree import kill_tree
-from gpulease.spawners.queue_runner import Refused, runner_for
 from gpulease.spawners.run_end import RunEnd
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
@@ -201,26 +198,6 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             await self._release("server_died")
             await self._remove_cgroup()
             raise
-
-    async def _admit(self, choice: ServerChoice):
-        """Limits, then devices now or a place in the queue (gpulease.spawners.queue_runner)."""
-        profile = choice.profile
-        # Read the hub's ORM here, on the event loop's thread.
-        groups = {g.name: {u.name for u in g.users} for g in self.user.groups}
-        runner = runner_for(self.gpulease, self.queue_poll_interval)
-        try:
-            return await runner.admit(
-                self.user.name, self.name, profile.slug, profile.gpu.device_request(),
-                user_groups=set(groups), group_members=groups,
-                max_wait=self.queue_max_wait, max_length=self.queue_max_length,
-                max_per_user=self.queue_places_per_user,
-            )
-        except Refused as refused:
-            self.refuse(Refusal(f"Cannot start {profile.slug}: {refused.message}",
-                                status=refused.status))
-        except SQLAlchemyError as e:
-            self.log.error("gpulease database error placing %s: %s", self._log_name, e)
-            self.refuse(Refusal(DATABASE_DOWN, status=503))
 
     def _run_still_ours(self) -> Callable[[], bool]:
         proc = self.proc

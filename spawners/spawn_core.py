@@ -40,7 +40,8 @@ from gpulease.spawners.options_form import (
     refuse_query_start,
     render_options_form,
 )
-from gpulease.spawners.queue_runner import queue_progress, runner_for, tell_started
+from gpulease.spawners.queue_base import QueueBase, Refused, queue_progress, tell_started
+from gpulease.spawners.queue_runner import runner_for
 from gpulease.spawners.spawn_form import spawn_form_data
 
 
@@ -122,6 +123,32 @@ class GPULeaseSpawnCore(AdmissionOptions):
                 session.commit()
             self._options_to_restore = None
         raise http_error(refusal)
+
+    # --- admission to capacity -------------------------------------------------------
+
+    def _queue_runner(self) -> QueueBase:
+        """The runner that admits this spawner's GPU starts (the embedded box's devices)."""
+        return runner_for(self.gpulease, self.queue_poll_interval)
+
+    async def _admit(self, choice: ServerChoice):
+        """Limits, then capacity now or a place in the queue (the shape's runner); refused
+        with the runner's status and message, naming the profile."""
+        profile = choice.profile
+        # Read the hub's ORM here, on the event loop's thread.
+        groups = {g.name: {u.name for u in g.users} for g in self.user.groups}
+        try:
+            return await self._queue_runner().admit(
+                self.user.name, self.name, profile.slug, profile.gpu.device_request(),
+                user_groups=set(groups), group_members=groups,
+                max_wait=self.queue_max_wait, max_length=self.queue_max_length,
+                max_per_user=self.queue_places_per_user,
+            )
+        except Refused as refused:
+            self.refuse(Refusal(f"Cannot start {profile.slug}: {refused.message}",
+                                status=refused.status))
+        except SQLAlchemyError as e:
+            self.log.error("gpulease database error placing %s: %s", self._log_name, e)
+            self.refuse(Refusal(DATABASE_DOWN, status=503))
 
     # --- what a subclass provides -------------------------------------------------
 
@@ -232,9 +259,9 @@ class GPULeaseSpawnCore(AdmissionOptions):
             yield event
         profile = choice.profile
         if profile.gpu is not None:
-            runner = runner_for(self.gpulease, self.queue_poll_interval)
             async for event in queue_progress(
-                runner, self.user.name, self.name, profile.gpu.device_request().describe(),
+                self._queue_runner(), self.user.name, self.name,
+                profile.gpu.device_request().describe(),
                 lambda: self._spawn_pending and not self._gpulease_admitted,
             ):
                 yield event

@@ -1,0 +1,212 @@
+"""Admission in the cluster shape: limits, then room on some node now, or a place in the queue.
+
+gpulease decides whether and when a GPU pod may be made; kube-scheduler then
+decides where. A start is admitted when some schedulable node of its model
+(and of the spawner's node selector) has that many free of its resource, as
+the cluster inventory counts them (spawners/cluster_inventory.py `fit`, over
+the ClusterWatch's picture); only then does GPUKubeSpawner make the pod. A
+start that does not fit waits in the fair queue (spawners/cluster_queue.py
+decides who goes first); the watch wakes a pass whenever a pod or node
+changes, so capacity a stop frees goes to the head of the queue within
+seconds.
+
+Between its admission and its pod being bound to a node, a start holds
+nothing the API server can see: the runner keeps it as `admitted` and every
+decision gives it room first. A pod admitted but still Pending (capacity
+taken meanwhile by something outside gpulease) stays admitted, counted as
+queued by the limits, with the scheduler's reason in its progress
+(kubespawner's pod events). When its start ends, in success or failure,
+`done` forgets it: from then on only a pod the API server has counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Hashable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kubernetes_asyncio import client
+
+from gpulease.hub.db import utcnow
+from gpulease.hub.limits import Holding, check_limits
+from gpulease.hub.units import format_duration
+from gpulease.spawners.cluster_inventory import ClusterInventory, fit, select_nodes
+from gpulease.spawners.cluster_queue import plan_cluster
+from gpulease.spawners.cluster_watch import ClusterWatch
+from gpulease.spawners.placement import DeviceRequest, NoFit
+from gpulease.spawners.queue import Waiting, queue_places_refusal
+from gpulease.spawners.queue_base import QueueBase, Refused, Ticket
+from gpulease.spawners.queue_runner import asks
+
+if TYPE_CHECKING:
+    from gpulease.hub.context import GPULeaseContext
+
+WATCH_READY_S = 10.0  # how long a start waits for the watches' first lists
+
+
+@dataclass(frozen=True)
+class ClusterAdmitted:
+    node: str  # where it fits now (kube-scheduler still decides)
+    waited_s: float = 0.0  # > 0: it waited in the queue
+    queued: bool = False
+
+
+def cluster_holdings(inventory: ClusterInventory,
+                     unbound: Mapping[tuple[str, str], DeviceRequest]) -> list[Holding]:
+    """Full GPUs and MIG slices per gpulease server: its pod's requests, or what an
+    admitted start whose pod is not bound yet asks (counted as queued)."""
+    single = {n.name for n in inventory.nodes if n.mig_strategy == "single"}
+    counts: dict[tuple[str, str], list[int]] = {}
+    for hold in inventory.holds:
+        if not hold.user:
+            continue
+        row = counts.setdefault((hold.user, hold.server), [0, 0])
+        for resource, count in hold.resources.items():
+            is_slice = resource.startswith("nvidia.com/mig-") or hold.node in single
+            row[1 if is_slice else 0] += count
+    held = [Holding(user, server, gpus, slices) for (user, server), (gpus, slices)
+            in counts.items()]
+    return held + [Holding(user, server, *asks(request), queued=True)
+                   for (user, server), request in unbound.items()]
+
+
+class ClusterQueueRunner(QueueBase):
+    """The cluster's queue: starts admitted to counted capacity (see the module doc)."""
+
+    def __init__(self, ctx: GPULeaseContext, api: client.CoreV1Api,
+                 selector: Mapping[str, str] = {}, poll_s: float = 5.0):
+        super().__init__(ctx, poll_s)
+        self.api = api
+        self.selector = dict(selector)
+        self.watch: ClusterWatch | None = None
+        self.admitted: dict[tuple[str, str], DeviceRequest] = {}
+
+    # --- the picture -------------------------------------------------------------------
+
+    async def inventory(self) -> ClusterInventory:
+        """The nodes of this runner's selector and every pod's holds, as watched now."""
+        if self.watch is None:
+            self.watch = ClusterWatch(self.api, on_change=self._changed)
+            for w in (self.watch.nodes, self.watch.pods):
+                w.start()
+        lists = asyncio.gather(self.watch.nodes.first_list, self.watch.pods.first_list)
+        try:
+            await asyncio.wait_for(asyncio.shield(lists), WATCH_READY_S)
+        except TimeoutError:
+            why = self.watch.nodes.last_error or self.watch.pods.last_error or "no answer"
+            raise Refused(503, "Cannot read the cluster's nodes and pods from the Kubernetes "
+                               f"API server ({why}); try again shortly.") from None
+        return select_nodes(self.watch.inventory(), self.selector)
+
+    def unbound(self, inventory: ClusterInventory) -> dict[tuple[str, str], DeviceRequest]:
+        """Admitted starts whose pod is not bound to a node yet."""
+        bound = {(h.user, h.server) for h in inventory.holds if h.node and h.user}
+        return {key: r for key, r in self.admitted.items() if key not in bound}
+
+    def _changed(self) -> None:
+        if self.waiting:  # a pod or node changed: capacity may have come free
+            self._kick()
+
+    # --- admission ---------------------------------------------------------------------
+
+    async def admit(
+        self, user: str, server: str, profile: str, request: DeviceRequest, *,
+        user_groups: Collection[str] = (), group_members: Mapping[str, Collection[str]] = {},
+        max_wait: float = 0.0, max_length: int = 1000, max_per_user: int = 0,
+    ) -> ClusterAdmitted:
+        """Check the limits, then admit now or wait in the queue for room.
+
+        Raises Refused as QueueRunner.admit does: 409 over a limit or the queue
+        places, 422 no node could ever run it (naming what exists), 503 no room
+        and no queueing, the queue full, `max_wait` passed, or the API server away.
+        """
+        key = (user, server)
+        async with self._lock:
+            inventory = await self.inventory()
+            limit_table = await asyncio.to_thread(self.ctx.limits.all)
+            unbound = self.unbound(inventory)
+            holdings = cluster_holdings(inventory, unbound) + [
+                Holding(t.user, t.server, *asks(t.request), queued=True) for t in self.waiting]
+            refusal = check_limits(user, server, *asks(request), user_groups, group_members,
+                                   limit_table, holdings)
+            if refusal is not None:
+                raise Refused(409, refusal.message)
+            me: Hashable = object()
+            queue = [Waiting(t, t.request) for t in self.waiting] + [Waiting(me, request)]
+            decision = plan_cluster(queue, inventory, tuple(unbound.values()))
+            never = dict(decision.never)
+            if me in never:
+                raise Refused(422, never[me])
+            node = dict(decision.start).get(me)
+            if node is not None:
+                self.admitted[key] = request
+                return ClusterAdmitted(node)
+            if max_wait <= 0:
+                raise Refused(503, self._no_room(request, inventory))
+            theirs = queue_places_refusal(user, [(t.user, t.server) for t in self.waiting],
+                                          max_per_user)
+            if theirs is not None:
+                raise Refused(409, theirs)
+            if len(self.waiting) >= max_length:
+                raise Refused(503, f"No free {request.describe()}, and the queue is full "
+                                   f"({len(self.waiting)} spawns waiting). Try again later.")
+            ticket = await self._enqueue(user, server, profile, request)
+        node = await self._wait_in_queue(ticket, max_wait)
+        return ClusterAdmitted(node, (utcnow() - ticket.enqueued_at).total_seconds(), True)
+
+    def done(self, user: str, server: str) -> None:
+        """The start of user/server ended (its pod runs, or it failed): forget its
+        admission; from now on its pod, if any, is what counts."""
+        if self.admitted.pop((user, server), None) is not None:
+            self.released()
+
+    def _no_room(self, request: DeviceRequest, inventory: ClusterInventory) -> str:
+        try:
+            fit(request, inventory, tuple(self.unbound(inventory).values()))
+        except NoFit as nofit:
+            return nofit.message
+        return f"No {request.describe()} is free for this start now."
+
+    # --- serving the queue -----------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """One pass: admit every waiting start that fits now, in the queue's order."""
+        async with self._lock:
+            if not self.waiting:
+                return
+            inventory = await self.inventory()
+            decision = plan_cluster([Waiting(t, t.request) for t in self.waiting], inventory,
+                                    tuple(self.unbound(inventory).values()))
+            for ticket, message in decision.never:  # a node left the cluster
+                self._settle(ticket, Refused(422, message))
+            for ticket, node in decision.start:
+                self.admitted[(ticket.user, ticket.server)] = ticket.request
+                self._settle(ticket, node)
+
+    async def _timed_out(self, ticket: Ticket, max_wait: float) -> Refused:
+        try:
+            now = self._no_room(ticket.request, await self.inventory())
+        except Refused as away:
+            now = away.message
+        return Refused(503, f"Waited {format_duration(int(max_wait))} in the queue "
+                            f"(queue_max_wait) and no {ticket.request.describe()} came free "
+                            f"for this start; it is given up. Try again later. {now}")
+
+    def _cancelled_after_placing(self, ticket: Ticket) -> None:
+        self.done(ticket.user, ticket.server)
+
+
+_runners: dict[tuple[int, frozenset], tuple[GPULeaseContext, ClusterQueueRunner]] = {}
+
+
+def cluster_runner_for(ctx: GPULeaseContext, api: client.CoreV1Api,
+                       selector: Mapping[str, str], poll_s: float = 5.0) -> ClusterQueueRunner:
+    """The one runner of this context and node selector in this process."""
+    key = (id(ctx), frozenset(selector.items()))
+    entry = _runners.get(key)
+    if entry is None or entry[0] is not ctx:
+        entry = (ctx, ClusterQueueRunner(ctx, api, selector, poll_s))
+        _runners[key] = entry
+    entry[1].poll_s = poll_s
+    return entry[1]
