@@ -23,6 +23,7 @@ import pytest
 
 from gpulease.hub.catalog import load_catalog
 from tests.cluster.controlplane import TOOLS, attach, detach, missing_tools
+from tests.cluster.faults import FaultProxy
 from tests.cluster.kube import Kube, KubeError
 from tests.cluster.nodes import GpuNode, node_object
 from tests.isolation_env import hub_python
@@ -121,6 +122,16 @@ def kube(control_plane: ControlPlane) -> Kube:
 
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].rstrip("-")
+
+
+@pytest.fixture
+def proxy(control_plane: ControlPlane) -> Iterator[FaultProxy]:
+    """The fault proxy in front of the API server (tests/cluster/faults.py)."""
+    pki = control_plane.root / "pki"
+    p = FaultProxy(control_plane.state["server"], control_plane.state["ca"],
+                   str(pki / "apiserver.crt"), str(pki / "apiserver.key")).start()
+    yield p
+    p.stop()
 
 
 @pytest.fixture

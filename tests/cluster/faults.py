@@ -14,6 +14,8 @@ API server. Rules, added by the test while it runs, break chosen requests:
 Each rule matches a method and a path regex and fires `times` times (0:
 until removed). Clients must authenticate with a bearer token (a
 ServiceAccount's, as the hub does); client certificates end at the proxy.
+`answered` records every request's method, path?query, status and, for an
+error, the API server's message (a 403 names the verb and resource refused).
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ def _status(code: int, reason: str, message: str) -> dict:
             "message": message, "reason": reason, "code": code}
 
 
+@dataclass(frozen=True)
+class Answered:
+    method: str
+    target: str  # path?query
+    status: int
+    message: str = ""  # an error's body (the API Status), its first 4 kB
+
+
 REASONS = {409: "AlreadyExists", 410: "Expired", 429: "TooManyRequests",
            500: "InternalError", 503: "ServiceUnavailable"}
 
@@ -57,6 +67,7 @@ class FaultProxy:
     def __init__(self, upstream: str, ca: str, cert: str, key: str):
         self.upstream = upstream
         self.faults: list[Fault] = []
+        self.answered: list[Answered] = []  # appended in the proxy's thread, in order
         self.lock = threading.Lock()
         self._client_ssl = ssl.create_default_context(cafile=ca)
         self._server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -122,8 +133,9 @@ class FaultProxy:
             await asyncio.sleep(fault.delay)
         if fault and fault.status:
             reason = REASONS.get(fault.status, "InternalError")
-            return web.json_response(_status(fault.status, reason,
-                                             f"injected by the test's fault proxy: {reason}"),
+            message = f"injected by the test's fault proxy: {reason}"
+            self.answered.append(Answered(request.method, target, fault.status, message))
+            return web.json_response(_status(fault.status, reason, message),
                                      status=fault.status)
         if fault and fault.expire_watch:
             response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -141,11 +153,19 @@ class FaultProxy:
                 k: v for k, v in upstream.headers.items()
                 if k.lower() in ("content-type", "audit-id", "cache-control")})
             await response.prepare(request)
+            if upstream.status < 400:  # a watch answers for minutes: recorded as it opens
+                self.answered.append(Answered(request.method, target, upstream.status))
             cut = fault.drop_after if fault and fault.drop_after else None
+            error = b""
             try:
                 async with asyncio.timeout(cut):
                     async for chunk in upstream.content.iter_any():
+                        if upstream.status >= 400 and len(error) < 4096:
+                            error += chunk
                         await response.write(chunk)
             except TimeoutError:  # a dropped connection, as a flaky network drops it
                 request.transport.close()
+            if upstream.status >= 400:
+                self.answered.append(Answered(request.method, target, upstream.status,
+                                              error.decode(errors="replace")))
             return response

@@ -13,6 +13,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from gpulease.spawners.cluster_watch import CLUSTER_RULES, ClusterWatch
+from gpulease.spawners.kube_rbac import grants as grants_of
+from gpulease.spawners.kube_rbac import rules_of
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.faults import Fault, FaultProxy
 from tests.cluster.kube import Kube, pods_path
@@ -33,26 +35,11 @@ async def eventually(what: str, check: Callable[[], Any], timeout: float = 20) -
     raise AssertionError(f"not within {timeout} s: {what} (last: {last!r})")
 
 
-@pytest.fixture
-def proxy(control_plane: ControlPlane):
-    pki = control_plane.root / "pki"
-    p = FaultProxy(control_plane.state["server"], control_plane.state["ca"],
-                   str(pki / "apiserver.crt"), str(pki / "apiserver.key")).start()
-    yield p
-    p.stop()
-
-
-def atomic(rules: list[dict]) -> list[tuple[str, str]]:
-    """Every (resource, verb) a list of rules grants."""
-    return [(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]]
-
-
 async def api_as(control_plane: ControlPlane, kube: Kube, namespace: str, url: str,
                  grants: list[tuple[str, str]]) -> client.CoreV1Api:
     """The API at `url` as a ServiceAccount holding exactly `grants`, once they apply."""
     token = service_account_token(kube, namespace, "inventory", seconds=600)
-    grant_cluster(kube, namespace, "inventory", [
-        {"apiGroups": [""], "resources": [r], "verbs": [v]} for r, v in grants])
+    grant_cluster(kube, namespace, "inventory", rules_of(grants))
     config = client.Configuration(host=url)
     config.api_key = {"BearerToken": token}
     config.api_key_prefix = {"BearerToken": "Bearer"}
@@ -74,7 +61,7 @@ async def api_as(control_plane: ControlPlane, kube: Kube, namespace: str, url: s
 @pytest.fixture
 async def api(control_plane: ControlPlane, kube: Kube, namespace: str, proxy: FaultProxy):
     """The API through the fault proxy, as a ServiceAccount holding only CLUSTER_RULES."""
-    core = await api_as(control_plane, kube, namespace, proxy.url, atomic(CLUSTER_RULES))
+    core = await api_as(control_plane, kube, namespace, proxy.url, grants_of(CLUSTER_RULES))
     yield core
     await core.api_client.close()
 
@@ -166,10 +153,10 @@ async def _misses_nothing(gpu_nodes, watch: ClusterWatch, faults: list[Fault]) -
     await eventually("watching again", lambda: not watch.stale)
 
 
-@pytest.mark.parametrize("missing", atomic(CLUSTER_RULES), ids="-".join)
+@pytest.mark.parametrize("missing", grants_of(CLUSTER_RULES), ids="-".join)
 async def test_each_grant_of_the_cluster_role_is_needed(
         control_plane: ControlPlane, kube: Kube, namespace: str, missing: tuple[str, str]):
-    grants = [g for g in atomic(CLUSTER_RULES) if g != missing]
+    grants = [g for g in grants_of(CLUSTER_RULES) if g != missing]
     core = await api_as(control_plane, kube, namespace, control_plane.state["server"], grants)
     watch = ClusterWatch(core)
     try:

@@ -2,8 +2,9 @@
 
 The hub runs `jupyterhub` with GPUKubeSpawner (not yet `gpulease up`: the
 cluster shape is not wired into it, docs/cluster.md) and a ServiceAccount
-holding only Zero to JupyterHub's hub Role; gpulease's database holds the
-sample profiles, a 2-GPU one and the user's credit. A MIG-slice and a
+holding only gpulease's hub Role and ClusterRole (spawners/kube_rbac.py);
+gpulease's database holds the sample profiles, a 2-GPU one and the user's
+credit. A MIG-slice and a
 2-GPU start go through gpulease's admission (options, rights, credit),
 become pods with exactly their GPUs, and are run by the kubelet emulator on
 emulated H200 nodes.
@@ -18,6 +19,7 @@ import pytest
 
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file, parse_profiles_document
+from gpulease.spawners.kube_rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode
@@ -60,8 +62,9 @@ def gpu_hub(control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes,
     ctx.profiles.apply(load_profiles_file(SAMPLE_PROFILES, ctx.catalog) + two, actor="test")
     ctx.ledger.grant("user:alice", 50_000_000, note="test credit", actor="test")
     ctx.engine.dispose()
-    hub = StockHub(tmp_path, hub_kubeconfig(kube, control_plane, namespace, tmp_path),
-                   template=GPU_HUB_CONFIG, namespace=namespace, pool=POOL_LABEL,
+    kubeconfig = hub_kubeconfig(kube, control_plane, namespace, tmp_path,
+                                rules=HUB_ROLE_RULES, cluster_rules=HUB_CLUSTER_ROLE_RULES)
+    hub = StockHub(tmp_path, kubeconfig, template=GPU_HUB_CONFIG, namespace=namespace, pool=POOL_LABEL,
                    storage_class=storage_class, db_url=db_url, image="", uid=0)
     yield hub, home
     hub.stop()

@@ -23,7 +23,7 @@ import yaml
 from tests.cluster.conftest import POD_UID, POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
-from tests.cluster.rbac import grant, service_account_token
+from tests.cluster.rbac import grant, grant_cluster, service_account_token
 from tests.hubproc import CHP, free_port, require_chp, run_in_kernel
 
 # What z2jh's hub Role grants (templates/hub/rbac.yaml).
@@ -34,14 +34,20 @@ HUB_RULES = [
 ]
 
 
-def hub_kubeconfig(kube: Kube, plane: ControlPlane, namespace: str, folder: Path) -> Path:
-    """A kubeconfig with a token of the `hub` ServiceAccount, bound to the hub Role only."""
+def hub_kubeconfig(kube: Kube, plane: ControlPlane, namespace: str, folder: Path,
+                   rules: list[dict] = HUB_RULES, cluster_rules: list[dict] | None = None,
+                   server: str = "") -> Path:
+    """A kubeconfig with a token of the `hub` ServiceAccount, bound to a Role of `rules`
+    only (z2jh's hub Role by default) and, if given, a ClusterRole of `cluster_rules`;
+    for the API server at `server` (default: the control plane's own)."""
     token = service_account_token(kube, namespace, "hub")
-    grant(kube, namespace, "hub", rules=HUB_RULES)
+    grant(kube, namespace, "hub", rules=rules)
+    if cluster_rules is not None:
+        grant_cluster(kube, namespace, "hub", cluster_rules)
     path = folder / "hub.kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "hub",
-        "clusters": [{"name": "test", "cluster": {"server": plane.state["server"],
+        "clusters": [{"name": "test", "cluster": {"server": server or plane.state["server"],
                                                   "certificate-authority": plane.state["ca"]}}],
         "users": [{"name": "hub", "user": {"token": token}}],
         "contexts": [{"name": "hub", "context": {"cluster": "test", "user": "hub",
