@@ -1,20 +1,18 @@
 """api/inventory's cluster form and the inventory page, on the real API server.
 
-A real JupyterHub and proxy run the gpulease service in the cluster shape:
-`GPULEASE_CLUSTER_NAMESPACE` and `KUBECONFIG` are set in the service's
-environment by this test's hub config (a plain `jupyterhub`, as in
-test_gpu_kube_spawner_hub.py: `gpulease up` does not run the cluster shape
-yet), with a ServiceAccount token holding only the inventory's ClusterRole
-(CLUSTER_RULES). GPU nodes of mixed MIG layouts and pods holding GPUs (made
-directly, with the labels and annotations GPUKubeSpawner's pods carry) make
-the cluster form's counts and holders; a cordoned node shows unschedulable;
-the ClusterRoleBinding removed makes the answer a 502 naming the right.
+A real `gpulease up --GPULeaseHub.shape=cluster` (tests/hubproc.py: the real
+proxy and the gpulease service, which the hub gives GPULEASE_CLUSTER_NAMESPACE
+and its KUBECONFIG), with a ServiceAccount token holding only the
+inventory's ClusterRole (CLUSTER_RULES). GPU nodes of mixed MIG layouts and
+pods holding GPUs (made directly, with the labels and annotations
+GPUKubeSpawner's pods carry) make the cluster form's counts and holders; a
+cordoned node shows unschedulable; the ClusterRoleBinding removed makes the
+answer a 502 naming the right.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,52 +21,14 @@ import pytest
 import requests
 import yaml
 
-from gpulease.hub.context import GPULeaseContext
 from gpulease.spawners.cluster_watch import CLUSTER_RULES
 from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode
 from tests.cluster.rbac import RBAC, grant_cluster, service_account_token
-from tests.cluster.test_kubespawner import StockHub
-from tests.hubproc import free_port, require_chp
+from tests.hubproc import HubProcess
 
-PASSWORD = "inventory-test-pw"
-# A plain jupyterhub with the gpulease service in the cluster shape, and the roles
-# `gpulease up` gives (hub_config's scopes, imported: none is copied here).
-HUB_CONFIG = """
-c = get_config()  # noqa
-from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE, CUSTOM_SCOPES, HUB_ADMIN_SCOPE
-c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = {port}
-c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.hub_port = {hub_port}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api}"
-c.ConfigurableHTTPProxy.command = [{chp!r}]
-c.JupyterHub.db_url = "sqlite:///{folder}/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "{folder}/cookie_secret"
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = {password!r}
-c.Authenticator.admin_users = {{"admin"}}
-c.Authenticator.allow_all = True
-c.JupyterHub.custom_scopes = CUSTOM_SCOPES
-c.JupyterHub.services = [
-    {{"name": "e2e", "api_token": {token!r}}},
-    {{"name": "gpulease", "url": "http://127.0.0.1:{service_port}",
-      "command": [{python!r}, "-m", "gpulease.hub.service"],
-      "environment": {{"GPULEASE_DB_URL": {db_url!r}, "GPULEASE_SERVICE_PORT": "{service_port}",
-                      "GPULEASE_CLUSTER_NAMESPACE": {namespace!r},
-                      "KUBECONFIG": {inventory_kubeconfig!r}}},
-      "oauth_no_confirm": True,
-      "oauth_client_allowed_scopes": [ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE]}},
-]
-ACCESS = "access:services!service=gpulease"
-c.JupyterHub.load_roles = [
-    {{"name": "admin", "services": ["e2e"]}},
-    {{"name": "user", "scopes": ["self", ACCESS]}},
-    {{"name": "gpulease-admin", "services": ["e2e"], "scopes": [ADMIN_SCOPE, ACCESS]}},
-    {{"name": "gpulease-auditor", "users": ["audrey"], "scopes": [AUDIT_SCOPE, ACCESS]}},
-]
-"""
+PW = "admin-secret-pw"
 
 
 def inventory_kubeconfig(kube: Kube, plane: ControlPlane, namespace: str, folder: Path) -> Path:
@@ -86,28 +46,20 @@ def inventory_kubeconfig(kube: Kube, plane: ControlPlane, namespace: str, folder
     return path
 
 
-class InventoryHub(StockHub):
-    def service(self, path: str, token: str | None = None) -> requests.Response:
-        headers = {"Authorization": f"token {token or self.token}"} if token != "" else {}
-        return requests.get(f"{self.url}/services/gpulease/{path}", headers=headers, timeout=30)
-
-
 @pytest.fixture
 def hub(control_plane: ControlPlane, kube: Kube, namespace: str,
-        tmp_path: Path) -> Iterator[InventoryHub]:
-    require_chp()
-    db_url = f"sqlite:///{tmp_path}/gpulease.sqlite"
-    GPULeaseContext(db_url).engine.dispose()  # the database, made and migrated
+        tmp_path: Path) -> Iterator[HubProcess]:
+    """`gpulease up` in the cluster shape; no server is started, so its KUBECONFIG (which
+    it passes to the service) needs only the inventory's ClusterRole."""
     kubeconfig = inventory_kubeconfig(kube, control_plane, namespace, tmp_path)
-    hub = InventoryHub(tmp_path, kubeconfig, template=HUB_CONFIG, password=PASSWORD,
-                       service_port=free_port(), python=sys.executable, db_url=db_url,
-                       namespace=namespace, inventory_kubeconfig=str(kubeconfig))
-    deadline = time.monotonic() + 60
-    while hub.service("api/profiles").status_code != 200:  # the service is up
-        assert time.monotonic() < deadline, hub.tail()
-        time.sleep(0.3)
+    hub = HubProcess(state=tmp_path / "state", admin_password=PW,
+                     env={"KUBECONFIG": str(kubeconfig)}, extra_args=[
+                         "--GPULeaseHub.shape=cluster",
+                         f"--GPULeaseHub.cluster_namespace={namespace}",
+                         '--GPULeaseHub.auditor_groups=["auditors"]'])
+    hub.start(timeout=120)
     yield hub
-    hub.stop()
+    hub.close()
 
 
 def gpu_pod(namespace: str, name: str, node: str, resource: str, count: int,
@@ -134,10 +86,10 @@ def by_resource(node: dict) -> dict[str, tuple[int, int, list]]:
             for r in node["resources"]}
 
 
-def wait_view(hub: InventoryHub, what: str, check, timeout: float = 30) -> dict:
+def wait_view(hub: HubProcess, token: str, what: str, check, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        answer = hub.service("api/inventory")
+        answer = hub.service("GET", "api/inventory", token)
         view = answer.json()
         if answer.status_code == 200 and check(view):
             return view
@@ -146,7 +98,7 @@ def wait_view(hub: InventoryHub, what: str, check, timeout: float = 30) -> dict:
 
 
 def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbidden(
-        hub: InventoryHub, kube: Kube, namespace: str, gpu_nodes, browser_context):
+        hub: HubProcess, kube: Kube, namespace: str, gpu_nodes, browser_context):
     single = GpuNode("single", gpus=7, product="NVIDIA-H200-MIG-1g.18gb")
     gpu_nodes(GpuNode("mixed", mig={"1g.18gb": 4, "3g.71gb": 1}),  # a 4+3 split H200
               GpuNode("full8", gpus=8),
@@ -168,7 +120,8 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
         p["status"].get("phase") == "Running" for p in kube.get(pods_path(namespace))["items"]),
         timeout=60)
 
-    view = wait_view(hub, "every hold counted", lambda v: sum(
+    admin = hub.token_for("admin", PW)
+    view = wait_view(hub, admin, "every hold counted", lambda v: sum(
         len(r["holders"]) for n in ours(v, namespace).values() for r in n["resources"]) == 5)
     assert (view["shape"], view["namespace"]) == ("cluster", namespace)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", view["listed_at"])
@@ -190,18 +143,20 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
         7, 4, [{"count": 3, "server": "", "user": "cy"}])}
 
     # who may read it: as in the embedded shape, admins and auditors (holders included)
-    assert hub.api("POST", "/users/bob").status_code == 201  # audrey: made by her role
-    audrey = hub.api("POST", "/users/audrey/tokens", json={"expires_in": 600}).json()["token"]
-    bob = hub.api("POST", "/users/bob/tokens", json={"expires_in": 600}).json()["token"]
-    seen = hub.service("api/inventory", audrey)
+    audrey = hub.add_user(admin, "audrey", None)
+    bob = hub.add_user(admin, "bob", None)
+    hub.api("POST", "groups/auditors", admin)
+    assert hub.api("POST", "groups/auditors/users", admin, {"users": ["audrey"]}).ok
+    seen = hub.service("GET", "api/inventory", audrey)
     assert seen.status_code == 200 and ours(seen.json(), namespace)["full8"] == nodes["full8"]
-    refused = hub.service("api/inventory", bob)
+    refused = hub.service("GET", "api/inventory", bob)
     assert refused.status_code == 403 and "gpulease admin or auditor" in refused.json()["message"]
-    assert hub.service("api/inventory", "").status_code == 403
+    anonymous = requests.get(f"{hub.url}/services/gpulease/api/inventory", timeout=30)
+    assert anonymous.status_code == 403
 
     # cordoned: unschedulable, within the listing's few seconds
     kube.patch(f"/api/v1/nodes/{node['full8']}", {"spec": {"unschedulable": True}})
-    view = wait_view(hub, "full8 cordoned",
+    view = wait_view(hub, admin, "full8 cordoned",
                      lambda v: not ours(v, namespace)["full8"]["schedulable"], timeout=15)
     assert ours(view, namespace)["mixed"]["schedulable"]
 
@@ -209,7 +164,7 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
     page = browser_context.new_page()
     page.goto(f"{hub.url}/hub/login")
     page.fill("#username_input", "admin")
-    page.fill("#password_input", PASSWORD)
+    page.fill("#password_input", PW)
     page.click("#login_submit")
     page.wait_for_url(re.compile(r".*/hub/.*"))
     page.goto(f"{hub.url}/services/gpulease/admin/inventory")
@@ -228,7 +183,7 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
     # the right taken away: a 502 naming it, as JSON and as a page, never a bare 500
     kube.delete(f"{RBAC}/clusterrolebindings/{namespace}-inventory")
     deadline = time.monotonic() + 30
-    while (answer := hub.service("api/inventory")).status_code == 200:
+    while (answer := hub.service("GET", "api/inventory", admin)).status_code == 200:
         assert time.monotonic() < deadline, "still listed without the ClusterRoleBinding"
         time.sleep(0.5)
     body = answer.json()
