@@ -81,6 +81,7 @@ class StopProgress:
 
     order: StopOrder
     first_at: dt.datetime
+    session_id: int | None = None  # the billing session it stops; a start after is another run
     attempts: int = 0
     reason_recorded: bool = False
     killed: int = 0

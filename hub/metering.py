@@ -303,14 +303,19 @@ class Meter:
                 user, server = order.key
                 log.warning("%s/%s: %s; stopping the server (%s)", user, server or "(default)",
                             order.why, order.reason)
-                self.stopping[order.key] = StopProgress(order, now)
+                self.stopping[order.key] = StopProgress(order, now,
+                                                        self.live[order.key].session_id)
 
     async def _enforce_stops(self, hub: HubServers, now: datetime) -> None:
         """Push every ordered stop until its server is gone (a stop per heartbeat, then kill)."""
         for key, progress in list(self.stopping.items()):
             user, server = key
-            if key not in self.live and not hub.is_active(user, server):
-                del self.stopping[key]  # gone, its session closed with the reason
+            live = self.live.get(key)
+            if live is None or live.session_id != progress.session_id:
+                # Gone, its session closed with the reason. A start since (credit granted
+                # and started again within a heartbeat) is another run, admitted on its
+                # own credit: not this stop's to interrupt.
+                del self.stopping[key]
                 continue
             order = progress.order
             if key in self.live and not progress.reason_recorded:

@@ -274,6 +274,21 @@ def test_an_out_of_credit_stop_is_retried_and_killed_until_the_server_is_gone(me
     assert session.end_reason == "out_of_credit"
 
 
+def test_an_out_of_credit_stop_ends_with_its_session_not_the_next_start(meter):
+    """Credit granted and the server started again within a heartbeat of its stop: the
+    new start (pending, no session yet) is another run, not the stop's to interrupt."""
+    meter.ledger.grant("user:n", 1_000_000, note="t", actor="test")
+    meter.open("n", "", "pricey", "user:n", RATE, utcnow() - dt.timedelta(seconds=5))
+    hub = always_running(("n", ""))
+    run(meter.heartbeat(hub))
+    assert hub.stops == [("n", "")]
+    meter.close("n", "", "user")  # the stop completed: its session closed
+    meter.ledger.grant("user:n", 100_000_000, note="t", actor="test")
+    hub.alive.discard(("n", ""))  # and the user's new start is pending (active, no session)
+    run(meter.heartbeat(hub))
+    assert hub.stops == [("n", "")] and meter.stopping == {}  # before: stopped again
+
+
 def test_a_stop_is_not_killed_before_it_had_a_heartbeat(meter):
     meter.ledger.grant("user:i", 1_000_000, note="t", actor="test")
     meter.open("i", "", "pricey", "user:i", RATE, utcnow() - dt.timedelta(seconds=5))
