@@ -194,3 +194,39 @@ def test_gpulease_up_runs_bills_refuses_and_suspends_pods(cluster_hub: HubProces
     usage = sessions_of(hub, alice)
     assert [s["profile"] for s in usage] == ["slice", "pricey-slice", "slice", "slice"]
     assert usage[-1]["ended"] is None
+
+
+def test_a_hub_restart_keeps_the_pod_and_its_session_and_closes_a_lost_one(
+        cluster_hub: HubProcess, kube: Kube, namespace: str):
+    hub = cluster_hub
+    admin = hub.token_for("admin", PW)
+    alice = hub.add_user(admin, "alice", "100")
+    assert start(hub, "alice", alice, "slice").status_code in (201, 202)
+    hub.wait_server_ready("alice", alice, timeout=120)
+    pod = pod_of(kube, namespace, "alice")
+    (before,) = sessions_of(hub, alice)
+
+    # Ctrl-C: the hub stops, the pod runs on (cleanup_servers is off in this shape), and
+    # the restarted hub carries on the same pod and the same billing session.
+    assert hub.interrupt() == 0
+    assert pod_of(kube, namespace, "alice")["metadata"]["uid"] == pod["metadata"]["uid"]
+    hub.start(timeout=120)
+    alice = hub.token_for("alice", "alice-pw-12345")
+    assert hub.wait_server_ready("alice", alice, timeout=10)
+    assert pod_of(kube, namespace, "alice")["metadata"]["uid"] == pod["metadata"]["uid"]
+    time.sleep(2 * HEARTBEAT)
+    (after,) = sessions_of(hub, alice)
+    assert after["started"] == before["started"] and after["ended"] is None
+    assert after["billed_seconds"] > before["billed_seconds"]
+
+    # The pod deleted while the hub is down: at restart its session is closed as hub_lost
+    # (at its last confirmation) and the hub forgets the server.
+    hub.kill()
+    kube.delete(pods_path(namespace, "jupyter-alice"))
+    wait_for("alice's pod deleted", lambda: pod_of(kube, namespace, "alice") is None)
+    hub.start(timeout=120)
+    alice = hub.token_for("alice", "alice-pw-12345")
+    hub.wait_server_stopped("alice", alice, timeout=30)
+    (lost,) = sessions_of(hub, alice)
+    assert lost["started"] == before["started"] and lost["end_reason"] == "hub_lost", lost
+    assert "closed as hub_lost" in hub.log()
