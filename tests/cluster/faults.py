@@ -87,6 +87,9 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        # Ending the server ends the requests still open (watches), which would otherwise
+        # be destroyed pending when the loop stops.
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
@@ -112,7 +115,7 @@ class FaultProxy:
         asyncio.set_event_loop(self._loop)
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app)
+        runner = self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         self._loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=self._server_ssl)
         self._loop.run_until_complete(site.start())

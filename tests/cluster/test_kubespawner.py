@@ -35,11 +35,10 @@ HUB_RULES = [
 
 
 def hub_kubeconfig(kube: Kube, plane: ControlPlane, namespace: str, folder: Path,
-                   rules: list[dict] = HUB_RULES, cluster_rules: list[dict] | None = None,
-                   server: str = "") -> Path:
+                   rules: list[dict] = HUB_RULES, cluster_rules: list[dict] | None = None
+                   ) -> Path:
     """A kubeconfig with a token of the `hub` ServiceAccount, bound to a Role of `rules`
-    only (z2jh's hub Role by default) and, if given, a ClusterRole of `cluster_rules`;
-    for the API server at `server` (default: the control plane's own)."""
+    only (z2jh's hub Role by default) and, if given, a ClusterRole of `cluster_rules`."""
     token = service_account_token(kube, namespace, "hub")
     grant(kube, namespace, "hub", rules=rules)
     if cluster_rules is not None:
@@ -47,7 +46,7 @@ def hub_kubeconfig(kube: Kube, plane: ControlPlane, namespace: str, folder: Path
     path = folder / "hub.kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "hub",
-        "clusters": [{"name": "test", "cluster": {"server": server or plane.state["server"],
+        "clusters": [{"name": "test", "cluster": {"server": plane.state["server"],
                                                   "certificate-authority": plane.state["ca"]}}],
         "users": [{"name": "hub", "user": {"token": token}}],
         "contexts": [{"name": "hub", "context": {"cluster": "test", "user": "hub",

@@ -1,0 +1,210 @@
+"""The hub's Role and ClusterRole (spawners/kube_rbac.py) are enough, and each grant is needed.
+
+GPUKubeSpawner runs here in-process, as JupyterHub drives it, with kubespawner's
+client holding a real ServiceAccount token (TokenRequest) bound to exactly the
+hub's rules, through the fault proxy, which records every answer. What the hub
+does for a user: a MIG-slice start admitted to the cluster's counted capacity
+(the inventory's watches of nodes and pods), the home claim made on the first
+start, the pod made, the server's first answer, a poll, the pod's events (what
+a waiting user sees), a stop; then the user, removed and added again, starts
+with no state of the spawner's while the namespace's claim quota is full (the
+create is refused; the kept claim is read back), and stops again. Throughout,
+the hub's watches must hold: the inventory live, each kind listed only when a
+watch begins.
+
+With every grant this succeeds with no refusal of rights. With any single
+grant removed (a verb on a resource, of the Role or of the ClusterRole) it
+fails, and every refusal the API server made names that grant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from urllib.parse import urlparse
+
+import kubespawner.clients
+import kubespawner.spawner
+import pytest
+from jupyterhub.objects import Server
+from kubernetes_asyncio.client import Configuration
+
+from gpulease.hub.context import get_context
+from gpulease.spawners import cluster_runner
+from gpulease.spawners.kube import GPUKubeSpawner
+from gpulease.spawners.kube_rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES, grants, rules_of
+from tests.cluster.conftest import ControlPlane
+from tests.cluster.faults import FaultProxy
+from tests.cluster.kube import Kube
+from tests.cluster.nodes import GpuNode
+from tests.cluster.rbac import grant, grant_cluster, service_account_token
+from tests.cluster.test_cluster_watch import eventually
+from tests.cluster.test_gpu_kube_spawner import slice_choice, spawner_of
+from tests.cluster.test_kubespawner import home_volume
+
+# A stand-in for the single-user server (what is tested is the hub's rights, not
+# JupyterLab): it answers any GET; the kubelet emulator binds 0.0.0.0 to the pod's IP.
+STAND_IN_SERVER = (
+    "import http.server as h\n"
+    "class Answer(h.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+    "h.HTTPServer(('0.0.0.0', 8888), Answer).serve_forever()\n")
+EVERY_GRANT = ([("Role", *g) for g in grants(HUB_ROLE_RULES)]
+               + [("ClusterRole", *g) for g in grants(HUB_CLUSTER_ROLE_RULES)])
+DENIED = re.compile(r'cannot (\w+) resource "([\w.]+)"')  # an RBAC refusal's message
+# Lists of one collection in a run: a watch that holds lists twice as it begins (kubespawner's
+# reflector) and once more each 30 s; a refused watch is listed again every fraction of a second.
+MOST_LISTS = 3
+
+
+def rbac_refusals(proxy: FaultProxy) -> set[tuple[str, str]]:
+    """(resource, verb) of every request the API server refused for want of rights."""
+    refused = set()
+    for answer in list(proxy.answered):
+        if answer.status != 403:
+            continue
+        try:
+            message = json.loads(answer.message)["message"]
+        except (ValueError, KeyError):
+            message = answer.message
+        if m := DENIED.search(message):  # not a quota's 403 ("exceeded quota")
+            refused.add((m.group(2), m.group(1)))
+    return refused
+
+
+def lists_made(proxy: FaultProxy) -> Counter:
+    """How often each collection was listed (a GET of it that is not a watch)."""
+    return Counter(urlparse(a.target).path for a in list(proxy.answered)
+                   if a.method == "GET" and "watch=" not in a.target
+                   and not re.search(r"/(persistentvolumeclaims|pods)/[^/]+$", a.target))
+
+
+@pytest.fixture
+async def hub_as(control_plane: ControlPlane, kube: Kube, namespace: str, proxy: FaultProxy,
+                 gpu_nodes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                 ) -> AsyncIterator[Callable[[list[tuple[str, str, str]]],
+                                             Callable[[], GPUKubeSpawner]]]:
+    """hub_as(granted) -> a maker of the hub's spawners for user ada, whose client holds a
+    ServiceAccount token bound to exactly `granted` ((Role or ClusterRole, resource, verb))."""
+    gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}))
+    storage_class, _home = home_volume(kube, control_plane, namespace)
+    kube.create(f"/api/v1/namespaces/{namespace}/resourcequotas", {
+        "metadata": {"name": "homes"}, "spec": {"hard": {"persistentvolumeclaims": "1"}}})
+    kube.wait_for("the claim quota counted", lambda: kube.get(
+        f"/api/v1/namespaces/{namespace}/resourcequotas/homes").get("status", {}).get("hard"))
+    db_url = f"sqlite:///{tmp_path}/gpulease.sqlite"
+
+    def bind(granted: list[tuple[str, str, str]]) -> Callable[[], GPUKubeSpawner]:
+        token = service_account_token(kube, namespace, "hub", seconds=600)
+        grant(kube, namespace, "hub", rules=rules_of(
+            [(r, v) for kind, r, v in granted if kind == "Role"]))
+        grant_cluster(kube, namespace, "hub", rules_of(
+            [(r, v) for kind, r, v in granted if kind == "ClusterRole"]))
+        _wait_applied(control_plane.as_token(token), namespace, granted)
+        config = Configuration(host=proxy.url)
+        config.api_key = {"BearerToken": token}
+        config.api_key_prefix = {"BearerToken": "Bearer"}
+        config.ssl_ca_cert = control_plane.state["ca"]
+        # kubespawner's clients take the default configuration: this hub's token, here.
+        monkeypatch.setattr(kubespawner.spawner, "load_config", lambda **kw: None)
+        monkeypatch.setattr(Configuration, "_default", config)
+
+        def make() -> GPUKubeSpawner:
+            spawner = spawner_of(namespace)
+            spawner.user.groups = []
+            spawner.db_url = db_url
+            spawner.cmd = ["python", "-c", STAND_IN_SERVER]
+            spawner.storage_class = storage_class
+            spawner.storage_capacity = "1Gi"
+            spawner.storage_access_modes = ["ReadWriteOnce"]
+            spawner.start_timeout = spawner.http_timeout = 30
+            spawner.server = Server(base_url="/user/ada/")
+            spawner.gpulease_choice = slice_choice()
+            return spawner
+        return make
+
+    yield bind
+    for key in [k for k in GPUKubeSpawner.reflectors if namespace in k]:
+        with contextlib.suppress(asyncio.CancelledError):
+            await GPUKubeSpawner.reflectors.pop(key).stop()
+    ctx = get_context(db_url)
+    for key, (owner, runner) in list(cluster_runner._runners.items()):
+        if owner is ctx:
+            cluster_runner._runners.pop(key)
+            if runner.watch is not None:
+                await runner.watch.stop()
+    loop = asyncio.get_running_loop()  # kubespawner's clients of this test: their connections
+    for key in [k for k in kubespawner.clients._client_cache if k[0] is loop]:
+        await kubespawner.clients._client_cache.pop(key).api_client.close()
+    ctx.engine.dispose()
+    kube.delete(f"/api/v1/persistentvolumes/{namespace}-home")
+
+
+def _wait_applied(as_hub: Kube, namespace: str, granted: list[tuple[str, str, str]]) -> None:
+    """Until the authorizer grants the token exactly these (its cache lags the bindings)."""
+    want = {(r, v) for _kind, r, v in granted}
+
+    def applied() -> bool:
+        review = as_hub.create("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", {
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
+            "spec": {"namespace": namespace}})
+        held = {(r, v) for rule in review["status"]["resourceRules"]
+                for r in rule.get("resources", []) for v in rule.get("verbs", [])}
+        return want <= held
+    as_hub.wait_for("the hub's Role and ClusterRole applied", applied, timeout=30)
+
+
+async def start(spawner: GPUKubeSpawner) -> None:
+    """Start it, and keep the address it returns, as JupyterHub does."""
+    where = urlparse(await asyncio.wait_for(spawner.start(), 60))
+    spawner.server.ip, spawner.server.port = where.hostname, where.port
+
+
+async def what_the_hub_does(make: Callable[[], GPUKubeSpawner]) -> None:
+    first = make()
+    await start(first)
+    assert first.gpulease_answered_at is not None, "the server's first answer was not seen"
+    assert await first.poll() is None, "the poll does not find the running pod"
+    await eventually("the pod's Scheduled event seen (the progress a user sees)", lambda: any(
+        e["reason"] == "Scheduled" for e in first.events), timeout=10)
+    await asyncio.wait_for(first.stop(), 60)
+    assert await first.poll() is not None, "the poll still finds the stopped pod"
+    again = make()  # removed and added again: no state, the claim kept, the quota full
+    await start(again)
+    assert again.gpulease_answered_at is not None, "the second start's answer was not seen"
+    runner = again._queue_runner()
+    await asyncio.wait_for(again.stop(), 60)
+    assert runner.watch is not None and not runner.watch.stale, (
+        f"the cluster inventory is stale: {runner.watch.nodes.last_error} "
+        f"{runner.watch.pods.last_error}")
+
+
+def _id(g: tuple[str, str, str]) -> str:
+    return f"without-{g[1]}-{g[2]}"
+
+
+async def test_the_hub_runs_with_its_role_and_cluster_role(hub_as, proxy: FaultProxy):
+    await what_the_hub_does(hub_as(EVERY_GRANT))
+    assert rbac_refusals(proxy) == set()
+    assert max(lists_made(proxy).values()) <= MOST_LISTS, lists_made(proxy)
+
+
+@pytest.mark.parametrize("missing", EVERY_GRANT, ids=_id)
+async def test_each_grant_is_needed(hub_as, proxy: FaultProxy, missing: tuple[str, str, str]):
+    failure: BaseException | None = None
+    try:
+        await what_the_hub_does(hub_as([g for g in EVERY_GRANT if g != missing]))
+        lists = lists_made(proxy)
+        assert max(lists.values()) <= MOST_LISTS, f"a watch did not hold: {lists}"
+    except Exception as e:  # noqa: BLE001 - whatever the hub's failure, it is checked below
+        failure = e
+    print(f"{_id(missing)}: {type(failure).__name__}: {failure}")
+    assert failure is not None, f"everything worked without {missing}"
+    assert rbac_refusals(proxy) == {missing[1:]}, (
+        f"refused {rbac_refusals(proxy)} (failure: {failure!r})")
