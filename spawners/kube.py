@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Callable
 from contextvars import ContextVar
 from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
+from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 
@@ -55,6 +57,19 @@ _IN_POLL: ContextVar[bool] = ContextVar("gpulease_kube_in_poll", default=False)
 def pod_options(choice: ServerChoice, cluster: ClusterGpus) -> dict[str, Any]:
     """kubespawner's options for a server of this choice on this cluster."""
     return kubespawner_traits(pod_needs(choice.profile, cluster), choice.image.image)
+
+
+def api_server_refusal(slug: str, e: ApiException) -> Refusal:
+    """A start the API server refused or failed (a 500, a quota's 403): a 502 naming what
+    was being made and the API server's own message, not JupyterHub's bare 500."""
+    try:
+        said = json.loads(e.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        said = e.reason or ""
+    making = getattr(e, "gpulease_making", "")
+    return Refusal(f"Cannot start {slug}: the Kubernetes API server answered HTTP {e.status}"
+                   f"{f' to making {making}' if making else ''} ({said[:300]}); "
+                   "try again shortly.", status=502)
 
 
 class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
@@ -129,6 +144,8 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         self._options_to_restore = None
         try:  # the pod is made only now, once admitted
             url = await KubeSpawner.start(self)
+        except ApiException as e:
+            self.refuse(api_server_refusal(choice.profile.slug, e))
         finally:  # its pod is bound (it runs), or there is none: the pod counts from now
             if admitted is not None:
                 self._queue_runner().done(self.user.name, self.name)
@@ -140,6 +157,20 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         elif answered is None:
             self._watch_first_answer(where.hostname, where.port, choice, admitted)
         return url
+
+    async def _make_create_pvc_request(self, pvc, request_timeout):
+        try:  # kubespawner's: a 409 or a quota's 403 over a claim that exists is success
+            return await KubeSpawner._make_create_pvc_request(self, pvc, request_timeout)
+        except ApiException as e:
+            e.gpulease_making = f"the home claim {pvc.metadata.name}"
+            raise
+
+    async def _make_create_pod_request(self, pod, request_timeout):
+        try:  # kubespawner's: a 409 deletes the pod of that name and tries again
+            return await KubeSpawner._make_create_pod_request(self, pod, request_timeout)
+        except ApiException as e:
+            e.gpulease_making = f"the pod {pod.metadata.name}"
+            raise
 
     def _queue_runner(self) -> ClusterQueueRunner:
         return cluster_runner_for(self.gpulease, self.api, self.node_selector,
