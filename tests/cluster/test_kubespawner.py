@@ -54,16 +54,18 @@ def hub_kubeconfig(kube: Kube, plane: ControlPlane, namespace: str, folder: Path
     return path
 
 
-def home_volume(kube: Kube, plane: ControlPlane, namespace: str) -> tuple[str, Path]:
-    """A PersistentVolume (hostPath) of a storage class of this test's own."""
-    folder = plane.root / "volumes" / f"{namespace}-home"
+def home_volume(kube: Kube, plane: ControlPlane, namespace: str, name: str = "home"
+                ) -> tuple[str, Path]:
+    """A PersistentVolume (hostPath) of a storage class of this test's own, for one claim
+    (`name` tells a second one from the first)."""
+    folder = plane.root / "volumes" / f"{namespace}-{name}"
     folder.mkdir(parents=True)
     folder.parent.chmod(0o755)
     if os.geteuid() == 0:
         os.chown(folder, POD_UID, 100)
     storage_class = f"manual-{namespace}"
     kube.create("/api/v1/persistentvolumes", {
-        "metadata": {"name": f"{namespace}-home"},
+        "metadata": {"name": f"{namespace}-{name}"},
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
                  "storageClassName": storage_class,
                  "persistentVolumeReclaimPolicy": "Retain",
