@@ -253,9 +253,9 @@ def hub_config(s: HubSettings) -> Config:
                 # api/inventory shows it; `users add` makes the Unix account with it
                 "GPULEASE_ISOLATION": json.dumps(s.isolation),
                 # The cluster shape's inventory reads the cluster (JupyterHub passes
-                # no KUBECONFIG to services of its own accord).
+                # no KUBECONFIG, nor the in-cluster variables, to services).
                 "GPULEASE_CLUSTER_NAMESPACE": s.cluster_namespace if cluster else "",
-                **({"KUBECONFIG": s.kubeconfig} if cluster and s.kubeconfig else {}),
+                **(kube_client_environment(s.kubeconfig) if cluster else {}),
                 **notify_environment(s),
             },
             "oauth_no_confirm": True,

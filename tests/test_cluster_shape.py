@@ -66,6 +66,15 @@ def test_embedded_shape_has_no_cluster_namespace_nor_kubeconfig(tmp_path):
     assert "KUBECONFIG" not in env and env["GPULEASE_CLUSTER_NAMESPACE"] == "ignored"
 
 
+def test_a_hub_pods_service_gets_the_in_cluster_variables(tmp_path, monkeypatch):
+    # In a hub pod the service's client finds the API server by these two (JupyterHub
+    # passes a service only its own environment).
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    env = service_env(hub_config(settings(tmp_path, shape="cluster", kubeconfig="")))
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("10.0.0.1", "443")
+
+
 def test_the_namespace_is_the_configured_one_else_the_hub_pods_else_default(tmp_path):
     absent = tmp_path / "absent"
     assert resolve_namespace("gpu-users", Config(), absent) == "gpu-users"
