@@ -17,8 +17,8 @@ where. The watch adapter that keeps these dataclasses current is separate.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from gpulease.spawners.gpu_models import model_key_from_gfd_product
 from gpulease.spawners.placement import DeviceRequest, NoFit
@@ -41,6 +41,8 @@ class ClusterNode:
     # profile (GFD's product reads `<product>-MIG-<profile>`).
     single_profile: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # NoSchedule / NoExecute taints: (key, value, effect)
+    taints: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,16 +108,39 @@ def node_from_object(obj: dict) -> ClusterNode:
                        labels.get("nvidia.com/mig.strategy", "none"),
                        labels.get("nvidia.com/cuda.driver-version.full", ""), allocatable,
                        _ready(obj) and not obj.get("spec", {}).get("unschedulable", False),
-                       profile, dict(labels))
+                       profile, dict(labels),
+                       tuple((t.get("key", ""), t.get("value", ""), t["effect"])
+                             for t in obj.get("spec", {}).get("taints", [])
+                             if t.get("effect") in ("NoSchedule", "NoExecute")))
 
 
-def select_nodes(inventory: ClusterInventory, selector: Mapping[str, str]) -> ClusterInventory:
-    """Only the nodes a server's pod may run on (its node selector); every hold stays."""
-    if not selector:
-        return inventory
-    nodes = tuple(n for n in inventory.nodes
-                  if all(n.labels.get(k) == v for k, v in selector.items()))
-    return ClusterInventory(nodes, inventory.holds)
+def tolerated(taint: tuple[str, str, str], tolerations: Sequence[Mapping[str, str]]) -> bool:
+    """Whether a pod with `tolerations` may be scheduled despite `taint` (Kubernetes' rule)."""
+    key, value, effect = taint
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != effect:
+            continue
+        if t.get("operator", "Equal") == "Exists":
+            if not t.get("key") or t["key"] == key:
+                return True
+        elif t.get("key") == key and t.get("value", "") == value:
+            return True
+    return False
+
+
+def select_nodes(inventory: ClusterInventory, selector: Mapping[str, str],
+                 tolerations: Sequence[Mapping[str, str]] = ()) -> ClusterInventory:
+    """The nodes a server's pod may run on: those of its node selector, and of these
+    the ones with a taint it does not tolerate (a node drained for maintenance)
+    unschedulable. Every hold stays."""
+    nodes = []
+    for n in inventory.nodes:
+        if not all(n.labels.get(k) == v for k, v in selector.items()):
+            continue
+        if n.schedulable and not all(tolerated(t, tolerations) for t in n.taints):
+            n = replace(n, schedulable=False)
+        nodes.append(n)
+    return ClusterInventory(tuple(nodes), inventory.holds)
 
 
 def hold_from_pod(pod: dict) -> Hold | None:

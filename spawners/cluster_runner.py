@@ -22,7 +22,7 @@ queued by the limits, with the scheduler's reason in its progress
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,7 @@ from gpulease.spawners.cluster_queue import plan_cluster
 from gpulease.spawners.cluster_watch import ClusterWatch
 from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.queue import Waiting, queue_places_refusal
-from gpulease.spawners.queue_base import QueueBase, Refused, Ticket
+from gpulease.spawners.queue_base import QueueBase, Refused, Ticket, log
 from gpulease.spawners.queue_runner import asks
 
 if TYPE_CHECKING:
@@ -75,10 +75,12 @@ class ClusterQueueRunner(QueueBase):
     """The cluster's queue: starts admitted to counted capacity (see the module doc)."""
 
     def __init__(self, ctx: GPULeaseContext, api: client.CoreV1Api,
-                 selector: Mapping[str, str] = {}, poll_s: float = 5.0):
+                 selector: Mapping[str, str] = {},
+                 tolerations: Sequence[Mapping[str, str]] = (), poll_s: float = 5.0):
         super().__init__(ctx, poll_s)
         self.api = api
         self.selector = dict(selector)
+        self.tolerations = [dict(t) for t in tolerations]
         self.watch: ClusterWatch | None = None
         self.admitted: dict[tuple[str, str], DeviceRequest] = {}
 
@@ -90,6 +92,10 @@ class ClusterQueueRunner(QueueBase):
             self.watch = ClusterWatch(self.api, on_change=self._changed)
             for w in (self.watch.nodes, self.watch.pods):
                 w.start()
+        for w in (self.watch.nodes, self.watch.pods):
+            if not w.first_list.done() and w.failures:  # pausing, up to 30 s: list now
+                await w.stop()
+                w.start()
         lists = asyncio.gather(self.watch.nodes.first_list, self.watch.pods.first_list)
         try:
             await asyncio.wait_for(asyncio.shield(lists), WATCH_READY_S)
@@ -97,7 +103,7 @@ class ClusterQueueRunner(QueueBase):
             why = self.watch.nodes.last_error or self.watch.pods.last_error or "no answer"
             raise Refused(503, "Cannot read the cluster's nodes and pods from the Kubernetes "
                                f"API server ({why}); try again shortly.") from None
-        return select_nodes(self.watch.inventory(), self.selector)
+        return select_nodes(self.watch.inventory(), self.selector, self.tolerations)
 
     def unbound(self, inventory: ClusterInventory) -> dict[tuple[str, str], DeviceRequest]:
         """Admitted starts whose pod is not bound to a node yet."""
@@ -141,6 +147,8 @@ class ClusterQueueRunner(QueueBase):
             node = dict(decision.start).get(me)
             if node is not None:
                 self.admitted[key] = request
+                log.info("%s/%s admitted for %s (fits on %s)", user, server,
+                         request.describe(), node)
                 return ClusterAdmitted(node)
             if max_wait <= 0:
                 raise Refused(503, self._no_room(request, inventory))
@@ -182,6 +190,8 @@ class ClusterQueueRunner(QueueBase):
                 self._settle(ticket, Refused(422, message))
             for ticket, node in decision.start:
                 self.admitted[(ticket.user, ticket.server)] = ticket.request
+                log.info("%s/%s admitted from the queue for %s (fits on %s)", ticket.user,
+                         ticket.server, ticket.request.describe(), node)
                 self._settle(ticket, node)
 
     async def _timed_out(self, ticket: Ticket, max_wait: float) -> Refused:
@@ -197,16 +207,18 @@ class ClusterQueueRunner(QueueBase):
         self.done(ticket.user, ticket.server)
 
 
-_runners: dict[tuple[int, frozenset], tuple[GPULeaseContext, ClusterQueueRunner]] = {}
+_runners: dict[tuple, tuple[GPULeaseContext, ClusterQueueRunner]] = {}
 
 
 def cluster_runner_for(ctx: GPULeaseContext, api: client.CoreV1Api,
-                       selector: Mapping[str, str], poll_s: float = 5.0) -> ClusterQueueRunner:
-    """The one runner of this context and node selector in this process."""
-    key = (id(ctx), frozenset(selector.items()))
+                       selector: Mapping[str, str], tolerations: Sequence[Mapping[str, str]],
+                       poll_s: float = 5.0) -> ClusterQueueRunner:
+    """The one runner of this context, node selector and tolerations in this process."""
+    key = (id(ctx), frozenset(selector.items()),
+           tuple(sorted(tuple(sorted(t.items())) for t in tolerations)))
     entry = _runners.get(key)
     if entry is None or entry[0] is not ctx:
-        entry = (ctx, ClusterQueueRunner(ctx, api, selector, poll_s))
+        entry = (ctx, ClusterQueueRunner(ctx, api, selector, tolerations, poll_s))
         _runners[key] = entry
     entry[1].poll_s = poll_s
     return entry[1]

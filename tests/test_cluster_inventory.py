@@ -155,3 +155,18 @@ def test_the_indexed_decision_is_the_brute_force_one():
             except NoFit:
                 got = None
             assert got == expected, (case, request, pending)
+
+
+def test_a_taint_is_tolerated_by_kubernetes_rule():
+    from gpulease.spawners.cluster_inventory import tolerated
+
+    taint = ("nvidia.com/gpu", "present", "NoSchedule")
+    assert tolerated(taint, [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    assert tolerated(taint, [{"key": "nvidia.com/gpu", "operator": "Exists"}])  # any effect
+    assert tolerated(taint, [{"operator": "Exists"}])  # every taint
+    assert tolerated(taint, [{"key": "nvidia.com/gpu", "value": "present"}])  # Equal
+    assert not tolerated(taint, [{"key": "nvidia.com/gpu", "value": "absent"}])
+    assert not tolerated(taint, [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                  "effect": "NoExecute"}])
+    assert not tolerated(("maintenance", "true", "NoSchedule"), [
+        {"key": "nvidia.com/gpu", "operator": "Exists"}])

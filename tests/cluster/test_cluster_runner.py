@@ -20,6 +20,7 @@ from gpulease.spawners.cluster_runner import ClusterQueueRunner
 from gpulease.spawners.cluster_watch import CLUSTER_RULES
 from gpulease.spawners.kube_rbac import grants as grants_of
 from gpulease.spawners.placement import DeviceRequest
+from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
 from gpulease.spawners.queue_base import Refused
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, pods_path
@@ -40,7 +41,8 @@ async def runner(control_plane: ControlPlane, kube: Kube, namespace: str, _sqlit
                        grants_of(CLUSTER_RULES))
     ctx = GPULeaseContext(_sqlite_template.copy_to(tmp_path / "gpulease.sqlite"))
     # A slow poll: only the watch's events can wake the queue in time.
-    r = ClusterQueueRunner(ctx, api, {POOL_LABEL: namespace}, poll_s=60)
+    r = ClusterQueueRunner(ctx, api, {POOL_LABEL: namespace}, DEFAULT_GPU_TOLERATIONS,
+                           poll_s=60)
     yield r
     if r.watch is not None:
         await r.watch.stop()
@@ -167,3 +169,22 @@ async def test_an_admitted_start_without_a_pod_holds_nothing_once_it_ends(
     spawns.runner.done("made-no-pod", "")  # its pod was never made (the create failed)
     await eventually("next admitted", lambda: spawns.tasks["next"].done(), timeout=10)
     assert spawns.runner.admitted.keys() == {("next", "")}
+
+
+async def test_a_node_tainted_for_maintenance_takes_no_start_until_the_taint_goes(
+        spawns: Spawns, gpu_nodes, kube: Kube):
+    (made,) = gpu_nodes(GpuNode("mig", mig={"1g.18gb": 2}))
+    name = made["metadata"]["name"]
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    kube.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": [gpu_taint]}})  # tolerated
+    spawns.admit("first", SLICE)
+    await spawns.run("first", SLICE)
+    drained = {"key": "maintenance", "value": "true", "effect": "NoSchedule"}
+    kube.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": [gpu_taint, drained]}})
+    await eventually("the taint seen", lambda: any(
+        n.name == name and len(n.taints) == 2 for n in spawns.runner.watch.inventory().nodes))
+    spawns.admit("second", SLICE)  # a slice is free, on a node its pod could not go to
+    await eventually("second waiting", lambda: "second" in spawns.waiting())
+    kube.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": [gpu_taint]}})
+    await eventually("second admitted", lambda: spawns.tasks["second"].done(), timeout=10)
+    assert (await spawns.tasks["second"]).node == name
