@@ -13,9 +13,11 @@ emulated H200 nodes.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file, parse_profiles_document
@@ -45,13 +47,19 @@ c.GPUKubeSpawner.storage_access_modes = ["ReadWriteOnce"]
 c.GPUKubeSpawner.start_timeout = 90
 c.GPUKubeSpawner.http_timeout = 90
 """
+DEFAULT_NODES = (GpuNode("h200", mig={"1g.18gb": 7}), GpuNode("h200x8", gpus=8))
 
 
-@pytest.fixture
-def gpu_hub(control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes,
-            tmp_path: Path) -> Iterator[tuple[StockHub, Path]]:
+@contextmanager
+def gpu_hub_at(control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes,
+               tmp_path: Path, nodes: tuple[GpuNode, ...] = DEFAULT_NODES,
+               users: tuple[str, ...] = ("alice",), server: str = "",
+               extra_config: str = "") -> Iterator[tuple[StockHub, Path]]:
+    """The GPU hub on these `nodes`: gpulease's sample profiles and a 2-GPU one, credit
+    for each of `users`, a home volume; the hub reaches the API server at `server`
+    (the fault proxy, say; default: the API server itself); `extra_config` appended."""
     require_chp()
-    gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}), GpuNode("h200x8", gpus=8))
+    gpu_nodes(*nodes)
     storage_class, home = home_volume(kube, control_plane, namespace)
     db_url = f"sqlite:///{tmp_path}/gpulease.sqlite"
     ctx = GPULeaseContext(db_url)
@@ -60,15 +68,30 @@ def gpu_hub(control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes,
         "gpu": {"model": "H200", "count": 2}, "cpu": 2, "memory": "8Gi",
         "images": ["pytorch"], "price_per_hour": "16.00"}]}, ctx.catalog, "test")
     ctx.profiles.apply(load_profiles_file(SAMPLE_PROFILES, ctx.catalog) + two, actor="test")
-    ctx.ledger.grant("user:alice", 50_000_000, note="test credit", actor="test")
+    for user in users:
+        ctx.ledger.grant(f"user:{user}", 50_000_000, note="test credit", actor="test")
     ctx.engine.dispose()
     kubeconfig = hub_kubeconfig(kube, control_plane, namespace, tmp_path,
                                 rules=HUB_ROLE_RULES, cluster_rules=HUB_CLUSTER_ROLE_RULES)
-    hub = StockHub(tmp_path, kubeconfig, template=GPU_HUB_CONFIG, namespace=namespace, pool=POOL_LABEL,
-                   storage_class=storage_class, db_url=db_url, image="", uid=0)
-    yield hub, home
-    hub.stop()
-    kube.delete(f"/api/v1/persistentvolumes/{namespace}-home")
+    if server:
+        config = yaml.safe_load(kubeconfig.read_text())
+        config["clusters"][0]["cluster"]["server"] = server
+        kubeconfig.write_text(yaml.safe_dump(config))
+    hub = StockHub(tmp_path, kubeconfig, template=GPU_HUB_CONFIG + extra_config,
+                   namespace=namespace, pool=POOL_LABEL, storage_class=storage_class,
+                   db_url=db_url, image="", uid=0)
+    try:
+        yield hub, home
+    finally:
+        hub.stop()
+        kube.delete(f"/api/v1/persistentvolumes/{namespace}-home")
+
+
+@pytest.fixture
+def gpu_hub(control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes,
+            tmp_path: Path) -> Iterator[tuple[StockHub, Path]]:
+    with gpu_hub_at(control_plane, kube, namespace, gpu_nodes, tmp_path) as running:
+        yield running
 
 
 @pytest.mark.parametrize("profile, resource, count, node, prefix", [
