@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -53,29 +54,41 @@ c.GPUKubeSpawner.http_timeout = 90
 """
 
 
+@contextmanager
+def cluster_hub_at(control_plane: ControlPlane, kube: Kube, namespace: str, folder: Path,
+                   pool: str = "", extra_args: tuple[str, ...] = ()) -> Iterator[HubProcess]:
+    """`gpulease up --GPULeaseHub.shape=cluster` with its pods in `namespace`, on the nodes
+    labelled `POOL_LABEL=pool` (default: the namespace's own, as gpu_nodes labels them), a
+    home volume, the token of a ServiceAccount with z2jh's hub Role and CLUSTER_RULES, and
+    PROFILES; `extra_args` go to `gpulease up`. Also used by bench/kube_spawn.py."""
+    storage_class, _home = home_volume(kube, control_plane, namespace)
+    kubeconfig = hub_kubeconfig(kube, control_plane, namespace, folder)
+    grant_cluster(kube, namespace, "hub", CLUSTER_RULES)  # the inventory's and admission's
+    profiles = folder / "profiles.yaml"
+    profiles.write_text(yaml.safe_dump(PROFILES))
+    config = folder / "admin_config.py"
+    config.write_text(ADMIN_CONFIG.format(pool=POOL_LABEL, namespace=pool or namespace,
+                                          storage_class=storage_class))
+    hub = HubProcess(state=folder / "state", admin_password=PW,
+                     env={"KUBECONFIG": str(kubeconfig)}, extra_args=[
+                         "--GPULeaseHub.shape=cluster",
+                         f"--GPULeaseHub.cluster_namespace={namespace}",
+                         f"--config={config}", f"--profiles={profiles}", *extra_args])
+    try:
+        hub.start(timeout=120)
+        yield hub
+    finally:
+        hub.close()
+        kube.delete(f"/api/v1/persistentvolumes/{namespace}-home")
+
+
 @pytest.fixture
 def cluster_hub(control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes,
                 tmp_path: Path) -> Iterator[HubProcess]:
     gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}))
-    storage_class, _home = home_volume(kube, control_plane, namespace)
-    kubeconfig = hub_kubeconfig(kube, control_plane, namespace, tmp_path)
-    grant_cluster(kube, namespace, "hub", CLUSTER_RULES)  # the inventory's and admission's
-    profiles = tmp_path / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    config = tmp_path / "admin_config.py"
-    config.write_text(ADMIN_CONFIG.format(pool=POOL_LABEL, namespace=namespace,
-                                          storage_class=storage_class))
-    hub = HubProcess(state=tmp_path / "state", admin_password=PW,
-                     env={"KUBECONFIG": str(kubeconfig)}, extra_args=[
-                         "--GPULeaseHub.shape=cluster",
-                         f"--GPULeaseHub.cluster_namespace={namespace}",
-                         f"--config={config}", f"--profiles={profiles}",
-                         f"--GPULeaseHub.heartbeat_interval={HEARTBEAT}",
-                         "--Spawner.poll_interval=1"])
-    hub.start(timeout=120)
-    yield hub
-    hub.close()
-    kube.delete(f"/api/v1/persistentvolumes/{namespace}-home")
+    with cluster_hub_at(control_plane, kube, namespace, tmp_path, extra_args=(
+            f"--GPULeaseHub.heartbeat_interval={HEARTBEAT}", "--Spawner.poll_interval=1")) as hub:
+        yield hub
 
 
 def sessions_of(hub: HubProcess, token: str) -> list[dict]:
