@@ -38,6 +38,7 @@ from gpulease.hub.cluster_shape import (
 )
 from gpulease.hub.context import get_context
 from gpulease.hub.hub_config import (
+    SERVICE_NAME,
     HubSettings,
     hub_config,
     hub_page_handlers,
@@ -56,6 +57,7 @@ from gpulease.hub.metering import Meter
 from gpulease.hub.named_servers import refusing_limit
 from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
+from gpulease.hub.queue_resume import resume_queued
 from gpulease.hub.server_control import HubServerControl
 from gpulease.hub.server_env import ServerEnvError
 from gpulease.hub.server_env import choose as choose_server_env
@@ -180,10 +182,11 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             ctx.meter.announce = lambda *notice: announce(ctx.notices, ctx.notify_backends,
                                                           *notice)
         ctx.meter.acquire_lease()
-        # Spawns queued by a hub that was killed are gone with it.
-        stale = ctx.queue.clear()
-        if stale:
-            self.log.info("Removed %d spawns left in the queue by the previous hub", stale)
+        # Spawns the previous hub left queued start again once this one is up (start()).
+        self._left_queued = ctx.queue.rows()
+        if self._left_queued:
+            self.log.info("%d spawns left queued by the previous hub: they start again, in "
+                          "their order, once the hub is up", len(self._left_queued))
         if not self._cluster:
             self.log.info("GPU inventory: %s", ctx.inventory.label)
         applied = ctx.profiles.apply_file_if_changed(self.profiles_file)
@@ -356,9 +359,19 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             self._oos_check = PeriodicCallback(self._recheck_out_of_service,
                                                self.heartbeat_interval * 1000)
             self._oos_check.start()
+        self._resume_queue()
         url = self.bind_url.rstrip("/") + "/"
         write_cli_file(self._state, url.rsplit("/hub/", 1)[0], self._settings.cli_token)
         self._announce(url)
+
+    def _resume_queue(self) -> None:
+        """Start again what the previous hub left queued, now that the hub, its proxy and
+        services are up: through the hub's REST API (gpulease.hub.queue_resume says why)."""
+        left, self._left_queued = getattr(self, "_left_queued", []), []
+        if left:
+            token = self._service_map[SERVICE_NAME].api_token
+            self._resuming = asyncio.ensure_future(
+                resume_queued(self, self._ctx, left, token, self.log))
 
     def _prune_audit(self) -> None:
         if self._audit_retention is None:  # "0": keep every entry
@@ -398,6 +411,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             self._audit_pruner.stop()
         if meter is not None:
             meter.shutting_down = True
+        if getattr(self, "_ctx", None):  # what waits in the queue stays, for the next hub
+            self._ctx.queue.keep_rows()
         await super().cleanup()
         if meter is not None:
             await asyncio.to_thread(meter.release_lease)  # a write: may wait for the lock

@@ -143,13 +143,8 @@ def select_nodes(inventory: ClusterInventory, selector: Mapping[str, str],
     return ClusterInventory(tuple(nodes), inventory.holds)
 
 
-def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | None:
-    """The GPU resources a live pod requests, or None (no GPU, or it has ended).
-
-    A pod is gpulease's server (a user's, by its label) only in `servers_namespace`,
-    where only the hub makes pods: anyone who may make a pod elsewhere writes its labels,
-    and a forged `hub.jupyter.org/username` there would count against that user's limits
-    and hide whose GPUs they are. None: every namespace's labels are believed (tests)."""
+def hold_from_pod(pod: dict) -> Hold | None:
+    """The GPU resources a live pod requests, or None (no GPU, or it has ended)."""
     if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
         return None
     wanted: Counter[str] = Counter()
@@ -161,8 +156,7 @@ def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | Non
     if not wanted:
         return None
     meta = pod["metadata"]
-    ours = servers_namespace is None or meta.get("namespace") == servers_namespace
-    user = meta.get("labels", {}).get(USER_LABEL, "") if ours else ""
+    user = meta.get("labels", {}).get(USER_LABEL, "")
     return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
                 dict(wanted), user, meta.get("annotations", {}).get(SERVER_ANNOTATION, "") if user
                 else "")

@@ -174,8 +174,7 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
 
     def _queue_runner(self) -> ClusterQueueRunner:
         return cluster_runner_for(self.gpulease, self.api, self.node_selector,
-                                  self.cluster_gpus().tolerations, self.queue_poll_interval,
-                                  namespace=self.namespace)
+                                  self.cluster_gpus().tolerations, self.queue_poll_interval)
 
     _gpulease_stops: int = 0  # stops so far: a run a stop ended stays ended
 

@@ -4,8 +4,9 @@ The hub process decides the queue in memory (gpulease.spawners.queue_runner);
 these rows mirror it so that other processes — the gpulease service, the CLI —
 can show who waits, in which order, for which profile. A row exists exactly
 while its spawn waits: it is removed when the spawn is placed, refused,
-cancelled or gives up, and every row is removed when a hub starts (the spawns
-of a hub that was killed are gone).
+cancelled or gives up. The rows outlive the hub: one killed leaves them, one
+stopping (Ctrl-C, SIGTERM) keeps them (`keep_rows`), and the next hub starts
+those spawns again in their order (gpulease.hub.queue_resume).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ class QueuedSpawn:
 class QueueStore:
     def __init__(self, engine: Engine):
         self.engine = engine
+        self.kept = False  # the hub is stopping: its waiting spawns stay queued
+
+    def keep_rows(self) -> None:
+        """The hub is stopping: from now on a spawn leaving the queue (cancelled as the
+        hub ends) keeps its row, for the next hub to start it again."""
+        self.kept = True
 
     @staticmethod
     def _this(user: str, server: str):
@@ -46,12 +53,14 @@ class QueueStore:
             ).scalar_one()
 
     def remove(self, user: str, server: str) -> bool:
-        """The spawn no longer waits; True when it had a row."""
+        """The spawn no longer waits; True when it had a row (never once `kept`)."""
+        if self.kept:
+            return False
         with self.engine.begin() as conn:
             return conn.execute(delete(spawn_queue).where(self._this(user, server))).rowcount > 0
 
     def clear(self) -> int:
-        """Remove every row (at hub start: the spawns they stood for are gone); how many."""
+        """Remove every row; how many."""
         with self.engine.begin() as conn:
             return conn.execute(delete(spawn_queue)).rowcount
 

@@ -30,3 +30,11 @@ def test_clear_removes_stale_rows(engine):
     q.add("a", "", "p")
     q.add("b", "", "p")
     assert q.clear() == 2 and q.rows() == [] and q.clear() == 0
+
+
+def test_kept_rows_stay_when_their_spawns_leave_as_the_hub_stops(engine):
+    q = QueueStore(engine)
+    q.add("a", "", "p")
+    q.keep_rows()  # the hub is stopping: the next one starts them again
+    assert q.remove("a", "") is False
+    assert [(r.user, r.position) for r in q.rows()] == [("a", 1)]
