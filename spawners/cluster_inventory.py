@@ -143,8 +143,13 @@ def select_nodes(inventory: ClusterInventory, selector: Mapping[str, str],
     return ClusterInventory(tuple(nodes), inventory.holds)
 
 
-def hold_from_pod(pod: dict) -> Hold | None:
-    """The GPU resources a live pod requests, or None (no GPU, or it has ended)."""
+def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | None:
+    """The GPU resources a live pod requests, or None (no GPU, or it has ended).
+
+    A pod is gpulease's server (a user's, by its label) only in `servers_namespace`,
+    where only the hub makes pods: anyone who may make a pod elsewhere writes its labels,
+    and a forged `hub.jupyter.org/username` there would count against that user's limits
+    and hide whose GPUs they are. None: every namespace's labels are believed (tests)."""
     if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
         return None
     wanted: Counter[str] = Counter()
@@ -156,7 +161,8 @@ def hold_from_pod(pod: dict) -> Hold | None:
     if not wanted:
         return None
     meta = pod["metadata"]
-    user = meta.get("labels", {}).get(USER_LABEL, "")
+    ours = servers_namespace is None or meta.get("namespace") == servers_namespace
+    user = meta.get("labels", {}).get(USER_LABEL, "") if ours else ""
     return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
                 dict(wanted), user, meta.get("annotations", {}).get(SERVER_ANNOTATION, "") if user
                 else "")

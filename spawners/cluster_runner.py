@@ -76,9 +76,11 @@ class ClusterQueueRunner(QueueBase):
 
     def __init__(self, ctx: GPULeaseContext, api: client.CoreV1Api,
                  selector: Mapping[str, str] = {},
-                 tolerations: Sequence[Mapping[str, str]] = (), poll_s: float = 5.0):
+                 tolerations: Sequence[Mapping[str, str]] = (), poll_s: float = 5.0, *,
+                 namespace: str | None = None):
         super().__init__(ctx, poll_s)
         self.api = api
+        self.namespace = namespace  # the servers' (only there is a pod gpulease's)
         self.selector = dict(selector)
         self.tolerations = [dict(t) for t in tolerations]
         self.watch: ClusterWatch | None = None
@@ -89,7 +91,8 @@ class ClusterQueueRunner(QueueBase):
     async def inventory(self) -> ClusterInventory:
         """The nodes of this runner's selector and every pod's holds, as watched now."""
         if self.watch is None:
-            self.watch = ClusterWatch(self.api, on_change=self._changed)
+            self.watch = ClusterWatch(self.api, on_change=self._changed,
+                                      servers_namespace=self.namespace)
             for w in (self.watch.nodes, self.watch.pods):
                 w.start()
         for w in (self.watch.nodes, self.watch.pods):
@@ -212,13 +215,16 @@ _runners: dict[tuple, tuple[GPULeaseContext, ClusterQueueRunner]] = {}
 
 def cluster_runner_for(ctx: GPULeaseContext, api: client.CoreV1Api,
                        selector: Mapping[str, str], tolerations: Sequence[Mapping[str, str]],
-                       poll_s: float = 5.0) -> ClusterQueueRunner:
-    """The one runner of this context, node selector and tolerations in this process."""
-    key = (id(ctx), frozenset(selector.items()),
+                       poll_s: float = 5.0, *, namespace: str | None = None
+                       ) -> ClusterQueueRunner:
+    """The one runner of this context, servers' namespace, node selector and tolerations
+    in this process."""
+    key = (id(ctx), namespace, frozenset(selector.items()),
            tuple(sorted(tuple(sorted(t.items())) for t in tolerations)))
     entry = _runners.get(key)
     if entry is None or entry[0] is not ctx:
-        entry = (ctx, ClusterQueueRunner(ctx, api, selector, tolerations, poll_s))
+        entry = (ctx, ClusterQueueRunner(ctx, api, selector, tolerations, poll_s,
+                                         namespace=namespace))
         _runners[key] = entry
     entry[1].poll_s = poll_s
     return entry[1]

@@ -140,8 +140,10 @@ def _why(e: Exception) -> str:
 class ClusterWatch:
     """Nodes and pods, watched; `inventory()` the ClusterInventory they make."""
 
-    def __init__(self, api: client.CoreV1Api, on_change: Callable[[], None] | None = None):
+    def __init__(self, api: client.CoreV1Api, on_change: Callable[[], None] | None = None,
+                 servers_namespace: str | None = None):
         notify = on_change or (lambda: None)
+        self.servers_namespace = servers_namespace  # gpulease's pods: only there (hold_from_pod)
         self.nodes = ObjectWatch("nodes", api, notify)
         self.pods = ObjectWatch("pods", api, notify)
         self._cached: tuple[tuple[int, int], ClusterInventory] | None = None
@@ -162,8 +164,8 @@ class ClusterWatch:
         """The inventory as the watches see it now (rebuilt only after a change)."""
         key = (self.nodes.version, self.pods.version)
         if self._cached is None or self._cached[0] != key:
-            holds = tuple(h for h in map(hold_from_pod, self.pods.objects.values())
-                          if h is not None)
+            holds = tuple(h for h in (hold_from_pod(p, self.servers_namespace)
+                                      for p in self.pods.objects.values()) if h is not None)
             nodes = tuple(node_from_object(n) for n in self.nodes.objects.values())
             self._cached = (key, ClusterInventory(nodes, holds))
         return self._cached[1]

@@ -174,7 +174,8 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
 
     def _queue_runner(self) -> ClusterQueueRunner:
         return cluster_runner_for(self.gpulease, self.api, self.node_selector,
-                                  self.cluster_gpus().tolerations, self.queue_poll_interval)
+                                  self.cluster_gpus().tolerations, self.queue_poll_interval,
+                                  namespace=self.namespace)
 
     _gpulease_stops: int = 0  # stops so far: a run a stop ended stays ended
 

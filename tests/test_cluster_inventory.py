@@ -55,6 +55,16 @@ def test_holds_come_from_live_gpu_pods_only():
     assert hold == Hold("ns/c", "n1", {"nvidia.com/gpu": 2}, "alice", "big")
 
 
+def test_a_user_label_outside_the_servers_namespace_is_a_foreign_pod():
+    """Attack: a tenant who may make pods in another namespace labels one as alice's server.
+    It must count as their pod (namespace/name), not against alice's limits."""
+    forged = _pod("x", "n1", {"nvidia.com/gpu": "1"}, user="alice")
+    forged["metadata"]["namespace"] = "batch"
+    assert hold_from_pod(forged, "ns") == Hold("batch/x", "n1", {"nvidia.com/gpu": 1})
+    real = _pod("jupyter-alice", "n1", {"nvidia.com/gpu": "1"}, user="alice")
+    assert hold_from_pod(real, "ns").user == "alice"
+
+
 def test_rows_count_free_per_node_and_name_gpuleases_holders():
     inventory = ClusterInventory(
         (_node("n1", mig_1g_18gb=7),),

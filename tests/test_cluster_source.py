@@ -116,6 +116,24 @@ async def test_lists_every_page_and_keeps_one_listing_for_a_few_seconds(stand_in
         await source.close()
 
 
+async def test_a_user_label_in_another_namespace_shows_as_that_pod_not_the_user(
+        stand_in: StandIn):
+    """Attack: a pod in another namespace labelled as ada's server is shown as its own pod,
+    not hidden as ada's (only the servers' namespace holds gpulease's pods)."""
+    forged = pod("forged", 1, "ada", "")
+    forged["metadata"]["namespace"] = "batch"
+    stand_in.objects["/api/v1/pods"].append(forged)
+    source = ClusterSource("ns", stand_in.kubeconfig)
+    try:
+        (node,) = (await source.listed()).inventory.rows()
+        holders = node["resources"][0]["holders"]
+        assert {"pod": "batch/forged", "count": 1} in holders
+        assert [h for h in holders if h.get("user")] == [
+            {"user": "ada", "server": "train", "count": 2}]
+    finally:
+        await source.close()
+
+
 @pytest.mark.parametrize("status, says", [
     (403, "forbids gpulease to list nodes (403: nodes is forbidden"),
     (401, "refused gpulease's credentials (401"),

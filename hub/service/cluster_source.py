@@ -73,7 +73,8 @@ class ClusterSource:
                                         field_selector=LIVE_PODS)
             inventory = ClusterInventory(
                 tuple(node_from_object(n) for n in nodes),
-                tuple(h for h in map(hold_from_pod, pods) if h is not None))
+                tuple(h for h in (hold_from_pod(p, self.namespace) for p in pods)
+                      if h is not None))
             self.listings += 1
             listed = Listed(inventory, datetime.now(UTC))
             self._cached = (self._clock(), listed)
