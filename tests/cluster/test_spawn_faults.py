@@ -12,6 +12,7 @@ the cluster holds (pods, the home claim) and what the admission counts.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from tests.cluster.conftest import ControlPlane
 from tests.cluster.faults import Fault, FaultProxy
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode
+from tests.cluster.test_cluster_inventory_api import gpu_pod
 from tests.cluster.test_gpu_kube_spawner_hub import gpu_hub_at
 from tests.cluster.test_kubespawner import StockHub
 
@@ -249,3 +251,38 @@ def test_a_start_waits_for_the_clusters_first_listing_then_is_refused_until_it_c
     began = time.monotonic()
     runs(hub)  # at once: not after the watch's next pause
     assert time.monotonic() - began < WATCH_READY_S
+
+
+def test_a_pod_admitted_then_beaten_to_its_slice_waits_with_the_schedulers_reason(
+        hub: StockHub, kube: Kube, namespace: str, proxy: FaultProxy):
+    """Admitted while the slice was free; another tenant's pod takes it before alice's pod
+    is made (its create is slow): her pod waits, Unschedulable, the scheduler's reason in
+    her progress, until the slice frees, then it runs."""
+    proxy.add(Fault("POST", pod_create(namespace), delay=2.0))
+    started: list[requests.Response] = []
+    thread = threading.Thread(target=lambda: started.append(start(hub)))
+    thread.start()
+    claim = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/claim-alice"
+    kube.wait_for("alice admitted (her home claim made)", lambda: claims(kube, namespace))
+    assert kube.get(claim)
+    kube.create(pods_path(namespace), gpu_pod(namespace, "other-tenant", f"{namespace}-h200",
+                                              "nvidia.com/mig-1g.18gb", 1))
+    messages = []
+    with requests.get(f"{hub.url}/hub/api{_path('')}/progress", stream=True,
+                      headers={"Authorization": f"token {hub.token}"}, timeout=60) as r:
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                messages.append(json.loads(line[5:]).get("message", ""))
+                if "Insufficient nvidia.com/mig-1g.18gb" in messages[-1]:
+                    break
+    assert any("FailedScheduling" in m or "Insufficient" in m for m in messages), messages
+    assert not server(hub)["ready"]
+    refused_for_want_of_room(hub)  # alice's admitted, unbound pod is counted
+
+    # A graceful delete: the pod object stays until its container is gone, so the slice is
+    # not offered again while the device is still in use (a forced one races the kubelet).
+    kube.delete(pods_path(namespace, "other-tenant"))
+    ready, message = outcome(hub)
+    assert ready, message + hub.tail()
+    thread.join(30)
+    assert started and started[0].status_code in (201, 202)
