@@ -25,6 +25,9 @@ from gpulease.spawners.placement import DeviceRequest, NoFit
 
 GPU_PREFIX = "nvidia.com/"
 USER_LABEL = "hub.jupyter.org/username"
+# kubespawner escapes the user name in the label (`a--b` is `a-b---90827a2e` there) and
+# writes it as it is in this annotation: gpulease's limits and holders need the name.
+USER_ANNOTATION = "hub.jupyter.org/username"
 SERVER_ANNOTATION = "hub.jupyter.org/servername"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -149,7 +152,8 @@ def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | Non
     A pod is gpulease's server (a user's, by its label) only in `servers_namespace`,
     where only the hub makes pods: anyone who may make a pod elsewhere writes its labels,
     and a forged `hub.jupyter.org/username` there would count against that user's limits
-    and hide whose GPUs they are. None: every namespace's labels are believed (tests)."""
+    and hide whose GPUs they are. None: every namespace's labels are believed (tests).
+    The user is kubespawner's annotation (the name as it is), else its label."""
     if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
         return None
     wanted: Counter[str] = Counter()
@@ -162,7 +166,9 @@ def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | Non
         return None
     meta = pod["metadata"]
     ours = servers_namespace is None or meta.get("namespace") == servers_namespace
-    user = meta.get("labels", {}).get(USER_LABEL, "") if ours else ""
+    annotations = meta.get("annotations") or {}
+    user = (annotations.get(USER_ANNOTATION) or meta.get("labels", {}).get(USER_LABEL, "")
+            if ours else "")
     return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
                 dict(wanted), user, meta.get("annotations", {}).get(SERVER_ANNOTATION, "") if user
                 else "")

@@ -65,6 +65,13 @@ def test_a_user_label_outside_the_servers_namespace_is_a_foreign_pod():
     assert hold_from_pod(real, "ns").user == "alice"
 
 
+def test_the_user_is_the_annotations_name_not_the_escaped_label():
+    """kubespawner writes `a--b` as `a-b---90827a2e` in the label: her pods are still hers."""
+    pod = _pod("jupyter-a-b---90827a2e", "n1", {"nvidia.com/gpu": "1"}, user="a-b---90827a2e")
+    pod["metadata"]["annotations"]["hub.jupyter.org/username"] = "a--b"
+    assert hold_from_pod(pod, "ns").user == "a--b"
+
+
 def test_rows_count_free_per_node_and_name_gpuleases_holders():
     inventory = ClusterInventory(
         (_node("n1", mig_1g_18gb=7),),

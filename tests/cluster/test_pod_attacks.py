@@ -16,6 +16,7 @@ from gpulease.hub.context import GPULeaseContext
 from tests.cluster.conftest import ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.test_cluster_inventory_api import gpu_pod
+from tests.cluster.test_cluster_queue_hub import wait_ready as wait_user_ready
 from tests.cluster.test_gpu_kube_spawner_hub import gpu_hub_at
 from tests.cluster.test_kubespawner import stop_keeping_home, wait_ready
 
@@ -71,3 +72,27 @@ def forged_label_attack(hub, kube: Kube, namespace: str, tmp_path: Path) -> None
         stop_keeping_home(hub, kube, namespace)
     finally:
         kube.delete(f"/api/v1/namespaces/{other}")
+
+
+def test_a_user_whose_name_kubespawner_escapes_is_held_to_her_gpu_limit(
+        control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes, tmp_path: Path):
+    """Attack: `a--b` is a valid gpulease user name, but kubespawner escapes it in the pod's
+    `hub.jupyter.org/username` label (`a-b---<hash>`). Read from the label, her running
+    pod was nobody's she knew: a named server started past her one-slice limit."""
+    user = "a--b"
+    with gpu_hub_at(control_plane, kube, namespace, gpu_nodes, tmp_path, users=(user,),
+                    extra_config="c.JupyterHub.allow_named_servers = True\n") as (hub, _home):
+        ctx = GPULeaseContext(f"sqlite:///{tmp_path}/gpulease.sqlite")
+        ctx.limits.set(f"user:{user}", {"max_slices": 1}, actor="test")
+        ctx.engine.dispose()
+        assert hub.api("POST", f"/users/{user}").status_code == 201
+        r = hub.api("POST", f"/users/{user}/server", json={"profile": "h200-1g"})
+        assert r.status_code in (201, 202), r.text + hub.tail()
+        wait_user_ready(hub, user)
+        (pod,) = [p for p in kube.get(pods_path(namespace))["items"]
+                  if p["metadata"]["annotations"].get("hub.jupyter.org/username") == user]
+        assert pod["metadata"]["labels"]["hub.jupyter.org/username"] != user  # escaped
+
+        r = hub.api("POST", f"/users/{user}/servers/second", json={"profile": "h200-1g"})
+        assert r.status_code == 409, r.text
+        assert f"held by {user}/" in r.json()["message"], r.json()
