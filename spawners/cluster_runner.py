@@ -131,6 +131,9 @@ class ClusterQueueRunner(QueueBase):
         and no queueing, the queue full, `max_wait` passed, or the API server away.
         """
         key = (user, server)
+        # Outside the lock: while the API server is away, concurrent starts each wait
+        # WATCH_READY_S at most, not one after another.
+        await self.inventory()
         async with self._lock:
             inventory = await self.inventory()
             limit_table = await asyncio.to_thread(self.ctx.limits.all)

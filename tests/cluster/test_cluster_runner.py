@@ -16,13 +16,14 @@ import asyncio
 import pytest
 
 from gpulease.hub.context import GPULeaseContext
-from gpulease.spawners.cluster_runner import ClusterQueueRunner
+from gpulease.spawners.cluster_runner import WATCH_READY_S, ClusterQueueRunner
 from gpulease.spawners.cluster_watch import CLUSTER_RULES
 from gpulease.spawners.kube_rbac import grants as grants_of
 from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
 from gpulease.spawners.queue_base import Refused
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
+from tests.cluster.faults import Fault, FaultProxy
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode
 from tests.cluster.test_cluster_inventory_api import gpu_pod
@@ -188,3 +189,23 @@ async def test_a_node_tainted_for_maintenance_takes_no_start_until_the_taint_goe
     kube.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": [gpu_taint]}})
     await eventually("second admitted", lambda: spawns.tasks["second"].done(), timeout=10)
     assert (await spawns.tasks["second"]).node == name
+
+
+async def test_starts_during_an_outage_are_refused_together_not_one_after_another(
+        control_plane: ControlPlane, kube: Kube, namespace: str, _sqlite_template, tmp_path,
+        proxy: FaultProxy):
+    proxy.add(Fault("GET", r"^/api/v1/nodes$", status=500, times=0))
+    api = await api_as(control_plane, kube, namespace, proxy.url, grants_of(CLUSTER_RULES))
+    ctx = GPULeaseContext(_sqlite_template.copy_to(tmp_path / "gpulease.sqlite"))
+    r = ClusterQueueRunner(ctx, api, {POOL_LABEL: namespace}, DEFAULT_GPU_TOLERATIONS)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    outcomes = await asyncio.gather(*(r.admit(u, "", "p", SLICE, max_wait=60)
+                                      for u in ("a", "b", "c")), return_exceptions=True)
+    took = loop.time() - began
+    assert all(isinstance(o, Refused) and o.status == 503 and "nodes: HTTP 500" in o.message
+               for o in outcomes), outcomes
+    assert took < WATCH_READY_S * 1.5, f"{took:.1f} s: the starts waited one after another"
+    await r.watch.stop()
+    await api.api_client.close()
+    ctx.engine.dispose()
