@@ -85,6 +85,7 @@ class ClusterQueueRunner(QueueBase):
         self.tolerations = [dict(t) for t in tolerations]
         self.watch: ClusterWatch | None = None
         self.admitted: dict[tuple[str, str], DeviceRequest] = {}
+        self._running: set[tuple[str, str]] = set()  # started; admitted until seen bound
 
     # --- the picture -------------------------------------------------------------------
 
@@ -109,8 +110,15 @@ class ClusterQueueRunner(QueueBase):
         return select_nodes(self.watch.inventory(), self.selector, self.tolerations)
 
     def unbound(self, inventory: ClusterInventory) -> dict[tuple[str, str], DeviceRequest]:
-        """Admitted starts whose pod is not bound to a node yet."""
+        """Admitted starts whose pod is not bound to a node yet (as this picture shows).
+
+        A start whose pod runs is forgotten only once this watch, too, sees its pod
+        bound: until then its admission is what counts it (the watch may lag the
+        spawner's own, or be failing)."""
         bound = {(h.user, h.server) for h in inventory.holds if h.node and h.user}
+        for key in self._running & bound:
+            self._running.discard(key)
+            self.admitted.pop(key, None)
         return {key: r for key, r in self.admitted.items() if key not in bound}
 
     def _changed(self) -> None:
@@ -153,6 +161,7 @@ class ClusterQueueRunner(QueueBase):
             node = dict(decision.start).get(me)
             if node is not None:
                 self.admitted[key] = request
+                self._running.discard(key)
                 log.info("%s/%s admitted for %s (fits on %s)", user, server,
                          request.describe(), node)
                 return ClusterAdmitted(node)
@@ -169,10 +178,16 @@ class ClusterQueueRunner(QueueBase):
         node = await self._wait_in_queue(ticket, max_wait)
         return ClusterAdmitted(node, (utcnow() - ticket.enqueued_at).total_seconds(), True)
 
-    def done(self, user: str, server: str) -> None:
-        """The start of user/server ended (its pod runs, or it failed): forget its
-        admission; from now on its pod, if any, is what counts."""
-        if self.admitted.pop((user, server), None) is not None:
+    def done(self, user: str, server: str, running: bool = False) -> None:
+        """The start of user/server ended. Failed, or its server stopped (`running`
+        False): forget its admission now. Its pod runs: forget it once the watch sees
+        the pod bound (`unbound`); from then on the pod is what counts."""
+        key = (user, server)
+        if running and key in self.admitted:
+            self._running.add(key)
+            return
+        self._running.discard(key)
+        if self.admitted.pop(key, None) is not None:
             self.released()
 
     def _no_room(self, request: DeviceRequest, inventory: ClusterInventory) -> str:
@@ -196,6 +211,7 @@ class ClusterQueueRunner(QueueBase):
                 self._settle(ticket, Refused(422, message))
             for ticket, node in decision.start:
                 self.admitted[(ticket.user, ticket.server)] = ticket.request
+                self._running.discard((ticket.user, ticket.server))
                 log.info("%s/%s admitted from the queue for %s (fits on %s)", ticket.user,
                          ticket.server, ticket.request.describe(), node)
                 self._settle(ticket, node)

@@ -209,3 +209,23 @@ async def test_starts_during_an_outage_are_refused_together_not_one_after_anothe
     await r.watch.stop()
     await api.api_client.close()
     ctx.engine.dispose()
+
+
+async def test_a_running_start_stays_counted_until_the_watch_sees_its_pod(
+        spawns: Spawns, gpu_nodes, kube: Kube, namespace: str):
+    gpu_nodes(GpuNode("mig", mig={"1g.18gb": 1}))
+    admitted = await spawns.admit("alice", SLICE)
+    spawns.runner.done("alice", "", running=True)  # kubespawner saw it run; this watch not yet
+    with pytest.raises(Refused) as refused:
+        await spawns.admit("bob", SLICE, max_wait=0)
+    assert refused.value.status == 503  # the slice is alice's, though no pod is seen
+    kube.create(pods_path(namespace), gpu_pod(namespace, "jupyter-alice", admitted.node,
+                                              RESOURCE[SLICE], 1, user="alice"))
+    await eventually("alice's pod seen bound, her admission forgotten", lambda: (
+        spawns.runner.unbound(spawns.runner.watch.inventory()) == {}
+        and not spawns.runner.admitted))
+    with pytest.raises(Refused):  # now her pod counts
+        await spawns.admit("bob", SLICE, max_wait=0)
+    spawns.stop("alice")
+    spawns.admit("bob", SLICE)
+    await eventually("bob admitted", lambda: spawns.tasks["bob"].done(), timeout=10)
