@@ -35,6 +35,7 @@ from gpulease.hub.cluster_shape import (
     cluster_spawner_classes,
     require_kubespawner,
     resolve_namespace,
+    spawner_nodes,
 )
 from gpulease.hub.context import get_context
 from gpulease.hub.hub_config import (
@@ -226,6 +227,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
                 **self._isolation.settings(), "homes": str(state.homes),
                 "server_env": self._server_env},
             shape=self.shape, cluster_namespace=namespace,
+            cluster_nodes=spawner_nodes(self.config) if self._cluster else {},
             kubeconfig=os.environ.get("KUBECONFIG", ""),
         )
         # Notices the hub posts itself (a queued server started) go out the same ways.

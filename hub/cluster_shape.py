@@ -63,6 +63,23 @@ def resolve_namespace(configured: str, user_config: Config,
     return namespace
 
 
+def spawner_nodes(user_config: Config) -> dict:
+    """The nodes GPUKubeSpawner admits GPU starts to, as the admin's config sets them: its
+    `node_selector` and `gpu_tolerations`. The gpulease service counts the availability it
+    shows (api/profiles) on the same nodes (GPULEASE_CLUSTER_NODES)."""
+    from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
+
+    nodes = {"node_selector": {}, "tolerations": [dict(t) for t in DEFAULT_GPU_TOLERATIONS]}
+    for section in ("KubeSpawner", "GPUKubeSpawner"):  # the subclass's own wins
+        mine = user_config[section] if section in user_config else {}
+        if "node_selector" in mine:
+            nodes["node_selector"] = dict(mine["node_selector"])
+    theirs = user_config["GPUKubeSpawner"] if "GPUKubeSpawner" in user_config else {}
+    if "gpu_tolerations" in theirs:
+        nodes["tolerations"] = [dict(t) for t in theirs["gpu_tolerations"]]
+    return nodes
+
+
 def banner_lines(namespace: str) -> list[str]:
     return [f"GPU inventory: the Kubernetes cluster's nodes (servers in namespace {namespace})",
             "Servers run as pods (GPUKubeSpawner); each user's home is the claim claim-<user>"]

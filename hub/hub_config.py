@@ -184,6 +184,9 @@ class HubSettings:
     shape: str = "embedded"
     cluster_namespace: str = ""
     kubeconfig: str = ""
+    # The spawner's node selector and GPU tolerations (cluster_shape.spawner_nodes): the
+    # service's availability counts the nodes the spawner admits to.
+    cluster_nodes: dict = field(default_factory=dict)
 
 
 # What a kubernetes_asyncio client in a hub service needs of the hub's environment:
@@ -255,6 +258,7 @@ def hub_config(s: HubSettings) -> Config:
                 # The cluster shape's inventory reads the cluster (JupyterHub passes
                 # no KUBECONFIG, nor the in-cluster variables, to services).
                 "GPULEASE_CLUSTER_NAMESPACE": s.cluster_namespace if cluster else "",
+                "GPULEASE_CLUSTER_NODES": json.dumps(s.cluster_nodes) if cluster else "",
                 **(kube_client_environment(s.kubeconfig) if cluster else {}),
                 **notify_environment(s),
             },

@@ -20,6 +20,7 @@ from gpulease.hub.options import price_text
 from gpulease.hub.profiles import Profile
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.units import format_credits, format_duration, rate_cost
+from gpulease.spawners.cluster_availability import FREE, NEVER, UNKNOWN, Availability
 from gpulease.spawners.gpu_models import GPU_MEMORY, mig_memory_bytes
 
 
@@ -28,7 +29,7 @@ class FormData:
     """What the spawn page shows, gathered by the spawner."""
 
     profiles: Sequence[Profile]  # those the user may use, in display order
-    availability: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (free, total)
+    availability: Mapping[str, Availability] = field(default_factory=dict)  # by profile slug
     selected: str | None = None  # the profile checked at first
     selected_image: str | None = None
     waiting: Mapping[str, int] = field(default_factory=dict)  # queued starts per profile
@@ -98,14 +99,20 @@ def _gib(n: int) -> str:
 def _availability(profile: Profile, data: FormData) -> str:
     if profile.gpu is None:
         return '<span class="gl-free">Always available</span>'
-    free, total = data.availability.get(profile.slug, (0, 0))
-    cls = "gl-free" if free else "gl-none"
-    text = f"{free} of {total} free"
-    if not free:
-        text += " now: you will wait in the queue"
+    shown = data.availability.get(profile.slug) or Availability(0, 0, UNKNOWN, "not known")
+    cls = "gl-free" if shown.state == FREE else "gl-none"
+    if shown.state == NEVER:
+        text = shown.why  # says it can never run here, and what exists
+    elif shown.state == UNKNOWN:
+        text = f"Availability unknown: {shown.why}"
+    else:
+        text = f"{shown.free} of {shown.total} free"
+        if shown.state != FREE:
+            text += " now: you will wait in the queue"
     waiting = data.waiting.get(profile.slug, 0)
     more = f' · <span class="gl-queue">queue: {waiting} waiting</span>' if waiting > 0 else ""
-    return f'<span class="gpulease-availability {cls}">{escape(text)}</span>{more}'
+    return (f'<span class="gpulease-availability {cls}" data-state="{shown.state}">'
+            f'{escape(text)}</span>{more}')
 
 
 def _balance_line(profile: Profile, balance: int | None) -> str:

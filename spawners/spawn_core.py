@@ -42,7 +42,7 @@ from gpulease.spawners.options_form import (
 )
 from gpulease.spawners.queue_base import QueueBase, Refused, queue_progress, tell_started
 from gpulease.spawners.queue_runner import runner_for
-from gpulease.spawners.spawn_form import spawn_form_data
+from gpulease.spawners.spawn_form import AvailabilityOf, spawn_form_data
 
 
 class GPULeaseSpawnCore(AdmissionOptions):
@@ -99,9 +99,15 @@ class GPULeaseSpawnCore(AdmissionOptions):
         groups = {g.name for g in spawner.user.groups}
         orm_spawner = spawner.orm_spawner
         saved = dict(orm_spawner.user_options or {}) if orm_spawner else {}
+        availability = await spawner._form_availability()
         data = await asyncio.to_thread(spawn_form_data, spawner.gpulease, spawner.user.name,
-                                       groups, saved)
+                                       groups, saved, availability)
         return render_options_form(data)
+
+    async def _form_availability(self) -> AvailabilityOf | None:
+        """What the start form shows free per GPU request; None: this host's devices
+        (the embedded shape). The cluster shape's spawner answers from the cluster."""
+        return None
 
     def options_from_form(self, formdata):
         return options_from_form(formdata)

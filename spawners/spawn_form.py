@@ -2,29 +2,38 @@
 
 Reads gpulease's context (profiles, assignments, queue, ledger); the page
 itself is rendered by `options_form.render_options_form` from the FormData.
+What is free comes from the spawner (`availability`): the cluster's in the
+cluster shape, this host's devices by default; this module stays shape-agnostic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.my_servers import option_value
 from gpulease.hub.profiles import usable_by
+from gpulease.spawners.cluster_availability import Availability, host_availability
 from gpulease.spawners.options_form import FormData
-from gpulease.spawners.placement import availability
+from gpulease.spawners.placement import DeviceRequest
+
+AvailabilityOf = Callable[[DeviceRequest], Availability]
 
 
-def spawn_form_data(ctx: GPULeaseContext, name: str, groups: set[str], saved: dict) -> FormData:
-    """The spawn page of user `name` (in `groups`), preselecting the server's `saved` options."""
+def spawn_form_data(ctx: GPULeaseContext, name: str, groups: set[str], saved: dict,
+                    availability: AvailabilityOf | None = None) -> FormData:
+    """The spawn page of user `name` (in `groups`), preselecting the server's `saved` options.
+
+    `availability`: what is free for a GPU request (the spawner's shape decides); None:
+    this host's inventory and the devices gpulease holds (the embedded shape)."""
     profiles = sorted(
         (p for p in ctx.profiles.list(include_disabled=False) if usable_by(p, groups)),
         key=lambda p: (p.price_per_hour_ucr, p.slug),
     )
-    held = set(ctx.assignments.held())
-    avail = {
-        p.slug: availability(ctx.inventory, held, p.gpu.device_request())
-        for p in profiles
-        if p.gpu
-    }
+    if availability is None:
+        availability = partial(host_availability, ctx.inventory, set(ctx.assignments.held()))
+    avail = {p.slug: availability(p.gpu.device_request()) for p in profiles if p.gpu}
     group_accounts = [a for a in ctx.ledger.group_accounts() if a.partition(":")[2] in groups]
     balances = ctx.ledger.balances([f"user:{name}", *group_accounts])
     return FormData(

@@ -5,6 +5,7 @@ import re
 
 from gpulease.hub.catalog import load_catalog
 from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.spawners.cluster_availability import FREE, QUEUE, Availability
 from gpulease.spawners.options_form import (
     FormData,
     minutes_text,
@@ -20,8 +21,9 @@ XSS = "<script>alert(1)</script>"
 
 
 def form(**kwargs) -> str:
-    defaults = dict(profiles=[CPU, SLICE, FULL], availability={"h200-1g": (3, 7),
-                                                               "h200-full": (0, 1)},
+    defaults = dict(profiles=[CPU, SLICE, FULL],
+                    availability={"h200-1g": Availability(3, 7, FREE),
+                                  "h200-full": Availability(0, 1, QUEUE)},
                     images=IMAGES)
     return render_options_form(FormData(**{**defaults, **kwargs}))
 

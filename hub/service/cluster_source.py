@@ -26,7 +26,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpulease.hub.refusal import Refusal
-from gpulease.spawners.cluster_inventory import ClusterInventory, hold_from_pod, node_from_object
+from gpulease.spawners.cluster_inventory import (
+    ClusterInventory,
+    hold_from_pod,
+    node_from_object,
+    select_nodes,
+)
 
 CACHE_S = 3.0  # how long one listing answers api/inventory and the page
 PAGE_SIZE = 500  # objects per list request (the API server's `limit`)
@@ -59,6 +64,13 @@ class ClusterSource:
         self._host = ""
         self._cached: tuple[float, Listed] | None = None
         self._lock: asyncio.Lock | None = None
+        # The spawner's nodes (GPULEASE_CLUSTER_NODES): what availability counts.
+        self.node_selector: dict[str, str] = {}
+        self.tolerations: list[dict[str, str]] = []
+
+    def spawner_nodes(self, inventory: ClusterInventory) -> ClusterInventory:
+        """Only the nodes the spawner admits GPU starts to (every hold stays)."""
+        return select_nodes(inventory, self.node_selector, self.tolerations)
 
     async def listed(self) -> Listed:
         """The inventory as listed at most `cache_s` ago; a Refusal (502/503) naming why not."""
@@ -155,6 +167,13 @@ def _json(raw: bytes) -> dict:
 
 
 def source_from_env(env: dict[str, str]) -> ClusterSource | None:
-    """The cluster shape's source when `GPULEASE_CLUSTER_NAMESPACE` is set; else None."""
+    """The cluster shape's source when `GPULEASE_CLUSTER_NAMESPACE` is set; else None.
+    `GPULEASE_CLUSTER_NODES` (JSON): the spawner's node selector and GPU tolerations."""
     namespace = env.get("GPULEASE_CLUSTER_NAMESPACE", "").strip()
-    return ClusterSource(namespace, env.get("KUBECONFIG", "")) if namespace else None
+    if not namespace:
+        return None
+    source = ClusterSource(namespace, env.get("KUBECONFIG", ""))
+    nodes = json.loads(env.get("GPULEASE_CLUSTER_NODES") or "{}")
+    source.node_selector = dict(nodes.get("node_selector") or {})
+    source.tolerations = [dict(t) for t in nodes.get("tolerations") or ()]
+    return source

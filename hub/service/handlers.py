@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from gpulease.hub.accounts import AccountError, validate_password, validate_username
@@ -21,6 +23,13 @@ from gpulease.hub.service.caller_rights import (
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import cluster_inventory_view, inventory_view, profile_view
 from gpulease.hub.shown import shown
+from gpulease.spawners.cluster_availability import (
+    Availability,
+    cluster_availability,
+    host_availability,
+    unknown,
+)
+from gpulease.spawners.placement import DeviceRequest
 
 
 async def current_inventory(handler: BaseAPIHandler) -> dict[str, Any]:
@@ -50,11 +59,30 @@ class ProfilesHandler(BaseAPIHandler):
         if not admin:
             groups = set(model.get("groups") or [])
             profiles = [p for p in profiles if p.enabled and usable_by(p, groups)]
-        held = set(await asyncio.to_thread(self.ctx.assignments.held))
         waiting = await asyncio.to_thread(self.ctx.queue.waiting_by_profile)
-        views = [profile_view(p, self.ctx.inventory, held, admin=admin,
-                              queued=waiting.get(p.slug, 0)) for p in profiles]
+        availability_of = await self._availability()
+        views = [profile_view(p, availability_of(p.gpu.device_request()) if p.gpu else None,
+                              admin=admin, queued=waiting.get(p.slug, 0)) for p in profiles]
         self.write_json({"profiles": views})
+
+    async def _availability(self) -> Callable[[DeviceRequest], Availability]:
+        """What is free per GPU request: this host's devices, or in the cluster shape the
+        cluster's (the ClusterSource's listing, on the spawner's nodes, behind the queue)."""
+        source = self.settings.get("gpulease_cluster")
+        if source is None:
+            held = set(await asyncio.to_thread(self.ctx.assignments.held))
+            return partial(host_availability, self.ctx.inventory, held)
+        try:
+            listed = await source.listed()
+        except Refusal as away:  # the profiles still list; their availability says why
+            not_known = unknown(away.message)
+            return lambda _request: not_known
+        queue = await asyncio.to_thread(self.ctx.queue.rows)
+        by_slug = {p.slug: p for p in await asyncio.to_thread(self.ctx.profiles.list, True)}
+        waiting = tuple(by_slug[q.profile].gpu.device_request() for q in queue
+                        if q.profile in by_slug and by_slug[q.profile].gpu)
+        inventory = source.spawner_nodes(listed.inventory)
+        return lambda request: cluster_availability(request, inventory, (), waiting)
 
     async def put(self):
         """Apply a whole profiles document at once: upsert, and with prune delete the rest."""

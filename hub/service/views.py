@@ -8,9 +8,9 @@ from typing import Any
 
 from gpulease.hub.profiles import Profile
 from gpulease.spawners.assignments import Holder
+from gpulease.spawners.cluster_availability import FREE, Availability
 from gpulease.spawners.cluster_inventory import ClusterInventory
 from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import availability
 from gpulease.spawners.queue_store import QueuedSpawn
 
 
@@ -110,18 +110,22 @@ def _device(uuid: str, profile: str | None, memory: int | None, held: dict[str, 
 
 
 def profile_view(
-    profile: Profile, inventory: Inventory, held: set[str], *, admin: bool, queued: int = 0
+    profile: Profile, shown: Availability | None, *, admin: bool, queued: int = 0
 ) -> dict[str, Any]:
-    """A profile as in the file, plus `availability` {free, total, queued}.
+    """A profile as in the file, plus `availability` {free, total, queued, state}.
 
-    `queued`: spawns of this profile waiting in the queue (QueueStore.waiting_by_profile).
+    `shown`: its GPUs as spawners/cluster_availability.py counts them (this host's, or the
+    cluster's); None for a profile without a GPU. `queued`: spawns of this profile waiting
+    in the queue (QueueStore.waiting_by_profile).
     """
     spec = {"slug": profile.slug, **profile.to_spec()}
     if not admin:
         spec.pop("enabled", None)
-    if profile.gpu is not None:
-        free, total = availability(inventory, held, profile.gpu.device_request())
+    if shown is None:
+        spec["availability"] = {"free": None, "total": None, "queued": queued, "state": FREE}
     else:
-        free, total = None, None
-    spec["availability"] = {"free": free, "total": total, "queued": queued}
+        spec["availability"] = {"free": shown.free, "total": shown.total, "queued": queued,
+                                "state": shown.state}
+        if shown.why:
+            spec["availability"]["why"] = shown.why
     return spec
