@@ -28,7 +28,8 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
-from kubernetes_asyncio.client import ApiException
+import aiohttp
+from kubernetes_asyncio.client import ApiException, V1DeleteOptions
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 
@@ -36,7 +37,9 @@ from gpulease.hub.db import utcnow
 from gpulease.hub.options import ServerChoice
 from gpulease.hub.refusal import Refusal
 from gpulease.singleuser import SERVER_SCRIPT
+from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
 from gpulease.spawners.cluster_runner import ClusterQueueRunner, cluster_runner_for
+from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,
     MIG_STRATEGIES,
@@ -44,6 +47,7 @@ from gpulease.spawners.pod_spec import (
     kubespawner_traits,
     pod_needs,
 )
+from gpulease.spawners.queue_base import Refused
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
 REFLECTOR_RESTART_PAUSES_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # then 30 s each time
@@ -177,6 +181,19 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
                                   self.cluster_gpus().tolerations, self.queue_poll_interval,
                                   namespace=self.namespace)
 
+    async def _form_availability(self) -> Callable[[DeviceRequest], Availability]:
+        """The start form's availability: the cluster's, as this spawner's runner sees it
+        (its nodes, every pod's holds, the starts admitted and waiting), not this host's."""
+        runner = self._queue_runner()
+        try:
+            inventory = await runner.inventory()
+        except Refused as away:  # the API server away: the form says so, and still shows
+            shown = unknown(away.message)
+            return lambda _request: shown
+        admitted = tuple(runner.unbound(inventory).values())
+        waiting = tuple(t.request for t in runner.waiting)
+        return lambda request: cluster_availability(request, inventory, admitted, waiting)
+
     _gpulease_stops: int = 0  # stops so far: a run a stop ended stays ended
 
     async def load_user_options(self):
@@ -247,6 +264,38 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             await self._end_billing(*(("server_died", None) if died else ("user", utcnow())))
         finally:
             self._stopping = False
+
+    async def kill_now(self) -> int:
+        """Delete the pod at once (gracePeriodSeconds=0): for a stop that did not complete
+        (a container that ignores SIGTERM within a long grace period, a stop that hangs).
+        The heartbeat calls it (hub/enforcement.py), as the embedded spawner's SIGKILL.
+
+        A delete with grace 0 removes the Pod object from the API server at once, without
+        waiting for the kubelet to confirm; the kubelet then sees the pod gone and kills its
+        containers (within its own minimum grace, 2 s). The pod's devices are the device
+        plugin's again once the kubelet has done so. This does not end billing: the stop
+        in flight sees the pod gone from its watch and closes the session as any stop
+        does, when the pod is gone from the API server's view; with none in flight, the
+        next poll does. How many pods it deleted (0: none was there, or the API server
+        refused, logged)."""
+        try:
+            await asyncio.wait_for(self.api.delete_namespaced_pod(
+                name=self.pod_name, namespace=self.namespace,
+                body=V1DeleteOptions(grace_period_seconds=0), grace_period_seconds=0),
+                self.k8s_api_request_timeout)
+        except ApiException as e:
+            if e.status != 404:
+                self.log.error("cannot kill %s: deleting its pod %s/%s at once was refused "
+                               "(HTTP %s %s)", self._log_name, self.namespace, self.pod_name,
+                               e.status, e.reason)
+            return 0
+        except (TimeoutError, OSError, aiohttp.ClientError) as e:
+            self.log.error("cannot kill %s: the API server did not answer the delete of its "
+                           "pod (%s)", self._log_name, type(e).__name__)
+            return 0
+        self.log.warning("killed %s: its pod %s/%s deleted at once (grace 0), its stop did "
+                         "not complete", self._log_name, self.namespace, self.pod_name)
+        return 1
 
     async def poll(self):
         in_poll, stops = _IN_POLL.set(True), self._gpulease_stops

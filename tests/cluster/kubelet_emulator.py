@@ -43,6 +43,9 @@ PR_SET_PDEATHSIG = 1
 # The field manager of every status it writes: the pod status's one writer.
 AGENT = "gpulease-kubelet-emulator"
 PR_SET_CHILD_SUBREAPER = 36
+# The kubelet's least grace before SIGKILL, even for a pod removed with grace 0
+# (kuberuntime's minimumGracePeriodInSeconds).
+MIN_KILL_GRACE_S = 2
 
 
 def kube_from_kubeconfig(path: str) -> Kube:
@@ -91,6 +94,7 @@ class PodRun:
     cgroup: Path | None = None
     started: str = ""
     terminating: bool = False
+    kill_at: float = 0.0  # monotonic: SIGKILL of what is left (a later, shorter delete moves it)
     launched: threading.Event = field(default_factory=threading.Event)  # start() is over
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -308,22 +312,36 @@ class Emulator:
             run.devices = {}
             run.ip = ""
 
-    def terminate(self, pod: dict) -> None:
+    def terminate(self, pod: dict, removed: bool = False) -> None:
+        """SIGTERM, the grace period, then SIGKILL. A second delete with a shorter grace
+        period (the API server shortens deletionGracePeriodSeconds), or the pod removed
+        from the API server (`removed`: a delete with grace 0), shortens the wait as the
+        kubelet does, down to its minimum of MIN_KILL_GRACE_S."""
         meta = pod["metadata"]
+        grace = 0 if removed else int(meta.get("deletionGracePeriodSeconds", 30))
+        kill_at = time.monotonic() + max(grace, MIN_KILL_GRACE_S)
         with self.lock:
             run = self.runs.get(meta["uid"])
-            if run is None or run.terminating:
+            if run is None:
+                return
+            if run.terminating:
+                if kill_at < run.kill_at:
+                    log.info("%s/%s: grace period shortened to %d s", run.namespace, run.name,
+                             grace)
+                    run.kill_at = kill_at
                 return
             run.terminating = True
-        grace = int(meta.get("deletionGracePeriodSeconds", 30))
+            run.kill_at = kill_at
         run.launched.wait(60)
         if run.procs and not run.done.is_set():
             self.event(pod, "Killing", f"Stopping container(s) with grace period {grace} s")
             for proc in run.procs.values():
                 if proc.poll() is None:
                     os.kill(proc.pid, signal.SIGTERM)
-            if not run.done.wait(grace):
-                self.kill_rest(run)
+            while not run.done.wait(min(max(run.kill_at - time.monotonic(), 0), 0.1)):
+                if time.monotonic() >= run.kill_at:
+                    self.kill_rest(run)
+                    break
         run.done.wait(30)
         try:  # the kubelet's last word: remove the object, this very pod only
             self.kube.delete(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}",
@@ -350,7 +368,8 @@ class Emulator:
         if pod["spec"].get("nodeName") not in self.nodes:
             return
         if kind == "DELETED" or meta.get("deletionTimestamp"):
-            threading.Thread(target=self.terminate, args=(pod,), daemon=True).start()
+            threading.Thread(target=self.terminate, args=(pod, kind == "DELETED"),
+                             daemon=True).start()
         elif meta["uid"] not in self.runs and pod.get("status", {}).get("phase") in (None, "Pending"):
             threading.Thread(target=self.start, args=(pod,), daemon=True).start()
 

@@ -181,6 +181,39 @@ def test_a_deleted_pods_processes_are_gone_after_its_grace_period(
     assert 2 <= took < 10  # SIGTERM ignored: SIGKILL came at the end of the grace period
 
 
+def test_a_second_shorter_delete_shortens_the_grace_period(kube: Kube, namespace: str,
+                                                          gpu_nodes):
+    """As a real kubelet: a pod terminating with a long grace period is killed sooner when
+    deleted again with a shorter one, and at once (within the kubelet's 2 s minimum) when
+    removed from the API server with grace 0 (GPUKubeSpawner.kill_now's delete)."""
+    gpu_nodes(GpuNode("n"))
+    marker = {name: f"gpulease-test-{uuid.uuid4().hex}" for name in ("shortened", "removed")}
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(900)"
+    for name, mark in marker.items():
+        kube.create(pods_path(namespace), _pod(name, namespace, f"{script}  # {mark}", grace=300))
+    kube.wait_for("both pods running", lambda: all(
+        len(_processes_with(m)) == 1 for m in marker.values()), timeout=30)
+    time.sleep(2)  # Python has started and ignores SIGTERM (a SIGTERM before that ends it)
+    for name in marker:  # the first delete: SIGTERM, ignored, 300 s of grace
+        kube.delete(pods_path(namespace, name))
+    time.sleep(3)
+    counts = {n: len(_processes_with(m)) for n, m in marker.items()}
+    assert counts == {"shortened": 1, "removed": 1}  # still in their grace period
+    asked = time.monotonic()
+    kube.delete(pods_path(namespace, "shortened"), {"gracePeriodSeconds": 3})
+    kube.delete(pods_path(namespace, "removed"), {"gracePeriodSeconds": 0})
+    assert _gone(kube, namespace, "removed")  # the API object goes at once
+    kube.wait_for("the removed pod's process killed",
+                  lambda: not _processes_with(marker["removed"]), timeout=15)
+    assert time.monotonic() - asked < 8
+    kube.wait_for("the shortened pod removed", lambda: _gone(kube, namespace, "shortened"),
+                  timeout=20)
+    # The API server counts the shorter grace from the first delete (3 s after it: about
+    # now), and the kubelet gives its minimum, 2 s, from when it sees the change.
+    assert 2 <= time.monotonic() - asked < 12
+    assert not _processes_with(marker["shortened"])
+
+
 def test_an_image_without_a_local_stand_in_fails_to_pull(kube: Kube, namespace: str, gpu_nodes,
                                                          control_plane: ControlPlane):
     gpu_nodes(GpuNode("n"))
