@@ -19,7 +19,8 @@ from gpulease.hub.state import StateError
 SPAWNER_CLASS = "gpulease.spawners.kube.GPUKubeSpawner"
 # Where Kubernetes mounts a pod's ServiceAccount namespace (kubespawner's own default).
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-INSTALL_HINT = "pip install 'gpulease[cluster]'"
+INSTALL_HINT = ("make install in the clone, or pip install -e '<clone>[cluster]' "
+                "(the cluster extra: kubespawner)")
 
 
 def require_kubespawner() -> None:

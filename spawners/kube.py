@@ -97,7 +97,8 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
 
     @default("pvc_name_template")
     def _default_pvc_name_template(self):
-        # user names are DNS-safe (gpulease.hub.user_names): the slug is the name
+        # kubespawner's safe slug of the name: the name itself, except for names with
+        # '--', which get a hashed form (docs/cluster.md, Homes)
         return HOME_CLAIM
 
     @default("storage_pvc_ensure")
@@ -146,13 +147,15 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         for name, value in options.items():
             setattr(self, name, value)
         self._options_to_restore = None
+        running = False
         try:  # the pod is made only now, once admitted
             url = await KubeSpawner.start(self)
+            running = True
         except ApiException as e:
             self.refuse(api_server_refusal(choice.profile.slug, e))
-        finally:  # its pod is bound (it runs), or there is none: the pod counts from now
+        finally:  # it runs (counted until the cluster watch sees its pod), or it failed
             if admitted is not None:
-                self._queue_runner().done(self.user.name, self.name)
+                self._queue_runner().done(self.user.name, self.name, running=running)
         where = urlparse(url)
         answered = await self._wait_until_answering(where.hostname, where.port,
                                                     self.http_timeout)
@@ -260,6 +263,8 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             self._stopping = False
             raise
         self._gpulease_admitted = False
+        if self.gpulease_choice is not None and self.gpulease_choice.profile.gpu is not None:
+            self._queue_runner().done(self.user.name, self.name)  # its pod is gone
         try:  # a death closes at the last moment it was seen alive
             await self._end_billing(*(("server_died", None) if died else ("user", utcnow())))
         finally:

@@ -123,4 +123,4 @@ def test_cluster_shape_without_kubespawner_stops_with_how_to_install(tmp_path):
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "GPULEASE_ADMIN_PASSWORD": "x" * 12})
     assert r.returncode != 0
-    assert "needs kubespawner" in r.stderr and "gpulease[cluster]" in r.stderr, r.stderr
+    assert "needs kubespawner" in r.stderr and "[cluster]" in r.stderr, r.stderr
