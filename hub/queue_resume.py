@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from gpulease.hub.profiles import Profile, saved_profile, usable_by
-from gpulease.spawners.queue_store import QueuedSpawn
+from gpulease.spawners.queue_store import QueuedSpawn, QueueStore
 
 if TYPE_CHECKING:
     from jupyterhub.app import JupyterHub
@@ -136,21 +137,40 @@ async def resume_queued(app: JupyterHub, ctx: GPULeaseContext, rows: Sequence[Qu
     The next one is sent only once this one waits in the queue again, was
     admitted, or was answered (a refusal: its message is logged).
     """
-    facts = {(r.user, r.server): server_now(app, r.user, r.server) for r in rows}
-    profiles = {p.slug: p for p in await asyncio.to_thread(ctx.profiles.list, True)}
-    for step in plan_resume(rows, facts, profiles):
+    await resume_in_order(
+        rows, partial(server_now, app), ctx.queue, partial(ctx.profiles.list, True),
+        partial(_start_again, app, ctx, token=token, log=log, settle_s=settle_s), log)
+
+
+async def resume_in_order(rows: Sequence[QueuedSpawn], now_of: Callable[[str, str], ServerNow],
+                          queue: QueueStore, profiles_of: Callable[[], Sequence[Profile]],
+                          start_again: Callable[[Resume], Awaitable[None]],
+                          log: logging.Logger) -> None:
+    """The rows in order, each decided (plan_resume) just before it is started again.
+
+    The users are on the new hub while the rows before theirs start, which takes a
+    while: one may start the server herself, stop it, or delete the named server
+    meanwhile. So what the hub knows of a server (`now_of`, on the event loop's
+    thread) and the profiles are read at its turn, not all at once, and only the
+    previous hub's row itself goes: a row the server's own start has since is
+    the queue's, not this step's, to remove.
+    """
+    for row in sorted(rows, key=lambda r: r.position):
+        now = now_of(row.user, row.server)
+        profiles = {p.slug: p for p in await asyncio.to_thread(profiles_of)}
+        step = plan_resume([row], {(row.user, row.server): now}, profiles)[0]
         # The previous hub's row goes; the admission adds this hub's, at the end.
-        await asyncio.to_thread(ctx.queue.remove, step.user, step.server)
+        await asyncio.to_thread(queue.remove_row, row)
         if isinstance(step, Skip):
             log.warning(step.message())
             continue
         try:
-            await _start_again(app, ctx, step, token, log, settle_s)
+            await start_again(step)
         except Exception:
             log.exception("starting again the queued start of %s/%s", step.user, step.server)
 
 
-async def _start_again(app: JupyterHub, ctx: GPULeaseContext, step: Resume, token: str,
+async def _start_again(app: JupyterHub, ctx: GPULeaseContext, step: Resume, *, token: str,
                        log: logging.Logger, settle_s: float) -> None:
     from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 

@@ -12,7 +12,7 @@ those spawns again in their order (gpulease.hub.queue_resume).
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, and_, delete, func, insert, select
 
@@ -26,6 +26,8 @@ class QueuedSpawn:
     profile: str
     position: int  # 1 = next to be served
     enqueued_at: dt.datetime  # naive UTC
+    # The row itself: a spawn of the same server queued since has another (remove_row).
+    row_id: int | None = field(default=None, compare=False)
 
 
 class QueueStore:
@@ -59,6 +61,16 @@ class QueueStore:
         with self.engine.begin() as conn:
             return conn.execute(delete(spawn_queue).where(self._this(user, server))).rowcount > 0
 
+    def remove_row(self, row: QueuedSpawn) -> bool:
+        """Remove this very row (a previous hub's), not a row the same server's spawn has
+        since (the user started it again meanwhile); True when it was there."""
+        if self.kept or row.row_id is None:
+            return False
+        with self.engine.begin() as conn:  # SQLite gives a new row a removed row's id
+            return conn.execute(delete(spawn_queue).where(
+                spawn_queue.c.id == row.row_id,
+                spawn_queue.c.enqueued_at == row.enqueued_at)).rowcount > 0
+
     def clear(self) -> int:
         """Remove every row; how many."""
         with self.engine.begin() as conn:
@@ -68,7 +80,7 @@ class QueueStore:
         """The whole queue, next to be served first."""
         with reading(self.engine) as conn:
             rows = conn.execute(select(spawn_queue).order_by(spawn_queue.c.id)).all()
-        return [QueuedSpawn(r.user_name, r.server_name, r.profile, i, r.enqueued_at)
+        return [QueuedSpawn(r.user_name, r.server_name, r.profile, i, r.enqueued_at, r.id)
                 for i, r in enumerate(rows, start=1)]
 
     def position(self, user: str, server: str) -> int | None:

@@ -8,12 +8,13 @@ own restart is tests/test_e2e_queue_restart.py.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import replace
 from decimal import Decimal
 
 from gpulease.hub.profiles import GpuSpec, Profile
-from gpulease.hub.queue_resume import Resume, ServerNow, Skip, plan_resume
-from gpulease.spawners.queue_store import QueuedSpawn
+from gpulease.hub.queue_resume import Resume, ServerNow, Skip, plan_resume, resume_in_order
+from gpulease.spawners.queue_store import QueuedSpawn, QueueStore
 
 T0 = dt.datetime(2025, 1, 1)
 SLICE = Profile(slug="slice", display_name="Slice", description="",
@@ -65,3 +66,34 @@ def test_what_is_skipped_and_why():
     assert plan[-1] == Resume("fay", "", "lab-only", {"profile": "lab-only"})
     assert plan[0].message() == ("Queued start of gone/(default) (slice), left by the "
                                  "previous hub, is not started again: the user no longer exists")
+
+
+async def test_each_row_is_decided_at_its_turn_and_only_the_previous_hubs_row_goes(engine, caplog):
+    """While ada's start is sent again, bob deletes his named server and cy starts her
+    server herself (her spawn waits in the new hub's queue, with a row of its own). bob's
+    server is not made again and started; cy's is not started twice, and her new row
+    stays (it was removed, so her waiting spawn vanished from the queue's table and from
+    the next restart). The real queue table; the hub's side (what its ORM says, the POST)
+    are stand-ins: tests/test_e2e_queue_restart.py is the hub's own restart."""
+    queue = QueueStore(engine)
+    for user, server in (("ada", ""), ("bob", "w"), ("cy", "")):
+        queue.add(user, server, "slice")
+    left = queue.rows()
+    servers = {("ada", ""): here(), ("bob", "w"): here(), ("cy", ""): here()}
+    sent: list[Resume] = []
+
+    async def start_again(step: Resume) -> None:  # stand-in for the hub's REST API
+        sent.append(step)
+        if step.user == "ada":  # meanwhile, on the new hub
+            servers["bob", "w"] = here(server_exists=False)
+            queue.add("cy", "", "slice")
+            servers["cy", ""] = here(active=True)
+
+    await resume_in_order(left, lambda u, s: servers[u, s], queue, lambda: list(PROFILES.values()),
+                          start_again, logging.getLogger("test"))
+    assert [(s.user, s.server) for s in sent] == [("ada", "")]
+    assert [(r.user, r.position) for r in queue.rows()] == [("cy", 1)]  # her spawn's row
+    assert "bob/w (slice), left by the previous hub, is not started again: the named " \
+        "server no longer exists" in caplog.text
+    assert "cy/(default) (slice), left by the previous hub, is not started again: the " \
+        "server is running or starting already" in caplog.text
