@@ -19,10 +19,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 import requests
@@ -31,13 +28,20 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from gpulease.singleuser.ws_token import accepts_url_token, is_websocket_handshake
-from tests.hubproc import HubProcess, execute_over_websocket
+from tests.hubproc import HubProcess
+from tests.vscode_client import (
+    auth,
+    execute,
+    extension_sequence,
+    revoke,
+    wait_kernel_activity,
+    ws_url,
+)
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_PW = "admin-secret-pw"
 PASSWORDS = {"vera": "vera-pw-12345", "bo": "bo-pw-123456", "gus": "gus-pw-123456"}
-VSCODE_NOTE = "Requested by JupyterHub extension in VSCode"
 # Activity reaches the hub every 2 s instead of every minute: the hub's record of
 # the user's activity can be watched advancing within the test.
 USER_CONFIG = """
@@ -116,18 +120,7 @@ def bo_server(hub, admin, tokens):
     return {"url": base, "kernel": r.json()["id"]}
 
 
-# --- what VS Code does --------------------------------------------------------------------------
-
-def ws_url(server_url: str, kernel_id: str, token: str) -> str:
-    """@jupyterlab/services' kernel websocket URL with `appendToken`: the token in the query."""
-    return (server_url.replace("http://", "ws://", 1) + f"api/kernels/{kernel_id}/channels"
-            f"?session_id={uuid.uuid4()}&token={quote(token)}")
-
-
-def execute(server_url: str, kernel_id: str, token: str, code: str, timeout: float = 60) -> str:
-    """Run `code` on a kernel over its websocket, as VS Code does: no header, no cookie."""
-    return execute_over_websocket(ws_url(server_url, kernel_id, token), code, None, timeout)
-
+# --- what VS Code does (tests/vscode_client.py) ---------------------------------------------------
 
 def ws_refusal(server_url: str, kernel_id: str, token: str, **kwargs) -> int:
     """The HTTP status a websocket handshake is refused with (0 when accepted)."""
@@ -136,10 +129,6 @@ def ws_refusal(server_url: str, kernel_id: str, token: str, **kwargs) -> int:
             return 0
     except InvalidStatus as e:
         return e.response.status_code
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"token {token}"}
 
 
 def holders(hub, admin) -> dict[str, tuple[str, str | None]]:
@@ -155,45 +144,16 @@ def saved_options(hub, admin, user: str, server: str) -> dict:
 
 
 def test_vscode_extension_sequence(hub, admin, tokens):
-    base = hub.url
     # Beforehand, on the hub side: a named server that remembers a MIG slice profile.
     r = hub.service("POST", "api/servers", tokens["vera"],
                     {"name": "vscode", "user_options": {"profile": "h200-1g"}})
     assert r.status_code == 201, r.text
 
-    # 1. detect the hub: no auth, no redirect followed
-    r = requests.get(f"{base}/hub/api", allow_redirects=False, timeout=10)
-    assert r.status_code == 200 and r.json()["version"].startswith(("5.", "6."))
-    # 2. mint a token from the password
-    r = requests.post(f"{base}/hub/api/users/vera/tokens", timeout=30, json={
-        "auth": {"username": "vera", "password": PASSWORDS["vera"]}, "note": VSCODE_NOTE})
-    assert r.status_code == 201, r.text
-    token, token_id = r.json()["token"], r.json()["id"]
-    # 3. the user and its servers, stopped ones included
-    r = requests.get(f"{base}/hub/api/users/vera?include_stopped_servers", headers=auth(token),
-                     timeout=10)
-    assert r.status_code == 200, r.text
-    server = r.json()["servers"]["vscode"]
-    assert server["user_options"] == {"profile": "h200-1g"} and not server["ready"]
-    # 4. start it with NO body
-    r = requests.post(f"{base}/hub/api/users/vera/servers/vscode", headers=auth(token),
-                      timeout=60)
-    assert r.status_code in (201, 202), r.text
-    assert not r.request.body
-    srv = hub.wait_server_ready("vera", token, "vscode")
-    url = f"{base}{srv['url']}"
-    # 5. kernelspecs, a kernel, sessions
-    r = requests.get(f"{url}api/kernelspecs", headers=auth(token), timeout=30)
-    assert r.status_code == 200 and "python3" in r.json()["kernelspecs"], r.text
-    r = requests.post(f"{url}api/kernels", json={"name": "python3"}, headers=auth(token),
-                      timeout=60)
-    assert r.status_code == 201, r.text
-    kernel = r.json()["id"]
-    r = requests.get(f"{url}api/sessions", headers=auth(token), timeout=30)
-    assert r.status_code == 200, r.text
-    # 6. the kernel websocket, token only in the query string
-    cuda = execute(url, kernel, token,
-                   "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip()
+    # 1-6: detect, mint a token from the password, list, start with NO body, kernels,
+    # and the kernel websocket with the token only in the query string
+    run = extension_sequence(hub, "vera", PASSWORDS["vera"], "vscode", {"profile": "h200-1g"},
+                             "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
+    token, cuda = run.token, run.output.strip()
 
     # The right slice was placed, and is being billed at that profile.
     device, mig = holders(hub, admin)["vera/vscode"]
@@ -204,11 +164,7 @@ def test_vscode_extension_sequence(hub, admin, tokens):
     assert saved_options(hub, admin, "vera", "vscode") == {"profile": "h200-1g"}
 
     # 7. revoke the token: the hub refuses it from the next request on
-    r = requests.delete(f"{base}/hub/api/users/vera/tokens/{token_id}", headers=auth(token),
-                        timeout=10)
-    assert r.status_code == 204, r.text
-    r = requests.get(f"{base}/hub/api/users/vera", headers=auth(token), timeout=10)
-    assert r.status_code == 403, r.text
+    revoke(hub, "vera", run)
 
 
 @pytest.fixture(scope="module")
@@ -380,29 +336,5 @@ def test_vscode_kernel_activity_counts_for_the_culler(hub, admin, tokens, vera_s
     """Executions over the websocket (no browser) move both signals the culler reads:
     the kernels' activity, as the server pushed it to the gpulease service (GET
     api/server-activity), and the hub's last_activity."""
-    url, kernel, token = vera_server["url"], vera_server["kernel"], tokens["vera"]
-    time.sleep(2.5)  # let any start-up activity be reported first
-    before = datetime.now(UTC)
-    assert execute(url, kernel, token, "print(6 * 7)").strip() == "42"
-
-    deadline = time.monotonic() + 15
-    while True:  # pushed within seconds (at most min_gap for activity alone)
-        r = hub.service("GET", "api/server-activity?user=vera", admin)
-        assert r.status_code == 200, r.text
-        pushed = [k for s in r.json()["servers"] if s["server"] == "vscode"
-                  for k in s["kernels"] if k["id"] == kernel]
-        seen = pushed and datetime.fromisoformat(
-            pushed[0]["last_activity"].replace("Z", "+00:00"))
-        if seen and seen >= before:
-            break
-        assert time.monotonic() < deadline, f"pushed kernel state {pushed} not after {before}"
-        time.sleep(0.5)
-
-    deadline = time.monotonic() + 15
-    while True:
-        srv = hub.api("GET", "users/vera", token).json()["servers"]["vscode"]
-        hub_seen = datetime.fromisoformat(srv["last_activity"].replace("Z", "+00:00"))
-        if hub_seen >= before:
-            break
-        assert time.monotonic() < deadline, f"hub last_activity stayed {hub_seen} < {before}"
-        time.sleep(0.5)
+    wait_kernel_activity(hub, admin, "vera", tokens["vera"], "vscode", vera_server["url"],
+                         vera_server["kernel"])

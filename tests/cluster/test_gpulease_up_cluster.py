@@ -56,24 +56,26 @@ c.GPUKubeSpawner.http_timeout = 90
 
 @contextmanager
 def cluster_hub_at(control_plane: ControlPlane, kube: Kube, namespace: str, folder: Path,
-                   pool: str = "", extra_args: tuple[str, ...] = ()) -> Iterator[HubProcess]:
+                   pool: str = "", extra_args: tuple[str, ...] = (),
+                   profiles: dict | None = None, config: str = "") -> Iterator[HubProcess]:
     """`gpulease up --GPULeaseHub.shape=cluster` with its pods in `namespace`, on the nodes
     labelled `POOL_LABEL=pool` (default: the namespace's own, as gpu_nodes labels them), a
     home volume, the token of a ServiceAccount with z2jh's hub Role and CLUSTER_RULES, and
-    PROFILES; `extra_args` go to `gpulease up`. Also used by bench/kube_spawn.py."""
+    `profiles` (default PROFILES); `config` is added to the admin's config file, `extra_args`
+    go to `gpulease up`. Also used by bench/kube_spawn.py."""
     storage_class, _home = home_volume(kube, control_plane, namespace)
     kubeconfig = hub_kubeconfig(kube, control_plane, namespace, folder)
     grant_cluster(kube, namespace, "hub", CLUSTER_RULES)  # the inventory's and admission's
-    profiles = folder / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    config = folder / "admin_config.py"
-    config.write_text(ADMIN_CONFIG.format(pool=POOL_LABEL, namespace=pool or namespace,
-                                          storage_class=storage_class))
+    profiles_file = folder / "profiles.yaml"
+    profiles_file.write_text(yaml.safe_dump(profiles or PROFILES))
+    config_file = folder / "admin_config.py"
+    config_file.write_text(ADMIN_CONFIG.format(pool=POOL_LABEL, namespace=pool or namespace,
+                                               storage_class=storage_class) + config)
     hub = HubProcess(state=folder / "state", admin_password=PW,
                      env={"KUBECONFIG": str(kubeconfig)}, extra_args=[
                          "--GPULeaseHub.shape=cluster",
                          f"--GPULeaseHub.cluster_namespace={namespace}",
-                         f"--config={config}", f"--profiles={profiles}", *extra_args])
+                         f"--config={config_file}", f"--profiles={profiles_file}", *extra_args])
     try:
         hub.start(timeout=120)
         yield hub
