@@ -24,6 +24,7 @@ import itertools
 import json
 from collections.abc import Callable
 from contextvars import ContextVar
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 from urllib.parse import urlparse
@@ -51,11 +52,22 @@ from gpulease.spawners.queue_base import Refused
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
 REFLECTOR_RESTART_PAUSES_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # then 30 s each time
+KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)
+KUBELET_SILENT_S = 30.0  # a pod still there this long past that grace: removed with grace 0
 HOME_CLAIM = "claim-{username}"  # one home per user, whatever the server
 HOME_MOUNT = "/home/jovyan"
 # Set while kubespawner's poll runs: a stop it makes then (delete_stopped_pods, on a
 # notebook container that terminated) ends a dead server, not a user's stop.
 _IN_POLL: ContextVar[bool] = ContextVar("gpulease_kube_in_poll", default=False)
+
+
+def _seconds_since(timestamp: str) -> float:
+    """Seconds from an API server's RFC 3339 UTC time ("2025-01-01T00:00:00Z") to now."""
+    try:
+        at = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return (datetime.now(UTC) - at).total_seconds()
 
 
 def pod_options(choice: ServerChoice, cluster: ClusterGpus) -> dict[str, Any]:
@@ -271,35 +283,55 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             self._stopping = False
 
     async def kill_now(self) -> int:
-        """Delete the pod at once (gracePeriodSeconds=0): for a stop that did not complete
-        (a container that ignores SIGTERM within a long grace period, a stop that hangs).
-        The heartbeat calls it (hub/enforcement.py), as the embedded spawner's SIGKILL.
+        """Have the pod's containers killed at once: for a stop that did not complete (a
+        container that ignores SIGTERM within a long grace period, a stop that hangs). The
+        heartbeat calls it (hub/enforcement.py) on each beat until the server is gone, as
+        the embedded spawner's SIGKILL.
 
-        A delete with grace 0 removes the Pod object from the API server at once, without
-        waiting for the kubelet to confirm; the kubelet then sees the pod gone and kills its
-        containers (within its own minimum grace, 2 s). The pod's devices are the device
-        plugin's again once the kubelet has done so. This does not end billing: the stop
-        in flight sees the pod gone from its watch and closes the session as any stop
-        does, when the pod is gone from the API server's view; with none in flight, the
-        next poll does. How many pods it deleted (0: none was there, or the API server
-        refused, logged)."""
+        The pod is deleted again with a grace period of KILL_GRACE_S: the kubelet kills
+        its containers at once (within its own minimum, 2 s), and only then removes the Pod
+        object. Until then the pod still counts, for its billing (the stop in flight closes
+        the session when the pod is gone, as any stop does) and for its devices. A delete
+        with grace 0 removed the object before the kubelet had killed anything: the
+        watch saw the devices free, the queue's next start was bound to them, and the
+        kubelet refused it (UnexpectedAdmissionError, the devices still in use), so that
+        start failed after start_timeout. Only a pod still there KUBELET_SILENT_S after
+        its shortened grace (its node's kubelet does not act: the node is down) is removed
+        with grace 0, so that its server can end; such a node's devices are not in use by
+        anything the API server still knows of. How many pods it asked to delete (0: none
+        there, already shortened and waiting for the kubelet, or refused, logged)."""
+        pod = self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}") \
+            if self.pod_reflector is not None else None
+        meta = (pod or {}).get("metadata") or {}
+        shortened = meta.get("deletionTimestamp") and \
+            int(meta.get("deletionGracePeriodSeconds") or 0) <= KILL_GRACE_S
+        silent = shortened and _seconds_since(meta["deletionTimestamp"]) > KUBELET_SILENT_S
+        if shortened and not silent:
+            return 0  # the kubelet is killing it
+        grace = 0 if silent else KILL_GRACE_S
         try:
             await asyncio.wait_for(self.api.delete_namespaced_pod(
                 name=self.pod_name, namespace=self.namespace,
-                body=V1DeleteOptions(grace_period_seconds=0), grace_period_seconds=0),
+                body=V1DeleteOptions(grace_period_seconds=grace), grace_period_seconds=grace),
                 self.k8s_api_request_timeout)
         except ApiException as e:
             if e.status != 404:
-                self.log.error("cannot kill %s: deleting its pod %s/%s at once was refused "
-                               "(HTTP %s %s)", self._log_name, self.namespace, self.pod_name,
-                               e.status, e.reason)
+                self.log.error("cannot kill %s: deleting its pod %s/%s with grace %d s was "
+                               "refused (HTTP %s %s)", self._log_name, self.namespace,
+                               self.pod_name, grace, e.status, e.reason)
             return 0
         except (TimeoutError, OSError, aiohttp.ClientError) as e:
             self.log.error("cannot kill %s: the API server did not answer the delete of its "
                            "pod (%s)", self._log_name, type(e).__name__)
             return 0
-        self.log.warning("killed %s: its pod %s/%s deleted at once (grace 0), its stop did "
-                         "not complete", self._log_name, self.namespace, self.pod_name)
+        if silent:
+            self.log.warning("killed %s: its pod %s/%s removed at once (grace 0): its node's "
+                             "kubelet did not kill it within %.0f s", self._log_name,
+                             self.namespace, self.pod_name, KUBELET_SILENT_S)
+        else:
+            self.log.warning("killed %s: its pod %s/%s deleted with grace %d s (the kubelet "
+                             "kills its containers now), its stop did not complete",
+                             self._log_name, self.namespace, self.pod_name, grace)
         return 1
 
     async def poll(self):
