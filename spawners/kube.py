@@ -61,13 +61,19 @@ HOME_MOUNT = "/home/jovyan"
 _IN_POLL: ContextVar[bool] = ContextVar("gpulease_kube_in_poll", default=False)
 
 
-def _seconds_since(timestamp: str) -> float:
-    """Seconds from an API server's RFC 3339 UTC time ("2025-01-01T00:00:00Z") to now."""
+def kill_grace(pod_meta: dict[str, Any], now: datetime) -> int | None:
+    """kill_now's grace period for a pod of this metadata (as the API server shows it):
+    KILL_GRACE_S; 0 once a grace that short has been over for KUBELET_SILENT_S and the
+    pod is still there (its kubelet does not act); None while that grace runs (the
+    kubelet is killing it: nothing to do)."""
+    at, grace = pod_meta.get("deletionTimestamp"), pod_meta.get("deletionGracePeriodSeconds")
+    if not at or grace is None or int(grace) > KILL_GRACE_S:
+        return KILL_GRACE_S
     try:
-        at = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        ends = datetime.fromisoformat(str(at).replace("Z", "+00:00"))
     except ValueError:
-        return 0.0
-    return (datetime.now(UTC) - at).total_seconds()
+        return KILL_GRACE_S
+    return 0 if (now - ends).total_seconds() > KUBELET_SILENT_S else None
 
 
 def pod_options(choice: ServerChoice, cluster: ClusterGpus) -> dict[str, Any]:
@@ -302,13 +308,10 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         there, already shortened and waiting for the kubelet, or refused, logged)."""
         pod = self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}") \
             if self.pod_reflector is not None else None
-        meta = (pod or {}).get("metadata") or {}
-        shortened = meta.get("deletionTimestamp") and \
-            int(meta.get("deletionGracePeriodSeconds") or 0) <= KILL_GRACE_S
-        silent = shortened and _seconds_since(meta["deletionTimestamp"]) > KUBELET_SILENT_S
-        if shortened and not silent:
+        grace = kill_grace((pod or {}).get("metadata") or {}, datetime.now(UTC))
+        if grace is None:
             return 0  # the kubelet is killing it
-        grace = 0 if silent else KILL_GRACE_S
+        silent = grace == 0
         try:
             await asyncio.wait_for(self.api.delete_namespaced_pod(
                 name=self.pod_name, namespace=self.namespace,

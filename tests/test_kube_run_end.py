@@ -79,3 +79,28 @@ def test_a_stop_that_fails_keeps_billing_while_the_pod_may_run(spawner, monkeypa
         asyncio.run(spawner.stop())
     assert spawner.meter.closes == []  # billed on: a poll closes it once the pod is gone
     assert spawner._stopping is False
+
+
+def test_kill_now_shortens_the_grace_and_removes_at_once_only_a_pod_no_kubelet_kills():
+    """kill_grace (pure): 1 s for a pod running or terminating with a longer grace; nothing
+    while that 1 s grace runs (the kubelet is killing it; grace 0 would free its devices
+    before it has, tests/cluster/test_kill_frees_slice.py); 0 once the pod is still there
+    30 s after it (its node's kubelet does not act)."""
+    from datetime import UTC, datetime, timedelta
+
+    from gpulease.spawners.kube import KILL_GRACE_S, KUBELET_SILENT_S, kill_grace
+
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+    def deleting(grace: int, ends_ago_s: float) -> dict:
+        ends = (now - timedelta(seconds=ends_ago_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"deletionTimestamp": ends, "deletionGracePeriodSeconds": grace}
+
+    assert kill_grace({}, now) == KILL_GRACE_S == 1  # running, or not seen: shorten
+    assert kill_grace(deleting(300, -290), now) == 1  # the stop's long grace: shorten it
+    assert kill_grace(deleting(1, -1), now) is None  # shortened, the kubelet kills it now
+    assert kill_grace(deleting(1, KUBELET_SILENT_S - 5), now) is None
+    assert kill_grace(deleting(1, KUBELET_SILENT_S + 5), now) == 0  # no kubelet acts
+    assert kill_grace(deleting(0, KUBELET_SILENT_S + 5), now) == 0
+    assert kill_grace({"deletionTimestamp": "garbage", "deletionGracePeriodSeconds": 1},
+                      now) == 1
