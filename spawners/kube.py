@@ -59,6 +59,9 @@ HOME_MOUNT = "/home/jovyan"
 # Set while kubespawner's poll runs: a stop it makes then (delete_stopped_pods, on a
 # notebook container that terminated) ends a dead server, not a user's stop.
 _IN_POLL: ContextVar[bool] = ContextVar("gpulease_kube_in_poll", default=False)
+# Set while kubespawner's start makes the pod: a stop it makes then (a pod of that name
+# exists: 409) removes a leftover pod, and is no stop of the server.
+_IN_CREATE: ContextVar[bool] = ContextVar("gpulease_kube_in_create", default=False)
 
 
 def kill_grace(pod_meta: dict[str, Any], now: datetime) -> int | None:
@@ -191,11 +194,34 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             raise
 
     async def _make_create_pod_request(self, pod, request_timeout):
-        try:  # kubespawner's: a 409 deletes the pod of that name and tries again
+        # kubespawner's: a 409 deletes the pod of that name (its own self.stop) and tries
+        # again, within this start: not a stop of the server (see stop)
+        replacing = _IN_CREATE.set(True)
+        try:
             return await KubeSpawner._make_create_pod_request(self, pod, request_timeout)
         except ApiException as e:
             e.gpulease_making = f"the pod {pod.metadata.name}"
             raise
+        finally:
+            _IN_CREATE.reset(replacing)
+
+    def is_pod_running(self, pod):
+        """kubespawner's; and a pod that failed before it ran ends its start at once.
+
+        A pod the kubelet refuses (UnexpectedAdmissionError: its devices still in use,
+        e.g. by a pod force-deleted a moment ago) is Failed for good, but kubespawner
+        waits for it to run until start_timeout (the queue's wait and more): the user
+        waited minutes for an error while the start's admission counted the free
+        devices as taken. Only while this spawner's start is in flight (its poll and
+        stop read the same pod)."""
+        status = (pod or {}).get("status") or {}
+        if self._start_pending and self._gpulease_admitted and status.get("phase") == "Failed" \
+                and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            slug = self.gpulease_choice.profile.slug if self.gpulease_choice else "this server"
+            said = f"{status.get('reason') or 'Failed'}: {status.get('message') or 'no reason'}"
+            self.refuse(Refusal(f"Cannot start {slug}: the node's kubelet refused its pod "
+                                f"({said[:300]}); try again shortly.", status=503))
+        return KubeSpawner.is_pod_running(self, pod)
 
     def _queue_runner(self) -> ClusterQueueRunner:
         return cluster_runner_for(self.gpulease, self.api, self.node_selector,
@@ -271,6 +297,13 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
     # --- the end ------------------------------------------------------------------
 
     async def stop(self, now=False):
+        if _IN_CREATE.get():
+            # kubespawner's start removing a leftover pod of the same name (a Failed one
+            # from a refused start, one still terminating) before it makes this start's:
+            # the start goes on, admitted and counted. Ending it here forgot the admission
+            # while the start still made its pod, and its refusal check (is_pod_running).
+            await KubeSpawner.stop(self, now=now)
+            return
         self._stopping = True
         self._gpulease_stops += 1
         died = _IN_POLL.get()  # kubespawner's poll deleting a pod whose server ended

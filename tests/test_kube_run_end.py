@@ -81,6 +81,27 @@ def test_a_stop_that_fails_keeps_billing_while_the_pod_may_run(spawner, monkeypa
     assert spawner._stopping is False
 
 
+def test_kubespawners_409_replacing_a_leftover_pod_is_no_stop_of_the_start(spawner,
+                                                                         monkeypatch):
+    """kubespawner's pod create, on a pod of that name (a Failed one a refused start left,
+    one still terminating), deletes it through self.stop(True) and tries again, within the
+    start: the start stays admitted (counted, its refusal check on), nothing is billed
+    as a user's stop, and later stops still count as stops."""
+    async def stand_in_create(self, pod, request_timeout):  # kubespawner's, on a 409
+        await self.stop(True)
+        return False  # exponential_backoff tries again
+    monkeypatch.setattr(KubeSpawner, "_make_create_pod_request", stand_in_create)
+
+    async def run() -> None:
+        spawner._gpulease_admitted = True
+        assert await spawner._make_create_pod_request(SimpleNamespace(), 3) is False
+    asyncio.run(run())
+    assert spawner._gpulease_admitted is True and spawner._gpulease_stops == 0
+    assert spawner.meter.closes == []
+    asyncio.run(spawner.stop())  # the contextvar does not outlive the create
+    assert spawner.meter.closes == [("ada", spawner.name, "user")]
+
+
 def test_kill_now_shortens_the_grace_and_removes_at_once_only_a_pod_no_kubelet_kills():
     """kill_grace (pure): 1 s for a pod running or terminating with a longer grace; nothing
     while that 1 s grace runs (the kubelet is killing it; grace 0 would free its devices
