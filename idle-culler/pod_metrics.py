@@ -89,11 +89,16 @@ async def default_api_client() -> Any:
     """A kubernetes_asyncio ApiClient: in-cluster inside a pod, else from $KUBECONFIG."""
     from kubernetes_asyncio import client, config
 
+    # A configuration of its own, and $KUBECONFIG read now: kubernetes_asyncio reads
+    # it once, when first imported, and keeps one process-wide default configuration.
+    configuration = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     else:
-        await config.load_kube_config()
-    return client.ApiClient()
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                      client_configuration=configuration,
+                                      persist_config=False)
+    return client.ApiClient(configuration)
 
 
 class PodMetricsCpuSource:

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+# Imported before the test sets $KUBECONFIG, as in a long run: the culler must read it
+# when it connects, not when kubernetes_asyncio is first imported.
+import kubernetes_asyncio.config  # noqa: F401
 import pytest
 import yaml
 
