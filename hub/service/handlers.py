@@ -75,7 +75,10 @@ class ProfilesHandler(BaseAPIHandler):
         try:
             listed = await source.listed()
         except Refusal as away:  # the profiles still list; their availability says why
-            not_known = unknown(away.message)
+            # The API server's own words (its address, its RBAC refusal naming the
+            # ServiceAccount) are for admins; a user learns only that it is away.
+            not_known = unknown(away.message if self.is_admin() else
+                                "the cluster cannot be read right now; try again shortly")
             return lambda _request: not_known
         queue = await asyncio.to_thread(self.ctx.queue.rows)
         by_slug = {p.slug: p for p in await asyncio.to_thread(self.ctx.profiles.list, True)}

@@ -192,3 +192,13 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
     assert "needs list on nodes and pods cluster-wide" in body["message"]
     shown = page.goto(f"{hub.url}/services/gpulease/admin/inventory")
     assert shown.status == 502 and "forbids gpulease to list nodes" in page.inner_text("main")
+
+    # api/profiles still lists, its availability unknown: the API server's own words
+    # (its address, the refusal naming the ServiceAccount) for admins only
+    def reasons(token: str) -> set[str]:
+        answer = hub.service("GET", "api/profiles", token)
+        assert answer.status_code == 200, answer.text
+        return {p["availability"].get("why", "") for p in answer.json()["profiles"]
+                if p["availability"]["state"] == "unknown"}
+    assert any("forbids gpulease to list nodes" in why for why in reasons(admin))
+    assert reasons(bob) == {"the cluster cannot be read right now; try again shortly"}
