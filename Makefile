@@ -38,8 +38,10 @@ lint: install
 cluster-tools:
 	scripts/cluster-tools
 
+# The cluster tests run beside the others (scripts/run-tests); a chosen test path or -k
+# expression in PYTEST_ARGS runs just that, as one pytest run.
 test: install lint cluster-tools
-	$(BIN)/pytest $(PYTEST_ARGS)
+	PYTEST=$(BIN)/pytest scripts/run-tests $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/spawn.py --spawns 20
