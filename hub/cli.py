@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import yaml
 
 from gpulease.hub.cli_billing import BILLING_COMMANDS, add_billing_parsers
+from gpulease.hub.cli_cluster import CLUSTER_COMMANDS, add_cluster_parsers, needs_hub
 from gpulease.hub.cli_limits import LIMITS_COMMANDS, add_limits_parsers
 from gpulease.hub.client import ClientError, HubClient, client_from
 from gpulease.hub.units import load_yaml_file
@@ -194,11 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="read the password from stdin's first line (default: ask twice)")
     add_billing_parsers(sub)
     add_limits_parsers(sub)
+    add_cluster_parsers(sub)
     return parser
 
 
 COMMANDS = {"inventory": cmd_inventory, "profiles": cmd_profiles, "users": cmd_users,
-            **BILLING_COMMANDS, **LIMITS_COMMANDS}
+            **BILLING_COMMANDS, **LIMITS_COMMANDS, **CLUSTER_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         end_process(0)  # stopped and cleaned up: skip Python's finalization
     args = build_parser().parse_args(argv)
     try:
-        client = client_from(args.url, args.token, args.state)
+        client = client_from(args.url, args.token, args.state) if needs_hub(args) else None
         return COMMANDS[args.command](client, args)
     except ClientError as e:
         print(f"gpulease: {e}", file=sys.stderr)

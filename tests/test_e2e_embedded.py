@@ -274,6 +274,30 @@ def test_cli_profiles_export_apply_round_trip_and_group_restriction(hub, alice, 
     assert "gpu.mig" in refused.stderr and "price_per_hour" in refused.stderr
 
 
+def _scheduled_resources(hub) -> set[str]:
+    printed = hub.cli("cluster", "scheduler-config")
+    assert printed.returncode == 0, printed.stderr
+    (profile,) = yaml.safe_load(printed.stdout)["profiles"]
+    (fit,) = [c for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    return {r["name"] for r in fit["args"]["scoringStrategy"]["resources"]}
+
+
+def test_scheduler_config_follows_the_hubs_profiles(hub, admin_token):
+    """A MIG profile an admin adds at run time is in the next generated configuration."""
+    assert "nvidia.com/mig-1g.18gb" in _scheduled_resources(hub)  # the demo's h200-1g
+    assert "nvidia.com/mig-3g.71gb" not in _scheduled_resources(hub)
+    added = {"slug": "h200-3g", "display_name": "H200 3g slice",
+             "gpu": {"model": "H200", "mig": "3g.71gb"}, "cpu": 8, "memory": "64Gi",
+             "images": ["pytorch"], "price_per_hour": "2.00"}
+    r = hub.service("PUT", "api/profiles/h200-3g", admin_token, added)
+    assert r.status_code in (200, 201), r.text
+    try:
+        assert "nvidia.com/mig-3g.71gb" in _scheduled_resources(hub)
+    finally:
+        assert hub.service("DELETE", "api/profiles/h200-3g", admin_token).status_code in (200, 204)
+    assert "nvidia.com/mig-3g.71gb" not in _scheduled_resources(hub)
+
+
 def test_a_server_that_dies_frees_its_slice(hub, admin_token, alice):
     r = hub.api("POST", "users/alice/servers/doomed", alice, {"user_options": {"profile": "h200-1g"}})
     assert r.status_code in (201, 202), r.text

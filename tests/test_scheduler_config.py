@@ -1,0 +1,102 @@
+"""The packing scheduler's configuration (spawners/scheduler_config.py) and its CLI, without a hub.
+
+The real kube-scheduler loading it, and placing pods with it, is in
+tests/cluster/test_packing_scheduler.py; the configuration following the
+hub's profiles as they change, in tests/test_e2e_embedded.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gpulease.hub import cli
+from gpulease.hub.catalog import load_catalog
+from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.spawners.scheduler_config import (
+    SchedulerSettings,
+    gpu_resources,
+    profiles_mig,
+    scheduler_configuration,
+)
+
+
+def _fit_args(config: dict) -> dict:
+    (profile,) = config["profiles"]
+    (fit,) = [c for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    return fit["args"]["scoringStrategy"]
+
+
+def test_most_allocated_weighted_on_each_mig_resource_by_its_exact_name():
+    config = scheduler_configuration(["1g.18gb", None, "3g.71gb", "1g.18gb"])
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    strategy = _fit_args(config)
+    assert strategy["type"] == "MostAllocated"
+    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
+    assert weights == {"nvidia.com/gpu": 10, "nvidia.com/mig-1g.18gb": 10,
+                       "nvidia.com/mig-3g.71gb": 10, "cpu": 1, "memory": 1}
+    assert not any("*" in name for name in weights)  # kube-scheduler would ignore a wildcard
+
+
+def test_balanced_allocation_is_off_every_node_is_scored_and_leader_election_is_on():
+    config = scheduler_configuration([])
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "gpulease-scheduler"
+    disabled = {p["name"] for p in profile["plugins"]["score"]["disabled"]}
+    assert "NodeResourcesBalancedAllocation" in disabled
+    assert config["percentageOfNodesToScore"] == 100
+    assert config["leaderElection"] == {
+        "leaderElect": True, "resourceLock": "leases", "resourceName": "gpulease-scheduler",
+        "resourceNamespace": "kube-system"}
+    assert "clientConnection" not in config  # in-cluster credentials
+
+
+def test_settings_name_lease_and_kubeconfig():
+    settings = SchedulerSettings(scheduler_name="gpu-packer", lease_namespace="gpulease",
+                                 kubeconfig="/etc/k/s.conf")
+    config = scheduler_configuration(["2g.35gb"], settings)
+    assert config["profiles"][0]["schedulerName"] == "gpu-packer"
+    assert config["leaderElection"]["resourceName"] == "gpu-packer"
+    assert config["leaderElection"]["resourceNamespace"] == "gpulease"
+    assert config["clientConnection"] == {"kubeconfig": "/etc/k/s.conf"}
+    single = scheduler_configuration([], SchedulerSettings(leader_elect=False))
+    assert single["leaderElection"] == {"leaderElect": False}
+
+
+def test_single_strategy_slices_are_whole_gpu_resources():
+    assert gpu_resources(["1g.18gb", "3g.71gb"], "single") == ["nvidia.com/gpu"]
+    assert gpu_resources(["1g.18gb"], "mixed") == ["nvidia.com/gpu", "nvidia.com/mig-1g.18gb"]
+
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(mig_strategy="none"), "mixed, single"),
+    (dict(scheduler_name=""), "scheduler_name is empty"),
+])
+def test_bad_settings_are_named(bad, says):
+    with pytest.raises(ValueError, match=says):
+        SchedulerSettings(**bad)
+
+
+def test_cli_from_a_profiles_file_needs_no_hub(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("GPULEASE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)  # no embedded hub's state folder here
+    assert cli.main(["cluster", "scheduler-config", "--profiles", str(SAMPLE_PROFILES),
+                     "--scheduler-name", "packer"]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    migs = profiles_mig(p.to_spec() for p in load_profiles_file(SAMPLE_PROFILES, load_catalog()))
+    names = {r["name"] for r in _fit_args(config)["resources"]}
+    assert {f"nvidia.com/mig-{m}" for m in migs if m} <= names
+    assert any(m for m in migs)  # the sample has MIG profiles: the check above means something
+    assert config["profiles"][0]["schedulerName"] == "packer"
+
+
+def test_cli_names_what_is_wrong_in_a_profiles_file(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profiles:\n  - slug: x\n    display_name: X\n    gpu: {model: H200, mig: 1g.10gb}\n"
+                   "    cpu: 1\n    memory: 1Gi\n    images: [pytorch]\n    price_per_hour: '1'\n")
+    assert cli.main(["cluster", "scheduler-config", "--profiles", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "not a valid profiles file" in err and "gpu.mig" in err and "1g.18gb" in err
+    assert cli.main(["cluster", "scheduler-config", "--profiles", str(tmp_path / "no.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
