@@ -84,8 +84,34 @@ def _print_cluster_inventory(data: dict) -> None:
             holders = ", ".join(f"{_holder(h) if 'user' in h else h['pod']} x{h['count']}"
                                 for h in r["holders"]) or "none"
             print(f"  {r['resource']:<28} {r['free']}/{r['allocatable']} free  held by {holders}")
+    for line in cluster_summary(data["nodes"]):
+        print(line)
     for q in data.get("queue", []):
         print(f"queued {q['position']}: {_holder(q)} waits for {q['profile']}")
+
+
+def cluster_summary(nodes: list[dict]) -> list[str]:
+    """Per model and resource, over schedulable nodes: free, whole nodes free, the largest fit.
+
+    What an operator reads to see fragmentation (docs/cluster.md, the packing
+    scheduler): GPUs free in ones and twos across many nodes start no 8-GPU
+    request; nodes left wholly free do."""
+    totals: dict[tuple[str, str], list[int]] = {}
+    for node in nodes:
+        if not node["schedulable"]:
+            continue
+        for r in node["resources"]:
+            if not r["allocatable"]:
+                continue
+            t = totals.setdefault((node["model"] or "(no model)", r["resource"]), [0, 0, 0, 0, 0])
+            t[0] += r["free"]
+            t[1] += r["allocatable"]
+            t[2] += 1
+            t[3] += r["free"] == r["allocatable"]
+            t[4] = max(t[4], r["free"])
+    return [f"{model} {resource}: {free}/{alloc} free on {count} node{'s' * (count != 1)}; "
+            f"{whole} wholly free; the most one start can get now: {largest}"
+            for (model, resource), (free, alloc, count, whole, largest) in sorted(totals.items())]
 
 
 def _holder(holder: dict) -> str:

@@ -100,3 +100,26 @@ def test_cli_names_what_is_wrong_in_a_profiles_file(capsys, tmp_path):
     assert "not a valid profiles file" in err and "gpu.mig" in err and "1g.18gb" in err
     assert cli.main(["cluster", "scheduler-config", "--profiles", str(tmp_path / "no.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def _node(name: str, free: int, allocatable: int = 8, schedulable: bool = True,
+          resource: str = "nvidia.com/gpu") -> dict:
+    return {"name": name, "model": "H200", "schedulable": schedulable,
+            "resources": [{"resource": resource, "allocatable": allocatable, "free": free,
+                           "holders": []}]}
+
+
+def test_inventory_summary_shows_fragmentation():
+    """`gpulease inventory` on a cluster: 8 GPUs free in ones start no 8-GPU request."""
+    spread = [_node(f"n{i}", 1) for i in range(8)]
+    packed = [_node("n0", 8), *(_node(f"n{i}", 0) for i in range(1, 8))]
+    assert cli.cluster_summary(spread) == [
+        "H200 nvidia.com/gpu: 8/64 free on 8 nodes; 0 wholly free; the most one start can get "
+        "now: 1"]
+    assert cli.cluster_summary(packed) == [
+        "H200 nvidia.com/gpu: 8/64 free on 8 nodes; 1 wholly free; the most one start can get "
+        "now: 8"]
+    # a cordoned node's free GPUs start nothing
+    cordoned = [_node("n0", 8, schedulable=False), _node("n1", 2)]
+    assert cli.cluster_summary(cordoned)[0].endswith("on 1 node; 0 wholly free; the most one "
+                                                     "start can get now: 2")
