@@ -58,7 +58,15 @@ def needs_hub(args: argparse.Namespace) -> bool:
 
 def _profile_specs(client: HubClient | None, args) -> list[dict] | None:
     if client is not None:
-        return client.call("GET", "api/profiles")["profiles"]
+        profiles = client.call("GET", "api/profiles")["profiles"]
+        # Only an admin sees every profile (with `enabled`); a researcher's token would
+        # leave out the profiles of other groups, and their MIG resources with them.
+        if profiles and not all("enabled" in p for p in profiles):
+            print("gpulease: the hub showed only the profiles this token's user may use; the "
+                  "scheduler's configuration needs all of them: use an admin's token (the "
+                  "embedded hub's CLI token is one) or --profiles FILE", file=sys.stderr)
+            return None
+        return profiles
     try:
         catalog = load_catalog(args.catalog)
         return [p.to_spec() for p in load_profiles_file(args.profiles, catalog)]

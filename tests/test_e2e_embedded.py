@@ -282,8 +282,12 @@ def _scheduled_resources(hub) -> set[str]:
     return {r["name"] for r in fit["args"]["scoringStrategy"]["resources"]}
 
 
-def test_scheduler_config_follows_the_hubs_profiles(hub, admin_token):
+def test_scheduler_config_follows_the_hubs_profiles(hub, admin_token, alice):
     """A MIG profile an admin adds at run time is in the next generated configuration."""
+    # a researcher's token sees only their own profiles: refused, not a partial configuration
+    partial = hub.cli("--token", alice, "--url", hub.url, "cluster", "scheduler-config")
+    assert partial.returncode == 2 and "admin's token" in partial.stderr, partial
+    assert partial.stdout == ""
     assert "nvidia.com/mig-1g.18gb" in _scheduled_resources(hub)  # the demo's h200-1g
     assert "nvidia.com/mig-3g.71gb" not in _scheduled_resources(hub)
     added = {"slug": "h200-3g", "display_name": "H200 3g slice",
