@@ -76,3 +76,59 @@ def hub_rbac_objects(namespace: str, account: str = "gpulease-hub") -> list[dict
          "metadata": {"name": cluster_name},
          "roleRef": role_ref("ClusterRole", cluster_name), "subjects": subject},
     ]
+
+
+# The packing scheduler (spawners/scheduler_config.py) is the stock kube-scheduler
+# binary: it needs what the cluster's own scheduler holds, the bootstrap ClusterRoles
+# every cluster has and keeps in step with its version (system:kube-scheduler: nodes,
+# pods, bindings, events, the storage and DRA objects its plugins read;
+# system:volume-scheduler: PersistentVolume binding for claims that wait for their
+# first consumer). Those name only the default scheduler's Lease, `kube-scheduler`:
+# SCHEDULER_LEASE_RULES grant its own Lease, by its name. tests/cluster/
+# test_packing_scheduler.py runs the scheduler as a ServiceAccount holding exactly
+# these objects (it takes its Lease and binds pods).
+SCHEDULER_CLUSTER_ROLES = ("system:kube-scheduler", "system:volume-scheduler")
+
+
+def scheduler_lease_rules(scheduler_name: str) -> list[dict]:
+    """Leader election on the Lease named after the scheduler (create is in
+    system:kube-scheduler: a create names no object yet)."""
+    return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": [scheduler_name], "verbs": ["get", "update"]}]
+
+
+def scheduler_rbac_objects(namespace: str, scheduler_name: str, lease_namespace: str,
+                           account: str = "gpulease-scheduler") -> list[dict]:
+    """The packing scheduler's ServiceAccount and rights, as Kubernetes objects.
+
+    Bindings to SCHEDULER_CLUSTER_ROLES (named after the account and its
+    namespace: a cluster may run more than one gpulease), a Role and RoleBinding
+    for its Lease in `lease_namespace`, and a RoleBinding to kube-system's
+    `extension-apiserver-authentication-reader`, which a component serving its
+    own health and metrics endpoints reads its client CA from (as
+    system:kube-scheduler's own binding there)."""
+    subject = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    prefix = f"{account}-{namespace}"
+
+    def ref(kind: str, name: str) -> dict:
+        return {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}
+    objects: list[dict] = [{"apiVersion": "v1", "kind": "ServiceAccount",
+                            "metadata": {"name": account, "namespace": namespace}}]
+    for role in SCHEDULER_CLUSTER_ROLES:
+        objects.append({"apiVersion": RBAC_API, "kind": "ClusterRoleBinding",
+                        "metadata": {"name": f"{prefix}-{role.split(':')[-1]}"},
+                        "roleRef": ref("ClusterRole", role), "subjects": subject})
+    lease_role = f"{prefix}-lease"
+    objects += [
+        {"apiVersion": RBAC_API, "kind": "Role",
+         "metadata": {"name": lease_role, "namespace": lease_namespace},
+         "rules": scheduler_lease_rules(scheduler_name)},
+        {"apiVersion": RBAC_API, "kind": "RoleBinding",
+         "metadata": {"name": lease_role, "namespace": lease_namespace},
+         "roleRef": ref("Role", lease_role), "subjects": subject},
+        {"apiVersion": RBAC_API, "kind": "RoleBinding",
+         "metadata": {"name": f"{prefix}-authentication-reader", "namespace": "kube-system"},
+         "roleRef": ref("Role", "extension-apiserver-authentication-reader"),
+         "subjects": subject},
+    ]
+    return objects

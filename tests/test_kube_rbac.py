@@ -9,9 +9,11 @@ import yaml
 from gpulease.spawners.kube_rbac import (
     HUB_CLUSTER_ROLE_RULES,
     HUB_ROLE_RULES,
+    SCHEDULER_CLUSTER_ROLES,
     grants,
     hub_rbac_objects,
     rules_of,
+    scheduler_rbac_objects,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,3 +43,24 @@ def test_the_objects_bind_one_account_to_both_roles():
         assert objects[binding]["roleRef"]["name"] == objects[role]["metadata"]["name"]
     assert "namespace" not in objects["ClusterRole"]["metadata"]
     assert objects["ClusterRole"]["metadata"]["name"] == "gpulease-hub-jhub"
+
+
+def test_the_packing_scheduler_holds_the_bootstrap_roles_and_its_own_lease_by_name():
+    # That these are enough is tests/cluster/test_packing_scheduler.py (it takes its Lease,
+    # serves /configz to the cluster's client certificates and binds pods).
+    objects = scheduler_rbac_objects("jhub", "gpu-packer", lease_namespace="kube-system")
+    account = {"kind": "ServiceAccount", "name": "gpulease-scheduler", "namespace": "jhub"}
+    assert objects[0] == {"apiVersion": "v1", "kind": "ServiceAccount",
+                          "metadata": {"name": "gpulease-scheduler", "namespace": "jhub"}}
+    bindings = [o for o in objects if o["kind"].endswith("Binding")]
+    assert all(b["subjects"] == [account] for b in bindings)
+    assert sorted(b["roleRef"]["name"] for b in bindings if b["kind"] == "ClusterRoleBinding") == (
+        sorted(SCHEDULER_CLUSTER_ROLES))
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "resourceNames": ["gpu-packer"], "verbs": ["get", "update"]}]
+    reader = [b for b in bindings if b["roleRef"]["name"] == "extension-apiserver-authentication-reader"]
+    assert [b["metadata"]["namespace"] for b in reader] == ["kube-system"]
+    names = [o["metadata"]["name"] for o in objects if "namespace" not in o["metadata"]]
+    assert all("jhub" in n for n in names)  # cluster objects of one gpulease's own

@@ -90,3 +90,18 @@ def test_deleting_a_server_never_deletes_the_home():
         await spawner.delete_forever()
         return asked
     assert asyncio.run(delete()) == []
+
+
+def test_the_pod_names_the_packing_scheduler_only_when_one_is_configured():
+    async def scheduler_of(packing: str | None) -> str | None:
+        spawner = make()
+        if packing is not None:
+            spawner.packing_scheduler = packing
+        for option, value in pod_options(choice(GpuSpec("H200", None, 1)),
+                                         spawner.cluster_gpus()).items():
+            setattr(spawner, option, value)
+        pod = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
+        return pod["spec"].get("schedulerName")
+    assert asyncio.run(scheduler_of("gpulease-scheduler")) == "gpulease-scheduler"
+    assert asyncio.run(scheduler_of(None)) is None  # the API server's default-scheduler
+    assert asyncio.run(scheduler_of("")) is None

@@ -20,6 +20,9 @@ SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: first address of the range
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # kwokctl's convention: the Nodes kwok keeps Ready carry this annotation.
 EMULATED_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+# Nodes kwok keeps Ready but whose pods nothing runs (not the kubelet emulator's):
+# for scheduling tests and benchmarks, where a pod need only be bound.
+BIND_ONLY_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "bind-only")
 STARTUP_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                  "kwok", "kubelet-emulator")
 
@@ -204,10 +207,11 @@ def kwok_stages() -> list[dict]:
 
 def kwok_argv(layout: Layout) -> list[str]:
     key, value = EMULATED_NODE_ANNOTATION
+    _, bind_only = BIND_ONLY_NODE_ANNOTATION
     return [layout.tool("kwok"),
             f"--kubeconfig={layout.kubeconfig('kwok')}",
             f"--config={layout.root / 'kwok.yaml'}",
-            f"--manage-nodes-with-annotation-selector={key}={value}",
+            f"--manage-nodes-with-annotation-selector={key} in ({value},{bind_only})",
             "--node-ip=127.0.0.1",
             "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{layout.ports.kwok}"]

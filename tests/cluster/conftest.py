@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpulease.hub.catalog import load_catalog
+from gpulease.spawners.scheduler_config import profiles_mig
 from tests.cluster.controlplane import TOOLS, attach, detach, missing_tools
 from tests.cluster.faults import FaultProxy
 from tests.cluster.kube import Kube, KubeError
 from tests.cluster.nodes import GpuNode, node_object
+from tests.cluster.packing_scheduler import PackingScheduler, running_packing_scheduler
 from tests.isolation_env import hub_python
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -115,6 +118,19 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     yield plane
 
 
+@pytest.fixture(scope="module")
+def packing_scheduler(control_plane: ControlPlane) -> Iterator[PackingScheduler]:
+    """gpulease's packing kube-scheduler for hub/samples' profiles (every MIG profile there),
+    leader election on, as its own ServiceAccount (tests/cluster/packing_scheduler.py).
+    Module scope: it runs for the tests of one module, not beside all the others."""
+    samples = Path(__file__).resolve().parents[2] / "hub" / "samples" / "profiles.yaml"
+    profiles = yaml.safe_load(samples.read_text())["profiles"]
+    with running_packing_scheduler(control_plane.state, control_plane.admin(),
+                                   profiles_mig(profiles),
+                                   control_plane.root / "packing-scheduler") as scheduler:
+        yield scheduler
+
+
 @pytest.fixture
 def kube(control_plane: ControlPlane) -> Kube:
     return control_plane.admin()
@@ -196,3 +212,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         except OSError:
             tail = []
         report.sections.append(("kubelet emulator log (end)", "\n".join(tail)))
+        scheduler = item.funcargs.get("packing_scheduler")  # type: ignore[attr-defined]
+        if isinstance(scheduler, PackingScheduler):
+            report.sections.append(("packing scheduler log (end)", scheduler.tail()))

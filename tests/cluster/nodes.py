@@ -5,7 +5,9 @@ for whole cards, `nvidia.com/mig-<profile>` per MIG profile under the `mixed`
 strategy — and GFD's labels (product, memory, count, MIG strategy, CUDA driver
 and runtime versions, per-profile MIG facts). Its device IDs, which the
 kubelet emulator hands to pods, are in the `gpulease.test/devices` annotation.
-kwok keeps it Ready (it carries kwok's `kwok.x-k8s.io/node=fake` annotation).
+kwok keeps it Ready (it carries kwok's `kwok.x-k8s.io/node=fake` annotation;
+a `bind_only` node carries `=bind-only`: kwok keeps it Ready, but nothing runs
+its pods, which stay bound and Pending, for scheduling tests).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from gpulease.spawners.gpu_models import (
     mig_compute_slices,
     mig_memory_bytes,
 )
-from tests.cluster.components import EMULATED_NODE_ANNOTATION
+from tests.cluster.components import BIND_ONLY_NODE_ANNOTATION, EMULATED_NODE_ANNOTATION
 from tests.cluster.pod_plan import DEVICES_ANNOTATION
 
 MiB = 1024**2
@@ -41,6 +43,7 @@ class GpuNode:
     driver: str = "570.133.20"
     cuda_runtime: str = "12.8"
     product: str = ""  # GFD's product value; default: the model's first board
+    bind_only: bool = False  # no kubelet emulator: its pods are bound, never run
 
 
 def _device_id(kind: str, node: str, n: int) -> str:
@@ -95,7 +98,7 @@ def node_object(spec: GpuNode) -> dict:
             f"{prefix}.slices.gi": str(slices), f"{prefix}.slices.ci": str(slices),
             f"{prefix}.engines.copy": str(slices), f"{prefix}.engines.decoder": str(slices),
         })
-    key, value = EMULATED_NODE_ANNOTATION
+    key, value = BIND_ONLY_NODE_ANNOTATION if spec.bind_only else EMULATED_NODE_ANNOTATION
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": spec.name, "labels": labels,
