@@ -112,8 +112,9 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
     )
     packing_scheduler = Unicode(
         "", config=True,
-        help="schedulerName of GPU pods: gpulease's GPU-packing kube-scheduler when it is "
-        "deployed; empty: the cluster's default scheduler.",
+        help="schedulerName of every server's pod (CPU-only ones too, packed on cpu and "
+        "memory): gpulease's GPU-packing kube-scheduler when it is deployed; empty: the "
+        "cluster's default scheduler.",
     )
 
     @default("pvc_name_template")

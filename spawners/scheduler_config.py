@@ -30,6 +30,7 @@ JupyterHub's user-scheduler does for cpu and memory), weighted on
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -40,6 +41,22 @@ DEFAULT_SCHEDULER_NAME = "gpulease-scheduler"
 WHOLE_GPU = "nvidia.com/gpu"
 GPU_WEIGHT = 10  # against cpu and memory at 1 each: GPUs decide which node is fullest
 CPU_MEMORY_WEIGHT = 1
+# The API server's rules: a pod's spec.schedulerName and a Lease's name are DNS-1123
+# subdomains, a namespace a DNS-1123 label. A name breaking them is refused only later,
+# on every GPU pod's create or the Lease's, so the configuration refuses it first.
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+DNS_LABEL = re.compile(_LABEL)
+
+
+def name_problem(name: str, what: str, label: bool = False) -> str | None:
+    """Why `name` is no valid Kubernetes name for `what`, or None."""
+    longest, pattern = (63, DNS_LABEL) if label else (253, DNS_SUBDOMAIN)
+    if len(name) <= longest and pattern.fullmatch(name):
+        return None
+    allowed = "lower-case letters, digits and '-'" + ("" if label else " and '.'")
+    return (f"{what} {name!r} is not a valid Kubernetes name: {allowed}, starting and ending "
+            f"with a letter or digit, at most {longest} characters")
 
 
 @dataclass(frozen=True)
@@ -58,6 +75,10 @@ class SchedulerSettings:
                              f"{', '.join(MIG_STRATEGIES)}")
         if not self.scheduler_name:
             raise ValueError("scheduler_name is empty: the pods name their scheduler by it")
+        problem = (name_problem(self.scheduler_name, "scheduler_name")
+                   or name_problem(self.lease_namespace, "lease_namespace", label=True))
+        if problem:
+            raise ValueError(problem)
 
 
 def gpu_resources(mig_profiles: Iterable[str | None], mig_strategy: str = "mixed") -> list[str]:

@@ -72,6 +72,12 @@ def test_single_strategy_slices_are_whole_gpu_resources():
 @pytest.mark.parametrize("bad, says", [
     (dict(mig_strategy="none"), "mixed, single"),
     (dict(scheduler_name=""), "scheduler_name is empty"),
+    # refused by the API server only later, on every GPU pod (spec.schedulerName) or the Lease
+    (dict(scheduler_name="GPU Packer"), "scheduler_name 'GPU Packer' is not a valid Kubernetes"),
+    (dict(scheduler_name="packer-"), "starting and ending with a letter or digit"),
+    (dict(scheduler_name="p" * 254), "at most 253"),
+    (dict(lease_namespace="kube_system"), "lease_namespace 'kube_system'"),
+    (dict(lease_namespace="a.b"), "digits and '-', starting"),  # a label: no dots
 ])
 def test_bad_settings_are_named(bad, says):
     with pytest.raises(ValueError, match=says):
@@ -100,6 +106,16 @@ def test_cli_names_what_is_wrong_in_a_profiles_file(capsys, tmp_path):
     assert "not a valid profiles file" in err and "gpu.mig" in err and "1g.18gb" in err
     assert cli.main(["cluster", "scheduler-config", "--profiles", str(tmp_path / "no.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+    assert cli.main(["cluster", "scheduler-config", "--profiles", str(SAMPLE_PROFILES),
+                     "--scheduler-name", "GPU_packer"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "'GPU_packer' is not a valid Kubernetes name" in captured.err
+
+
+def test_valid_names_pass():
+    settings = SchedulerSettings(scheduler_name="gpulease.packer-2", lease_namespace="gpu-1")
+    assert scheduler_configuration([], settings)["profiles"][0]["schedulerName"] == \
+        "gpulease.packer-2"
 
 
 def _node(name: str, free: int, allocatable: int = 8, schedulable: bool = True,
