@@ -39,8 +39,9 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
                         help="the image catalog the profiles file's images are checked against "
                         "(default: the one shipped with gpulease)")
     config.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME,
-                        help="the scheduler's name, which GPU pods carry as schedulerName (set "
-                        "GPUKubeSpawner.packing_scheduler to it; default: %(default)s)")
+                        help="the scheduler's name, which the servers' pods carry as "
+                        "schedulerName (set GPUKubeSpawner.packing_scheduler to it; "
+                        "default: %(default)s)")
     config.add_argument("--mig-strategy", default="mixed", choices=MIG_STRATEGIES,
                         help="the NVIDIA device plugin's MIG strategy (default: %(default)s)")
     config.add_argument("--lease-namespace", default="kube-system",
@@ -61,10 +62,12 @@ def _profile_specs(client: HubClient | None, args) -> list[dict] | None:
         profiles = client.call("GET", "api/profiles")["profiles"]
         # Only an admin sees every profile (with `enabled`); a researcher's token would
         # leave out the profiles of other groups, and their MIG resources with them.
-        if profiles and not all("enabled" in p for p in profiles):
-            print("gpulease: the hub showed only the profiles this token's user may use; the "
-                  "scheduler's configuration needs all of them: use an admin's token (the "
-                  "embedded hub's CLI token is one) or --profiles FILE", file=sys.stderr)
+        # None at all cannot tell the two apart, and configures nothing of use either.
+        if not profiles or not all("enabled" in p for p in profiles):
+            seen = "no profiles" if not profiles else "only the profiles this token's user may use"
+            print(f"gpulease: the hub showed {seen}; the scheduler's configuration needs all of "
+                  "them: use an admin's token (the embedded hub's CLI token is one) or "
+                  "--profiles FILE", file=sys.stderr)
             return None
         return profiles
     try:

@@ -139,3 +139,39 @@ def test_inventory_summary_shows_fragmentation():
     cordoned = [_node("n0", 8, schedulable=False), _node("n1", 2)]
     assert cli.cluster_summary(cordoned)[0].endswith("on 1 node; 0 wholly free; the most one "
                                                      "start can get now: 2")
+
+
+class _StandInHub:
+    """A stand-in for HubClient (no hub here): api/profiles answers `profiles`."""
+
+    def __init__(self, profiles: list[dict]):
+        self.profiles = profiles
+
+    def call(self, method: str, path: str, body=None, params=None):
+        assert (method, path) == ("GET", "api/profiles")
+        return {"profiles": self.profiles}
+
+
+def _args():
+    return cli.build_parser().parse_args(["cluster", "scheduler-config"])
+
+
+@pytest.mark.parametrize("profiles, says", [
+    ([], "showed no profiles"),  # a researcher whose groups have none looks like this
+    ([{"slug": "a", "gpu": {"model": "H200", "mig": "1g.18gb"}}], "only the profiles"),
+])
+def test_a_token_that_cannot_see_every_profile_is_refused(capsys, profiles, says):
+    from gpulease.hub.cli_cluster import cmd_cluster
+
+    assert cmd_cluster(_StandInHub(profiles), _args()) == 2
+    captured = capsys.readouterr()
+    assert says in captured.err and "admin's token" in captured.err and captured.out == ""
+
+
+def test_an_admins_view_prints_the_configuration(capsys):
+    from gpulease.hub.cli_cluster import cmd_cluster
+
+    admin_view = [{"slug": "a", "enabled": False, "gpu": {"model": "H200", "mig": "2g.35gb"}}]
+    assert cmd_cluster(_StandInHub(admin_view), _args()) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert "nvidia.com/mig-2g.35gb" in {r["name"] for r in _fit_args(config)["resources"]}
