@@ -16,10 +16,13 @@ from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
 
 
 def test_server_pid_finds_a_server_started_through_gpulease_singleuser():
-    # A stand-in process whose command line and environment are a server's.
+    # A stand-in process whose command line and environment are a server's. Python
+    # keeps its whole argv in /proc/PID/cmdline for its life; `sh -c "sleep 30"` does
+    # not (dash execs its last command, so the script's name went from the command
+    # line whenever the lookup came after the exec, and CI failed on it).
     env = {**os.environ, "JUPYTERHUB_USER": "ada", "JUPYTERHUB_SERVER_NAME": "train"}
-    proc = subprocess.Popen(["/bin/sh", "-c", "sleep 30", f"/venv/bin/{SERVER_SCRIPT}"],
-                            env=env)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
+                             f"/venv/bin/{SERVER_SCRIPT}"], env=env)
     try:
         assert server_pid("ada", "train", [os.getpid(), proc.pid]) == proc.pid
     finally:
