@@ -45,6 +45,10 @@ class Catalog:
     def names(self) -> tuple[str, ...]:
         return tuple(image.name for image in self.images)
 
+    def offered(self, images: tuple[str, ...]) -> tuple[str, ...]:
+        """The image names a profile offers: its own, or (none named) the catalog's first."""
+        return images or self.names()[:1]
+
 
 class CatalogError(ValueError):
     def __init__(self, errors: list[str]):

@@ -122,17 +122,19 @@ def _choose_profile(
 
 
 def _choose_image(name: str | None, profile: Profile, catalog: Catalog) -> Image:
-    present = [n for n in profile.images if catalog.get(n) is not None]
-    if name is not None and name not in profile.images:
+    offered = catalog.offered(profile.images)
+    present = [n for n in offered if catalog.get(n) is not None]
+    if name is not None and name not in offered:
         raise _refuse(400, "image",
                       f"image {name!r} is not offered by profile {profile.slug}; "
                       f"choose one of: {', '.join(present) or '(none)'}")
     chosen = name if name is not None else (present[0] if present else None)
     image = catalog.get(chosen) if chosen is not None else None
     if image is None:
-        # The catalog was replaced after the profile was written.
+        # The catalog was replaced after the profile was written (or is empty).
+        missing = chosen or (offered[0] if offered else "(none)")
         raise _refuse(400, "image",
-                      f"image {chosen or profile.images[0]!r} of profile {profile.slug} is not "
+                      f"image {missing!r} of profile {profile.slug} is not "
                       f"in the image catalog; choose one of: {', '.join(present) or '(none)'}")
     return image
 

@@ -39,6 +39,7 @@ KEYS = ("slug", "display_name", "description", "gpu", "cpu", "memory", "images",
         "price_per_hour", "min_run", "idle_timeout", "max_runtime", "groups", "enabled")
 GPU_KEYS = ("model", "mig", "count")
 DEFAULTS = {"min_run": "10m", "idle_timeout": "30m", "max_runtime": "0"}
+_ABSENT = object()  # a key the profile leaves out (not a null given)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Profile:
     gpu: GpuSpec | None
     cpu: Decimal
     memory_bytes: int
-    images: tuple[str, ...]
+    images: tuple[str, ...]  # () : the catalog's first image (Catalog.offered)
     price_per_hour_ucr: int
     min_run_s: int
     idle_timeout_s: int
@@ -86,7 +87,8 @@ class Profile:
         cpu = self.cpu.normalize()
         spec["cpu"] = int(cpu) if cpu == cpu.to_integral_value() else format(cpu, "f")
         spec.update(
-            memory=format_quantity(self.memory_bytes), images=list(self.images),
+            memory=format_quantity(self.memory_bytes),
+            **({"images": list(self.images)} if self.images else {}),
             price_per_hour=credits_text(self.price_per_hour_ucr),
             min_run=format_duration(self.min_run_s),
             idle_timeout=format_duration(self.idle_timeout_s),
@@ -145,9 +147,12 @@ def _parse_gpu(value: object, p: _Problems) -> GpuSpec | None:
 
 
 def _parse_images(value: object, catalog: Catalog, check: bool, p: _Problems) -> tuple | None:
+    if value is _ABSENT:  # the catalog's first image, whatever the catalog is then
+        return ()
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         p.add("images", f"must be a non-empty list of image names from the catalog "
-                        f"({_names(catalog.names())}), got {shown(value)}")
+                        f"({_names(catalog.names())}), or left out for its first image; "
+                        f"got {shown(value)}")
         return None
     twice = sorted({v for v in value if value.count(v) > 1})
     problems = [f"{shown(n)} is listed twice" for n in twice]
@@ -223,7 +228,7 @@ def parse_profile(
     cpu = _required(p, data, "cpu", parse_cpu, "cores, like 4 or 0.5")
     if (memory := _required(p, data, "memory", parse_quantity, "a quantity like 32Gi")) == 0:
         p.add("memory", "must be more than 0")
-    images = _parse_images(data.get("images"), catalog, check_catalog, p)
+    images = _parse_images(data.get("images", _ABSENT), catalog, check_catalog, p)
     price = _required(p, data, "price_per_hour", parse_credits, 'credits per hour like "1.20"')
     if price is not None and price < 0:
         p.add("price_per_hour", f"must not be negative, got {shown(data['price_per_hour'])}")

@@ -134,8 +134,9 @@ def _balance_line(profile: Profile, balance: int | None) -> str:
 
 def _image_options(profile: Profile, data: FormData, checked: bool) -> str:
     options = []
-    chosen = data.selected_image if checked and data.selected_image in profile.images else None
-    for i, name in enumerate(profile.images):
+    offered = profile.images or tuple(data.images)[:1]  # none named: the catalog's first
+    chosen = data.selected_image if checked and data.selected_image in offered else None
+    for i, name in enumerate(offered):
         image = data.images.get(name)
         label = f"{name} — {image.description}" if image and image.description else name
         sel = " selected" if (name == chosen or (chosen is None and i == 0)) else ""

@@ -240,7 +240,7 @@ def test_creating_a_profile_through_the_form(hub, admin):
 @e2e
 def test_an_invalid_profile_shows_field_errors_and_keeps_the_input(hub, admin):
     before = len(hub.service("GET", "api/audit", hub.admin_token).json()["entries"])
-    form = profile_form(slug="broken", gpu_mig="9g.1tb", memory="lots", images=None,
+    form = profile_form(slug="broken", gpu_mig="9g.1tb", memory="lots", images=["nope"],
                         default_image="", min_run="soon", display_name=XSS)
     r = post(admin, hub, "admin/profiles/new", form)
     assert r.status_code == 400
@@ -250,7 +250,7 @@ def test_an_invalid_profile_shows_field_errors_and_keeps_the_input(hub, admin):
     joined = htmllib.unescape(" ".join(errors))
     assert "'9g.1tb' is not a MIG profile of H200" in joined
     assert "'lots' is not a quantity" in joined
-    assert "images: must be" not in joined and "must be a non-empty list" in joined
+    assert "images: " not in joined and "'nope' is not in the image catalog" in joined
     assert "'soon' is not a duration" in joined
     assert 'value="lots"' in text and 'value="9g.1tb"' in text and 'value="broken"' in text
     assert XSS not in text and f'value="{SCRIPT_ESCAPED}"' in text  # kept, as text
@@ -484,6 +484,14 @@ def test_form_to_body_keeps_text_for_parse_profile():
     assert [e.field for e in errors] == ["gpu.model"]
     unchecked, _ = af.profile_body(_as_form(profile_form(enabled=None, cpu="")), _catalog(), slug="x")
     assert unchecked["enabled"] is False and "cpu" not in unchecked and unchecked["slug"] == "x"
+    none_ticked, errors = af.profile_body(_as_form(profile_form(images=None, default_image="")), _catalog())
+    assert "images" not in none_ticked and errors == []  # left out: the catalog's first
+
+
+def test_a_profile_without_images_is_listed_as_offering_the_catalogs_first():
+    from gpulease.hub.profiles import parse_profile
+    body, _ = af.profile_body(_as_form(profile_form(images=None, default_image="")), _catalog())
+    assert af.profile_row(parse_profile(body, _catalog()))["images"] == "(the catalog's first)"
 
 
 def test_parse_errors_land_on_their_inputs():

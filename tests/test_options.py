@@ -49,6 +49,15 @@ def test_default_image_is_the_first_offered():
     assert resolve({"profile": "h200-full"}).image.name == "pytorch"
 
 
+def test_a_profile_without_images_starts_the_catalogs_first_and_offers_only_it():
+    bare = dataclasses.replace(SLICE, images=())
+    assert resolve({"profile": "h200-1g"}, profiles=[bare]).image == CATALOG.images[0]
+    error = refused({"profile": "h200-1g", "image": "cuda"}, profiles=[bare])
+    assert f"choose one of: {CATALOG.images[0].name}" in error.message
+    error = refused({"profile": "h200-1g"}, profiles=[bare], catalog=Catalog(()))
+    assert error.status == 400 and "'(none)'" in error.message  # never "got None"
+
+
 def test_form_lists_of_one_string_are_accepted():
     choice = resolve({"profile": ["h200-1g"], "image": ["tensorrt-llm"], "account": ["user:alice"]})
     assert (choice.profile, choice.image.name, choice.account) == (SLICE, "tensorrt-llm",

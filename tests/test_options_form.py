@@ -81,6 +81,12 @@ def test_balance_and_minutes_it_buys():
         form(profiles=[dataclasses.replace(CPU, price_per_hour_ucr=0)], balance_ucr=0), "cpu")
 
 
+def test_a_profile_without_images_offers_the_catalogs_first():
+    html = form(profiles=[dataclasses.replace(SLICE, images=())])
+    first = CATALOG.images[0].name
+    assert re.findall(r'<option value="([^"]+)"', card(html, "h200-1g")) == [first]
+
+
 def test_selected_profile_and_image():
     html = form(selected="h200-full", selected_image="cuda")
     assert re.search(r'value="h200-full" checked', html)

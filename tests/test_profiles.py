@@ -214,9 +214,23 @@ def test_bad_other_fields(field, value):
     assert field in problems(with_(**{field: value}))
 
 
-@pytest.mark.parametrize("field", ["display_name", "cpu", "memory", "images", "price_per_hour"])
+@pytest.mark.parametrize("field", ["display_name", "cpu", "memory", "price_per_hour"])
 def test_required_fields(field):
     assert field in problems(with_(**{field: ...}))
+
+
+def test_a_profile_without_images_offers_the_catalogs_first_and_exports_without_them():
+    profile = parse_profile(with_(images=...), CATALOG)
+    assert profile.images == ()
+    assert CATALOG.offered(profile.images) == (CATALOG.images[0].name,)
+    assert "images" not in profile.to_spec()  # so an export stays what the admin wrote
+    assert parse_profile(profile.to_spec(), CATALOG) == profile
+    assert CATALOG.offered(("cuda",)) == ("cuda",)
+
+
+@pytest.mark.parametrize("images", [[], None])
+def test_images_given_empty_or_null_is_refused_saying_it_may_be_left_out(images):
+    assert "or left out for its first image" in problems(with_(images=images))["images"]
 
 
 def test_every_problem_collected_with_where_prefix():

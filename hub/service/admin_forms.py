@@ -80,7 +80,8 @@ def profile_body(form: Form, catalog: Catalog, slug: str | None = None) -> tuple
         n for n in chosen if n not in catalog.names()]  # unknown names: parse_profile says so
     if default_image:
         ordered = [default_image] + [n for n in ordered if n != default_image]
-    body["images"] = ordered
+    if ordered:  # none ticked: left out, the catalog's first image
+        body["images"] = ordered
     body["groups"] = split_groups(first(form, "groups"))
     body["enabled"] = first(form, "enabled") in ("on", "true", "1", "yes")
     return body, errors
@@ -138,7 +139,7 @@ def profile_row(profile: Profile) -> dict[str, Any]:
         "gpu": profile.gpu.describe() if profile.gpu else "CPU only",
         "cpu": str(profile.to_spec()["cpu"]),
         "memory": format_quantity(profile.memory_bytes),
-        "images": ", ".join(profile.images),
+        "images": ", ".join(profile.images) or "(the catalog's first)",
         "price": credits_text(profile.price_per_hour_ucr),
         "min_run": format_duration(profile.min_run_s),
         "idle_timeout": format_duration(profile.idle_timeout_s),
