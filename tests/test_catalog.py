@@ -15,7 +15,7 @@ def write(tmp_path, text: str):
 def test_shipped_catalog():
     catalog = load_catalog()
     assert catalog == load_catalog(CATALOG_PATH)
-    assert catalog.names() == ("pytorch", "cuda", "tensorrt-llm")
+    assert catalog.names() == ("pytorch", "cuda", "tensorrt-llm", "cuda-12.8")
     pytorch = catalog.get("pytorch")
     assert pytorch.cuda == "12.6" and pytorch.min_driver == "560.28"
     assert pytorch.frameworks == {"torch": "2.6.0"}

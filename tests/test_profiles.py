@@ -150,7 +150,7 @@ def test_bad_quantity(memory):
 
 
 @pytest.mark.parametrize("images, needle", [
-    (["nope"], "'nope' is not in the image catalog; known: pytorch, cuda, tensorrt-llm"),
+    (["nope"], "'nope' is not in the image catalog; known: pytorch, cuda, tensorrt-llm, cuda-12.8"),
     ([], "non-empty list"),
     ("pytorch", "non-empty list"),
     (["pytorch", "pytorch"], "'pytorch' is listed twice"),
