@@ -17,6 +17,7 @@ plan, and says what is wrong, each problem naming the image and the rule:
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 from dataclasses import dataclass
@@ -40,11 +41,11 @@ class Parsed:
 
 
 def parse(build: Build, text: str | None = None) -> Parsed:
-    path = HERE / build.dockerfile
-    dfp = DockerfileParser(str(path) if text is None else None, build_args=build.args,
-                           env_replace=True, cache_content=True)
-    if text is not None:
-        dfp.content = text
+    if text is None:
+        text = (HERE / build.dockerfile).read_text(encoding="utf-8")
+    # From a file object: given no path, the parser reads and writes ./Dockerfile.
+    dfp = DockerfileParser(fileobj=io.BytesIO(text.encode()), build_args=build.args,
+                           env_replace=True)
     final: list[dict] = []
     for item in dfp.structure:
         if item["instruction"] == "FROM":

@@ -124,3 +124,8 @@ def test_no_latest_anywhere_and_a_workflow_builds_them():
     steps = " ".join(str(s.get("run", "")) for job in workflow["jobs"].values()
                      for s in job["steps"])
     assert "images/check.py" in steps and "images/build.sh" in steps
+
+
+def test_checking_a_changed_copy_writes_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the parser, given no path, would write ./Dockerfile
+    assert broken("pytorch", "USER 1000", "USER 0") and list(tmp_path.iterdir()) == []
