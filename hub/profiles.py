@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from gpulease.hub.catalog import Catalog
+from gpulease.hub.catalog import Catalog, Image
 from gpulease.hub.refusal import FieldError, Refusal
 from gpulease.hub.shown import shown
 from gpulease.hub.units import (
@@ -48,8 +48,11 @@ class GpuSpec:
     mig: str | None = None
     count: int = 1
 
-    def device_request(self) -> DeviceRequest:
-        return DeviceRequest(model=self.model, mig_profile=self.mig, count=self.count)
+    def device_request(self, image: Image | None = None) -> DeviceRequest:
+        """What this GPU spec asks for; with the image to run, on GPUs whose driver runs it."""
+        return DeviceRequest(model=self.model, mig_profile=self.mig, count=self.count,
+                             min_driver=image.min_driver if image else None,
+                             image=image.name if image else None)
 
     def describe(self) -> str:
         if self.mig:

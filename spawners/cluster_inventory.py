@@ -20,6 +20,7 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpulease.spawners.drivers import driver_from_labels, new_enough, too_old
 from gpulease.spawners.gpu_models import model_key_from_gfd_product
 from gpulease.spawners.placement import DeviceRequest, NoFit
 
@@ -37,7 +38,7 @@ class ClusterNode:
     name: str
     model: str | None  # gpulease's model key, from nvidia.com/gpu.product
     mig_strategy: str  # the device plugin's: mixed | single | none
-    driver: str  # nvidia.com/cuda.driver-version.full ("" if not labelled)
+    driver: str  # GPU feature discovery's driver labels (drivers.py; "" if not labelled)
     allocatable: dict[str, int]  # nvidia.com/* resource -> count
     schedulable: bool = True  # Ready and not cordoned
     # Under the `single` strategy every nvidia.com/gpu is a slice of this
@@ -109,7 +110,7 @@ def node_from_object(obj: dict) -> ClusterNode:
                    if name.startswith(GPU_PREFIX) and str(value).isdigit()}
     return ClusterNode(obj["metadata"]["name"], model,
                        labels.get("nvidia.com/mig.strategy", "none"),
-                       labels.get("nvidia.com/cuda.driver-version.full", ""), allocatable,
+                       driver_from_labels(labels), allocatable,
                        _ready(obj) and not obj.get("spec", {}).get("unschedulable", False),
                        profile, dict(labels),
                        tuple((t.get("key", ""), t.get("value", ""), t["effect"])
@@ -241,19 +242,28 @@ def fit(request: DeviceRequest, inventory: ClusterInventory,
                          for k in index.largest)
         raise NoFit(422, f"No node offers {request.describe()}, so it can never run here "
                          f"(offered: {', '.join(offered) or 'no GPU on any node'}).")
-    if request.count > index.largest[kind]:
+    old = too_old_nodes(inventory, request)
+    usable = [n for n in inventory.nodes if (n.name, kind) in index.resource and n.name not in old]
+    if not usable:
+        raise NoFit(422, too_old(request.image, str(request.min_driver), request.describe(),
+                                 (n.driver for n in inventory.nodes
+                                  if (n.name, kind) in index.resource)))
+    largest = max(n.allocatable[index.resource[(n.name, kind)]] for n in usable)
+    if request.count > largest:
         raise NoFit(422, f"{request.describe()} needs {request.count} on one node; the largest "
-                         f"{request.model} node has {index.largest[kind]}.")
+                         f"{request.model} node{' with a driver new enough' if old else ''} "
+                         f"has {largest}.")
     moved: dict[Kind, dict[str, int]] = defaultdict(dict)  # room given to pending requests
     for earlier in pending:  # admitted, not yet bound: they come first
         earlier_kind: Kind = (earlier.model, earlier.mig_profile)
-        chosen = _pick(index, earlier_kind, earlier.count, moved[earlier_kind])
+        chosen = _pick(index, earlier_kind, earlier.count, {
+            **moved[earlier_kind], **dict.fromkeys(too_old_nodes(inventory, earlier), 0)})
         if chosen:
             name, free = chosen
             moved[earlier_kind][name] = free - earlier.count
     room = dict(moved[kind])
-    for name in (reserved or {}).get(kind, ()):
-        room[name] = 0  # kept for an earlier request: no room for this one
+    for name in set((reserved or {}).get(kind, ())) | old:
+        room[name] = 0  # kept for an earlier request, or its driver is too old
     chosen = _pick(index, kind, request.count, room)
     if chosen is None:
         free = sum(v * len(names) for v, names in index.buckets[kind].items())
@@ -268,9 +278,22 @@ def nodes_for(request: DeviceRequest, inventory: ClusterInventory) -> set[str]:
     """Every node that could ever run `request`: it offers the kind, enough of it."""
     index = _index(inventory)
     kind: Kind = (request.model, request.mig_profile)
+    old = too_old_nodes(inventory, request)
     return {n.name for n in inventory.nodes
-            if (n.name, kind) in index.resource
+            if (n.name, kind) in index.resource and n.name not in old
             and n.allocatable[index.resource[(n.name, kind)]] >= request.count}
+
+
+def too_old_nodes(inventory: ClusterInventory, request: DeviceRequest) -> frozenset[str]:
+    """Nodes whose driver is older than the request's image needs (none if it needs none)."""
+    if not request.min_driver:
+        return frozenset()
+    key = ("too old", request.min_driver)
+    if key not in inventory._derived:
+        inventory._derived[key] = frozenset(
+            n.name for n in inventory.nodes if n.model is not None
+            and not new_enough(n.driver, request.min_driver, f"node {n.name}"))
+    return inventory._derived[key]
 
 
 def _base_free(index: _Index, kind: Kind, name: str) -> int:

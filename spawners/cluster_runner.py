@@ -31,7 +31,12 @@ from kubernetes_asyncio import client
 from gpulease.hub.db import utcnow
 from gpulease.hub.limits import Holding, check_limits
 from gpulease.hub.units import format_duration
-from gpulease.spawners.cluster_inventory import ClusterInventory, fit, select_nodes
+from gpulease.spawners.cluster_inventory import (
+    ClusterInventory,
+    fit,
+    select_nodes,
+    too_old_nodes,
+)
 from gpulease.spawners.cluster_queue import plan_cluster
 from gpulease.spawners.cluster_watch import ClusterWatch
 from gpulease.spawners.placement import DeviceRequest, NoFit
@@ -50,6 +55,7 @@ class ClusterAdmitted:
     node: str  # where it fits now (kube-scheduler still decides)
     waited_s: float = 0.0  # > 0: it waited in the queue
     queued: bool = False
+    avoid: frozenset[str] = frozenset()  # nodes whose driver is too old for its image
 
 
 def cluster_holdings(inventory: ClusterInventory,
@@ -164,7 +170,7 @@ class ClusterQueueRunner(QueueBase):
                 self._running.discard(key)
                 log.info("%s/%s admitted for %s (fits on %s)", user, server,
                          request.describe(), node)
-                return ClusterAdmitted(node)
+                return ClusterAdmitted(node, avoid=too_old_nodes(inventory, request))
             if max_wait <= 0:
                 raise Refused(503, self._no_room(request, inventory))
             theirs = queue_places_refusal(user, [(t.user, t.server) for t in self.waiting],
@@ -176,7 +182,11 @@ class ClusterQueueRunner(QueueBase):
                                    f"({len(self.waiting)} spawns waiting). Try again later.")
             ticket = await self._enqueue(user, server, profile, request)
         node = await self._wait_in_queue(ticket, max_wait)
-        return ClusterAdmitted(node, (utcnow() - ticket.enqueued_at).total_seconds(), True)
+        # The picture as watched now (no wait: the admission is made, and counted)
+        picture = select_nodes(self.watch.inventory(), self.selector, self.tolerations)
+        avoid = too_old_nodes(picture, request)
+        return ClusterAdmitted(node, (utcnow() - ticket.enqueued_at).total_seconds(), True,
+                               avoid)
 
     def done(self, user: str, server: str, running: bool = False) -> None:
         """The start of user/server ended. Failed, or its server stopped (`running`

@@ -71,6 +71,7 @@ class AllocatableDevice:
     mig_profile: str | None
     memory_bytes: int | None
     slot: int | None = None  # MIG slot on its GPU; None for a full card
+    driver: str | None = None  # its GPU's NVIDIA driver (None: not declared)
 
 
 @dataclass(frozen=True)
@@ -95,13 +96,13 @@ class Inventory:
                 if not gpu.mig_enabled:
                     yield AllocatableDevice(
                         gpu.uuid, node.name, gpu.uuid, gpu.index, gpu.model, None,
-                        gpu.memory_bytes,
+                        gpu.memory_bytes, driver=gpu.driver,
                     )
                     continue
                 for mig in gpu.mig_devices:
                     yield AllocatableDevice(
                         mig.uuid, node.name, gpu.uuid, gpu.index, gpu.model, mig.profile,
-                        mig.memory_bytes, mig.index,
+                        mig.memory_bytes, mig.index, gpu.driver,
                     )
 
     def device_uuids(self) -> set[str]:

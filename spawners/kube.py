@@ -45,6 +45,7 @@ from gpulease.spawners.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,
     MIG_STRATEGIES,
     ClusterGpus,
+    avoiding,
     kubespawner_traits,
     pod_needs,
 )
@@ -166,6 +167,9 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             finally:
                 self._gpulease_admitted = True
         self._gpulease_admitted = True
+        if admitted is not None:  # never on a node whose driver is too old for the image
+            options["node_affinity_required"] = avoiding(options["node_affinity_required"],
+                                                         admitted.avoid)
         for name, value in options.items():
             setattr(self, name, value)
         self._options_to_restore = None

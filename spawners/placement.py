@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from gpulease.spawners.drivers import new_enough, too_old
 from gpulease.spawners.inventory import AllocatableDevice, Inventory
 
 
@@ -22,6 +23,9 @@ class DeviceRequest:
     model: str
     mig_profile: str | None = None
     count: int = 1
+    # The image's need (spawners/drivers.py): GPUs with an older driver are passed over.
+    min_driver: str | None = None
+    image: str | None = None  # its catalog name, for the refusal
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -66,8 +70,23 @@ def _devices(inventory: Inventory) -> list[AllocatableDevice]:
     return sorted(inventory.allocatable(), key=_order)
 
 
+def matches(device: AllocatableDevice, request: DeviceRequest) -> bool:
+    """The device is of the request's kind, and its driver runs the request's image."""
+    return (device.model == request.model and device.mig_profile == request.mig_profile
+            and new_enough(device.driver, request.min_driver,
+                           f"GPU {device.gpu_index} of {device.node}"))
+
+
 def _matching(devices: list[AllocatableDevice], request: DeviceRequest) -> list[AllocatableDevice]:
-    return [d for d in devices if d.model == request.model and d.mig_profile == request.mig_profile]
+    return [d for d in devices if matches(d, request)]
+
+
+def _driver_refusal(request: DeviceRequest, devices: list[AllocatableDevice]) -> None:
+    """NoFit 422 if devices of the request's kind exist but none has a new enough driver."""
+    kind = [d for d in devices if d.model == request.model and d.mig_profile == request.mig_profile]
+    if request.min_driver and kind and not _matching(kind, request):
+        raise NoFit(422, too_old(request.image, request.min_driver, request.describe(),
+                                 (d.driver for d in kind)))
 
 
 def free_summary(inventory: Inventory, held: Collection[str]) -> str:
@@ -123,6 +142,7 @@ def place(request: DeviceRequest, inventory: Inventory, held: Collection[str]) -
         here = f"GPU models here: {', '.join(models)}" if models else "this host has no GPU"
         raise NoFit(422, f"No {request.model} GPU here, so {request.describe()} can never be "
                          f"placed ({here}).")
+    _driver_refusal(request, devices)
     if request.mig_profile is not None:
         return _place_mig(request, devices, held, inventory)
     return _place_cards(request, devices, held, inventory)

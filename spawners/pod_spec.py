@@ -85,6 +85,16 @@ def pod_needs(profile: Profile, cluster: ClusterGpus) -> PodNeeds:
                     tuple(cluster.tolerations), cluster.scheduler_name)
 
 
+def avoiding(terms: list[dict[str, Any]], nodes: frozenset[str]) -> list[dict[str, Any]]:
+    """nodeSelectorTerms that also keep the pod off `nodes` (those whose NVIDIA driver is
+    too old for its image): the terms are ORed, so each one gets the exclusion."""
+    if not nodes:
+        return terms
+    off = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    return [{**t, "matchFields": [*t.get("matchFields", []), off]} for t in terms] or [
+        {"matchFields": [off]}]
+
+
 def restricted_security() -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod, container) security contexts that pass PodSecurity `restricted`."""
     pod = {"runAsNonRoot": True, "runAsUser": POD_UID, "runAsGroup": POD_GID,

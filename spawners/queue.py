@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpulease.spawners.inventory import AllocatableDevice, Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, place
+from gpulease.spawners.inventory import Inventory
+from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, matches, place
 
 # The default of GPULeaseHub.queue_places_per_user (and the spawner's trait), here only.
 QUEUE_PLACES_PER_USER = 3
@@ -46,13 +46,9 @@ class Plan:
     waiting: list[Hashable] = field(default_factory=list)
 
 
-def _matches(device: AllocatableDevice, request: DeviceRequest) -> bool:
-    return device.model == request.model and device.mig_profile == request.mig_profile
-
-
 def usable_devices(request: DeviceRequest, inventory: Inventory) -> set[str]:
     """Every device `request` could ever be given: its kind, on a node large enough."""
-    matching = [d for d in inventory.allocatable() if _matches(d, request)]
+    matching = [d for d in inventory.allocatable() if matches(d, request)]
     per_node = Counter(d.node for d in matching)
     return {d.uuid for d in matching if per_node[d.node] >= request.count}
 

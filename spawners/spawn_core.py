@@ -144,7 +144,7 @@ class GPULeaseSpawnCore(AdmissionOptions):
         groups = {g.name: {u.name for u in g.users} for g in self.user.groups}
         try:
             return await self._queue_runner().admit(
-                self.user.name, self.name, profile.slug, profile.gpu.device_request(),
+                self.user.name, self.name, profile.slug, profile.gpu.device_request(choice.image),
                 user_groups=set(groups), group_members=groups,
                 max_wait=self.queue_max_wait, max_length=self.queue_max_length,
                 max_per_user=self.queue_places_per_user,
