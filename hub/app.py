@@ -75,6 +75,7 @@ from gpulease.hub.user_names import outside_the_rule, rename_hint
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.inventory import InventoryError
 from gpulease.spawners.local import LocalGPUSpawner
+from gpulease.spawners.nvml_metrics import register_gpu_temperatures
 
 gpulease_aliases = {
     **hub_aliases,
@@ -190,6 +191,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
                           "their order, once the hub is up", len(self._left_queued))
         if not self._cluster:
             self.log.info("GPU inventory: %s", ctx.inventory.label)
+        if ctx.inventory.source == "nvml":  # the box's GPU temperatures on /hub/metrics
+            register_gpu_temperatures(ctx.inventory.nodes[0].name)
         applied = ctx.profiles.apply_file_if_changed(self.profiles_file)
         if applied is not None:
             self.log.info("Applied profiles file %s: %s", self.profiles_file, applied)

@@ -328,6 +328,8 @@ class Meter:
                 if order.reason == ACCOUNT_CAP and progress.attempts == 0:
                     await self._tell_cap_stop(order)
             actions = stop_actions(progress, now, self.kill_after_s)
+            if "kill" in actions:
+                metrics.CREDIT_STOPS_FAILED.labels(reason=order.reason).inc()
             if "kill" in actions and await hub.kill(user, server):
                 progress.killed += 1
                 waited = (now - progress.first_at).total_seconds()

@@ -22,6 +22,12 @@ METERING_GAPS = Counter(
     "gpulease_metering_gaps",
     "Running servers the heartbeat found without an open billing session (and opened one)",
 )
+CREDIT_STOPS_FAILED = Counter(
+    "gpulease_credit_stops_failed",
+    "Credit stops (balance or account cap) whose server still ran past kill_after, so that "
+    "its processes were killed: credit enforcement not working as it should",
+    ["reason"],
+)
 HEARTBEAT_FAILURES = Counter(
     "gpulease_heartbeat_failures", "Heartbeats that could not reach the billing database"
 )

@@ -223,6 +223,7 @@ class Culler:
         report.seconds = time.monotonic() - t0
         self.last_pass = (self.clock(), report)
         self.metrics.pass_seconds.observe(report.seconds)
+        self.metrics.last_pass.set(self.last_pass[0].timestamp())
         log.info("culler pass: %d servers, %d stopped, %d errors in %.2fs; kernels %s",
                  len(servers), len(report.stops), len(report.errors), report.seconds,
                  ", ".join(f"{k} {n}" for k, n in sorted(report.kernel_views.items())) or "-")

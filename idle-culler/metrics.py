@@ -22,6 +22,10 @@ class CullerMetrics:
         self.pass_seconds = Histogram(
             "gpulease_culler_pass_seconds", "Duration of one culler pass over all servers",
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=self.registry)
+        self.last_pass = Gauge(
+            "gpulease_culler_last_pass_timestamp_seconds",
+            "When the culler's last pass over the servers ended (Unix time): an alert fires "
+            "when it is old", registry=self.registry)
         # Each server's labelled children, cached: labels() costs a lock and a lookup.
         self._children: dict[tuple[str, str], list] = {}
 

@@ -3,6 +3,7 @@ missing, stops; never a request to a server."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import aiohttp
@@ -175,6 +176,9 @@ async def test_metrics_and_health_are_served():
     assert 'gpulease_server_gpu_percent{server="",user="u5"} 60.0' in text
     assert 'gpulease_culler_actions_total{action="keep"} 10.0' in text
     assert "gpulease_culler_pass_seconds_count 1.0" in text
+    # when the pass ended, for the "culler not running" alert
+    shown = re.search(r"^gpulease_culler_last_pass_timestamp_seconds (\S+)$", text, re.M)
+    assert shown and float(shown.group(1)) == culler.last_pass[0].timestamp(), text
     assert health["service"] == "gpulease-culler" and health["last_pass"]["servers"] == 10
 
 

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy.exc import OperationalError
 
 from gpulease.hub.db import utcnow
@@ -257,10 +258,14 @@ def test_an_out_of_credit_stop_is_retried_and_killed_until_the_server_is_gone(me
     meter.open("h", "", "pricey", "user:h", RATE, utcnow() - dt.timedelta(seconds=5))
     hub = always_running(("h", ""))
     meter.kill_after = 0  # every heartbeat after the first kills
+    failed = REGISTRY.get_sample_value("gpulease_credit_stops_failed_total",
+                                       {"reason": "out_of_credit"}) or 0
     run(meter.heartbeat(hub))
     assert hub.stops == [("h", "")] and hub.kills == []
     run(meter.heartbeat(hub))  # a SIGTERM-ignoring server: still there
     assert hub.stops == [("h", "")] * 2 and hub.kills == [("h", "")]
+    assert REGISTRY.get_sample_value("gpulease_credit_stops_failed_total",
+                                     {"reason": "out_of_credit"}) == failed + 1
     # a pending (starting or stopping) server is still pushed
     hub.alive.discard(("h", ""))
     run(meter.heartbeat(hub))
