@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -33,6 +35,27 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+@contextmanager
+def nvml_session(nvml: Any, purpose: str) -> Iterator[bool]:
+    """NVML initialised for the block, shut down after it: yields False (and logs at
+    debug, naming `purpose`) where NVML cannot start, True where it did."""
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        # NVMLError_LibraryNotFound on a CPU machine; DriverNotLoaded and
+        # friends where a driver is installed but unusable.
+        log.debug("NVML: not available (%s): no %s from NVML", exc, purpose)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.debug("NVML: shutdown failed: %s", exc)
+
+
 def read_nvml_inventory(node_name: str, nvml: Any = None) -> Inventory | None:
     """This host's GPUs through NVML; None without a driver or without GPUs.
 
@@ -42,14 +65,9 @@ def read_nvml_inventory(node_name: str, nvml: Any = None) -> Inventory | None:
     if nvml is None:
         log.debug("NVML: the pynvml module (nvidia-ml-py) is not installed")
         return None
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        # NVMLError_LibraryNotFound on a CPU machine; DriverNotLoaded and
-        # friends where a driver is installed but unusable.
-        log.debug("NVML: not available (%s): no GPU inventory from NVML", exc)
-        return None
-    try:
+    with nvml_session(nvml, "GPU inventory") as started:
+        if not started:
+            return None
         driver = _text(nvml.nvmlSystemGetDriverVersion())
         gpus = []
         for index in range(nvml.nvmlDeviceGetCount()):
@@ -59,11 +77,6 @@ def read_nvml_inventory(node_name: str, nvml: Any = None) -> Inventory | None:
                 # A GPU that fails to answer (fallen off the bus) is left out:
                 # reconcile then reports its devices as gone.
                 log.warning("NVML: GPU %d cannot be read (%s); leaving it out", index, exc)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as exc:
-            log.debug("NVML: shutdown failed: %s", exc)
     if not gpus:
         log.debug("NVML: driver %s but no GPU", driver)
         return None

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 
 from gpulease.spawners.gpu_models import model_key_from_nvml_name
-from gpulease.spawners.nvml import _load_pynvml, _text
+from gpulease.spawners.nvml import _load_pynvml, _text, nvml_session
 
 log = logging.getLogger(__name__)
 TEMPERATURE = "gpulease_gpu_temperature_celsius"
@@ -23,14 +23,9 @@ TEMPERATURE = "gpulease_gpu_temperature_celsius"
 
 def read_temperatures(nvml: Any) -> list[tuple[int, str, str, float]]:
     """(index, uuid, model, °C) of every GPU NVML can read; [] without NVML."""
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        log.debug("NVML: not available for temperatures (%s)", exc)
-        return []
-    out = []
-    try:
-        for index in range(nvml.nvmlDeviceGetCount()):
+    out: list[tuple[int, str, str, float]] = []
+    with nvml_session(nvml, "GPU temperatures") as started:
+        for index in range(nvml.nvmlDeviceGetCount() if started else 0):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 celsius = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
@@ -39,11 +34,6 @@ def read_temperatures(nvml: Any) -> list[tuple[int, str, str, float]]:
                             float(celsius)))
             except nvml.NVMLError as exc:  # one GPU that fails to answer: no series for it
                 log.warning("NVML: GPU %d's temperature cannot be read (%s)", index, exc)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as exc:
-            log.debug("NVML: shutdown failed: %s", exc)
     return out
 
 
