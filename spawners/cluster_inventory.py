@@ -243,12 +243,7 @@ def fit(request: DeviceRequest, inventory: ClusterInventory,
         raise NoFit(422, f"No node offers {request.describe()}, so it can never run here "
                          f"(offered: {', '.join(offered) or 'no GPU on any node'}).")
     old = too_old_nodes(inventory, request)
-    usable = [n for n in inventory.nodes if (n.name, kind) in index.resource and n.name not in old]
-    if not usable:
-        raise NoFit(422, too_old(request.image, str(request.min_driver), request.describe(),
-                                 (n.driver for n in inventory.nodes
-                                  if (n.name, kind) in index.resource)))
-    largest = max(n.allocatable[index.resource[(n.name, kind)]] for n in usable)
+    largest = _largest_new_enough(inventory, index, request, kind, old)
     if request.count > largest:
         raise NoFit(422, f"{request.describe()} needs {request.count} on one node; the largest "
                          f"{request.model} node{' with a driver new enough' if old else ''} "
@@ -272,6 +267,26 @@ def fit(request: DeviceRequest, inventory: ClusterInventory,
                          f"{request.describe()} now ({free} free across "
                          f"{index.nodes[kind]} node(s)).")
     return chosen[0]
+
+
+def _largest_new_enough(inventory: ClusterInventory, index: _Index, request: DeviceRequest,
+                        kind: Kind, old: frozenset[str]) -> int:
+    """The most of `kind` one node with a driver new enough for `request` offers; NoFit 422
+    when no such node. Without too-old nodes that is the index's figure; with them it is
+    worked out once per inventory, kind and driver."""
+    if not old:
+        return index.largest[kind]
+    key = ("largest new enough", kind, request.min_driver)
+    if key not in inventory._derived:
+        usable = [n for n in inventory.nodes
+                  if (n.name, kind) in index.resource and n.name not in old]
+        inventory._derived[key] = max(
+            (n.allocatable[index.resource[(n.name, kind)]] for n in usable), default=None)
+    if inventory._derived[key] is None:
+        raise NoFit(422, too_old(request.image, str(request.min_driver), request.describe(),
+                                 (n.driver for n in inventory.nodes
+                                  if (n.name, kind) in index.resource)))
+    return inventory._derived[key]
 
 
 def nodes_for(request: DeviceRequest, inventory: ClusterInventory) -> set[str]:
