@@ -78,15 +78,14 @@ def matches(device: AllocatableDevice, request: DeviceRequest) -> bool:
 
 
 def _matching(devices: list[AllocatableDevice], request: DeviceRequest) -> list[AllocatableDevice]:
-    return [d for d in devices if matches(d, request)]
-
-
-def _driver_refusal(request: DeviceRequest, devices: list[AllocatableDevice]) -> None:
-    """NoFit 422 if devices of the request's kind exist but none has a new enough driver."""
+    """The devices of the request's kind whose driver runs its image; NoFit 422 if there
+    are some of the kind but none new enough."""
     kind = [d for d in devices if d.model == request.model and d.mig_profile == request.mig_profile]
-    if request.min_driver and kind and not _matching(kind, request):
+    matching = [d for d in kind if matches(d, request)]
+    if kind and not matching:
         raise NoFit(422, too_old(request.image, request.min_driver, request.describe(),
                                  (d.driver for d in kind)))
+    return matching
 
 
 def free_summary(inventory: Inventory, held: Collection[str]) -> str:
@@ -142,20 +141,20 @@ def place(request: DeviceRequest, inventory: Inventory, held: Collection[str]) -
         here = f"GPU models here: {', '.join(models)}" if models else "this host has no GPU"
         raise NoFit(422, f"No {request.model} GPU here, so {request.describe()} can never be "
                          f"placed ({here}).")
-    _driver_refusal(request, devices)
+    matching = _matching(devices, request)
     if request.mig_profile is not None:
-        return _place_mig(request, devices, held, inventory)
-    return _place_cards(request, devices, held, inventory)
+        return _place_mig(request, devices, matching, held, inventory)
+    return _place_cards(request, matching, held, inventory)
 
 
 def _free_now(inventory: Inventory, held: set[str]) -> str:
     return f"Free now: {free_summary(inventory, held)}"
 
 
-def _place_mig(
-    request: DeviceRequest, devices: list[AllocatableDevice], held: set[str], inventory: Inventory
-) -> Placement:
-    matching = _matching(devices, request)
+def _place_mig(request: DeviceRequest, devices: list[AllocatableDevice],
+               matching: list[AllocatableDevice], held: set[str],
+               inventory: Inventory) -> Placement:
+    """`matching`: the slices of the request's profile with a driver new enough."""
     if not matching:
         offered = sorted({d.mig_profile for d in devices
                           if d.model == request.model and d.mig_profile})
@@ -174,10 +173,9 @@ def _place_mig(
     return Placement(best.node, (best,))
 
 
-def _place_cards(
-    request: DeviceRequest, devices: list[AllocatableDevice], held: set[str], inventory: Inventory
-) -> Placement:
-    cards = _matching(devices, request)
+def _place_cards(request: DeviceRequest, cards: list[AllocatableDevice], held: set[str],
+                 inventory: Inventory) -> Placement:
+    """`cards`: the full cards of the request's model with a driver new enough."""
     per_node: dict[str, list[AllocatableDevice]] = defaultdict(list)
     for card in cards:
         per_node[card.node].append(card)
