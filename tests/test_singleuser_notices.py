@@ -28,6 +28,7 @@ import requests
 
 from gpulease.singleuser import LABEXTENSION_NAME
 from gpulease.singleuser.notices import for_server, notices_url
+from tests.processes import stop_process
 
 SERVER_TOKEN = "server-api-token"  # JUPYTERHUB_API_TOKEN: the server's own token
 BROWSER_TOKEN = "user-token"  # what authenticates the user's browser/client to the server
@@ -162,13 +163,7 @@ class Server:
         return self.log.read().decode(errors="replace")[-5000:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 

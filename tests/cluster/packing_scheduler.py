@@ -34,6 +34,7 @@ from gpulease.spawners.scheduler_config import (
 )
 from tests.cluster.controlplane import ControlPlaneError, _free_ports, _healthy, _tail
 from tests.cluster.kube import Kube, KubeError
+from tests.processes import stop_process
 
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 READY_S = 60
@@ -104,13 +105,8 @@ class SchedulerProcess:
         return _tail(self.log, lines)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
 from tests.cluster.rbac import grant, grant_cluster, service_account_token
 from tests.hubproc import CHP, free_port, require_chp, run_in_kernel
+from tests.processes import stop_process
 
 # What z2jh's hub Role grants (templates/hub/rbac.yaml).
 HUB_RULES = [
@@ -143,11 +144,7 @@ class StockHub:
         return (self.folder / "hub.log").read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc, grace=30)
         self.log.close()
 
 
