@@ -8,6 +8,8 @@ API server. Rules, added by the test while it runs, break chosen requests:
 - `drop_after`: forward, then cut the connection after that many seconds
   (a dropped watch);
 - `delay`: wait that long before forwarding (a slow API server);
+- `hold`: wait until the test sets this event before forwarding (a slow API server,
+  for exactly as long as the test needs: no race against a fixed delay);
 - `expire_watch`: answer a watch with the ERROR event a real API server sends
   when the requested resourceVersion is too old (410 Expired).
 
@@ -37,6 +39,7 @@ class Fault:
     status: int = 0
     drop_after: float = 0.0
     delay: float = 0.0
+    hold: threading.Event | None = None
     expire_watch: bool = False
     times: int = 1  # 0: every time
     fired: int = 0
@@ -63,6 +66,15 @@ REASONS = {409: "AlreadyExists", 410: "Expired", 429: "TooManyRequests",
            500: "InternalError", 503: "ServiceUnavailable"}
 
 
+async def _cancel_the_rest() -> None:
+    """Cancel every task of the running loop but this one, and wait until they end."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5)
+
+
 class FaultProxy:
     def __init__(self, upstream: str, ca: str, cert: str, key: str):
         self.upstream = upstream
@@ -87,12 +99,18 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
-        # Ending the server ends the requests still open (watches), which would otherwise
-        # be destroyed pending when the loop stops.
+        """End the server, then every request still open in it (watches), and close the
+        loop. A task left pending would be finalised whenever the garbage collector
+        meets it, in the middle of a later test: its coroutine's clean-up then runs
+        there (and on Python 3.11 a traceback formatted then, inside pytest's own
+        ast.parse, ends the whole run with an INTERNALERROR)."""
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def add(self, fault: Fault) -> Fault:
         with self.lock:
@@ -134,6 +152,9 @@ class FaultProxy:
         fault = self._take(request.method, target)
         if fault and fault.delay:
             await asyncio.sleep(fault.delay)
+        if fault and fault.hold:
+            while not fault.hold.is_set():
+                await asyncio.sleep(0.05)
         if fault and fault.status:
             reason = REASONS.get(fault.status, "InternalError")
             message = f"injected by the test's fault proxy: {reason}"

@@ -197,12 +197,12 @@ class Emulator:
             self._start(pod, run)
         except pod_plan.PlanError as e:
             log.info("%s/%s: %s", run.namespace, run.name, e)
+            self.release(run)  # first, as when a pod ends (wait_exit)
             if e.reason == "UnexpectedAdmissionError":
                 self.set_status(run, pod_plan.failed_admission_status(e.reason, e.message))
             else:
                 self.set_status(run, pod_plan.waiting_status(pod, e.reason, e.message))
             self.event(pod, "Failed", e.message, "Warning")
-            self.release(run)
             run.done.set()
         finally:
             run.launched.set()
@@ -278,8 +278,12 @@ class Emulator:
         self.kill_rest(run)
         finished = pod_plan.now_iso()
         reasons = {n: "Error" for n, c in codes.items() if c and run.terminating}
-        self.set_status(run, pod_plan.terminated_status(pod, codes, run.started, finished, reasons))
+        # Its devices are free before the API server hears the pod has ended: the
+        # scheduler counts a terminal pod's devices as free at once, and may bind the
+        # next pod to them straight away (a kubelet's device manager frees them as the
+        # pod stops being active, too).
         self.release(run)
+        self.set_status(run, pod_plan.terminated_status(pod, codes, run.started, finished, reasons))
         run.done.set()
 
     def kill_rest(self, run: PodRun) -> None:

@@ -256,17 +256,24 @@ def test_a_start_waits_for_the_clusters_first_listing_then_is_refused_until_it_c
 def test_a_pod_admitted_then_beaten_to_its_slice_waits_with_the_schedulers_reason(
         hub: StockHub, kube: Kube, namespace: str, proxy: FaultProxy):
     """Admitted while the slice was free; another tenant's pod takes it before alice's pod
-    is made (its create is slow): her pod waits, Unschedulable, the scheduler's reason in
-    her progress, until the slice frees, then it runs."""
-    proxy.add(Fault("POST", pod_create(namespace), delay=2.0))
+    is made (its create is held until the other pod is bound): her pod waits,
+    Unschedulable, the scheduler's reason in her progress, until the slice frees, then it
+    runs."""
+    made = threading.Event()
+    proxy.add(Fault("POST", pod_create(namespace), hold=made, times=0))  # retries too
     started: list[requests.Response] = []
-    thread = threading.Thread(target=lambda: started.append(start(hub)))
+    thread = threading.Thread(target=lambda: started.append(start(hub)), daemon=True)
     thread.start()
     claim = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/claim-alice"
-    kube.wait_for("alice admitted (her home claim made)", lambda: claims(kube, namespace))
-    assert kube.get(claim)
-    kube.create(pods_path(namespace), gpu_pod(namespace, "other-tenant", f"{namespace}-h200",
-                                              "nvidia.com/mig-1g.18gb", 1))
+    try:
+        kube.wait_for("alice admitted (her home claim made)", lambda: claims(kube, namespace))
+        assert kube.get(claim)
+        kube.create(pods_path(namespace), gpu_pod(
+            namespace, "other-tenant", f"{namespace}-h200", "nvidia.com/mig-1g.18gb", 1))
+        kube.wait_for("the other tenant's pod bound", lambda: kube.get(
+            pods_path(namespace, "other-tenant"))["spec"].get("nodeName"))
+    finally:
+        made.set()  # alice's pod create goes on
     messages = []
     with requests.get(f"{hub.url}/hub/api{_path('')}/progress", stream=True,
                       headers={"Authorization": f"token {hub.token}"}, timeout=60) as r:
