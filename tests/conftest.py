@@ -8,6 +8,7 @@ the shared server is never taken down.
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -102,8 +103,14 @@ def engine(db_url):
 pytest_plugins = ["tests.browser"]
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
+    if call.excinfo is not None:
+        # Garbage (a test's pending asyncio tasks, say) finalised while pytest's
+        # ast.parse builds the failure's report can run a nested ast.parse (a 3.11
+        # traceback's carets), and CPython 3.11 then ends the whole run with
+        # "SystemError: AST constructor recursion depth mismatch": collect it here first.
+        gc.collect()
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed and hasattr(item, "_gpulease_browser_contexts"):
