@@ -44,6 +44,7 @@ from gpulease.hub.hub_config import (
     hub_config,
     hub_page_handlers,
     notify_environment,
+    parse_service_address,
     project_chp,
 )
 from gpulease.hub.hub_user_api import with_checked_names
@@ -203,6 +204,11 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # The cluster's pods are kept apart by Kubernetes (docs/cluster.md), not here.
         self._isolation = None if self._cluster else self._check_isolation(state, ctx)
         cli_token = read_or_create_secret(state.private / "cli_token")
+        try:
+            service_host, service_port = parse_service_address(self.service_address)
+        except ValueError as e:
+            raise StateError(str(e)) from None
+        service_port = service_port or _free_port()
         self._settings = HubSettings(
             state=state,
             db_url=db_url,
@@ -210,7 +216,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             catalog_file=self.catalog_file,
             node_name=self.node_name,
             admin_name=self.admin_name,
-            service_port=_free_port(),
+            service_port=service_port,
+            service_host=service_host,
+            service_listen="127.0.0.1" if service_host == "127.0.0.1" else "",
+            servers_proxy_url=self.servers_proxy_url,
             cli_token=cli_token,
             proxy_token=read_or_create_secret(state.private / "proxy_token"),
             chp_command=project_chp(),

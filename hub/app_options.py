@@ -74,6 +74,22 @@ class GPULeaseOptions(Configurable):
     node_name = Unicode(
         config=True, help="Name of this host in the inventory. Default: the host name."
     )
+    service_address = Unicode(
+        "",
+        config=True,
+        help="host:port where the proxy reaches the gpulease service. Empty: a free port on "
+        "127.0.0.1, for a proxy on this host (the embedded box, `gpulease up` starting its "
+        "own proxy). With the proxy in a pod of its own (the Helm chart): the hub's Service "
+        "name and a fixed port, e.g. gpulease-hub:8090; the service then listens on every "
+        "address of the hub's pod, at that port.",
+    )
+    servers_proxy_url = Unicode(
+        "",
+        config=True,
+        help="The proxy's URL as a server's pod reaches it (the cluster shape), for the "
+        "gpulease service's notices and kernel state: e.g. http://gpulease-proxy-public/ "
+        "inside the cluster. Empty: the hub's own address (--ip, --port, base URL).",
+    )
     admin_groups = List(
         Unicode(), config=True, help="Hub groups whose members administer gpulease."
     )

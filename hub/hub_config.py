@@ -161,6 +161,12 @@ class HubSettings:
     admin_groups: tuple[str, ...] = ()
     auditor_groups: tuple[str, ...] = ()
     public_url: str = "http://127.0.0.1:8000/"
+    # Where the proxy reaches the gpulease service, and the address it listens on
+    # (GPULeaseHub.service_address): loopback unless the proxy runs in a pod of its own.
+    service_host: str = "127.0.0.1"
+    service_listen: str = "127.0.0.1"
+    # The proxy as a server's pod reaches it (GPULeaseHub.servers_proxy_url; "": public_url).
+    servers_proxy_url: str = ""
     culler: dict[str, str] | None = None  # GPULEASE_CULLER_* settings; None: no culler
     # Notifications (GPULeaseHub.notify_webhook_url, smtp_*).
     notify_webhook_url: str = ""
@@ -212,6 +218,18 @@ def project_chp() -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
+def parse_service_address(address: str) -> tuple[str, int]:
+    """GPULeaseHub.service_address as (host, port); ("127.0.0.1", 0) when empty (0: pick a
+    free port). ValueError naming what is wrong."""
+    if not address:
+        return "127.0.0.1", 0
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"GPULeaseHub.service_address {address!r}: expected host:port, a host "
+                         "name the proxy resolves (the hub's Service) and a port 1-65535")
+    return host, int(port)
+
+
 def service_direct_url(s: HubSettings) -> str:
     """The gpulease service's own address with the hub's base URL, bypassing the proxy."""
     return f"http://127.0.0.1:{s.service_port}{urlsplit(s.public_url).path}"
@@ -245,7 +263,7 @@ def hub_config(s: HubSettings) -> Config:
         {
             "name": SERVICE_NAME,
             "display": True,
-            "url": f"http://127.0.0.1:{s.service_port}",
+            "url": f"http://{s.service_host}:{s.service_port}",
             "command": [sys.executable, "-m", "gpulease.hub.service"],
             "environment": {
                 "GPULEASE_DB_URL": s.db_url,
@@ -253,6 +271,7 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_CATALOG_FILE": s.catalog_file,
                 "GPULEASE_NODE_NAME": s.node_name,
                 "GPULEASE_SERVICE_PORT": str(s.service_port),
+                "GPULEASE_SERVICE_LISTEN": s.service_listen,
                 # api/inventory shows it; `users add` makes the Unix account with it
                 "GPULEASE_ISOLATION": json.dumps(s.isolation),
                 # The cluster shape's inventory reads the cluster (JupyterHub passes
@@ -349,7 +368,7 @@ def hub_config(s: HubSettings) -> Config:
     # pushes its kernel state there for the culler, with the server's own
     # token, which therefore may reach that service. A pod's 127.0.0.1 is its
     # own: it reaches the service through the proxy.
-    service_url = (urljoin(s.public_url, "services/gpulease/") if cluster
+    service_url = (urljoin(s.servers_proxy_url or s.public_url, "services/gpulease/") if cluster
                    else f"http://127.0.0.1:{s.service_port}/services/gpulease/")
     spawner.environment = {
         "GPULEASE_SERVICE_URL": service_url,

@@ -15,7 +15,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulease.hub.cluster_shape import resolve_namespace
-from gpulease.hub.hub_config import SERVICE_NAME, HubSettings, hub_config
+from gpulease.hub.hub_config import SERVICE_NAME, HubSettings, hub_config, parse_service_address
 from gpulease.hub.state import StateDir, StateError
 from tests.test_up_command import run_up
 
@@ -124,3 +124,28 @@ def test_cluster_shape_without_kubespawner_stops_with_how_to_install(tmp_path):
         env={**os.environ, "GPULEASE_ADMIN_PASSWORD": "x" * 12})
     assert r.returncode != 0
     assert "needs kubespawner" in r.stderr and "[cluster]" in r.stderr, r.stderr
+
+
+def test_with_the_proxy_in_its_own_pod_the_service_listens_on_every_address(tmp_path):
+    """The Helm chart's proxy runs in a pod of its own: it reaches the gpulease service at
+    the hub's Service (GPULeaseHub.service_address), and servers' pods reach the service
+    through the proxy's in-cluster URL (GPULeaseHub.servers_proxy_url)."""
+    c = hub_config(settings(tmp_path, shape="cluster", cluster_namespace="gpu-users",
+                            service_host="gpulease-hub", service_listen="",
+                            servers_proxy_url="http://gpulease-proxy-public/"))
+    (service,) = [s for s in c.JupyterHub.services if s["name"] == SERVICE_NAME]
+    assert service["url"] == "http://gpulease-hub:9999"
+    assert service_env(c)["GPULEASE_SERVICE_LISTEN"] == ""
+    assert (c.GPUKubeSpawner.environment["GPULEASE_SERVICE_URL"]
+            == "http://gpulease-proxy-public/services/gpulease/")
+    embedded = hub_config(settings(tmp_path))
+    assert service_env(embedded)["GPULEASE_SERVICE_LISTEN"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("address", ["gpulease-hub", "gpulease-hub:", ":8090", "hub:99999",
+                                     "hub:http"])
+def test_a_service_address_without_host_and_port_is_refused_naming_the_form(address):
+    with pytest.raises(ValueError, match=r"expected host:port.*1-65535"):
+        parse_service_address(address)
+    assert parse_service_address("gpulease-hub:8090") == ("gpulease-hub", 8090)
+    assert parse_service_address("") == ("127.0.0.1", 0)

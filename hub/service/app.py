@@ -112,6 +112,8 @@ def main() -> None:
         level=logging.INFO, format="[%(levelname)s %(asctime)s gpulease-service] %(message)s"
     )
     port = int(os.environ.get("GPULEASE_SERVICE_PORT", "0"))
+    # Loopback, unless the proxy runs in a pod of its own (GPULeaseHub.service_address).
+    listen = os.environ.get("GPULEASE_SERVICE_LISTEN", "127.0.0.1")
     app = make_app()
 
     async def serve() -> None:
@@ -119,8 +121,8 @@ def main() -> None:
         # bodies over 16 KiB held at once are bounded, each within a minute
         # (gpulease.hub.body_budget).
         server = BudgetedHTTPServer(app, max_body_size=body_limit.MAX_BODY_BYTES)
-        server.listen(port, address="127.0.0.1")
-        log.info("gpulease service listening on 127.0.0.1:%d", port)
+        server.listen(port, address=listen)
+        log.info("gpulease service listening on %s:%d", listen or "every address", port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         # Ctrl-C on `gpulease up` reaches the whole process group; the hub
