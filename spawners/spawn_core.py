@@ -35,6 +35,7 @@ from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
 from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.first_answer import first_answer
+from gpulease.spawners.hub_log import join_hub_log
 from gpulease.spawners.options_form import (
     options_from_form,
     refuse_query_start,
@@ -73,6 +74,10 @@ class GPULeaseSpawnCore(AdmissionOptions):
     _gpulease_opening: bool = False  # its billing session is being written now
     _gpulease_watch: asyncio.Task | None = None  # waits for a late first answer
     _gpulease_unwatch = staticmethod(lambda: None)  # stops watching for its exit
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        join_hub_log(self.log)
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
