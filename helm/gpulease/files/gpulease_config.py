@@ -1,0 +1,46 @@
+# The hub's configuration in the cluster shape, as the gpulease Helm chart installs it:
+# `gpulease up --config` loads this over gpulease's defaults. What it reads of the values
+# is in chart.json beside it; the secrets are in the environment (the hub's Secret).
+import json
+import os
+from pathlib import Path
+
+here = Path(os.environ.get("GPULEASE_CHART_CONFIG", "/etc/gpulease"))
+chart = json.loads((here / "chart.json").read_text())
+
+c.GPULeaseHub.shape = "cluster"
+c.GPULeaseHub.cluster_namespace = chart["usersNamespace"]
+c.GPULeaseHub.profiles_file = str(here / "profiles.yaml")
+c.GPULeaseHub.admin_name = chart["adminName"]
+# The proxy runs in a pod of its own: it reaches the hub and the gpulease service at the
+# hub's Service, servers reach the service through the proxy's Service.
+c.GPULeaseHub.service_address = f"{chart['hubService']}:{chart['servicePort']}"
+c.GPULeaseHub.servers_proxy_url = chart["proxyPublic"] + chart["baseUrl"]
+c.JupyterHub.base_url = chart["baseUrl"]
+c.JupyterHub.hub_bind_url = "http://:8081"
+c.JupyterHub.hub_connect_url = f"http://{chart['hubService']}:8081"
+c.ConfigurableHTTPProxy.should_start = False
+c.ConfigurableHTTPProxy.api_url = f"http://{chart['proxyApi']}:8001"
+c.ConfigurableHTTPProxy.auth_token = os.environ["CONFIGPROXY_AUTH_TOKEN"]
+# A new chart version may bring a newer JupyterHub: its tables are upgraded at start
+# (gpulease's own are, always).
+c.JupyterHub.upgrade_db = True
+db_url = os.environ.get("GPULEASE_DB_URL", "")
+if db_url:  # hub.db.type postgresql: both in the one database
+    c.JupyterHub.db_url = db_url
+    c.GPULeaseHub.billing_db_url = db_url
+
+c.GPUKubeSpawner.mig_strategy = chart["migStrategy"]
+c.GPUKubeSpawner.packing_scheduler = chart["schedulerName"]
+c.GPUKubeSpawner.storage_capacity = chart["storage"]["capacity"]
+c.GPUKubeSpawner.storage_access_modes = chart["storage"]["accessModes"]
+if chart["storage"]["storageClass"]:
+    c.GPUKubeSpawner.storage_class = chart["storage"]["storageClass"]
+if chart["nodeSelector"]:
+    c.GPUKubeSpawner.node_selector = chart["nodeSelector"]
+c.LocalAccountsAuthenticator.trusted_proxies = chart["trustedProxies"]
+
+# hub.config: {ClassName: {option: value}}, passed through as traitlets configuration.
+for class_name, options in chart["config"].items():
+    for option, value in options.items():
+        c[class_name][option] = value

@@ -1,0 +1,59 @@
+{{/* Names of the chart's objects: <release>-<part>. */}}
+{{- define "gpulease.name" -}}
+{{- printf "%s-%s" .root.Release.Name .part | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The namespace of the users' servers. */}}
+{{- define "gpulease.usersNamespace" -}}
+{{- .Values.singleuser.namespace | default (printf "%s-users" .Release.Name) -}}
+{{- end -}}
+
+{{/* Labels of every object; `component` says which part it is. */}}
+{{- define "gpulease.labels" -}}
+app.kubernetes.io/name: gpulease
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/component: {{ .component }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{/* What a part's pods are selected by (never changes across upgrades). */}}
+{{- define "gpulease.selector" -}}
+app.kubernetes.io/name: gpulease
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* A container's security context under PodSecurity `restricted`. */}}
+{{- define "gpulease.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The MIG resources the profiles use, under the mixed strategy, sorted
+     (spawners/scheduler_config.py gpu_resources; tests compare the two). */}}
+{{- define "gpulease.migResources" -}}
+{{- $names := list -}}
+{{- if eq .Values.gpu.migStrategy "mixed" -}}
+{{- range .Values.profiles -}}
+{{- with .gpu -}}{{- with .mig -}}{{- $names = append $names (printf "nvidia.com/mig-%s" .) -}}{{- end -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $names | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* A Secret's value kept across upgrades: the one stored, else a new one. */}}
+{{- define "gpulease.kept" -}}
+{{- $stored := lookup "v1" "Secret" .root.Release.Namespace (include "gpulease.name" (dict "root" .root "part" "hub")) -}}
+{{- if and $stored $stored.data (hasKey $stored.data .key) -}}
+{{- index $stored.data .key -}}
+{{- else -}}
+{{- .new | b64enc -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,293 @@
+"""The Helm chart, rendered: `helm lint` and `helm template` over the default values and
+the realistic values files in helm/gpulease/ci/, and what the rendered objects say.
+
+What is written once in Python is compared with what the chart renders: the hub's
+Role and ClusterRole (spawners/kube_rbac.py), the packing scheduler's configuration
+(spawners/scheduler_config.py) and rights. The rendered hub configuration is run as
+the hub runs it. Core manifests are validated offline with kubernetes-validate
+--strict for the two newest Kubernetes versions it ships. Installing the chart into
+the real control plane is tests/cluster/test_helm_install.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from traitlets.config import Config
+
+from gpulease.hub.catalog import load_catalog
+from gpulease.hub.profiles import load_profiles_file
+from gpulease.spawners.kube_rbac import (
+    HUB_CLUSTER_ROLE_RULES,
+    HUB_ROLE_RULES,
+    SCHEDULER_CLUSTER_ROLES,
+    scheduler_lease_rules,
+)
+from gpulease.spawners.scheduler_config import (
+    SchedulerSettings,
+    profiles_mig,
+    scheduler_configuration,
+)
+from tests.helm import CHART, NAMESPACE, RELEASE, VALUES_FILES, find, helm, one, render, values_of
+
+CASES = [None, *VALUES_FILES]
+IDS = ["defaults", *(p.stem for p in VALUES_FILES)]
+HUB = f"{RELEASE}-hub"
+KUBERNETES_VERSIONS = ("1.37.0", "1.36.0")  # the two newest kubernetes-validate ships
+CUSTOM_KINDS = {"PrometheusRule", "ServiceMonitor"}
+
+
+@pytest.fixture(scope="module", params=CASES, ids=IDS)
+def case(request) -> tuple[Path | None, list[dict]]:
+    return request.param, render(request.param)
+
+
+def users_namespace(values: dict) -> str:
+    return values["singleuser"]["namespace"] or f"{RELEASE}-users"
+
+
+def containers(objects: list[dict]) -> list[tuple[str, dict, dict]]:
+    """(workload name, pod spec, container) of every container the chart runs."""
+    out = []
+    for o in objects:
+        if o["kind"] in ("Deployment", "DaemonSet"):
+            spec = o["spec"]["template"]["spec"]
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                out.append((o["metadata"]["name"], spec, c))
+    return out
+
+
+def test_helm_lint_passes_strictly(case):
+    values, _objects = case
+    helm("lint", "--strict", str(CHART), *(["-f", str(values)] if values else []))
+
+
+def test_the_hubs_rights_are_the_ones_spawners_kube_rbac_proves(case):
+    values, objects = case
+    role = one(objects, "Role", HUB)
+    assert role["metadata"]["namespace"] == users_namespace(values_of(values))
+    assert role["rules"] == HUB_ROLE_RULES
+    (cluster_role,) = [r for r in find(objects, "ClusterRole")
+                       if r["metadata"]["name"].startswith(HUB)]
+    assert cluster_role["rules"] == HUB_CLUSTER_ROLE_RULES
+    subject = [{"kind": "ServiceAccount", "name": HUB, "namespace": NAMESPACE}]
+    assert one(objects, "RoleBinding", HUB)["subjects"] == subject
+    (binding,) = [b for b in find(objects, "ClusterRoleBinding")
+                  if b["roleRef"]["name"] == cluster_role["metadata"]["name"]]
+    assert binding["subjects"] == subject
+    # nothing else is granted to the hub, nor any wildcard to anyone
+    granted = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+               and any(s["name"] == HUB for s in o["subjects"])]
+    assert len(granted) == 2
+    for rules in (o.get("rules", []) for o in objects if o["kind"] in ("Role", "ClusterRole")):
+        assert not any("*" in r.get(k, []) for r in rules for k in ("verbs", "resources"))
+
+
+def test_the_scheduler_config_is_the_one_gpulease_generates_for_the_profiles(case):
+    values, objects = case
+    v = values_of(values)
+    if not v["scheduler"]["enabled"]:
+        assert not find(objects, "ConfigMap", f"{RELEASE}-scheduler")
+        hub_config = one(objects, "ConfigMap", HUB)["data"]
+        assert json.loads(hub_config["chart.json"])["schedulerName"] == ""
+        return
+    rendered = yaml.safe_load(one(objects, "ConfigMap", f"{RELEASE}-scheduler")["data"]
+                              ["config.yaml"])
+    settings = SchedulerSettings(scheduler_name=v["scheduler"]["name"],
+                                 mig_strategy=v["gpu"]["migStrategy"],
+                                 lease_namespace=NAMESPACE)
+    assert rendered == scheduler_configuration(profiles_mig(v["profiles"]), settings)
+    # its rights: the bootstrap roles and its own Lease, by name
+    account = {"kind": "ServiceAccount", "name": f"{RELEASE}-scheduler", "namespace": NAMESPACE}
+    bound = {b["roleRef"]["name"] for b in find(objects, "ClusterRoleBinding")
+             if account in b["subjects"]}
+    assert bound == set(SCHEDULER_CLUSTER_ROLES)
+    (lease,) = [r for r in find(objects, "Role") if r["metadata"]["name"].endswith("-lease")]
+    assert lease["rules"] == scheduler_lease_rules(v["scheduler"]["name"])
+    deployment = one(objects, "Deployment", f"{RELEASE}-scheduler")
+    assert deployment["spec"]["replicas"] >= 2  # leader election: one binds at a time
+
+
+def test_the_users_namespace_enforces_podsecurity_restricted(case):
+    values, objects = case
+    (namespace,) = find(objects, "Namespace")
+    assert namespace["metadata"]["name"] == users_namespace(values_of(values))
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_the_servers_network_policy_blocks_metadata_and_allows_dns_hub_and_proxy(case):
+    values, objects = case
+    policies = find(objects, "NetworkPolicy")
+    if not values_of(values)["singleuser"]["networkPolicy"]["enabled"]:
+        assert policies == []
+        return
+    (policy,) = policies
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"component": "singleuser-server"}}
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    egress = spec["egress"]
+    dns = [r for r in egress if "to" not in r]
+    assert dns == [{"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]
+    ports = {r["ports"][0]["port"]: r["to"][0]["podSelector"]["matchLabels"]
+             ["app.kubernetes.io/component"] for r in egress if "to" in r and "ports" in r}
+    assert ports == {8081: "hub", 8000: "proxy"}
+    (internet,) = [r for r in egress if "to" in r and "ports" not in r]
+    blocks = {b["ipBlock"]["cidr"]: b["ipBlock"].get("except", []) for b in internet["to"]}
+    assert "169.254.169.254/32" in blocks["0.0.0.0/0"]
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"} <= set(blocks["0.0.0.0/0"])
+    assert "fd00::/8" in blocks["::/0"]
+
+
+def test_every_container_runs_as_podsecurity_restricted_asks(case):
+    _values, objects = case
+    found = containers(objects)
+    assert found
+    for workload, pod, container in found:
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False, workload
+        assert security["capabilities"]["drop"] == ["ALL"], workload
+        assert security["runAsNonRoot"] is True, workload
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", workload
+        assert "requests" in container["resources"], (workload, container["name"])
+        assert not container["image"].endswith(":latest"), container["image"]
+
+
+def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, monkeypatch):
+    """The ConfigMap's gpulease_config.py, run as `gpulease up --config` runs it."""
+    values, objects = case
+    v = values_of(values)
+    data = one(objects, "ConfigMap", HUB)["data"]
+    for name, text in data.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("GPULEASE_CHART_CONFIG", str(tmp_path))
+    monkeypatch.setenv("CONFIGPROXY_AUTH_TOKEN", "proxy-token")
+    monkeypatch.setenv("GPULEASE_DB_URL", "postgresql://db/gpulease"
+                       if v["hub"]["db"]["type"] == "postgresql" else "")
+    c = Config()
+    exec(compile(data["gpulease_config.py"], "gpulease_config.py", "exec"), {"c": c})
+    assert c.GPULeaseHub.shape == "cluster"
+    assert c.GPULeaseHub.cluster_namespace == users_namespace(v)
+    assert c.GPULeaseHub.service_address == f"{HUB}:{v['hub']['servicePort']}"
+    assert c.ConfigurableHTTPProxy.should_start is False
+    assert c.ConfigurableHTTPProxy.api_url == f"http://{RELEASE}-proxy-api:8001"
+    assert c.JupyterHub.hub_connect_url == f"http://{HUB}:8081"
+    assert c.JupyterHub.base_url == v["hub"]["baseUrl"]
+    assert c.GPUKubeSpawner.mig_strategy == v["gpu"]["migStrategy"]
+    assert c.GPUKubeSpawner.packing_scheduler == (v["scheduler"]["name"]
+                                                  if v["scheduler"]["enabled"] else "")
+    assert c.GPUKubeSpawner.storage_capacity == v["singleuser"]["storage"]["capacity"]
+    assert c.LocalAccountsAuthenticator.trusted_proxies == v["hub"]["trustedProxies"]
+    if v["hub"]["db"]["type"] == "postgresql":
+        assert c.JupyterHub.db_url == c.GPULeaseHub.billing_db_url == "postgresql://db/gpulease"
+    else:
+        assert "db_url" not in c.JupyterHub
+    for class_name, options in v["hub"]["config"].items():  # passed through
+        for option, value in options.items():
+            assert c[class_name][option] == value
+    # the profiles file is the values' profiles, and gpulease loads it
+    profiles = load_profiles_file(tmp_path / "profiles.yaml", load_catalog())
+    assert [p.slug for p in profiles] == [p["slug"] for p in v["profiles"]]
+
+
+def test_hub_config_and_extra_config_pass_through(tmp_path):
+    objects = render(None, "hub.config.GPUKubeSpawner.start_timeout=900",
+                     "hub.config.LocalAccountsAuthenticator.max_failures=3",
+                     "hub.extraConfig=c.JupyterHub.concurrent_spawn_limit = 42")
+    text = one(objects, "ConfigMap", HUB)["data"]["gpulease_config.py"]
+    assert text.rstrip().endswith("c.JupyterHub.concurrent_spawn_limit = 42")
+    chart = json.loads(one(objects, "ConfigMap", HUB)["data"]["chart.json"])
+    assert chart["config"] == {"GPUKubeSpawner": {"start_timeout": 900},
+                               "LocalAccountsAuthenticator": {"max_failures": 3}}
+
+
+def test_ingress_with_tls_routes_to_the_proxy_at_the_base_url():
+    values = next(p for p in VALUES_FILES if "ingress" in p.stem)
+    objects = render(values)
+    (ingress,) = find(objects, "Ingress")
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "gpu.lab.example.org"
+    (path,) = rule["http"]["paths"]
+    assert path["path"] == "/gpu/"
+    assert path["backend"]["service"]["name"] == f"{RELEASE}-proxy-public"
+    assert ingress["spec"]["tls"] == [{"secretName": "gpu-lab-tls",
+                                      "hosts": ["gpu.lab.example.org"]}]
+    assert not find(render(None), "Ingress")
+
+
+def test_secrets_are_generated_in_the_right_form():
+    (secret,) = find(render(None), "Secret")
+    import base64
+
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert set(data) == {"cookie-secret", "crypt-key", "proxy-token", "admin-password"}
+    for hexed in (data["cookie-secret"], data["crypt-key"]):  # 32 bytes, hex
+        assert len(hexed) == 64 and int(hexed, 16) >= 0
+    assert len(data["proxy-token"]) == 64 and len(data["admin-password"]) >= 16
+    (again,) = find(render(None), "Secret")
+    assert again["data"]["cookie-secret"] != secret["data"]["cookie-secret"]  # random
+
+
+def test_the_image_puller_pulls_each_catalog_image_on_gpu_nodes():
+    objects = render(None)
+    (puller,) = find(objects, "DaemonSet")
+    spec = puller["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    pulled = [c["image"] for c in spec["initContainers"]]
+    catalog = {e.name: e.image for e in load_catalog().images}
+    assert set(pulled) <= set(catalog.values())
+    assert set(pulled) >= {catalog[i] for p in values_of(None)["profiles"]
+                           for i in p.get("images", [])}
+    assert not find(render(None, "prePuller.enabled=false"), "DaemonSet")
+
+
+def test_the_proxy_has_a_disruption_budget_and_both_services():
+    objects = render(None)
+    (pdb,) = find(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "proxy"
+    names = {s["metadata"]["name"] for s in find(objects, "Service")}
+    assert names == {HUB, f"{RELEASE}-proxy-api", f"{RELEASE}-proxy-public"}
+
+
+@pytest.mark.parametrize(("sets", "says"), [
+    (("gpu.migStrategy=half",), "at '/gpu/migStrategy': value must be one of 'mixed', 'single'"),
+    (("hub.db.type=postgresql",), "at '/hub/db/postgresql/existingSecret': minLength"),
+    (("hub.db.type=mysql",), "at '/hub/db/type': value must be one of 'sqlite', 'postgresql'"),
+    (("hub.image.tag=latest",), "at '/hub/image/tag'"),
+    (("ingress.enabled=true",), "at '/ingress/hosts': minItems"),
+    (("singleuser.networkPolicy.blockedEgress[0]=metadata",), "at '/singleuser/networkPolicy/"
+                                                               "blockedEgress/0'"),
+    (("hub.replicas=2",), "at '/hub': additional properties 'replicas' not allowed"),
+    (("profiles[0].price_per_hour=1",), "at '/profiles/0/price_per_hour'"),
+])
+def test_a_wrong_value_is_refused_by_the_schema_naming_it(sets, says):
+    run = helm("template", RELEASE, str(CHART), *(f"--set={s}" for s in sets), check=False)
+    assert run.returncode != 0
+    assert "values don't meet the specifications of the schema" in run.stderr, run.stderr
+    assert says in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_core_manifests_validate_strictly(case, version):
+    _values, objects = case
+    for o in objects:
+        if o["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(o, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            raise AssertionError(f"{o['kind']}/{o['metadata']['name']} on {version}: "
+                                 f"{e.message} at {list(e.path)}") from None
+
+
+def test_notes_say_how_to_log_in():
+    out = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client").stdout
+    notes = out.split("NOTES:", 1)[1]
+    assert "port-forward service/gp-proxy-public 8000:80" in notes
+    assert f"get secret {HUB} -o jsonpath='{{.data.admin-password}}'" in notes
+    assert os.path.exists(CHART / "values.schema.json")
