@@ -1,0 +1,210 @@
+"""The Helm chart installed into the suite's real control plane (monitoring off: the
+Prometheus operator's resource definitions are not installed there).
+
+- `helm install` of the defaults and each values file in helm/gpulease/ci/: the API
+  server validates every object; the users' namespace enforces PodSecurity
+  `restricted`, which admits GPUKubeSpawner's pod spec and refuses a privileged pod;
+  `helm upgrade` keeps the generated secrets; a wrong value is refused at install.
+- The rendered hub configuration is the real one: a hub started here from the
+  installed ConfigMap and Secret (addresses mapped to this host) spawns a MIG-slice
+  server on the control plane with the token of the chart's own ServiceAccount.
+- The rendered scheduler configuration, loaded by a real kube-scheduler running as
+  the chart's scheduler ServiceAccount, takes its Lease and packs pods.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_asyncio.config import kube_config
+
+from gpulease.hub.profiles import GpuSpec
+from tests.cluster.conftest import POOL_LABEL, ControlPlane
+from tests.cluster.kube import Kube, KubeError, pods_path
+from tests.cluster.nodes import GpuNode
+from tests.cluster.packing_scheduler import SchedulerProcess, token_kubeconfig
+from tests.cluster.test_kubespawner import home_volume
+from tests.cluster.test_packing_scheduler import place, pod, pool
+from tests.cluster.test_pod_spec_cluster import _manifest
+from tests.helm import CHART, VALUES_FILES, helm, values_args
+from tests.hubproc import HubProcess, free_port
+
+CASES = [None, *VALUES_FILES]
+IDS = ["defaults", *(p.stem for p in VALUES_FILES)]
+
+
+@contextmanager
+def installed(plane: ControlPlane, kube: Kube, namespace: str, values: Path | None,
+              *sets: str) -> Iterator[str]:
+    """The chart installed as a release of its own into `namespace`; uninstalled after,
+    with its users' namespace. Yields the release name."""
+    release = f"g{uuid.uuid4().hex[:6]}"
+    users = f"{release}-users"
+    env = {"KUBECONFIG": plane.kubeconfig}
+    helm("install", release, str(CHART), "-n", namespace, *values_args(values, sets),
+         f"--set=singleuser.namespace={users}", "--set=scheduler.name=" + release + "-sched",
+         env=env)
+    try:
+        yield release
+    finally:
+        helm("uninstall", release, "-n", namespace, "--wait", "--timeout=60s", env=env,
+             check=False)
+        for path in (f"/api/v1/namespaces/{users}",
+                     f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{release}-hub"):
+            try:
+                kube.delete(path)
+            except KubeError:
+                pass
+
+
+def secret_data(kube: Kube, namespace: str, release: str) -> dict[str, str]:
+    secret = kube.get(f"/api/v1/namespaces/{namespace}/secrets/{release}-hub")
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def account_token(kube: Kube, namespace: str, account: str) -> str:
+    return kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}})["status"]["token"]
+
+
+@pytest.fixture(autouse=True)
+def _kubeconfig(control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", control_plane.kubeconfig)
+
+
+@pytest.mark.parametrize("values", CASES, ids=IDS)
+async def test_install_is_admitted_and_upgrade_keeps_the_secrets(
+        control_plane: ControlPlane, kube: Kube, namespace: str, values: Path | None):
+    with installed(control_plane, kube, namespace, values) as release:
+        users = f"{release}-users"
+        labels = kube.get(f"/api/v1/namespaces/{users}")["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        deployments = {d["metadata"]["name"] for d in
+                       kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments")["items"]}
+        assert {f"{release}-hub", f"{release}-proxy"} <= deployments
+        role = kube.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{users}/roles/"
+                        f"{release}-hub")
+        assert {r["resources"][0] for r in role["rules"]} == {
+            "pods", "persistentvolumeclaims", "events"}
+
+        # PodSecurity restricted there: GPUKubeSpawner's pod is admitted, a privileged one not
+        body = await _manifest(GpuSpec("H200", "1g.18gb"), users, "jupyter-alice")
+        kube.create(pods_path(users) + "?dryRun=All", body)
+        body["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+        with pytest.raises(KubeError) as refused:
+            kube.create(pods_path(users) + "?dryRun=All", body)
+        assert refused.value.status == 403 and "violates PodSecurity" in str(refused.value)
+
+        before = secret_data(kube, namespace, release)
+        helm("upgrade", release, str(CHART), "-n", namespace, *values_args(values),
+             f"--set=singleuser.namespace={users}", f"--set=scheduler.name={release}-sched",
+             env={"KUBECONFIG": control_plane.kubeconfig})
+        assert secret_data(kube, namespace, release) == before  # kept, not generated again
+
+
+def test_a_wrong_value_is_refused_at_install_naming_it(control_plane: ControlPlane,
+                                                       namespace: str):
+    run = helm("install", "wrong", str(CHART), "-n", namespace, "--set=hub.db.type=mysql",
+               env={"KUBECONFIG": control_plane.kubeconfig}, check=False)
+    assert run.returncode != 0
+    assert "at '/hub/db/type': value must be one of 'sqlite', 'postgresql'" in run.stderr
+    assert "wrong" not in helm("list", "-n", namespace, "-q",
+                               env={"KUBECONFIG": control_plane.kubeconfig}).stdout
+
+
+def test_a_hub_from_the_rendered_configuration_spawns_a_slice_server(
+        control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes, tmp_path: Path):
+    gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}))
+    storage_class, _home = home_volume(kube, control_plane, namespace)
+    with installed(control_plane, kube, namespace, None, "scheduler.enabled=false",
+                   "prePuller.enabled=false", "singleuser.storage.capacity=1Gi",
+                   f"singleuser.storage.storageClass={storage_class}",
+                   f"singleuser.nodeSelector.{POOL_LABEL.replace('.', chr(92) + '.')}="
+                   f"{namespace}") as release:
+        users = f"{release}-users"
+        config = tmp_path / "etc-gpulease"  # the ConfigMap's files, as the pod mounts them
+        config.mkdir()
+        for name, text in kube.get(f"/api/v1/namespaces/{namespace}/configmaps/"
+                                   f"{release}-hub")["data"].items():
+            (config / name).write_text(text)
+        secrets = secret_data(kube, namespace, release)
+        kubeconfig = tmp_path / "hub.kubeconfig"  # the chart's ServiceAccount's token
+        kubeconfig.write_text(yaml.safe_dump(token_kubeconfig(
+            control_plane.state["server"], control_plane.state["ca"],
+            account_token(kube, namespace, f"{release}-hub"), "hub")))
+        hub = HubProcess(state=tmp_path / "state", admin_password=secrets["admin-password"])
+        hub.port, hub.hub_port, hub.api_port, service = (free_port() for _ in range(4))
+        hub.env = {"KUBECONFIG": str(kubeconfig), "GPULEASE_CHART_CONFIG": str(config),
+                   "JPY_COOKIE_SECRET": secrets["cookie-secret"],
+                   "JUPYTERHUB_CRYPT_KEY": secrets["crypt-key"],
+                   "CONFIGPROXY_AUTH_TOKEN": secrets["proxy-token"]}
+        hub.extra_args = [  # the Services' names mapped to this host; the proxy started here
+            f"--config={config / 'gpulease_config.py'}",
+            "--ConfigurableHTTPProxy.should_start=True",
+            f"--JupyterHub.hub_bind_url=http://127.0.0.1:{hub.hub_port}",
+            f"--JupyterHub.hub_connect_url=http://127.0.0.1:{hub.hub_port}",
+            f"--GPULeaseHub.service_address=127.0.0.1:{service}",
+            f"--GPULeaseHub.servers_proxy_url=http://127.0.0.1:{hub.port}/"]
+        hub.start(timeout=120)
+        try:
+            admin = hub.token_for("admin", secrets["admin-password"])
+            token = hub.add_user(admin, "alice")
+            r = hub.api("POST", "users/alice/server", token,
+                        {"user_options": {"profile": "h200-1g"}})
+            assert r.status_code in (201, 202), r.text + hub.log()[-3000:]
+            hub.wait_server_ready("alice", token, timeout=120)
+            server_pod = kube.get(pods_path(users, "jupyter-alice"))
+            limits = server_pod["spec"]["containers"][0]["resources"]["limits"]
+            assert limits["nvidia.com/mig-1g.18gb"] == "1"
+            assert server_pod["spec"]["nodeName"] == f"{namespace}-h200"
+            assert server_pod["spec"]["automountServiceAccountToken"] is False
+            sessions = hub.service("GET", "api/usage", token).json()["sessions"]
+            assert [s["profile"] for s in sessions] == ["h200-1g"]
+            assert hub.api("DELETE", "users/alice/server", token).status_code in (202, 204)
+            hub.wait_server_stopped("alice", token)
+        finally:
+            hub.close()
+            kube.delete(f"/api/v1/persistentvolumes/{namespace}-home")
+
+
+def test_the_rendered_scheduler_configuration_packs_pods_as_the_charts_account(
+        control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes, tmp_path: Path):
+    nodes = pool(kube, gpu_nodes, "pack-", 3, gpus=8)
+    with installed(control_plane, kube, namespace, None, "prePuller.enabled=false") as release:
+        name = f"{release}-sched"
+        rendered = yaml.safe_load(kube.get(f"/api/v1/namespaces/{namespace}/configmaps/"
+                                           f"{release}-scheduler")["data"]["config.yaml"])
+        kubeconfig = tmp_path / "scheduler.kubeconfig"  # the chart's scheduler account
+        kubeconfig.write_text(yaml.safe_dump(token_kubeconfig(
+            control_plane.state["server"], control_plane.state["ca"],
+            account_token(kube, namespace, f"{release}-scheduler"), "scheduler")))
+        rendered["clientConnection"] = {"kubeconfig": str(kubeconfig)}  # its path mapped
+        scheduler = SchedulerProcess(name, rendered, tmp_path,
+                                     Path(control_plane.state["bin"]) / "kube-scheduler")
+
+        def leader() -> str:
+            try:
+                return kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
+                                f"{name}")["spec"].get("holderIdentity", "")
+            except KubeError:
+                return ""
+        scheduler.start(ready=lambda: bool(leader()))
+        try:
+            used = {place(kube, namespace, pod(f"one-{n}", nodes, {"nvidia.com/gpu": 1},
+                                               scheduler=name, cpu="1", memory="8Gi"))
+                    for n in range(5)}
+            assert len(used) == 1, used  # packed onto one node, two stay whole
+            assert json.dumps(rendered).count("MostAllocated") == 1
+        except BaseException:
+            print(scheduler.tail())
+            raise
+        finally:
+            scheduler.stop()
