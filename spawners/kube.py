@@ -160,6 +160,7 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             self.refuse(Refusal(f"Cannot start {choice.profile.slug}: {e}", status=422))
         self._gpulease_admitted = False
         self.gpulease_answered_at = None
+        self.gpulease_admitted_at = None  # set by _admit (pending_spawns)
         admitted = None
         if choice.profile.gpu is not None:  # room on some node, now or from the queue
             try:

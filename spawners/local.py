@@ -156,6 +156,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             self.refuse(Refusal(f"Cannot start the server: {e}", status=500))
         self._gpulease_admitted = False
         self.gpulease_answered_at = None
+        self.gpulease_admitted_at = None  # set by _admit (pending_spawns)
         admitted = None
         if choice.profile.gpu is not None:
             try:

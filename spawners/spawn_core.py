@@ -21,6 +21,7 @@ imports the model and billing core and no spawner.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from datetime import datetime
 
@@ -41,6 +42,7 @@ from gpulease.spawners.options_form import (
     refuse_query_start,
     render_options_form,
 )
+from gpulease.spawners.pending_spawns import register, register_collector
 from gpulease.spawners.queue_base import QueueBase, Refused, queue_progress, tell_started
 from gpulease.spawners.queue_runner import runner_for
 from gpulease.spawners.spawn_form import AvailabilityOf, spawn_form_data
@@ -71,6 +73,7 @@ class GPULeaseSpawnCore(AdmissionOptions):
     _stopping: bool = False
     _gpulease_admitted: bool = False  # this start is past the limits and the queue
     gpulease_answered_at: datetime | None = None  # this run's first HTTP answer (UTC)
+    gpulease_admitted_at: float | None = None  # monotonic; this start's admission
     _gpulease_opening: bool = False  # its billing session is being written now
     _gpulease_watch: asyncio.Task | None = None  # waits for a late first answer
     _gpulease_unwatch = staticmethod(lambda: None)  # stops watching for its exit
@@ -78,6 +81,8 @@ class GPULeaseSpawnCore(AdmissionOptions):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         join_hub_log(self.log)
+        register_collector()
+        register(self)
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
@@ -147,13 +152,16 @@ class GPULeaseSpawnCore(AdmissionOptions):
         profile = choice.profile
         # Read the hub's ORM here, on the event loop's thread.
         groups = {g.name: {u.name for u in g.users} for g in self.user.groups}
+        self.gpulease_admitted_at = None
         try:
-            return await self._queue_runner().admit(
+            admitted = await self._queue_runner().admit(
                 self.user.name, self.name, profile.slug, profile.gpu.device_request(choice.image),
                 user_groups=set(groups), group_members=groups,
                 max_wait=self.queue_max_wait, max_length=self.queue_max_length,
                 max_per_user=self.queue_places_per_user,
             )
+            self.gpulease_admitted_at = time.monotonic()  # pending from here (pending_spawns)
+            return admitted
         except Refused as refused:
             self.refuse(Refusal(f"Cannot start {profile.slug}: {refused.message}",
                                 status=refused.status))
