@@ -16,10 +16,12 @@ where. The watch adapter that keeps these dataclasses current is separate.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpulease.hub.units import parse_quantity
 from gpulease.spawners.drivers import driver_from_labels, new_enough, too_old
 from gpulease.spawners.gpu_models import model_key_from_gfd_product
 from gpulease.spawners.placement import DeviceRequest, NoFit
@@ -31,6 +33,55 @@ USER_LABEL = "hub.jupyter.org/username"
 USER_ANNOTATION = "hub.jupyter.org/username"
 SERVER_ANNOTATION = "hub.jupyter.org/servername"
 TERMINAL_PHASES = ("Succeeded", "Failed")
+_EXPONENT = re.compile(r"(\d{1,20})[eE](\d{1,2})")
+
+
+def whole_count(value: object) -> int | None:
+    """An extended resource's count as the API server writes it: any whole quantity
+    (`2`, `1k`, `1Ki`, `1e3`; the API server keeps the form it was given), or None
+    for one it should never have taken. int() of `1k` raised, and every inventory
+    with such a pod in it (anyone's, in any namespace) raised with it."""
+    text = str(value)
+    exponent = _EXPONENT.fullmatch(text)
+    if exponent:
+        return int(exponent.group(1)) * 10 ** int(exponent.group(2))
+    try:
+        return parse_quantity(text)
+    except ValueError:
+        return None
+
+
+def _requests(container: dict) -> Counter[str]:
+    resources = container.get("resources") or {}
+    wanted: Counter[str] = Counter()
+    for name, value in {**(resources.get("requests") or {}),
+                        **(resources.get("limits") or {})}.items():
+        if name.startswith(GPU_PREFIX):
+            count = whole_count(value)
+            if count:
+                wanted[name] += count
+    return wanted
+
+
+def pod_gpu_requests(spec: dict) -> Counter[str]:
+    """What kube-scheduler counts a pod as holding of each nvidia.com/* resource: the sum
+    of its containers and sidecars (init containers with restartPolicy Always), or the
+    most any init container needs while it runs (with the sidecars started before it),
+    whichever is larger (Kubernetes' PodRequests). Only the app containers were counted:
+    a pod asking its GPUs in an init container held them unseen."""
+    sidecars: Counter[str] = Counter()
+    init_peak: Counter[str] = Counter()
+    for container in spec.get("initContainers") or []:
+        wanted = _requests(container)
+        if container.get("restartPolicy") == "Always":
+            sidecars += wanted
+            init_peak = init_peak | sidecars
+        else:
+            init_peak = init_peak | (wanted + sidecars)
+    running: Counter[str] = Counter()
+    for container in spec.get("containers") or []:
+        running += _requests(container)
+    return (running + sidecars) | init_peak
 
 
 @dataclass(frozen=True)
@@ -105,9 +156,9 @@ def node_from_object(obj: dict) -> ClusterNode:
     labels = obj["metadata"].get("labels", {})
     product = labels.get("nvidia.com/gpu.product", "")
     model, profile = model_key_from_gfd_product(product) if product else (None, None)
-    allocatable = {name: int(value) for name, value in
+    allocatable = {name: count for name, value in
                    obj.get("status", {}).get("allocatable", {}).items()
-                   if name.startswith(GPU_PREFIX) and str(value).isdigit()}
+                   if name.startswith(GPU_PREFIX) and (count := whole_count(value)) is not None}
     return ClusterNode(obj["metadata"]["name"], model,
                        labels.get("nvidia.com/mig.strategy", "none"),
                        driver_from_labels(labels), allocatable,
@@ -157,12 +208,7 @@ def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | Non
     The user is kubespawner's annotation (the name as it is), else its label."""
     if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
         return None
-    wanted: Counter[str] = Counter()
-    for container in pod["spec"].get("containers", []):
-        resources = container.get("resources", {})
-        for name, value in {**resources.get("requests", {}), **resources.get("limits", {})}.items():
-            if name.startswith(GPU_PREFIX):
-                wanted[name] += int(value)
+    wanted = pod_gpu_requests(pod["spec"])
     if not wanted:
         return None
     meta = pod["metadata"]

@@ -187,3 +187,37 @@ def test_a_taint_is_tolerated_by_kubernetes_rule():
                                   "effect": "NoExecute"}])
     assert not tolerated(("maintenance", "true", "NoSchedule"), [
         {"key": "nvidia.com/gpu", "operator": "Exists"}])
+
+
+@pytest.mark.parametrize("written, count", [("2", 2), ("1k", 1000), ("1e3", 1000),
+                                            ("1Ki", 1024)])
+def test_a_pods_gpus_in_any_whole_quantity_form_are_counted(written: str, count: int):
+    """Attack: the API server takes any whole quantity for an extended resource and keeps
+    the form it was given; int('1k') raised, and with it every inventory holding that pod
+    (anyone's, in any namespace): no GPU start could be admitted."""
+    hold = hold_from_pod(_pod("big", "", {"nvidia.com/gpu": written}))
+    assert hold.resources == {"nvidia.com/gpu": count}
+
+
+def test_gpus_an_init_container_or_sidecar_asks_for_are_held():
+    """kube-scheduler holds max(containers + sidecars, the largest init container's need)
+    for the pod's whole life: a pod asking its GPUs in an init container held 4 unseen,
+    so gpulease admitted starts to GPUs the scheduler counted as taken."""
+    def c(n: str, **more) -> dict:
+        return {"resources": {"limits": {"nvidia.com/gpu": n}}, **more}
+    pod = _pod("job", "n1", {"nvidia.com/gpu": "1"})
+    pod["spec"]["initContainers"] = [c("4")]
+    assert hold_from_pod(pod).resources == {"nvidia.com/gpu": 4}
+    pod["spec"]["initContainers"] = [c("1", restartPolicy="Always"), c("2")]  # sidecar first
+    assert hold_from_pod(pod).resources == {"nvidia.com/gpu": 3}  # 1+2 during init; 1+1 after
+    pod["spec"]["initContainers"] = [c("2", restartPolicy="Always")]
+    assert hold_from_pod(pod).resources == {"nvidia.com/gpu": 3}  # sidecar runs beside
+    only_init = _pod("prep", "n1", {"cpu": "1"})
+    only_init["spec"]["initContainers"] = [c("1")]
+    assert hold_from_pod(only_init).resources == {"nvidia.com/gpu": 1}
+
+
+def test_a_nodes_allocatable_in_a_quantity_form_is_read():
+    obj = node_object(GpuNode("n1", gpus=8))
+    obj["status"]["allocatable"]["nvidia.com/gpu"] = "8e0"
+    assert node_from_object(obj).allocatable["nvidia.com/gpu"] == 8

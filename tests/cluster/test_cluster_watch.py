@@ -170,3 +170,25 @@ async def test_each_grant_of_the_cluster_role_is_needed(
     finally:
         await watch.stop()
         await core.api_client.close()
+
+
+async def test_a_pod_asking_gpus_in_any_quantity_form_is_counted_not_fatal(
+        kube: Kube, namespace: str, gpu_nodes, watch: ClusterWatch):
+    """Attack: anyone who may make a pod anywhere in the cluster asks `nvidia.com/gpu: 1k`
+    (a whole number, so the API server takes it; it stays Pending). int('1k') raised in
+    hold_from_pod, so every inventory() raised: no GPU start could be admitted, and the
+    form and api/inventory failed, until that pod was deleted."""
+    (made,) = gpu_nodes(GpuNode("a100", model="A100-80GB", gpus=4))
+    name = made["metadata"]["name"]
+    kube.create(pods_path(namespace), {
+        "metadata": {"name": "thousand"},
+        "spec": {"nodeSelector": {POOL_LABEL: namespace}, "containers": [{
+            "name": "c", "image": "none",
+            "resources": {"limits": {"nvidia.com/gpu": "1k"}}}]}})
+    got = kube.get(pods_path(namespace, "thousand"))["spec"]["containers"][0]
+    assert got["resources"]["limits"]["nvidia.com/gpu"] == "1k"  # as the API server keeps it
+    await eventually(f"{name} seen", lambda: node(watch, name))
+    await eventually("the pod seen", lambda: f"{namespace}/thousand" in watch.pods.objects)
+    (held,) = [h for h in watch.inventory().holds if h.pod == f"{namespace}/thousand"]
+    assert held.resources == {"nvidia.com/gpu": 1000}
+    assert watch.inventory().free()[name]["nvidia.com/gpu"] == 4  # never bound

@@ -96,3 +96,25 @@ def test_a_user_whose_name_kubespawner_escapes_is_held_to_her_gpu_limit(
         r = hub.api("POST", f"/users/{user}/servers/second", json={"profile": "h200-1g"})
         assert r.status_code == 409, r.text
         assert f"held by {user}/" in r.json()["message"], r.json()
+
+
+def test_a_pod_asking_1k_gpus_in_another_namespace_does_not_stop_every_gpu_start(
+        control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes, tmp_path: Path):
+    """Attack: anyone who may make a pod anywhere asks `nvidia.com/gpu: 1k` (a whole
+    quantity: the API server takes it, and the pod stays Pending). The inventory read
+    it with int() and raised: every GPU start of every user failed, until it was gone."""
+    with gpu_hub_at(control_plane, kube, namespace, gpu_nodes, tmp_path) as (hub, _home):
+        other = f"{namespace[:50]}-other"
+        kube.create("/api/v1/namespaces", {"metadata": {"name": other}})
+        try:
+            kube.wait_for(f"the default ServiceAccount of {other}",
+                          lambda: kube.get(f"/api/v1/namespaces/{other}/serviceaccounts/default"))
+            kube.create(pods_path(other), gpu_pod(namespace, "thousand", f"{namespace}-h200",
+                                                  "nvidia.com/gpu", "1k"))
+            assert hub.api("POST", "/users/alice").status_code == 201
+            r = hub.api("POST", "/users/alice/server", json={"profile": "h200-1g"})
+            assert r.status_code in (201, 202), r.text + hub.tail()
+            wait_user_ready(hub, "alice")
+            stop_keeping_home(hub, kube, namespace)
+        finally:
+            kube.delete(f"/api/v1/namespaces/{other}")
