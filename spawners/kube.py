@@ -57,6 +57,7 @@ KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimu
 KUBELET_SILENT_S = 30.0  # a pod still there this long past that grace: removed with grace 0
 HOME_CLAIM = "claim-{username}"  # one home per user, whatever the server
 HOME_MOUNT = "/home/jovyan"
+NO_GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
 # Set while kubespawner's poll runs: a stop it makes then (delete_stopped_pods, on a
 # notebook container that terminated) ends a dead server, not a user's stop.
 _IN_POLL: ContextVar[bool] = ContextVar("gpulease_kube_in_poll", default=False)
@@ -143,6 +144,19 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
     @default("cmd")
     def _default_cmd(self):
         return [SERVER_SCRIPT]
+
+    def get_env(self):
+        """kubespawner's; and a CPU-only server's pod tells the NVIDIA container runtime to
+        give it no GPU. Its images are built FROM nvidia/cuda, whose
+        NVIDIA_VISIBLE_DEVICES=all the runtime honours in a container that asked the device
+        plugin for nothing (where it is the default runtime, as the GPU operator sets it):
+        on a GPU node such a pod saw every GPU there, unbilled and uncounted. A GPU pod's
+        devices are the device plugin's to name (as the embedded shape's device_env)."""
+        env = KubeSpawner.get_env(self)
+        choice = self.gpulease_choice
+        if choice is not None and choice.profile.gpu is None:
+            env.update(NO_GPU_ENV)
+        return env
 
     def cluster_gpus(self) -> ClusterGpus:
         return ClusterGpus(self.mig_strategy, tuple(dict(t) for t in self.gpu_tolerations),

@@ -118,3 +118,31 @@ def test_a_pod_asking_1k_gpus_in_another_namespace_does_not_stop_every_gpu_start
             stop_keeping_home(hub, kube, namespace)
         finally:
             kube.delete(f"/api/v1/namespaces/{other}")
+
+
+def test_a_cpu_only_pod_tells_the_nvidia_runtime_to_give_it_no_gpu(
+        control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes, tmp_path: Path):
+    """Attack: the CPU-only profile (0.10 credits/h) runs the pytorch and cuda images,
+    built FROM nvidia/cuda, whose ENV NVIDIA_VISIBLE_DEVICES=all the NVIDIA container
+    runtime honours in a container that asked the device plugin for nothing (the GPU
+    operator makes it the default runtime). On a GPU node without a GPU taint such a pod
+    got every GPU of the node, unbilled and uncounted. The embedded shape sets `void`."""
+    with gpu_hub_at(control_plane, kube, namespace, gpu_nodes, tmp_path) as (hub, _home):
+        assert hub.api("POST", "/users/alice").status_code == 201
+        r = hub.api("POST", "/users/alice/server", json={"profile": "cpu"})
+        assert r.status_code in (201, 202), r.text + hub.tail()
+        wait_user_ready(hub, "alice")
+        (container,) = kube.get(pods_path(namespace, "jupyter-alice"))["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert env.get("NVIDIA_VISIBLE_DEVICES") == "void", env
+        assert "CUDA_VISIBLE_DEVICES" in env and not env["CUDA_VISIBLE_DEVICES"], env  # ""
+        stop_keeping_home(hub, kube, namespace)
+
+        # A GPU start of the same spawner after it leaves the device plugin's word alone.
+        r = hub.api("POST", "/users/alice/server", json={"profile": "h200-1g"})
+        assert r.status_code in (201, 202), r.text + hub.tail()
+        wait_user_ready(hub, "alice")
+        (container,) = kube.get(pods_path(namespace, "jupyter-alice"))["spec"]["containers"]
+        names = {e["name"] for e in container.get("env", [])}
+        assert not names & {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"}, names
+        stop_keeping_home(hub, kube, namespace)
