@@ -191,7 +191,10 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
         for option, value in options.items():
             assert c[class_name][option] == value
     # the profiles file is the values' profiles, and gpulease loads it
-    profiles = load_profiles_file(tmp_path / "profiles.yaml", load_catalog())
+    catalog_file = c.GPULeaseHub.get("catalog_file")
+    assert bool(catalog_file) == bool(v.get("catalog"))
+    catalog = load_catalog(catalog_file)
+    profiles = load_profiles_file(tmp_path / "profiles.yaml", catalog)
     assert [p.slug for p in profiles] == [p["slug"] for p in v["profiles"]]
 
 

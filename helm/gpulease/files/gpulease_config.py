@@ -11,6 +11,8 @@ chart = json.loads((here / "chart.json").read_text())
 c.GPULeaseHub.shape = "cluster"
 c.GPULeaseHub.cluster_namespace = chart["usersNamespace"]
 c.GPULeaseHub.profiles_file = str(here / "profiles.yaml")
+if (here / "catalog.yaml").exists():  # the values' catalog; else the one the image ships
+    c.GPULeaseHub.catalog_file = str(here / "catalog.yaml")
 c.GPULeaseHub.admin_name = chart["adminName"]
 # The proxy runs in a pod of its own: it reaches the hub and the gpulease service at the
 # hub's Service, servers reach the service through the proxy's Service.
