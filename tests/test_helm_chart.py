@@ -170,7 +170,8 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
     monkeypatch.setenv("GPULEASE_DB_URL", "postgresql://db/gpulease"
                        if v["hub"]["db"]["type"] == "postgresql" else "")
     c = Config()
-    exec(compile(data["gpulease_config.py"], "gpulease_config.py", "exec"), {"c": c})
+    exec(compile(data["gpulease_config.py"], "gpulease_config.py", "exec"),
+         {"get_config": lambda: c})
     assert c.GPULeaseHub.shape == "cluster"
     assert c.GPULeaseHub.cluster_namespace == users_namespace(v)
     assert c.GPULeaseHub.service_address == f"{HUB}:{v['hub']['servicePort']}"

@@ -5,6 +5,7 @@ import json
 import os
 from pathlib import Path
 
+c = get_config()  # noqa: F821 - provided by traitlets as the file is loaded
 here = Path(os.environ.get("GPULEASE_CHART_CONFIG", "/etc/gpulease"))
 chart = json.loads((here / "chart.json").read_text())
 
