@@ -165,7 +165,12 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
     data = one(objects, "ConfigMap", HUB)["data"]
     for name, text in data.items():
         (tmp_path / name).write_text(text)
+    secret = tmp_path / "secret"  # hub.config and hub.extraConfig, from their Secret
+    secret.mkdir()
+    for name, text in secret_files(objects, f"{HUB}-config").items():
+        (secret / name).write_text(text)
     monkeypatch.setenv("GPULEASE_CHART_CONFIG", str(tmp_path))
+    monkeypatch.setenv("GPULEASE_CHART_SECRET", str(secret))
     monkeypatch.setenv("CONFIGPROXY_AUTH_TOKEN", "proxy-token")
     monkeypatch.setenv("GPULEASE_DB_URL", "postgresql://db/gpulease"
                        if v["hub"]["db"]["type"] == "postgresql" else "")
@@ -203,11 +208,31 @@ def test_hub_config_and_extra_config_pass_through(tmp_path):
     objects = render(None, "hub.config.GPUKubeSpawner.start_timeout=900",
                      "hub.config.LocalAccountsAuthenticator.max_failures=3",
                      "hub.extraConfig=c.JupyterHub.concurrent_spawn_limit = 42")
-    text = one(objects, "ConfigMap", HUB)["data"]["gpulease_config.py"]
-    assert text.rstrip().endswith("c.JupyterHub.concurrent_spawn_limit = 42")
-    chart = json.loads(one(objects, "ConfigMap", HUB)["data"]["chart.json"])
-    assert chart["config"] == {"GPUKubeSpawner": {"start_timeout": 900},
-                               "LocalAccountsAuthenticator": {"max_failures": 3}}
+    files = secret_files(objects, f"{HUB}-config")  # a Secret: they may hold secrets
+    assert files["extra-config.py"].rstrip() == "c.JupyterHub.concurrent_spawn_limit = 42"
+    assert json.loads(files["hub-config.json"]) == {
+        "GPUKubeSpawner": {"start_timeout": 900},
+        "LocalAccountsAuthenticator": {"max_failures": 3}}
+    config = tmp_path / "config"
+    config.mkdir()
+    for name, text in one(objects, "ConfigMap", HUB)["data"].items():
+        (config / name).write_text(text)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    env = {"GPULEASE_CHART_CONFIG": str(config), "GPULEASE_CHART_SECRET": str(tmp_path),
+           "CONFIGPROXY_AUTH_TOKEN": "t"}
+    c = Config()
+    old_env = dict(os.environ)
+    os.environ.update(env)
+    try:
+        exec(compile((config / "gpulease_config.py").read_text(), "gpulease_config.py",
+                     "exec"), {"c": c})
+    finally:
+        os.environ.clear()
+        os.environ.update(old_env)
+    assert c.GPUKubeSpawner.start_timeout == 900
+    assert c.LocalAccountsAuthenticator.max_failures == 3
+    assert c.JupyterHub.concurrent_spawn_limit == 42  # after everything else
 
 
 def test_ingress_with_tls_routes_to_the_proxy_at_the_base_url():
@@ -225,7 +250,7 @@ def test_ingress_with_tls_routes_to_the_proxy_at_the_base_url():
 
 
 def test_secrets_are_generated_in_the_right_form():
-    (secret,) = find(render(None), "Secret")
+    secret = one(render(None), "Secret", HUB)
     import base64
 
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
@@ -233,7 +258,7 @@ def test_secrets_are_generated_in_the_right_form():
     for hexed in (data["cookie-secret"], data["crypt-key"]):  # 32 bytes, hex
         assert len(hexed) == 64 and int(hexed, 16) >= 0
     assert len(data["proxy-token"]) == 64 and len(data["admin-password"]) >= 16
-    (again,) = find(render(None), "Secret")
+    again = one(render(None), "Secret", HUB)
     assert again["data"]["cookie-secret"] != secret["data"]["cookie-secret"]  # random
 
 
@@ -295,3 +320,69 @@ def test_notes_say_how_to_log_in():
     assert "port-forward service/gp-proxy-public 8000:80" in notes
     assert f"get secret {HUB} -o jsonpath='{{.data.admin-password}}'" in notes
     assert os.path.exists(CHART / "values.schema.json")
+
+
+def secret_files(objects: list[dict], name: str) -> dict[str, str]:
+    import base64
+
+    return {k: base64.b64decode(v).decode() for k, v in one(objects, "Secret", name)["data"].items()}
+
+
+def test_hub_config_and_extra_config_stay_out_of_the_configmap(tmp_path, monkeypatch):
+    """hub.config holds an authenticator's client secret and hub.extraConfig may hold a
+    token: a ConfigMap is readable by the `view` role, so both go in a Secret."""
+    objects = render(None, "hub.config.GenericOAuthenticator.client_secret=s3cr3t-oauth",
+                     "hub.extraConfig=c.JupyterHub.api_tokens = {'t0ken-xyz': 'svc'}")
+    for o in find(objects, "ConfigMap"):
+        text = json.dumps(o["data"])
+        assert "s3cr3t-oauth" not in text and "t0ken-xyz" not in text, o["metadata"]["name"]
+    files = secret_files(objects, f"{HUB}-config")
+    assert json.loads(files["hub-config.json"]) == {
+        "GenericOAuthenticator": {"client_secret": "s3cr3t-oauth"}}
+    # the hub mounts it, and the rendered configuration reads it
+    hub = one(objects, "Deployment", HUB)["spec"]["template"]
+    mounts = {m["name"]: m["mountPath"] for m in hub["spec"]["containers"][0]["volumeMounts"]}
+    (volume,) = [v for v in hub["spec"]["volumes"] if v["name"] == "config-secret"]
+    assert volume["secret"]["secretName"] == f"{HUB}-config"
+    assert mounts["config-secret"] == "/etc/gpulease-secret"
+    assert "checksum/config-secret" in hub["metadata"]["annotations"]
+    config, secret = tmp_path / "config", tmp_path / "secret"
+    config.mkdir(), secret.mkdir()
+    for name, text in one(objects, "ConfigMap", HUB)["data"].items():
+        (config / name).write_text(text)
+    for name, text in files.items():
+        (secret / name).write_text(text)
+    monkeypatch.setenv("GPULEASE_CHART_CONFIG", str(config))
+    monkeypatch.setenv("GPULEASE_CHART_SECRET", str(secret))
+    monkeypatch.setenv("CONFIGPROXY_AUTH_TOKEN", "proxy-token")
+    c = Config()
+    text = (config / "gpulease_config.py").read_text()
+    exec(compile(text, "gpulease_config.py", "exec"), {"c": c})
+    assert c.GenericOAuthenticator.client_secret == "s3cr3t-oauth"
+    assert c.JupyterHub.api_tokens == {"t0ken-xyz": "svc"}
+
+
+@pytest.mark.parametrize(("profile", "says"), [
+    ({"gpus": 1}, "at '/profiles/0': additional properties 'gpus' not allowed"),
+    ({"display_name": None}, "at '/profiles/0': missing property 'display_name'"),
+    ({"cpu": None}, "at '/profiles/0': missing property 'cpu'"),
+    ({"memory": "32GB"}, "at '/profiles/0/memory'"),
+    ({"cpu": "two"}, "at '/profiles/0/cpu'"),
+    ({"enabled": "yes"}, "at '/profiles/0/enabled'"),
+])
+def test_a_wrong_profile_is_refused_by_the_schema_not_by_a_crashing_hub(profile, says,
+                                                                          tmp_path):
+    """The hub refuses a bad profiles file at start (CrashLoopBackOff after a 'successful'
+    install); the schema must refuse what gpulease.hub.profiles refuses, at install."""
+    good = {"slug": "a", "display_name": "A", "cpu": 1, "memory": "1Gi",
+            "images": ["pytorch"], "price_per_hour": "1"}
+    bad = {k: v for k, v in {**good, **profile}.items() if v is not None}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"profiles": [bad]}))
+    run = helm("template", RELEASE, str(CHART), "-f", str(values), check=False)
+    assert run.returncode != 0, f"{bad} installed"
+    assert "values don't meet the specifications of the schema" in run.stderr, run.stderr
+    assert says in run.stderr, run.stderr
+    values.write_text(yaml.safe_dump({"profiles": [good, {**good, "slug": "b", "cpu": "0.5",
+                                                          "groups": ["lab"], "min_run": "5m"}]}))
+    helm("template", RELEASE, str(CHART), "-f", str(values))  # the good ones pass

@@ -64,8 +64,9 @@ def installed(plane: ControlPlane, kube: Kube, namespace: str, values: Path | No
                 pass
 
 
-def secret_data(kube: Kube, namespace: str, release: str) -> dict[str, str]:
-    secret = kube.get(f"/api/v1/namespaces/{namespace}/secrets/{release}-hub")
+def secret_data(kube: Kube, namespace: str, release: str, part: str = "hub"
+                ) -> dict[str, str]:
+    secret = kube.get(f"/api/v1/namespaces/{namespace}/secrets/{release}-{part}")
     return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
 
@@ -136,6 +137,10 @@ def test_a_hub_from_the_rendered_configuration_spawns_a_slice_server(
                                    f"{release}-hub")["data"].items():
             (config / name).write_text(text)
         secrets = secret_data(kube, namespace, release)
+        config_secret = tmp_path / "etc-gpulease-secret"  # hub.config, from its Secret
+        config_secret.mkdir()
+        for name, text in secret_data(kube, namespace, release, "hub-config").items():
+            (config_secret / name).write_text(text)
         kubeconfig = tmp_path / "hub.kubeconfig"  # the chart's ServiceAccount's token
         kubeconfig.write_text(yaml.safe_dump(token_kubeconfig(
             control_plane.state["server"], control_plane.state["ca"],
@@ -143,6 +148,7 @@ def test_a_hub_from_the_rendered_configuration_spawns_a_slice_server(
         hub = HubProcess(state=tmp_path / "state", admin_password=secrets["admin-password"])
         hub.port, hub.hub_port, hub.api_port, service = (free_port() for _ in range(4))
         hub.env = {"KUBECONFIG": str(kubeconfig), "GPULEASE_CHART_CONFIG": str(config),
+                   "GPULEASE_CHART_SECRET": str(config_secret),
                    "JPY_COOKIE_SECRET": secrets["cookie-secret"],
                    "JUPYTERHUB_CRYPT_KEY": secrets["crypt-key"],
                    "CONFIGPROXY_AUTH_TOKEN": secrets["proxy-token"]}

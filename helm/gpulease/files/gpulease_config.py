@@ -7,6 +7,9 @@ from pathlib import Path
 
 c = get_config()  # noqa: F821 - provided by traitlets as the file is loaded
 here = Path(os.environ.get("GPULEASE_CHART_CONFIG", "/etc/gpulease"))
+# hub.config and hub.extraConfig: in the Secret <release>-hub-config (they may hold an
+# authenticator's client secret), mounted here.
+secret = Path(os.environ.get("GPULEASE_CHART_SECRET", "/etc/gpulease-secret"))
 chart = json.loads((here / "chart.json").read_text())
 
 c.GPULeaseHub.shape = "cluster"
@@ -44,6 +47,13 @@ if chart["nodeSelector"]:
 c.LocalAccountsAuthenticator.trusted_proxies = chart["trustedProxies"]
 
 # hub.config: {ClassName: {option: value}}, passed through as traitlets configuration.
-for class_name, options in chart["config"].items():
+hub_config = secret / "hub-config.json"
+passed = json.loads(hub_config.read_text()) if hub_config.exists() else {}
+for class_name, options in passed.items():
     for option, value in options.items():
         c[class_name][option] = value
+
+# hub.extraConfig: Python run after everything above.
+extra_config = secret / "extra-config.py"
+if extra_config.exists() and extra_config.read_text().strip():
+    exec(compile(extra_config.read_text(), "hub.extraConfig", "exec"))
