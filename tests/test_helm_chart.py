@@ -386,3 +386,12 @@ def test_a_wrong_profile_is_refused_by_the_schema_not_by_a_crashing_hub(profile,
     values.write_text(yaml.safe_dump({"profiles": [good, {**good, "slug": "b", "cpu": "0.5",
                                                           "groups": ["lab"], "min_run": "5m"}]}))
     helm("template", RELEASE, str(CHART), "-f", str(values))  # the good ones pass
+
+
+@pytest.mark.parametrize("release", ["1lab", "gp.lab"])
+def test_a_release_name_that_cannot_name_a_service_is_refused_readably(release):
+    """Helm takes release names with dots or a leading digit; Services (<release>-hub) and
+    the users' Namespace cannot have them, and the API server refused them mid-install."""
+    run = helm("template", release, str(CHART), check=False)
+    assert run.returncode != 0
+    assert "release name" in run.stderr and release in run.stderr, run.stderr

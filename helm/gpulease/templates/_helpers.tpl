@@ -1,5 +1,8 @@
 {{/* Names of the chart's objects: <release>-<part>. */}}
 {{- define "gpulease.name" -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" .root.Release.Name) -}}
+{{- fail (printf "release name %q: it names Services and a Namespace, so it must be lower-case letters, digits and '-', starting with a letter (no dots)" .root.Release.Name) -}}
+{{- end -}}
 {{- printf "%s-%s" .root.Release.Name .part | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
