@@ -226,7 +226,7 @@ def test_hub_config_and_extra_config_pass_through(tmp_path):
     os.environ.update(env)
     try:
         exec(compile((config / "gpulease_config.py").read_text(), "gpulease_config.py",
-                     "exec"), {"c": c})
+                     "exec"), {"get_config": lambda: c})
     finally:
         os.environ.clear()
         os.environ.update(old_env)
@@ -357,7 +357,7 @@ def test_hub_config_and_extra_config_stay_out_of_the_configmap(tmp_path, monkeyp
     monkeypatch.setenv("CONFIGPROXY_AUTH_TOKEN", "proxy-token")
     c = Config()
     text = (config / "gpulease_config.py").read_text()
-    exec(compile(text, "gpulease_config.py", "exec"), {"c": c})
+    exec(compile(text, "gpulease_config.py", "exec"), {"get_config": lambda: c})
     assert c.GenericOAuthenticator.client_secret == "s3cr3t-oauth"
     assert c.JupyterHub.api_tokens == {"t0ken-xyz": "svc"}
 
