@@ -44,7 +44,7 @@ from gpulease.hub.accounts import HASH_PARALLELISM, MAX_NAME_LENGTH, LocalAccoun
 from gpulease.hub.client_address import Network, login_address, parse_trusted
 from gpulease.hub.db import open_database
 from gpulease.hub.login_throttle import LoginThrottle
-from gpulease.hub.socket_owner import ProxyPeers, peer_and_local
+from gpulease.hub.socket_owner import ProxyHosts, ProxyPeers, peer_and_local
 from gpulease.hub.user_names import is_valid_name
 
 _stores: dict[str, LocalAccountStore] = {}
@@ -185,6 +185,15 @@ class LocalAccountsAuthenticator(Authenticator):
         local process, users' servers included.""",
     ).tag(config=True)
 
+    proxy_hosts = List(
+        Unicode(),
+        help="""Host names of the hub's own configurable-http-proxy where it runs
+        apart from the hub (the Helm chart's proxy pod, behind a headless
+        Service): a peer at an address one of them resolves to is the hub's
+        proxy, whose X-Forwarded-For entry is believed, as for a proxy the hub
+        started itself. Resolved again every 30 s.""",
+    ).tag(config=True)
+
     login_threads = Integer(
         min=1,
         help="""Threads that check passwords (argon2 and the account lookup).
@@ -251,6 +260,7 @@ class LocalAccountsAuthenticator(Authenticator):
         self._throttle: LoginThrottle | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._proxy_peers = ProxyPeers(self.log)
+        self._proxy_hosts: ProxyHosts | None = None
 
     @property
     def store(self) -> LocalAccountStore:
@@ -284,6 +294,12 @@ class LocalAccountsAuthenticator(Authenticator):
         self._throttle = None
 
     @property
+    def _proxy_hosts_checker(self) -> ProxyHosts:
+        if self._proxy_hosts is None or self._proxy_hosts.hosts != tuple(self.proxy_hosts):
+            self._proxy_hosts = ProxyHosts(self.proxy_hosts, log=self.log)
+        return self._proxy_hosts
+
+    @property
     def _trusted(self) -> tuple[Network, ...]:
         return parse_trusted(self.trusted_proxies)
 
@@ -296,7 +312,9 @@ class LocalAccountsAuthenticator(Authenticator):
         trusted = self._trusted
         headers = getattr(request, "headers", None)
         forwarded = headers.get("X-Forwarded-For") if headers is not None else None
-        own_proxy = bool(forwarded) and await self._proxy_peers.is_own_proxy(request, peer, local)
+        own_proxy = bool(forwarded) and (
+            await self._proxy_peers.is_own_proxy(request, peer, local)
+            or await self._proxy_hosts_checker.has(peer[0], self.clock()))
         return login_address(peer[0], forwarded, own_proxy, trusted)
 
     @property

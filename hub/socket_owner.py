@@ -148,3 +148,39 @@ class ProxyPeers:
                                  "from every loopback peer for login throttling")
             return ipaddress.ip_address(peer[0]).is_loopback
         return owner_uid(peer, local, tables) == os.geteuid()
+
+
+class ProxyHosts:
+    """Whether a peer is the hub's own proxy running elsewhere: at an address one of
+    `hosts` resolves to (the Helm chart's proxy pod, behind a headless Service whose
+    name resolves to the ready proxy pods' addresses). A proxy pod's address changes
+    when it is replaced, so names are resolved again after `ttl_s`."""
+
+    def __init__(self, hosts: Iterable[str], ttl_s: float = 30.0, log: Any = None) -> None:
+        self.hosts = tuple(hosts)
+        self.ttl_s = ttl_s
+        self.log = log
+        self._addresses: frozenset[str] = frozenset()
+        self._resolved_at = float("-inf")
+
+    async def has(self, peer: str, now: float) -> bool:
+        if not self.hosts:
+            return False
+        if now - self._resolved_at >= self.ttl_s or peer not in self._addresses:
+            if now - self._resolved_at >= min(self.ttl_s, 1.0):  # at most once a second
+                self._addresses = await self._resolve()
+                self._resolved_at = now
+        return peer in self._addresses
+
+    async def _resolve(self) -> frozenset[str]:
+        loop = asyncio.get_running_loop()
+        found: set[str] = set()
+        for host in self.hosts:
+            try:
+                infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError as e:
+                if self.log is not None:
+                    self.log.warning("proxy_hosts: cannot resolve %s (%s)", host, e)
+                continue
+            found.update(a for a in (normalise(i[4][0]) for i in infos) if a)
+        return frozenset(found)

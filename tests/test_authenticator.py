@@ -339,3 +339,21 @@ async def test_strangers_take_turns_or_are_only_delayed(auth, clock, take_turns)
         assert result is None
     else:
         assert result == "alice" and clock.slept == [MAX_DELAY_S]
+
+
+async def test_the_hubs_proxy_in_a_pod_of_its_own_is_known_by_its_host_name(auth):
+    """The Helm chart's proxy runs in its own pod, found by a headless Service's name
+    (proxy_hosts): its X-Forwarded-For entry is what a login counts against, and
+    nobody else's is."""
+    forwarded = {"X-Forwarded-For": "6.6.6.6, 203.0.113.9"}
+    proxy_pod = FakeRequestHandler("127.0.0.1", forwarded)  # "localhost" resolves here
+    assert await auth.client_address(proxy_pod) == "127.0.0.1"  # not known as the proxy
+    auth.proxy_hosts = ["localhost"]
+    assert await auth.client_address(proxy_pod) == "203.0.113.9"
+    assert await auth.client_address(FakeRequestHandler(IP, forwarded)) == IP  # a server
+    for _ in range(3):  # the stranger's failures count against their own address
+        await login(auth, "alice", WRONG, ip="127.0.0.1", headers=forwarded)
+    assert await login(auth, "alice", PASSWORD, ip="127.0.0.1",
+                       headers={"X-Forwarded-For": OTHER_IP}) == "alice"
+    auth.proxy_hosts = ["no-such-proxy.invalid"]  # unresolvable: believed for nobody
+    assert await auth.client_address(proxy_pod) == "127.0.0.1"

@@ -189,6 +189,9 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
                                                   if v["scheduler"]["enabled"] else "")
     assert c.GPUKubeSpawner.storage_capacity == v["singleuser"]["storage"]["capacity"]
     assert c.LocalAccountsAuthenticator.trusted_proxies == v["hub"]["trustedProxies"]
+    # the proxy pod is known by its headless Service's name (the login throttle)
+    assert c.LocalAccountsAuthenticator.proxy_hosts == [f"{RELEASE}-proxy-api"]
+    assert one(objects, "Service", f"{RELEASE}-proxy-api")["spec"]["clusterIP"] == "None"
     if v["hub"]["db"]["type"] == "postgresql":
         assert c.JupyterHub.db_url == c.GPULeaseHub.billing_db_url == "postgresql://db/gpulease"
     else:

@@ -44,6 +44,9 @@ if chart["storage"]["storageClass"]:
     c.GPUKubeSpawner.storage_class = chart["storage"]["storageClass"]
 if chart["nodeSelector"]:
     c.GPUKubeSpawner.node_selector = chart["nodeSelector"]
+# The proxy pod, known by the headless Service's name: the client address it forwards is
+# what the login throttle counts; trustedProxies are proxies in front of it (an Ingress).
+c.LocalAccountsAuthenticator.proxy_hosts = [chart["proxyApi"]]
 c.LocalAccountsAuthenticator.trusted_proxies = chart["trustedProxies"]
 
 # hub.config: {ClassName: {option: value}}, passed through as traitlets configuration.
