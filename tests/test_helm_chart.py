@@ -127,8 +127,7 @@ def test_the_servers_network_policy_blocks_metadata_and_allows_dns_hub_and_proxy
     if not values_of(values)["singleuser"]["networkPolicy"]["enabled"]:
         assert policies == []
         return
-    (policy,) = policies
-    spec = policy["spec"]
+    spec = one(objects, "NetworkPolicy", f"{RELEASE}-singleuser")["spec"]
     assert spec["podSelector"] == {"matchLabels": {"component": "singleuser-server"}}
     assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
     egress = spec["egress"]
@@ -398,3 +397,23 @@ def test_a_release_name_that_cannot_name_a_service_is_refused_readably(release):
     run = helm("template", release, str(CHART), check=False)
     assert run.returncode != 0
     assert "release name" in run.stderr and release in run.stderr, run.stderr
+
+
+def test_the_hub_and_the_proxy_take_only_what_they_serve():
+    """The hub's API from the proxy and the servers, the gpulease service from the proxy;
+    the proxy's API from the hub only, its public port from anywhere."""
+    objects = render(None)
+    hub = one(objects, "NetworkPolicy", HUB)["spec"]
+    by_port = {}
+    for rule in hub["ingress"]:
+        for port in rule["ports"]:
+            by_port.setdefault(port["port"], []).extend(rule["from"])
+    components = {port: sorted(f["podSelector"]["matchLabels"].get(
+        "app.kubernetes.io/component", f["podSelector"]["matchLabels"].get("component"))
+        for f in froms) for port, froms in by_port.items()}
+    assert components == {8081: ["proxy", "singleuser-server"], 8090: ["proxy"]}
+    proxy = one(objects, "NetworkPolicy", f"{RELEASE}-proxy")["spec"]["ingress"]
+    assert {"ports": [{"protocol": "TCP", "port": 8000}]} in proxy  # public: no `from`
+    (api,) = [r for r in proxy if r["ports"][0]["port"] == 8001]
+    assert [f["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+            for f in api["from"]] == ["hub"]
