@@ -417,3 +417,18 @@ def test_the_hub_and_the_proxy_take_only_what_they_serve():
     (api,) = [r for r in proxy if r["ports"][0]["port"] == 8001]
     assert [f["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
             for f in api["from"]] == ["hub"]
+
+
+def test_long_release_names_in_two_namespaces_never_share_a_cluster_wide_object():
+    """ClusterRoles and ClusterRoleBindings carry the release and its namespace; cut to 63
+    characters, two long pairs would collide: past the limit the name ends in a hash."""
+    release = "lab-notebooks-production-" + "x" * 28  # 53 characters, as helm allows
+    names = []
+    for namespace in ("research-gpu-cluster-team-one", "research-gpu-cluster-team-two"):
+        out = helm("template", release, str(CHART), "-n", namespace).stdout
+        cluster_wide = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(out)
+                        if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+        assert all(len(n) <= 63 for _kind, n in cluster_wide), cluster_wide
+        assert len(set(cluster_wide)) == len(cluster_wide) == 4
+        names.append(set(cluster_wide))
+    assert not names[0] & names[1], names
