@@ -61,11 +61,11 @@ seccompProfile:
 {{- end -}}
 {{- end -}}
 
-{{/* A cluster-wide object's name from parts that may be long: as it is up to 63
+{{/* A cluster-wide object's name from parts that may be long: as it is up to `max`
      characters, else cut and ended with a hash of the whole, so that two long
      release/namespace pairs never share a ClusterRole or its binding. */}}
 {{- define "gpulease.clusterName" -}}
-{{- if le (len .) 63 -}}{{ . }}{{- else -}}
-{{- printf "%s-%s" (trunc 54 . | trimSuffix "-") (sha256sum . | trunc 8) -}}
+{{- if le (len .name) (int .max) -}}{{ .name }}{{- else -}}
+{{- printf "%s-%s" (trunc (sub (int .max) 9 | int) .name | trimSuffix "-") (sha256sum .name | trunc 8) -}}
 {{- end -}}
 {{- end -}}
