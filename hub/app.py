@@ -58,6 +58,7 @@ from gpulease.hub.ledger import BillingError
 from gpulease.hub.metering import Meter
 from gpulease.hub.named_servers import refusing_limit
 from gpulease.hub.notifier import announce, backends_from_env
+from gpulease.hub.oauth import GPULeaseGitHubAuthenticator, GPULeaseOIDCAuthenticator
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.queue_resume import resume_queued
 from gpulease.hub.server_control import HubServerControl
@@ -66,6 +67,7 @@ from gpulease.hub.server_env import choose as choose_server_env
 from gpulease.hub.state import (
     StateError,
     default_state_root,
+    keep_crypt_key,
     prepare_state_dir,
     read_or_create_secret,
     write_cli_file,
@@ -91,6 +93,7 @@ gpulease_aliases = {
 
 
 AUDIT_PRUNE_EVERY_MS = 24 * 3600 * 1000
+TOKEN_MAX_DAYS = 90  # the longest an API token lives (JupyterHub.token_expires_in_max_seconds)
 # Request bodies to the hub itself (its API, login and spawn pages): JupyterHub's HTTP
 # server takes tornado's 100 MB default, buffered in the hub's memory before any login
 # is checked. Its largest bodies (a bulk user add) are far smaller.
@@ -136,7 +139,13 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
     @default("classes")
     def _gpulease_classes(self):
         return [*super()._load_classes(), LocalGPUSpawner, *cluster_spawner_classes(),
-                LocalAccountsAuthenticator]
+                LocalAccountsAuthenticator, GPULeaseOIDCAuthenticator,
+                GPULeaseGitHubAuthenticator]
+
+    @default("token_expires_in_max_seconds")
+    def _token_expiry_default(self):
+        # API tokens (VS Code's, scripts') expire: asked without an expiry, they get this.
+        return TOKEN_MAX_DAYS * 86400
 
     @property
     def _cluster(self) -> bool:
@@ -204,6 +213,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # The cluster's pods are kept apart by Kubernetes (docs/cluster.md), not here.
         self._isolation = None if self._cluster else self._check_isolation(state, ctx)
         cli_token = read_or_create_secret(state.private / "cli_token")
+        keep_crypt_key(state)
         try:
             service_host, service_port = parse_service_address(self.service_address)
         except ValueError as e:

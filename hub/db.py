@@ -143,6 +143,22 @@ user_prefs = Table(
 )
 
 
+# Identities from a sign-in provider (OpenID Connect, GitHub): (issuer, subject)
+# is who someone is; `user_name` the hub name given at their first login, kept
+# when their e-mail or preferred name changes; no two identities share one.
+identities = Table(
+    "identities",
+    metadata,
+    Column("issuer", String(255), primary_key=True),
+    Column("subject", String(255), primary_key=True),
+    Column("user_name", String(255), nullable=False, unique=True),
+    Column("email", String(320), nullable=True),
+    Column("preferred_username", String(255), nullable=True),
+    Column("created_at", DateTime, nullable=False),
+    # the provider last confirmed this identity (a login or a refresh)
+    Column("verified_at", DateTime, nullable=False),
+)
+
 # --- billing -------------------------------------------------------------------
 # The ledger is append-only: grants (+), charges (-) and adjustments (±) in
 # integer micro-credits. A balance is a sum of rows, never a stored counter.

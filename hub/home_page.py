@@ -21,6 +21,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulease.hub.db import utcnow
+from gpulease.hub.identities import IdentityStore
 from gpulease.hub.my_servers import ServerFacts, ServerState, check_profile_choice, server_states
 from gpulease.hub.options import OptionsRefused, price_text
 from gpulease.hub.profiles import usable_by
@@ -46,6 +47,7 @@ class HomeData:
     profiles: list[ProfileChoice] = field(default_factory=list)
     default_profile: str | None = None
     unavailable: bool = False  # gpulease's database did not answer
+    identity: str = ""  # who signed in, as the identity provider names them ("" local)
 
     def cost(self, state: ServerState) -> str:
         return format_credits(state.cost_ucr) if state.cost_ucr is not None else ""
@@ -87,6 +89,7 @@ def home_data(ctx: Any, name: str, groups: set[str], facts: list[ServerFacts]) -
         latest = SessionLedger(ctx.engine).latest_by_server(name)
         default = ctx.profiles.get_default_profile(name)
         positions = {f.name: ctx.queue.position(name, f.name) for f in facts if f.pending}
+        bound = IdentityStore(ctx.engine).of_user(name)
     except Exception as e:  # noqa: BLE001 - shown as "states unavailable", logged
         log.warning("home page of %s without gpulease's data: %s", name, e)
         return HomeData(servers=server_states(facts, {}, {}, {}, utcnow()), unavailable=True)
@@ -98,6 +101,7 @@ def home_data(ctx: Any, name: str, groups: set[str], facts: list[ServerFacts]) -
         profiles=[ProfileChoice(p.slug, p.display_name, p.gpu is not None,
                                 price_text(p.price_per_hour_ucr)) for p in usable],
         default_profile=default,
+        identity=bound.identity.shown() if bound else "",
     )
 
 

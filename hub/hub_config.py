@@ -362,6 +362,13 @@ def hub_config(s: HubSettings) -> Config:
     auth = c.LocalAccountsAuthenticator
     auth.db_url = s.db_url
     auth.admin_users = {s.admin_name}
+    # Sign-in through a provider (hub/oauth.py, docs/auth.md): its identities are
+    # mapped to names in gpulease's database; GPULeaseHub.admin_groups make hub admins
+    # (and gpulease-admin, load_roles above).
+    signin = c.ProviderSignIn
+    signin.db_url = s.db_url
+    if s.admin_groups:
+        signin.admin_groups = set(s.admin_groups)
 
     spawner = c.GPUKubeSpawner if cluster else c.LocalGPUSpawner
     # Every server's extension asks the gpulease service for its notices, and

@@ -223,3 +223,14 @@ def open_home(home: Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def keep_crypt_key(state: StateDir) -> None:
+    """Auth state (an identity provider's tokens, which refreshes need) is encrypted with
+    JUPYTERHUB_CRYPT_KEY when it is set (the chart's Secret), else with private/crypt_key,
+    made at the first start: a restart keeps every session and its tokens."""
+    from jupyterhub.crypto import CryptKeeper
+
+    keeper = CryptKeeper.instance()
+    if not keeper.keys:
+        keeper.keys = [read_or_create_secret(state.private / "crypt_key")]

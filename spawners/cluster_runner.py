@@ -235,6 +235,9 @@ class ClusterQueueRunner(QueueBase):
                             f"(queue_max_wait) and no {ticket.request.describe()} came free "
                             f"for this start; it is given up. Try again later. {now}")
 
+    async def give_back(self, user: str, server: str) -> None:
+        self.done(user, server)
+
     def _cancelled_after_placing(self, ticket: Ticket) -> None:
         self.done(ticket.user, ticket.server)
 

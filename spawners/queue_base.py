@@ -88,6 +88,10 @@ class QueueBase:
         """The refusal of a spawn that waited `max_wait` seconds for nothing."""
         raise NotImplementedError
 
+    async def give_back(self, user: str, server: str) -> None:
+        """Undo an admission whose start is refused after all (gpulease.spawners.spawn_core)."""
+        raise NotImplementedError
+
     def _cancelled_after_placing(self, ticket: Ticket) -> None:
         """Give back what was placed for `ticket` just as its spawn was cancelled."""
 

@@ -134,6 +134,10 @@ class QueueRunner(QueueBase):
                             f"free for this start; it is given up. Try again later. "
                             f"Free now: {free_summary(self.ctx.inventory, held)}")
 
+    async def give_back(self, user: str, server: str) -> None:
+        await asyncio.to_thread(self.ctx.assignments.release, user, server, "refused")
+        self._kick()
+
     def _cancelled_after_placing(self, ticket: Ticket) -> None:
         self._spawn(asyncio.to_thread(self.ctx.assignments.release, ticket.user,
                                       ticket.server, "cancelled"))

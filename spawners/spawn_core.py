@@ -32,6 +32,7 @@ from traitlets import Unicode, default
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
 from gpulease.hub.options import ServerChoice
+from gpulease.hub.profiles import usable_by
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
 from gpulease.spawners.admission_options import AdmissionOptions
@@ -160,6 +161,8 @@ class GPULeaseSpawnCore(AdmissionOptions):
                 max_wait=self.queue_max_wait, max_length=self.queue_max_length,
                 max_per_user=self.queue_places_per_user,
             )
+            if admitted.queued:  # the queue may have been long: is the profile still theirs?
+                await self._still_usable_after_waiting(choice)
             self.gpulease_admitted_at = time.monotonic()  # pending from here (pending_spawns)
             return admitted
         except Refused as refused:
@@ -168,6 +171,34 @@ class GPULeaseSpawnCore(AdmissionOptions):
         except SQLAlchemyError as e:
             self.log.error("gpulease database error placing %s: %s", self._log_name, e)
             self.refuse(Refusal(DATABASE_DOWN, status=503))
+
+    async def _still_usable_after_waiting(self, choice: ServerChoice) -> None:
+        """Refuse (403) a start that waited in the queue if its user may no longer use its
+        profile: groups come from the identity provider, asked again now (the user may
+        have left the page that kept refreshing them)."""
+        groups = await self._groups_now()
+        if groups is None or not usable_by(choice.profile, groups):
+            await self._queue_runner().give_back(self.user.name, self.name)
+            why = ("your sign-in is no longer valid; sign in again" if groups is None else
+                   f"profile {choice.profile.slug} is restricted to groups "
+                   f"{', '.join(choice.profile.groups)}, and you are no longer in any of them")
+            self.refuse(Refusal.of_field("profile", f"Cannot start {choice.profile.slug} "
+                                         f"after waiting in the queue: {why}", status=403))
+
+    async def _groups_now(self) -> set[str] | None:
+        """The user's groups, refreshed from the authenticator when it manages them; None
+        when it says the user must sign in again. A provider out of reach keeps them."""
+        auth = getattr(self, "authenticator", None)
+        if auth is not None and getattr(auth, "manage_groups", False) and auth.enable_auth_state:
+            refreshed = await auth.refresh_user(self.user)
+            if refreshed is False or refreshed is None:
+                return None
+            if isinstance(refreshed, dict):
+                if "groups" in refreshed:
+                    self.user.sync_groups(refreshed["groups"])
+                if refreshed.get("auth_state"):
+                    await self.user.save_auth_state(refreshed["auth_state"])
+        return {g.name for g in self.user.groups}
 
     # --- what a subclass provides -------------------------------------------------
 

@@ -101,7 +101,7 @@ def test_the_migration_keeps_every_past_charge(before_0006):
     closed, running = _old_rows(engine)
     ledger_before = _ledger_rows(engine)
 
-    upgrade(engine)
+    upgrade(engine, "0006")
 
     assert _ledger_rows(engine) == ledger_before  # the ledger itself is not touched
     with engine.connect() as conn:
@@ -147,7 +147,7 @@ def test_a_session_running_across_the_migration_is_billed_by_the_millisecond(bef
             user_name="ann", server_name="", profile_slug="cpu", account="user:ann",
             rate_per_hour_ucr=3_600_000, started_at=start,
             last_confirmed_at=start + dt.timedelta(seconds=30)))
-    upgrade(engine)
+    upgrade(engine, "0006")
     meter = SessionLedger(engine)
     (session,) = meter.open_sessions()
     assert session.billed_ms() == 30_000  # accrued so far, by the new rule
@@ -175,12 +175,12 @@ def _downgrade(engine: Engine, revision: str) -> None:
 
 def test_a_downgrade_that_would_lose_milliseconds_is_refused(before_0006):
     engine = before_0006
-    upgrade(engine)
+    upgrade(engine, "0006")
     meter = SessionLedger(engine)
     whole = meter.open("ann", "a", "cpu", "user:ann", 3_600_000, T0)
     meter.close(whole.id, T0 + dt.timedelta(seconds=5), "user")
     _downgrade(engine, "0005")  # nothing billed by the millisecond yet: allowed
-    upgrade(engine)
+    upgrade(engine, "0006")
     assert SessionLedger(engine).get(whole.id).billed_ms() == 5000
     by_ms = meter.open("ann", "b", "cpu", "user:ann", 3_600_000, T0)
     meter.close(by_ms.id, T0 + dt.timedelta(milliseconds=61_100), "user")

@@ -8,6 +8,7 @@ from functools import partial
 from typing import Any
 
 from gpulease.hub.accounts import AccountError, validate_password, validate_username
+from gpulease.hub.identities import IdentityStore
 from gpulease.hub.profiles import (
     ProfileError,
     parse_profile,
@@ -207,6 +208,11 @@ class UsersHandler(BaseAPIHandler):
                                 "Authorization header (the gpulease CLI sends one)",
                            [{"field": "admin", "message": "needs a hub admin's token"}])
         await self._refuse_taking_over_an_admin(name)
+        bound = await asyncio.to_thread(IdentityStore(self.ctx.engine).of_user, name)
+        if bound is not None:  # a password would sign in as them where local login is on
+            message = (f"user name {name!r} belongs to {bound.identity.shown()}, who signs "
+                       "in through the identity provider; choose another name")
+            raise APIError(409, message, [{"field": "name", "message": message}])
         try:
             await asyncio.to_thread(self.ctx.accounts.create, name, password)
         except AccountError as e:
