@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from gpulease.hub.db import identities, reading, utcnow
-from gpulease.hub.user_names import MAX_NAME_LENGTH, is_valid_name, suggested_name
+from gpulease.hub.user_names import MAX_NAME_LENGTH, is_valid_name, name_stem
 
 FALLBACK_NAME = "user"  # when neither the preferred name nor the e-mail maps to a valid one
 MAX_SUFFIX = 10_000
@@ -45,11 +45,12 @@ class Identity:
 
 
 def base_name(identity: Identity) -> str:
-    """The valid user name closest to what the identity calls itself."""
+    """What the identity calls itself, in the name rule's alphabet (it may be a reserved
+    name, which `candidate_names` then only gives with a suffix)."""
     for raw in (identity.preferred_username, identity.email.partition("@")[0]):
-        name = suggested_name(raw) if raw else None
-        if name:
-            return name
+        stem = name_stem(raw) if raw else ""
+        if stem:
+            return stem
     return FALLBACK_NAME
 
 

@@ -83,11 +83,18 @@ def is_valid_name(name: object) -> bool:
     return not name_problem(name)
 
 
-def suggested_name(name: str) -> str | None:
-    """A valid name close to `name` (for a rename hint), or None when there is none."""
+def name_stem(name: str) -> str:
+    """`name` in the rule's alphabet: ASCII-folded, lowercase, other characters as '-',
+    starting with a letter, at most MAX_NAME_LENGTH long ("" when nothing is left). It
+    may still be a reserved name."""
     ascii_only = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
     text = _NOT_ALLOWED.sub("-", ascii_only.lower())
-    text = re.sub(r"-{2,}", "-", text).lstrip("-0123456789")[:MAX_NAME_LENGTH].rstrip("-")
+    return re.sub(r"-{2,}", "-", text).lstrip("-0123456789")[:MAX_NAME_LENGTH].rstrip("-")
+
+
+def suggested_name(name: str) -> str | None:
+    """A valid name close to `name` (for a rename hint), or None when there is none."""
+    text = name_stem(name)
     return text if is_valid_name(text) else None
 
 

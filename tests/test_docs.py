@@ -6,6 +6,11 @@ import pytest
 
 from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
+from gpulease.hub.oauth import (
+    GPULeaseGitHubAuthenticator,
+    GPULeaseOIDCAuthenticator,
+    ProviderSignIn,
+)
 from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.local import LocalGPUSpawner
 
@@ -17,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
     (LocalGPUSpawner, "LocalGPUSpawner"),
     (AdmissionOptions, "LocalGPUSpawner"),  # its queue and per-user limit options
     (LocalAccountsAuthenticator, "LocalAccountsAuthenticator"),
+    (ProviderSignIn, "ProviderSignIn"),
+    (GPULeaseOIDCAuthenticator, "GPULeaseOIDCAuthenticator"),
+    (GPULeaseGitHubAuthenticator, "GPULeaseGitHubAuthenticator"),
 ])
 def test_every_option_is_documented_with_help(cls, section_name):
     doc = (ROOT / "docs" / "config.md").read_text()

@@ -164,6 +164,12 @@ def test_an_email_identity_gets_a_mapped_name_a_home_and_a_server(site):
     them = mallory.get(f"{hub.url}/hub/api/user", timeout=10).json()
     assert them["name"] == "admin-2" and not them["admin"]
 
+    # a local account cannot be made under an identity's name (its password would sign in
+    # as them wherever local login is on)
+    r = hub.service("POST", "api/users", hub.admin_token,
+                    {"name": "bob-smith", "password": "a-long-password-1"})
+    assert r.status_code == 409 and "robert.smith@uni.example" in r.json()["message"], r.text
+
     audit = hub.service("GET", "api/audit?limit=200", hub.admin_token).json()["entries"]
     bound = {e["target"]: e for e in audit if e["action"] == "identity.bind"}
     assert bound["user:bob-smith"]["after"]["email"] == "Bob.Smith@uni.example"

@@ -171,6 +171,7 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
     monkeypatch.setenv("GPULEASE_CHART_CONFIG", str(tmp_path))
     monkeypatch.setenv("GPULEASE_CHART_SECRET", str(secret))
     monkeypatch.setenv("CONFIGPROXY_AUTH_TOKEN", "proxy-token")
+    monkeypatch.setenv("GPULEASE_OAUTH_CLIENT_SECRET", "the-client-secret")
     monkeypatch.setenv("GPULEASE_DB_URL", "postgresql://db/gpulease"
                        if v["hub"]["db"]["type"] == "postgresql" else "")
     c = Config()
@@ -195,6 +196,28 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
         assert c.JupyterHub.db_url == c.GPULeaseHub.billing_db_url == "postgresql://db/gpulease"
     else:
         assert "db_url" not in c.JupyterHub
+    auth = {**values_of(None)["auth"], **v.get("auth", {})}
+    assert c.GPULeaseHub.admin_groups == auth["adminGroups"]
+    assert c.GPULeaseHub.auditor_groups == auth["auditorGroups"]
+    if auth["type"] == "local":
+        assert "authenticator_class" not in c.JupyterHub
+    else:  # the provider's settings, the client secret from its Secret (the environment)
+        assert c.JupyterHub.authenticator_class == f"gpulease-{auth['type']}"
+        signin = c.GPULeaseOIDCAuthenticator if auth["type"] == "oidc" else \
+            c.GPULeaseGitHubAuthenticator
+        assert signin.client_id == auth["clientId"]
+        assert signin.client_secret == "the-client-secret"
+        host = v["ingress"]["hosts"][0]
+        assert signin.oauth_callback_url == (auth["callbackUrl"] or
+                                             f"https://{host}{v['hub']['baseUrl']}hub/oauth_callback")
+        assert c.JupyterHub.public_url == f"https://{host}{v['hub']['baseUrl']}"
+        assert signin.allowed_groups == set(auth["allowedGroups"])
+        if auth["type"] == "oidc":
+            assert signin.oidc_issuer == auth["oidc"]["issuer"]
+        env = one(objects, "Deployment", HUB)["spec"]["template"]["spec"]["containers"][0]["env"]
+        ref = next(e for e in env if e["name"] == "GPULEASE_OAUTH_CLIENT_SECRET")
+        assert ref["valueFrom"]["secretKeyRef"] == {"name": auth["clientSecret"]["existingSecret"],
+                                                    "key": auth["clientSecret"]["key"]}
     for class_name, options in v["hub"]["config"].items():  # passed through
         for option, value in options.items():
             assert c[class_name][option] == value
@@ -235,6 +258,17 @@ def test_hub_config_and_extra_config_pass_through(tmp_path):
     assert c.GPUKubeSpawner.start_timeout == 900
     assert c.LocalAccountsAuthenticator.max_failures == 3
     assert c.JupyterHub.concurrent_spawn_limit == 42  # after everything else
+
+
+def test_a_provider_without_an_ingress_needs_its_callback_url():
+    sets = ("auth.type=github", "auth.clientId=hub", "auth.clientSecret.existingSecret=s")
+    run = helm("template", RELEASE, str(CHART), *(f"--set={s}" for s in sets), check=False)
+    assert run.returncode != 0
+    assert "auth.callbackUrl is needed when no Ingress host says where the hub is" in run.stderr
+    objects = render(None, *sets, "auth.callbackUrl=http://10.0.0.5/hub/oauth_callback")
+    chart = json.loads(one(objects, "ConfigMap", HUB)["data"]["chart.json"])
+    assert chart["auth"]["callbackUrl"] == "http://10.0.0.5/hub/oauth_callback"
+    assert "clientSecret" not in chart["auth"]  # only its Secret's name, and not here
 
 
 def test_ingress_with_tls_routes_to_the_proxy_at_the_base_url():
@@ -295,6 +329,11 @@ def test_the_proxy_has_a_disruption_budget_and_both_services():
                                                                "blockedEgress/0'"),
     (("hub.replicas=2",), "at '/hub': additional properties 'replicas' not allowed"),
     (("profiles[0].price_per_hour=1",), "at '/profiles/0/price_per_hour'"),
+    (("auth.type=saml",), "at '/auth/type': value must be one of 'local', 'oidc', 'github'"),
+    (("auth.type=oidc", "auth.clientId=hub", "auth.clientSecret.existingSecret=s"),
+     "at '/auth/oidc/issuer': minLength"),
+    (("auth.type=github",), "at '/auth/clientId': minLength"),
+    (("auth.callbackUrl=https://gpu.example/callback",), "at '/auth/callbackUrl'"),
 ])
 def test_a_wrong_value_is_refused_by_the_schema_naming_it(sets, says):
     run = helm("template", RELEASE, str(CHART), *(f"--set={s}" for s in sets), check=False)

@@ -35,6 +35,14 @@ from tests.cluster.test_packing_scheduler import place, pod, pool
 from tests.cluster.test_pod_spec_cluster import _manifest
 from tests.helm import CHART, VALUES_FILES, helm, values_args
 from tests.hubproc import HubProcess, free_port
+from tests.oidc_provider import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    OIDCProvider,
+    sign_in,
+    signed_in_session,
+    xsrf_headers,
+)
 
 CASES = [None, *VALUES_FILES]
 IDS = ["defaults", *(p.stem for p in VALUES_FILES)]
@@ -74,6 +82,43 @@ def account_token(kube: Kube, namespace: str, account: str) -> str:
     return kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", {
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
         "spec": {"expirationSeconds": 3600}})["status"]["token"]
+
+
+def rendered_hub(plane: ControlPlane, kube: Kube, namespace: str, release: str,
+                 tmp_path: Path, env: dict[str, str] | None = None,
+                 port: int = 0) -> tuple[HubProcess, dict[str, str]]:
+    """A hub (not started) from the release's ConfigMap and Secrets, as its pod runs it,
+    with the Services' names mapped to this host and the proxy started here."""
+    config = tmp_path / "etc-gpulease"  # the ConfigMap's files, as the pod mounts them
+    config.mkdir()
+    for name, text in kube.get(f"/api/v1/namespaces/{namespace}/configmaps/"
+                               f"{release}-hub")["data"].items():
+        (config / name).write_text(text)
+    secrets = secret_data(kube, namespace, release)
+    config_secret = tmp_path / "etc-gpulease-secret"  # hub.config, from its Secret
+    config_secret.mkdir()
+    for name, text in secret_data(kube, namespace, release, "hub-config").items():
+        (config_secret / name).write_text(text)
+    kubeconfig = tmp_path / "hub.kubeconfig"  # the chart's ServiceAccount's token
+    kubeconfig.write_text(yaml.safe_dump(token_kubeconfig(
+        plane.state["server"], plane.state["ca"],
+        account_token(kube, namespace, f"{release}-hub"), "hub")))
+    hub = HubProcess(state=tmp_path / "state", admin_password=secrets["admin-password"])
+    hub.port, hub.hub_port, hub.api_port, service = (free_port() for _ in range(4))
+    hub.port = port or hub.port
+    hub.env = {"KUBECONFIG": str(kubeconfig), "GPULEASE_CHART_CONFIG": str(config),
+               "GPULEASE_CHART_SECRET": str(config_secret),
+               "JPY_COOKIE_SECRET": secrets["cookie-secret"],
+               "JUPYTERHUB_CRYPT_KEY": secrets["crypt-key"],
+               "CONFIGPROXY_AUTH_TOKEN": secrets["proxy-token"], **(env or {})}
+    hub.extra_args = [
+        f"--config={config / 'gpulease_config.py'}",
+        "--ConfigurableHTTPProxy.should_start=True",
+        f"--JupyterHub.hub_bind_url=http://127.0.0.1:{hub.hub_port}",
+        f"--JupyterHub.hub_connect_url=http://127.0.0.1:{hub.hub_port}",
+        f"--GPULeaseHub.service_address=127.0.0.1:{service}",
+        f"--GPULeaseHub.servers_proxy_url=http://127.0.0.1:{hub.port}/"]
+    return hub, secrets
 
 
 @pytest.fixture(autouse=True)
@@ -131,34 +176,7 @@ def test_a_hub_from_the_rendered_configuration_spawns_a_slice_server(
                    f"singleuser.nodeSelector.{POOL_LABEL.replace('.', chr(92) + '.')}="
                    f"{namespace}") as release:
         users = f"{release}-users"
-        config = tmp_path / "etc-gpulease"  # the ConfigMap's files, as the pod mounts them
-        config.mkdir()
-        for name, text in kube.get(f"/api/v1/namespaces/{namespace}/configmaps/"
-                                   f"{release}-hub")["data"].items():
-            (config / name).write_text(text)
-        secrets = secret_data(kube, namespace, release)
-        config_secret = tmp_path / "etc-gpulease-secret"  # hub.config, from its Secret
-        config_secret.mkdir()
-        for name, text in secret_data(kube, namespace, release, "hub-config").items():
-            (config_secret / name).write_text(text)
-        kubeconfig = tmp_path / "hub.kubeconfig"  # the chart's ServiceAccount's token
-        kubeconfig.write_text(yaml.safe_dump(token_kubeconfig(
-            control_plane.state["server"], control_plane.state["ca"],
-            account_token(kube, namespace, f"{release}-hub"), "hub")))
-        hub = HubProcess(state=tmp_path / "state", admin_password=secrets["admin-password"])
-        hub.port, hub.hub_port, hub.api_port, service = (free_port() for _ in range(4))
-        hub.env = {"KUBECONFIG": str(kubeconfig), "GPULEASE_CHART_CONFIG": str(config),
-                   "GPULEASE_CHART_SECRET": str(config_secret),
-                   "JPY_COOKIE_SECRET": secrets["cookie-secret"],
-                   "JUPYTERHUB_CRYPT_KEY": secrets["crypt-key"],
-                   "CONFIGPROXY_AUTH_TOKEN": secrets["proxy-token"]}
-        hub.extra_args = [  # the Services' names mapped to this host; the proxy started here
-            f"--config={config / 'gpulease_config.py'}",
-            "--ConfigurableHTTPProxy.should_start=True",
-            f"--JupyterHub.hub_bind_url=http://127.0.0.1:{hub.hub_port}",
-            f"--JupyterHub.hub_connect_url=http://127.0.0.1:{hub.hub_port}",
-            f"--GPULeaseHub.service_address=127.0.0.1:{service}",
-            f"--GPULeaseHub.servers_proxy_url=http://127.0.0.1:{hub.port}/"]
+        hub, secrets = rendered_hub(control_plane, kube, namespace, release, tmp_path)
         hub.start(timeout=120)
         try:
             admin = hub.token_for("admin", secrets["admin-password"])
@@ -214,3 +232,47 @@ def test_the_rendered_scheduler_configuration_packs_pods_as_the_charts_account(
             raise
         finally:
             scheduler.stop()
+
+
+def test_a_hub_from_the_rendered_oidc_configuration_signs_in_through_the_provider(
+        control_plane: ControlPlane, kube: Kube, namespace: str, tmp_path: Path):
+    """helm/gpulease/ci/oidc-sign-in.yaml, its issuer and callback pointed at this host: the
+    hub it renders signs researchers in through the suite's OpenID Connect provider, and
+    the provider's groups decide who may enter and rent the vision group's profile."""
+    port = free_port()
+    callback = f"http://127.0.0.1:{port}/hub/oauth_callback"
+    provider = OIDCProvider(tmp_path / "provider", [callback]).start()
+    provider.set_account("s-ada", login="ada", password="ada-pw", email="Ada.L@uni.example",
+                         groups=["researchers", "vision"])
+    provider.set_account("s-ben", login="ben", password="ben-pw", preferred_username="ben",
+                         groups=["researchers"])
+    provider.set_account("s-eve", login="eve", password="eve-pw", groups=["visitors"])
+    kube.create(f"/api/v1/namespaces/{namespace}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "gpulease-oidc-client"},
+        "stringData": {"client-secret": CLIENT_SECRET}})
+    values = next(p for p in VALUES_FILES if p.stem == "oidc-sign-in")
+    try:
+        with installed(control_plane, kube, namespace, values, "scheduler.enabled=false",
+                       "prePuller.enabled=false", f"auth.oidc.issuer={provider.issuer}",
+                       f"auth.clientId={CLIENT_ID}", f"auth.callbackUrl={callback}") as release:
+            client = kube.get(f"/api/v1/namespaces/{namespace}/secrets/gpulease-oidc-client")
+            hub, _ = rendered_hub(control_plane, kube, namespace, release, tmp_path, env={
+                "GPULEASE_OAUTH_CLIENT_SECRET":
+                    base64.b64decode(client["data"]["client-secret"]).decode()}, port=port)
+            # served here over http, not at the Ingress's https host
+            hub.extra_args.append(f"--JupyterHub.public_url=http://127.0.0.1:{port}/")
+            hub.start(timeout=120)
+            try:
+                ada = signed_in_session(hub.url, "ada", "ada-pw")
+                me = ada.get(f"{hub.url}/hub/api/user", timeout=10).json()
+                assert me["name"] == "ada-l" and set(me["groups"]) == {"researchers", "vision"}
+                ben = signed_in_session(hub.url, "ben", "ben-pw")
+                r = ben.post(f"{hub.url}/hub/api/users/ben/servers/big",
+                             headers=xsrf_headers(ben), timeout=60,
+                             json={"user_options": {"profile": "h200-full"}})
+                assert r.status_code == 403 and "h200-full" in r.json()["message"], r.text
+                assert sign_in(hub.url, "eve", "eve-pw").status_code == 403
+            finally:
+                hub.close()
+    finally:
+        provider.stop()

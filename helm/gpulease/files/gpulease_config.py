@@ -49,6 +49,36 @@ if chart["nodeSelector"]:
 c.LocalAccountsAuthenticator.proxy_hosts = [chart["proxyApi"]]
 c.LocalAccountsAuthenticator.trusted_proxies = chart["trustedProxies"]
 
+# Where researchers reach the hub (the Ingress): links, and secure cookies behind TLS.
+if chart["publicUrl"]:
+    c.JupyterHub.public_url = chart["publicUrl"]
+
+# Sign-in (auth.*; docs/auth.md): the provider's client secret is in the environment.
+auth = chart["auth"]
+c.GPULeaseHub.admin_groups = auth["adminGroups"]
+c.GPULeaseHub.auditor_groups = auth["auditorGroups"]
+if auth["type"] != "local":
+    c.JupyterHub.authenticator_class = f"gpulease-{auth['type']}"
+    oidc = auth["type"] == "oidc"
+    signin = c.GPULeaseOIDCAuthenticator if oidc else c.GPULeaseGitHubAuthenticator
+    signin.client_id = auth["clientId"]
+    signin.client_secret = os.environ["GPULEASE_OAUTH_CLIENT_SECRET"]
+    signin.oauth_callback_url = auth["callbackUrl"]
+    signin.auth_refresh_age = auth["refreshAgeSeconds"]
+    if auth["allowedUsers"]:
+        signin.allowed_users = set(auth["allowedUsers"])
+    if auth["allowedGroups"]:
+        signin.allowed_groups = set(auth["allowedGroups"])
+    if oidc:
+        signin.oidc_issuer = auth["oidc"]["issuer"]
+        signin.scope = auth["oidc"]["scopes"]
+        signin.username_claim = auth["oidc"]["usernameClaim"]
+        signin.auth_state_groups_key = f"oauth_user.{auth['oidc']['groupsClaim']}"
+    else:
+        signin.github_url = auth["github"]["url"]
+        if auth["github"]["allowedOrganizations"]:
+            signin.allowed_organizations = set(auth["github"]["allowedOrganizations"])
+
 # hub.config: {ClassName: {option: value}}, passed through as traitlets configuration.
 hub_config = secret / "hub-config.json"
 passed = json.loads(hub_config.read_text()) if hub_config.exists() else {}
