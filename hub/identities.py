@@ -97,6 +97,12 @@ class IdentityStore:
                 identities.c.user_name == user_name)).first()
         return _bound(row) if row else None
 
+    def shown_by_user(self) -> dict[str, str]:
+        """Every bound hub name and the identity it signed in as, as pages show it."""
+        with reading(self.engine) as conn:
+            rows = conn.execute(select(identities)).all()
+        return {row.user_name: _bound(row).identity.shown() for row in rows}
+
     def bind(self, identity: Identity, taken: Callable[[str], bool]
              ) -> tuple[BoundIdentity, BoundIdentity | None]:
         """The identity's name, giving it the first free candidate at its first login.

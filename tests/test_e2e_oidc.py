@@ -44,6 +44,8 @@ ACCOUNTS = {
                    groups=["researchers", "vision"]),
     "s-erin": dict(login="erin", password="erin-pw", preferred_username="erin",
                    groups=["researchers"]),
+    "s-frank": dict(login="frank", password="frank-pw", preferred_username="frank",
+                    groups=["researchers", "auditors"]),
     "s-eve": dict(login="eve", password="eve-pw", preferred_username="eve", groups=["visitors"]),
 }
 
@@ -67,6 +69,7 @@ def site(tmp_path_factory):
         "GPULeaseOIDCAuthenticator.allowed_groups": {"researchers"},
         "GPULeaseOIDCAuthenticator.auth_refresh_age": REFRESH_S,
         "GPULeaseHub.admin_groups": ["hub-admins"],
+        "GPULeaseHub.auditor_groups": ["auditors"],
     }))
     hub = HubProcess(state=base / "state", extra_args=[
         f"--config={config}", f"--GPULeaseHub.profiles_file={base / 'profiles.yaml'}"])
@@ -182,7 +185,7 @@ def test_an_email_identity_gets_a_mapped_name_a_home_and_a_server(site):
 
 
 def test_admin_groups_make_hub_and_gpulease_admins(site):
-    hub, _ = site
+    hub, provider = site
     browser = _researcher(hub, "carol", "carol-pw")
     me = browser.get(f"{hub.url}/hub/api/user", timeout=10).json()
     assert me["admin"] and "hub-admins" in me["groups"]
@@ -193,6 +196,23 @@ def test_admin_groups_make_hub_and_gpulease_admins(site):
     erin = _researcher(hub, "erin", "erin-pw")
     erin_token = _token(erin, hub, "erin")
     assert hub.service("GET", "api/audit", erin_token).status_code == 403
+    # the admin's credits page names who each provider's user signed in as
+    page = browser.get(f"{hub.url}/services/gpulease/admin/credits", timeout=30)
+    assert page.status_code == 200, page.text
+    assert f"carol@uni.example via {provider.issuer}" in page.text
+
+
+def test_auditor_groups_read_but_do_not_administer(site):
+    hub, _ = site
+    frank = _researcher(hub, "frank", "frank-pw")
+    me = frank.get(f"{hub.url}/hub/api/user", timeout=10).json()
+    assert not me["admin"] and "auditors" in me["groups"]
+    token = _token(frank, hub, "frank")
+    assert "gpulease-auditor" in hub.api("GET", "groups/auditors", hub.admin_token).json()["roles"]
+    assert hub.service("GET", "api/audit", token).status_code == 200
+    r = hub.service("POST", "api/credits", token,
+                    {"account": "user:frank", "amount": "5", "note": "mine"})
+    assert r.status_code == 403, r.text
 
 
 def test_a_queued_start_loses_a_profile_its_user_lost_meanwhile(site):

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, select
 from tornado import web
 
 from gpulease.hub.db import account_caps, ledger_entries, reading
+from gpulease.hub.identities import IdentityStore
 from gpulease.hub.limits import FIELDS as LIMIT_FIELDS
 from gpulease.hub.limits import LimitError, LimitStore, parse_limit_body, parse_subject
 from gpulease.hub.refusal import FieldError, Refusal
@@ -67,6 +68,8 @@ class CreditsPage(AdminPage):
         accounts = sorted(set(names) | set(await self.run(ledger_accounts, self.ctx.engine)),
                           key=lambda a: (not a.startswith("user:"), a))
         balances = await self.run(self.ledger.balances, accounts)
+        # who a provider's user signed in as (issuer and e-mail), beside the name they got
+        shown = await self.run(IdentityStore(self.ctx.engine).shown_by_user)
         message = ""
         entry_id = self.get_argument("entry", "")
         if entry_id.isdigit() and not errors:
@@ -78,7 +81,9 @@ class CreditsPage(AdminPage):
                            f"{bv.money(balances.get(entry['account'], 0))}.")
         self.set_status(status)
         self.render("admin_credits.html",
-                    rows=[{"account": a, "balance": bv.money(balances.get(a, 0))}
+                    rows=[{"account": a, "balance": bv.money(balances.get(a, 0)),
+                           "identity": shown.get(a.removeprefix("user:"), "")
+                           if a.startswith("user:") else ""}
                           for a in accounts],
                     message=message, kind=kind, values=values or {}, errors=errors or {},
                     entry_forms=ENTRY_FORMS)
