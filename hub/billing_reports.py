@@ -34,8 +34,9 @@ from gpulease.hub.units import format_credits
 __all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "iso_z", "report", "spend_per_day",
            "to_csv", "usage"]
 
-GROUP_BY = {"user": "user_name", "account": "account", "profile": "profile_slug"}
-USAGE_COLUMNS = ["user", "server", "profile", "account", "started", "ended",
+GROUP_BY = {"user": "user_name", "account": "account", "profile": "profile_slug",
+            "tier": "tier"}
+USAGE_COLUMNS = ["user", "server", "profile", "tier", "account", "started", "ended",
                  "billed_seconds", "billed_ms", "cost", "end_reason"]
 # Integer columns that hold µcr and are written as decimal credits in CSV.
 AMOUNT_COLUMNS = frozenset({"cost", "amount", "amount_ucr", "balance", "spent", "monthly"})
@@ -103,7 +104,8 @@ def usage(engine: Engine, *, user: str | None = None, account: str | None = None
     for row in rows:
         s = session_from_row(row)
         listed.append({
-            "user": s.user, "server": s.server, "profile": s.profile, "account": s.account,
+            "user": s.user, "server": s.server, "profile": s.profile, "tier": s.tier,
+            "account": s.account,
             "started": s.started, "ended": s.ended, "billed_seconds": s.billed_seconds(),
             "billed_ms": s.billed_ms(), "cost": s.cost(), "end_reason": s.end_reason,
         })

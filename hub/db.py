@@ -198,6 +198,8 @@ sessions = Table(
     Column("end_reason", String(32), nullable=True),
     Column("requested_end_reason", String(32), nullable=True),  # set by api/stop
     Column("billed_ms", BigInteger, nullable=True),  # NULL while open
+    # on-demand | spot: the price tier it was started on (its rate is that tier's)
+    Column("tier", String(16), nullable=False, server_default="on-demand"),
 )
 Index(
     "uq_sessions_open_server",

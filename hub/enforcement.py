@@ -51,6 +51,7 @@ class RunningServer:
     answered_at: dt.datetime | None = None
     # When the hub started it (JupyterHub's `started`), for the log of the gap.
     started_at: dt.datetime | None = None
+    tier: str = "on-demand"
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class LiveSession:
     account: str
     rate_per_hour_ucr: int
     last_alive: datetime
+    tier: str = "on-demand"
 
 
 class HubServers(Protocol):
@@ -155,7 +156,8 @@ class Meter:
         now = utcnow()
         for s in carried:
             self.live[(s.user, s.server)] = LiveSession(
-                s.id, s.profile, s.account, s.rate_per_hour_ucr, max(s.last_confirmed, now))
+                s.id, s.profile, s.account, s.rate_per_hour_ucr, max(s.last_confirmed, now),
+                s.tier)
         for s in closed:
             metrics.session_closed(s.profile, s.end_reason or "hub_lost", s.billed_ms(),
                                    s.cost())
@@ -167,10 +169,11 @@ class Meter:
     # --- sessions -----------------------------------------------------------------
 
     def open(self, user: str, server: str, profile: str, account: str, rate_per_hour_ucr: int,
-             started: datetime) -> Session:
-        session = self.sessions.open(user, server, profile, account, rate_per_hour_ucr, started)
+             started: datetime, tier: str = "on-demand") -> Session:
+        session = self.sessions.open(user, server, profile, account, rate_per_hour_ucr, started,
+                                     tier)
         self.live[(user, server)] = LiveSession(session.id, profile, account, rate_per_hour_ucr,
-                                                started)
+                                                started, tier)
         metrics.OPEN_SESSIONS.set(len(self.live))
         return session
 
@@ -259,7 +262,8 @@ class Meter:
     def _repair(self, repair: Repair, now: datetime) -> None:
         s = repair.server
         user, server = s.key
-        session = self.open(user, server, s.profile, s.account, s.rate_per_hour_ucr, repair.since)
+        session = self.open(user, server, s.profile, s.account, s.rate_per_hour_ucr, repair.since,
+                            s.tier)
         # It runs now: confirmed up to now at once, so the gap is billed from this heartbeat.
         self.live[s.key].last_alive = now
         self.sessions.confirm([session.id], now)

@@ -12,12 +12,15 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpulease.hub.catalog import Catalog, Image
-from gpulease.hub.profiles import FieldError, Profile, usable_by
+from gpulease.hub.profiles import FieldError, Profile, spot_usable_by, usable_by
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.shown import kind_of, shown
 from gpulease.hub.units import format_credits
 
-ALLOWED_KEYS = ("profile", "image", "account")
+ALLOWED_KEYS = ("profile", "image", "account", "tier")
+ON_DEMAND = "on-demand"
+SPOT = "spot"
+TIERS = (ON_DEMAND, SPOT)
 
 CHOSEN_BY_REQUEST = "request"
 CHOSEN_BY_DEFAULT = "default profile"
@@ -30,6 +33,12 @@ class ServerChoice:
     image: Image
     account: str
     chosen_by: str
+    tier: str = ON_DEMAND
+
+    @property
+    def rate_per_hour_ucr(self) -> int:
+        """What the session is billed per hour: the tier's price of the profile."""
+        return rate_for(self.profile, self.tier)
 
 
 class OptionsRefused(Refusal):
@@ -37,6 +46,13 @@ class OptionsRefused(Refusal):
 
     def __init__(self, status: int, message: str, errors: list[FieldError] | None = None):
         super().__init__(message, errors or (), status=status)
+
+
+def rate_for(profile: Profile, tier: str | None) -> int:
+    """The price per hour of `profile` on `tier` (on demand unless spot is offered)."""
+    if tier == SPOT and profile.spot_price_per_hour_ucr is not None:
+        return profile.spot_price_per_hour_ucr
+    return profile.price_per_hour_ucr
 
 
 def _refuse(status: int, field: str, message: str) -> OptionsRefused:
@@ -160,6 +176,21 @@ def _choose_account(
                   f"account must look like user:NAME or group:NAME, got {account!r}; {choices}")
 
 
+def _choose_tier(tier: str | None, profile: Profile, user_groups: set[str]) -> str:
+    if tier is None or tier == ON_DEMAND:
+        return ON_DEMAND
+    if tier != SPOT:
+        raise _refuse(400, "tier", f"unknown tier {tier!r}; allowed: {', '.join(TIERS)}")
+    if not profile.offers_spot:
+        raise _refuse(400, "tier", f"profile {profile.slug} offers no spot tier; choose "
+                                   f"tier {ON_DEMAND}, or a profile with a spot price")
+    if not spot_usable_by(profile, user_groups):
+        raise _refuse(403, "tier", f"spot on profile {profile.slug} is only for members of "
+                                   f"group(s) {', '.join(profile.spot_groups)}; choose tier "
+                                   f"{ON_DEMAND}")
+    return SPOT
+
+
 def resolve_user_options(
     options: object,
     *,
@@ -182,7 +213,11 @@ def resolve_user_options(
     )
     image = _choose_image(values.get("image"), profile, catalog)
     account = _choose_account(values.get("account"), user, set(user_groups), group_accounts)
-    return ServerChoice(profile=profile, image=image, account=account, chosen_by=chosen_by)
+    # An empty-body start on the CPU fallback or default profile is on demand: a saved
+    # tier belongs to the profile it was chosen with, and is in `values` only then.
+    tier = _choose_tier(values.get("tier"), profile, set(user_groups))
+    return ServerChoice(profile=profile, image=image, account=account, chosen_by=chosen_by,
+                        tier=tier)
 
 
 def resolved_options(choice: ServerChoice) -> dict[str, str]:
@@ -193,7 +228,7 @@ def resolved_options(choice: ServerChoice) -> dict[str, str]:
     same profile, image and account as this start got.
     """
     return {"profile": choice.profile.slug, "image": choice.image.name,
-            "account": choice.account}
+            "account": choice.account, "tier": choice.tier}
 
 
 def price_text(ucr: int) -> str:
@@ -219,8 +254,9 @@ def options_summary(choice: ServerChoice) -> str:
     """
     profile = choice.profile
     what = profile.gpu.describe() if profile.gpu is not None else "CPU only"
-    text = (f"profile {profile.slug} ({what}, {price_text(profile.price_per_hour_ucr)} "
-            f"credits/h), image {choice.image.name}")
+    spot = ", spot: may be interrupted" if choice.tier == SPOT else ""
+    text = (f"profile {profile.slug} ({what}, {price_text(choice.rate_per_hour_ucr)} "
+            f"credits/h{spot}), image {choice.image.name}")
     if choice.account.startswith("group:"):
         text += f", account {choice.account}"
     return text

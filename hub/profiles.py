@@ -36,7 +36,8 @@ SAMPLE_PROFILES = Path(__file__).parent / "samples" / "profiles.yaml"
 SLUG = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_GPU_COUNT = 8
 KEYS = ("slug", "display_name", "description", "gpu", "cpu", "memory", "images",
-        "price_per_hour", "min_run", "idle_timeout", "max_runtime", "groups", "enabled")
+        "price_per_hour", "spot_price_per_hour", "spot_groups", "min_run", "idle_timeout",
+        "max_runtime", "groups", "enabled")
 GPU_KEYS = ("model", "mig", "count")
 DEFAULTS = {"min_run": "10m", "idle_timeout": "30m", "max_runtime": "0"}
 _ABSENT = object()  # a key the profile leaves out (not a null given)
@@ -75,10 +76,17 @@ class Profile:
     max_runtime_s: int
     groups: tuple[str, ...] = ()
     enabled: bool = True
+    # The interruptible tier (None: not offered): a lower rate, preempted for on-demand.
+    spot_price_per_hour_ucr: int | None = None
+    spot_groups: tuple[str, ...] = ()  # () : everyone who may use the profile
 
     @property
     def is_cpu_only(self) -> bool:
         return self.gpu is None
+
+    @property
+    def offers_spot(self) -> bool:
+        return self.spot_price_per_hour_ucr is not None
 
     def to_spec(self) -> dict:
         """The profile as in the profiles file; JSON-safe (no Decimal, no float)."""
@@ -93,6 +101,9 @@ class Profile:
             memory=format_quantity(self.memory_bytes),
             **({"images": list(self.images)} if self.images else {}),
             price_per_hour=credits_text(self.price_per_hour_ucr),
+            **({"spot_price_per_hour": credits_text(self.spot_price_per_hour_ucr)}
+               if self.offers_spot else {}),
+            **({"spot_groups": list(self.spot_groups)} if self.spot_groups else {}),
             min_run=format_duration(self.min_run_s),
             idle_timeout=format_duration(self.idle_timeout_s),
             max_runtime=format_duration(self.max_runtime_s),
@@ -168,20 +179,54 @@ def _parse_images(value: object, catalog: Catalog, check: bool, p: _Problems) ->
     return None if problems else tuple(value)
 
 
-def _parse_groups(value: object, p: _Problems) -> tuple[str, ...] | None:
+def _parse_groups(value: object, p: _Problems, name: str = "groups") -> tuple[str, ...] | None:
     if not isinstance(value, list) or not all(isinstance(g, str) and g for g in value):
-        p.add("groups", f"must be a list of group names ([] = everyone), got {shown(value)}")
+        p.add(name, f"must be a list of group names ([] = everyone), got {shown(value)}")
         return None
     # A stray space or a comma-joined list would silently match no hub group.
     odd = [g for g in value if g != g.strip() or "," in g or not g.isprintable()]
     if odd:
-        p.add("groups", f"{', '.join(map(shown, odd))}: a group name has no surrounding spaces, "
-                        "commas or control characters; list each group as its own item")
+        p.add(name, f"{', '.join(map(shown, odd))}: a group name has no surrounding spaces, "
+                    "commas or control characters; list each group as its own item")
         return None
     if len(set(value)) != len(value):
-        p.add("groups", "lists a group twice")
+        p.add(name, "lists a group twice")
         return None
     return tuple(value)
+
+
+def _price(p: _Problems, data: dict, name: str, price: int | None) -> int | None:
+    """A price already parsed from data[name], checked against the bounds every price has."""
+    if price is not None and price < 0:
+        p.add(name, f"must not be negative, got {shown(data[name])}")
+    elif price is not None and price > MAX_PRICE_PER_HOUR_UCR:
+        p.add(name, f"must be at most {credits_text(MAX_PRICE_PER_HOUR_UCR)} "
+                    f"credits per hour, got {shown(data[name])}")
+    else:
+        return price
+    return None
+
+
+def _parse_spot(data: dict, price: int | None, gpu: object,
+                p: _Problems) -> tuple[int | None, tuple[str, ...]]:
+    """spot_price_per_hour (below price_per_hour, GPU profiles only) and spot_groups."""
+    spot = None
+    if data.get("spot_price_per_hour") is not None:
+        spot = _price(p, data, "spot_price_per_hour", _attempt(
+            p, "spot_price_per_hour", parse_credits, data["spot_price_per_hour"]))
+        if spot is not None and gpu is None:
+            p.add("spot_price_per_hour", "spot is for GPU profiles (it is preempted to free "
+                                         "GPUs); leave it out of a CPU-only profile")
+        elif spot is not None and price is not None and spot >= price:
+            p.add("spot_price_per_hour",
+                  f"must be below price_per_hour ({credits_text(price)}), got "
+                  f"{shown(data['spot_price_per_hour'])}: spot is the cheaper, interruptible "
+                  "tier")
+    groups = _parse_groups(data.get("spot_groups", []), p, "spot_groups")
+    if groups and data.get("spot_price_per_hour") is None:
+        p.add("spot_groups", "names who may use spot, but the profile offers none: set "
+                             "spot_price_per_hour too, or leave spot_groups out")
+    return spot, groups or ()
 
 
 def _attempt(p: _Problems, name: str, parse, value: object):
@@ -232,12 +277,9 @@ def parse_profile(
     if (memory := _required(p, data, "memory", parse_quantity, "a quantity like 32Gi")) == 0:
         p.add("memory", "must be more than 0")
     images = _parse_images(data.get("images", _ABSENT), catalog, check_catalog, p)
-    price = _required(p, data, "price_per_hour", parse_credits, 'credits per hour like "1.20"')
-    if price is not None and price < 0:
-        p.add("price_per_hour", f"must not be negative, got {shown(data['price_per_hour'])}")
-    elif price is not None and price > MAX_PRICE_PER_HOUR_UCR:
-        p.add("price_per_hour", f"must be at most {credits_text(MAX_PRICE_PER_HOUR_UCR)} "
-                                f"credits per hour, got {shown(data['price_per_hour'])}")
+    price = _price(p, data, "price_per_hour", _required(
+        p, data, "price_per_hour", parse_credits, 'credits per hour like "1.20"'))
+    spot_price, spot_groups = _parse_spot(data, price, gpu, p)
     durations = {
         name: _attempt(p, name, parse_duration, data.get(name, default))
         for name, default in DEFAULTS.items()
@@ -255,6 +297,7 @@ def parse_profile(
         memory_bytes=memory, images=images, price_per_hour_ucr=price,
         min_run_s=durations["min_run"], idle_timeout_s=durations["idle_timeout"],
         max_runtime_s=durations["max_runtime"], groups=groups, enabled=enabled,
+        spot_price_per_hour_ucr=spot_price, spot_groups=spot_groups,
     )
 
 
@@ -307,6 +350,12 @@ def dump_profiles(profiles: list[Profile]) -> str:
 def usable_by(profile: Profile, user_groups: set[str]) -> bool:
     """Whether a user in `user_groups` may use `profile` (no groups: everyone)."""
     return not profile.groups or bool(set(profile.groups) & set(user_groups))
+
+
+def spot_usable_by(profile: Profile, user_groups: set[str]) -> bool:
+    """Whether a user in `user_groups` may start `profile` on the spot tier."""
+    return (profile.offers_spot and usable_by(profile, user_groups)
+            and (not profile.spot_groups or bool(set(profile.spot_groups) & set(user_groups))))
 
 
 def saved_profile(user_options: object) -> str | None:

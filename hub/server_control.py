@@ -17,6 +17,7 @@ from jupyterhub import orm
 
 from gpulease.hub.enforcement import RunningServer
 from gpulease.hub.my_servers import option_value
+from gpulease.hub.options import ON_DEMAND, SPOT, rate_for
 
 log = logging.getLogger("gpulease.metering")
 
@@ -25,8 +26,10 @@ log = logging.getLogger("gpulease.metering")
 CANCEL_WAIT_S = 2.0
 
 
-def saved_meter_facts(ctx: Any, user: str, options: dict | None) -> tuple[str, str, int] | None:
-    """(profile, account, rate) of a server from its saved options (blocking: a thread).
+def saved_meter_facts(ctx: Any, user: str,
+                      options: dict | None) -> tuple[str, str, int, str] | None:
+    """(profile, account, rate, tier) of a server from its saved options (blocking: a
+    thread).
 
     For a server this hub did not start (a restart): the saved profile at its
     price now, charged to the saved account, else the user's own. None when
@@ -39,7 +42,8 @@ def saved_meter_facts(ctx: Any, user: str, options: dict | None) -> tuple[str, s
     account = option_value(options, "account") or f"user:{user}"
     if ":" not in account:
         account = f"user:{account}"
-    return profile.slug, account, profile.price_per_hour_ucr
+    tier = SPOT if option_value(options, "tier") == SPOT and profile.offers_spot else ON_DEMAND
+    return profile.slug, account, rate_for(profile, tier), tier
 
 
 class HubServerControl:
@@ -89,8 +93,8 @@ class HubServerControl:
                 started = spawner.orm_spawner.started if spawner.orm_spawner else None
                 if choice is not None:
                     out.append(RunningServer(key, choice.profile.slug, choice.account,
-                                             choice.profile.price_per_hour_ucr, answered,
-                                             started))
+                                             choice.rate_per_hour_ucr, answered,
+                                             started, choice.tier))
                 else:
                     unknown.append((spawner, dict(spawner.orm_spawner.user_options or {})))
         for spawner, options in unknown:
@@ -103,8 +107,10 @@ class HubServerControl:
                           "options %s); it cannot be metered: stop it or fix its profile",
                           spawner._log_name, options or "none")
                 continue
-            out.append(RunningServer(key, *facts, getattr(spawner, "gpulease_answered_at", None),
-                                     spawner.orm_spawner.started))
+            slug, account, rate, tier = facts
+            out.append(RunningServer(key, slug, account, rate,
+                                     getattr(spawner, "gpulease_answered_at", None),
+                                     spawner.orm_spawner.started, tier))
         return out
 
     async def stop(self, user_name: str, server_name: str) -> None:

@@ -38,7 +38,8 @@ __all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_aliv
            "session_from_row"]
 
 END_REASONS = ("user", "idle", "out_of_credit", "account_cap", "max_runtime", "admin",
-               "server_died", "hub_shutdown", "hub_lost")
+               "server_died", "hub_shutdown", "hub_lost", "preempted")
+TIERS = ("on-demand", "spot")  # gpulease.hub.options names them for a start
 _LEASE_ID = 1
 _open = sessions.c.ended_at.is_(None)
 
@@ -57,6 +58,7 @@ class Session:
     end_reason: str | None
     requested_end_reason: str | None
     closed_ms: int | None = None  # what a closed session was billed (its row's billed_ms)
+    tier: str = "on-demand"
 
     def billed_ms(self, now: dt.datetime | None = None) -> int:
         """Closed: what it was billed. Open: up to the last confirmation, or to `now`
@@ -79,7 +81,7 @@ def session_from_row(row: Any) -> Session:
     return Session(row.id, row.user_name, row.server_name, row.profile_slug, row.account,
                    int(row.rate_per_hour_ucr), row.started_at, row.last_confirmed_at,
                    row.ended_at, row.end_reason, row.requested_end_reason,
-                   None if row.billed_ms is None else int(row.billed_ms))
+                   None if row.billed_ms is None else int(row.billed_ms), row.tier)
 
 
 def _check_reason(reason: str) -> str:
@@ -140,8 +142,10 @@ class SessionLedger:
 
     # --- writing ------------------------------------------------------------------
     def open(self, user: str, server: str, profile: str, account: str,
-             rate_per_hour_ucr: int, started: dt.datetime) -> Session:
+             rate_per_hour_ucr: int, started: dt.datetime, tier: str = "on-demand") -> Session:
         """Open a session; a session of the same server left open (a crash) closes first."""
+        if tier not in TIERS:
+            raise BillingError(400, f"tier: {tier!r} is not one of {', '.join(TIERS)}", "tier")
         if (isinstance(rate_per_hour_ucr, bool) or not isinstance(rate_per_hour_ucr, int)
                 or not 0 <= rate_per_hour_ucr <= MAX_UCR):
             raise BillingError(400, f"rate: {rate_per_hour_ucr!r} is not a non-negative "
@@ -166,7 +170,7 @@ class SessionLedger:
             new_id = conn.execute(insert(sessions).values(
                 user_name=user, server_name=server, profile_slug=profile, account=account,
                 rate_per_hour_ucr=rate_per_hour_ucr, started_at=started,
-                last_confirmed_at=started,
+                last_confirmed_at=started, tier=tier,
             )).inserted_primary_key[0]
             row = conn.execute(select(sessions).where(sessions.c.id == new_id)).one()
             return session_from_row(row)

@@ -22,6 +22,7 @@ from gpulease.hub.holds import Hold, held_on
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.hub.options import (
     CHOSEN_BY_REQUEST,
+    SPOT,
     ServerChoice,
     options_summary,
     plain_options,
@@ -171,16 +172,17 @@ def admit_for_credit(ctx: GPULeaseContext, key: tuple[str, str], choice: ServerC
     hold lasts while `alive()` and until the server's session opens.
     """
     profile, (user, _server), account = choice.profile, key, choice.account
-    needed = rate_cost(profile.min_run_s, profile.price_per_hour_ucr)
+    rate = choice.rate_per_hour_ucr
+    needed = rate_cost(profile.min_run_s, rate)
     holds = ctx.holds
     with holds.lock:
         pending = holds.on(account)
-        paid = needed > 0 or profile.price_per_hour_ucr > 0
+        paid = needed > 0 or rate > 0
         runs = ctx.ledger.open_runs(account) if paid else []  # a free start is never refused
         ctx.ledger.check_start(
             account, user, needed,
             what=f"{profile.slug}'s minimum run of {format_duration(profile.min_run_s)}",
-            rate_per_hour_ucr=profile.price_per_hour_ucr,
+            rate_per_hour_ucr=rate,
             held=held_on(pending, runs, min_run_s),
             member_held=held_on(pending, runs, min_run_s, user=user),
         )
@@ -213,11 +215,13 @@ def start_events(choice: ServerChoice, balance_ucr: int) -> list[dict]:
     why (an empty-body start, as VS Code sends, is told what it got), and a low balance."""
     profile = choice.profile
     why = why_chosen(choice)
+    spot = (" on the spot tier (it may be interrupted for an on-demand start, with notice "
+            "to save; the home is kept)") if choice.tier == SPOT else ""
     events = [{"progress": 10,
                "message": f"Starting {profile.display_name} ({choice.image.name}) at "
-                          f"{format_credits(profile.price_per_hour_ucr)} credits/h, charged to "
-                          f"{choice.account}" + (f"; {why}" if why else "")}]
-    left = minutes_left(balance_ucr, profile.price_per_hour_ucr)
+                          f"{format_credits(choice.rate_per_hour_ucr)} credits/h{spot}, charged "
+                          f"to {choice.account}" + (f"; {why}" if why else "")}]
+    left = minutes_left(balance_ucr, choice.rate_per_hour_ucr)
     if left is not None and left < LOW_BALANCE_MINUTES:
         events.append({"progress": 20,
                        "message": f"Low balance: {format_credits(balance_ucr)} credits on "

@@ -279,7 +279,7 @@ class GPULeaseSpawnCore(AdmissionOptions):
         try:
             await asyncio.to_thread(
                 meter.open, self.user.name, self.name, profile.slug, choice.account,
-                profile.price_per_hour_ucr, self.gpulease_answered_at or utcnow(),
+                choice.rate_per_hour_ucr, self.gpulease_answered_at or utcnow(), choice.tier,
             )
         except SQLAlchemyError as e:
             self.log.error("cannot open the billing session of %s: %s", self._log_name, e)

@@ -230,7 +230,8 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
     data = hub.service("GET", f"api/usage?{span}", tokens["carol"]).json()
     assert [s["server"] for s in data["sessions"]] == ["old", "", XSS]
     s = data["sessions"][1]
-    assert s == {"user": "carol", "server": "", "profile": "h200-1g", "account": "user:carol",
+    assert s == {"user": "carol", "server": "", "profile": "h200-1g", "tier": "on-demand",
+                 "account": "user:carol",
                  "started": first.started.isoformat() + "Z", "ended": s["ended"],
                  "billed_seconds": 3601, "billed_ms": 3_600_500, "cost": "1.200167",
                  "end_reason": "idle"}  # ceil(3,600,500 ms × 1.2 credits/h), rounded once
@@ -250,7 +251,7 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/csv")
     assert "attachment" in r.headers["Content-Disposition"] and ".csv" in r.headers["Content-Disposition"]
     rows = list(csv.DictReader(io.StringIO(r.text)))
-    assert list(rows[0]) == ["user", "server", "profile", "account", "started", "ended",
+    assert list(rows[0]) == ["user", "server", "profile", "tier", "account", "started", "ended",
                              "billed_seconds", "billed_ms", "cost", "end_reason"]
     assert [dict(row) for row in rows] == [{k: "" if v is None else str(v) for k, v in s.items()}
                                            for s in data["sessions"]]
@@ -319,7 +320,7 @@ def test_cli_credits_and_usage(hub, tokens):
     since = (utcnow() - dt.timedelta(days=41)).date().isoformat()  # carol's three sessions
     out = hub.cli("usage", "--user", "carol", "--csv", "--since", since)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == "user,server,profile,account,started,ended,billed_seconds,billed_ms,cost,end_reason"
+    assert out.stdout.splitlines()[0] == "user,server,profile,tier,account,started,ended,billed_seconds,billed_ms,cost,end_reason"
     assert len(out.stdout.splitlines()) == 4
     everyone = hub.cli("usage", "--csv", "--since", since).stdout  # the CLI's token: every user's
     assert {"carol", "alice"} <= {line.split(",")[0] for line in everyone.splitlines()[1:]}

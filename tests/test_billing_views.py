@@ -14,7 +14,7 @@ from gpulease.hub.cli_billing import format_usage_table
 from gpulease.hub.service import billing_views as bv
 
 SESSION = {
-    "user": "alice", "server": "", "profile": "h200-1g", "account": "user:alice",
+    "user": "alice", "server": "", "profile": "h200-1g", "tier": "spot", "account": "user:alice",
     "started": dt.datetime(2025, 3, 1, 10, 0, 0),
     "ended": dt.datetime(2025, 3, 1, 10, 0, 31, 250000),
     "billed_seconds": 32, "billed_ms": 31_250, "cost": 10_417, "end_reason": "idle",
@@ -51,9 +51,9 @@ def test_usage_csv_has_the_json_columns_and_values():
     view = bv.usage_view([SESSION], {"billed_seconds": 32, "billed_ms": 31_250,
                                      "cost": 10_417})
     rows = list(csv.reader(io.StringIO(to_csv(view["sessions"], bv.USAGE_COLUMNS))))
-    assert rows[0] == ["user", "server", "profile", "account", "started", "ended",
+    assert rows[0] == ["user", "server", "profile", "tier", "account", "started", "ended",
                        "billed_seconds", "billed_ms", "cost", "end_reason"]
-    assert rows[1] == ["alice", "", "h200-1g", "user:alice", "2025-03-01T10:00:00Z",
+    assert rows[1] == ["alice", "", "h200-1g", "spot", "user:alice", "2025-03-01T10:00:00Z",
                        "2025-03-01T10:00:31.250Z", "32", "31250", "0.010417", "idle"]
 
 

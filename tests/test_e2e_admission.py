@@ -86,7 +86,7 @@ def test_empty_body_start_saves_the_default_profile_it_resolved(hub, admin):
     hub.wait_server_ready("dee", token)
     # the user's own view, through JupyterHub's API
     model = hub.api("GET", "users/dee", token).json()
-    want = {"profile": "paid", "image": "mock", "account": "user:dee"}
+    want = {"profile": "paid", "image": "mock", "account": "user:dee", "tier": "on-demand"}
     assert model["servers"][""]["user_options"] == want
     stop(hub, "dee", token)
     # a later resume with no body gets the same, even after the default changed
@@ -105,7 +105,7 @@ def test_empty_body_start_saves_the_cpu_fallback_it_resolved(hub, admin):
     assert r.status_code in (201, 202), r.text
     hub.wait_server_ready("eve", token, "vsc")
     assert saved_options(hub, admin, "eve", "vsc") == {
-        "profile": "free", "image": "mock", "account": "user:eve"}
+        "profile": "free", "image": "mock", "account": "user:eve", "tier": "on-demand"}
     stop(hub, "eve", token, "vsc")
 
 

@@ -10,6 +10,7 @@ from gpulease.hub.options import (
     options_summary,
     price_text,
     resolve_user_options,
+    resolved_options,
 )
 from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file
 
@@ -37,7 +38,7 @@ def refused(options, **kwargs) -> OptionsRefused:
 
 
 def test_allowed_keys():
-    assert ALLOWED_KEYS == ("profile", "image", "account")
+    assert ALLOWED_KEYS == ("profile", "image", "account", "tier")
 
 
 def test_full_request():
@@ -203,3 +204,38 @@ def test_options_summary():
 ])
 def test_price_text(ucr, text):
     assert price_text(ucr) == text
+
+
+SPOT_SLICE = dataclasses.replace(SLICE, spot_price_per_hour_ucr=400_000)
+SPOT_STAFF = dataclasses.replace(FULL, slug="spot-staff", spot_price_per_hour_ucr=2_000_000,
+                                 spot_groups=("staff",))
+
+
+def test_the_spot_tier_is_chosen_by_name_and_billed_at_its_price():
+    profiles = [SPOT_SLICE, CPU, SPOT_STAFF]
+    choice = resolve({"profile": "h200-1g", "tier": "spot"}, profiles=profiles)
+    assert choice.tier == "spot" and choice.rate_per_hour_ucr == 400_000
+    assert resolved_options(choice)["tier"] == "spot"
+    assert options_summary(choice) == ("profile h200-1g (H200 slice 1g.18gb, 0.40 credits/h, "
+                                       "spot: may be interrupted), image pytorch")
+    on_demand = resolve({"profile": "h200-1g", "tier": "on-demand"}, profiles=profiles)
+    assert on_demand.tier == "on-demand" and on_demand.rate_per_hour_ucr == 1_200_000
+    assert resolve({"profile": "h200-1g"}, profiles=profiles).tier == "on-demand"
+    assert resolve({}, profiles=profiles).tier == "on-demand"
+    staff = resolve({"profile": "spot-staff", "tier": "spot"}, profiles=profiles,
+                    groups={"staff"})
+    assert staff.rate_per_hour_ucr == 2_000_000
+
+
+@pytest.mark.parametrize("options, status, said", [
+    ({"profile": "h200-1g", "tier": "cheap"}, 400, "unknown tier 'cheap'; allowed: on-demand, spot"),
+    ({"profile": "h200-full", "tier": "spot"}, 400, "profile h200-full offers no spot tier"),
+    ({"profile": "cpu", "tier": "spot"}, 400, "profile cpu offers no spot tier"),
+    ({"profile": "spot-staff", "tier": "spot"}, 403, "only for members of group(s) staff"),
+    ({"profile": "h200-1g", "tier": ["spot", "x"]}, 400, "must be a string"),
+])
+def test_a_tier_that_is_not_offered_or_not_allowed_is_refused_naming_what_is(options, status,
+                                                                             said):
+    error = refused(options, profiles=[SPOT_SLICE, FULL, CPU, SPOT_STAFF])
+    assert error.status == status and said in error.message, error.message
+    assert error.errors[0].field == "tier" or "must be a string" in said

@@ -15,6 +15,7 @@ from gpulease.hub.profiles import (
     load_profiles_file,
     parse_profile,
     parse_profiles_document,
+    spot_usable_by,
     usable_by,
 )
 from gpulease.hub.units import json_loads, load_yaml
@@ -340,3 +341,41 @@ def test_usable_by():
     assert usable_by(staff, {"ml"})
     assert not usable_by(staff, set())
     assert not usable_by(staff, {"physics"})
+
+
+def _spot(**changes):
+    base = {"slug": "slice", "display_name": "Slice", "gpu": {"model": "H200", "mig": "1g.18gb"},
+            "cpu": 4, "memory": "32Gi", "price_per_hour": "1.20"}
+    return {**base, **changes}
+
+
+def test_a_profile_offers_spot_below_its_price_and_exports_it():
+    profile = parse_profile(_spot(spot_price_per_hour="0.40", spot_groups=["students"]),
+                            load_catalog())
+    assert profile.offers_spot and profile.spot_price_per_hour_ucr == 400_000
+    assert profile.spot_groups == ("students",)
+    spec = profile.to_spec()
+    assert spec["spot_price_per_hour"] == "0.4" and spec["spot_groups"] == ["students"]
+    assert parse_profile(spec, load_catalog()) == profile
+    plain = parse_profile(_spot(), load_catalog())
+    assert not plain.offers_spot and "spot_price_per_hour" not in plain.to_spec()
+    assert spot_usable_by(profile, {"students"}) and not spot_usable_by(profile, {"staff"})
+    assert not spot_usable_by(plain, {"students"})
+
+
+@pytest.mark.parametrize("changes, field, said", [
+    ({"spot_price_per_hour": "1.20"}, "spot_price_per_hour", "must be below price_per_hour"),
+    ({"spot_price_per_hour": "2"}, "spot_price_per_hour", "must be below price_per_hour"),
+    ({"spot_price_per_hour": "-1"}, "spot_price_per_hour", "must not be negative"),
+    ({"spot_price_per_hour": "lots"}, "spot_price_per_hour", "lots"),
+    ({"spot_price_per_hour": "0.05", "gpu": None}, "spot_price_per_hour", "GPU profiles"),
+    ({"spot_groups": ["students"]}, "spot_groups", "set spot_price_per_hour too"),
+    ({"spot_price_per_hour": "0.4", "spot_groups": "students"}, "spot_groups",
+     "must be a list of group names"),
+])
+def test_a_spot_price_or_spot_groups_that_cannot_work_are_refused(changes, field, said):
+    data = {k: v for k, v in _spot(**changes).items() if v is not None}
+    with pytest.raises(ProfileError) as info:
+        parse_profile(data, load_catalog())
+    fields = {e.field: e.message for e in info.value.errors}
+    assert field in fields and said in fields[field], fields

@@ -25,7 +25,8 @@ class FakeSpawner:
     notified: int = 0
     gpulease_answered_at: dt.datetime = ANSWERED
     gpulease_choice: object = field(default_factory=lambda: SimpleNamespace(
-        profile=SimpleNamespace(slug="cpu", price_per_hour_ucr=3_600_000), account="user:u"))
+        profile=SimpleNamespace(slug="cpu", price_per_hour_ucr=3_600_000), account="user:u",
+        rate_per_hour_ucr=3_600_000, tier="on-demand"))
     orm_spawner: object = field(default_factory=lambda: SimpleNamespace(started=ANSWERED))
 
     async def poll_and_notify(self) -> int | None:

@@ -281,7 +281,7 @@ def test_empty_body_first_start_gets_the_cheapest_cpu_profile_and_says_so(hub, a
     assert [s["profile"] for s in sessions if s["server"] == "first"] == ["cpu"]
     # what it got is saved: the next empty-body start brings the same profile back
     assert saved_options(hub, admin, "vera", "first") == {
-        "profile": "cpu", "image": "pytorch", "account": "user:vera"}
+        "profile": "cpu", "image": "pytorch", "account": "user:vera", "tier": "on-demand"}
     hub.api("DELETE", "users/vera/servers/first", token)
     hub.wait_server_stopped("vera", token, "first")
 

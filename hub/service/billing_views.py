@@ -12,14 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from gpulease.hub import billing_reports
 from gpulease.hub.billing_reports import iso_z
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.units import format_credits
 
-USAGE_COLUMNS = ["user", "server", "profile", "account", "started", "ended",
-                 "billed_seconds", "billed_ms", "cost", "end_reason"]
+USAGE_COLUMNS = billing_reports.USAGE_COLUMNS
 REPORT_COLUMNS = ["key", "sessions", "billed_seconds", "billed_ms", "cost"]
-REPORT_GROUPS = ("user", "account", "profile")
+REPORT_GROUPS = tuple(billing_reports.GROUP_BY)
 
 
 class PeriodError(Refusal, ValueError):
@@ -117,6 +117,7 @@ def session_view(s: Mapping[str, Any]) -> dict[str, Any]:
         "user": s["user"],
         "server": s["server"],
         "profile": s["profile"],
+        "tier": s["tier"],
         "account": s["account"],
         "started": iso(s["started"]),
         "ended": iso(s.get("ended")),

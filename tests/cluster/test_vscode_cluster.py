@@ -71,7 +71,7 @@ def test_vscode_extension_sequence_on_the_cluster(vscode_hub, kube: Kube, namesp
     assert not [r for r in container["resources"]["limits"] if r.startswith("nvidia.com/")]
     model = hub.api("GET", "users/vera?include_stopped_servers=1", admin).json()
     assert model["servers"][""]["user_options"] == {
-        "profile": "cpu", "image": "pytorch", "account": "user:vera"}
+        "profile": "cpu", "image": "pytorch", "account": "user:vera", "tier": "on-demand"}
     revoke(hub, "vera", first)
 
     # A named server saved with a MIG slice profile, started by the extension with NO body:
