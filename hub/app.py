@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from jupyterhub import orm
@@ -58,7 +59,9 @@ from gpulease.hub.ledger import BillingError
 from gpulease.hub.metering import Meter
 from gpulease.hub.named_servers import refusing_limit
 from gpulease.hub.notifier import announce, backends_from_env
-from gpulease.hub.oauth import GPULeaseGitHubAuthenticator, GPULeaseOIDCAuthenticator
+from gpulease.hub.oauth import ProviderSignIn
+from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
+from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.queue_resume import resume_queued
 from gpulease.hub.server_control import HubServerControl
@@ -333,12 +336,23 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # Names outside gpulease's rule are refused before JupyterHub writes a row.
         self.handlers = with_checked_names(self.handlers)
 
+    def _provider_names_aside(self) -> AbstractContextManager:
+        """A sign-in provider's admin_users and allowed_users are its names, not hub
+        users to make (ProviderSignIn.provider_names_aside)."""
+        auth = self.authenticator
+        return auth.provider_names_aside() if isinstance(auth, ProviderSignIn) else nullcontext()
+
     async def init_users(self):
         # Before JupyterHub's own pass, which logs each such user's add_user error.
         hub_names = [name for (name,) in self.db.query(orm.User.name)]
         for bad in outside_the_rule(hub_names, self._ctx.accounts.names()):
             self.log.warning(rename_hint(bad, str(self._state.homes)))
-        return await super().init_users()
+        with self._provider_names_aside():
+            return await super().init_users()
+
+    async def init_role_assignment(self):
+        with self._provider_names_aside():  # it gives admin_users the admin role
+            return await super().init_role_assignment()
 
     async def init_spawners(self):
         count = await super().init_spawners()

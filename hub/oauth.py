@@ -1,16 +1,18 @@
 """Sign-in through an identity provider: oauthenticator's, configured for gpulease.
 
-`GPULeaseOIDCAuthenticator` (any OpenID Connect provider: Keycloak, Dex,
-Entra ID, Google) subclasses oauthenticator's GenericOAuthenticator, and
-`GPULeaseGitHubAuthenticator` its GitHubOAuthenticator. What `ProviderSignIn`
-adds to both:
+`GPULeaseOIDCAuthenticator` (hub/oauth_oidc.py: any OpenID Connect provider:
+Keycloak, Dex, Entra ID, Google) subclasses oauthenticator's
+GenericOAuthenticator, and `GPULeaseGitHubAuthenticator` (hub/oauth_github.py)
+its GitHubOAuthenticator. What `ProviderSignIn` adds to both:
 
 - names: the provider's name for someone (`username_claim`, lowercased)
   is what `allowed_users`, `admin_users` and `blocked_users` list and what
-  GitHub's org checks ask about; once a login is allowed, the identity
-  (issuer, subject) is given its hub name (gpulease.hub.identities) and the
-  user is that name from then on;
-- groups: the provider's groups are the hub's (`manage_groups`), re-read at
+  GitHub's org checks ask about — never a hub name, and JupyterHub makes no
+  hub user of them; once a login is allowed, the identity (issuer, subject)
+  is given its hub name (gpulease.hub.identities) and the user is that name
+  from then on;
+- groups: the provider's groups (entries that are not group names left out)
+  are the hub's (`manage_groups`), re-read at
   every login, before every spawn, and every `auth_refresh_age` seconds on
   any request, API tokens too (`auth_refresh_strict`): someone the provider
   no longer allows, or whose tokens it revoked, loses the hub;
@@ -24,25 +26,45 @@ adds to both:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import reduce
+from inspect import isawaitable
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from jupyterhub import orm
-from oauthenticator.generic import GenericOAuthenticator
-from oauthenticator.github import GitHubOAuthenticator
-from oauthenticator.oauth2 import OAuthCallbackHandler, OAuthenticator, OAuthLoginHandler
+from jupyterhub.auth import Authenticator
+from oauthenticator.oauth2 import OAuthenticator
 from tornado import web
 from tornado.httpclient import HTTPClientError
-from traitlets import Bool, Float, Integer, Unicode, default
+from traitlets import Float, Integer, Unicode, default
 
 from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.audit import AuditLog
 from gpulease.hub.db import open_database, utcnow
-from gpulease.hub.identities import BoundIdentity, Identity, IdentityStore
+from gpulease.hub.identities import BoundIdentity, Identity, IdentityStore, base_name
+from gpulease.hub.oauth_handlers import SignInCallbackHandler, SignInLoginHandler
 
 IDENTITY_KEY = "gpulease_identity"  # in auth_state: the identity a hub user signed in as
-STATE_MAX_AGE_S = 600  # a sign-in started longer ago than this starts again
+MAX_GROUP_NAME = 255  # JupyterHub's groups.name column
+# Why the provider's token endpoint could not be used, in the refresh being made now.
+_TOKEN_ENDPOINT_DOWN: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
+    "gpulease_token_endpoint_down", default=None)
+
+
+def provider_groups(raw: object) -> list[str]:
+    """The group names in a provider's groups claim: one string is one group (not its
+    letters); entries that are not non-empty printable strings of at most 255 characters
+    without surrounding spaces (null, numbers, nested lists) are left out."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, (list, tuple, set)):
+        return []
+    return sorted({g for g in raw if isinstance(g, str) and g and g == g.strip()
+                   and g.isprintable() and len(g) <= MAX_GROUP_NAME})
 
 
 def provider_unreachable(error: BaseException) -> bool:
@@ -52,44 +74,9 @@ def provider_unreachable(error: BaseException) -> bool:
     return isinstance(error, (OSError, asyncio.TimeoutError))
 
 
-def _host(url: str) -> str:
+def provider_host_of(url: str) -> str:
+    """The host (and port) of a provider URL, as messages name the provider."""
     return urlsplit(url).netloc or url
-
-
-class SignInCallbackHandler(OAuthCallbackHandler):
-    """oauthenticator's callback, with refusals that tell a researcher what to do."""
-
-    def get_state_cookie(self):
-        if self._state_cookie is None:
-            raw = self.get_secure_cookie("oauthenticator-state",
-                                         max_age_days=STATE_MAX_AGE_S / 86400)
-            self._state_cookie = (raw or b"").decode("utf8", "replace")
-            self.clear_cookie("oauthenticator-state")
-        return self._state_cookie
-
-    def check_state(self):
-        login = self.settings.get("login_url", "/hub/login")
-        try:
-            super().check_state()
-        except web.HTTPError as e:
-            if "missing from cookies" in (e.log_message or ""):
-                why = (f"this sign-in was not started in this browser, or was started more than "
-                       f"{STATE_MAX_AGE_S // 60} minutes ago")
-            elif "mismatch" in (e.log_message or ""):
-                why = "the answer from the sign-in provider belongs to another sign-in"
-            else:
-                why = "the answer from the sign-in provider has no state"
-            raise web.HTTPError(400, f"Sign-in refused: {why}. Start again at {login}.") from None
-
-
-class SignInLoginHandler(OAuthLoginHandler):
-    def get(self):
-        try:
-            return super().get()
-        except Exception as e:  # the provider's discovery document could not be read
-            if isinstance(e, web.HTTPError):
-                raise
-            raise web.HTTPError(503, self.authenticator.unreachable_message(e)) from None
 
 
 class ProviderSignIn(OAuthenticator):
@@ -160,18 +147,24 @@ class ProviderSignIn(OAuthenticator):
             self._store = IdentityStore(open_database(self.db_url))
         return self._store
 
-    def _name_taken(self, name: str) -> bool:
+    def _hub_names_like(self, stem: str) -> frozenset[str]:
+        """Hub users whose names start with `stem` (every candidate name of an identity
+        does), read on the event loop: JupyterHub's database session is not for threads."""
+        db = getattr(self.parent, "db", None)
+        if db is None:
+            return frozenset()
+        rows = db.query(orm.User.name).filter(orm.User.name.like(f"{stem}%")).all()
+        return frozenset(name for (name,) in rows)
+
+    def _name_taken(self, name: str, hub_names: frozenset[str]) -> bool:
         """Used by someone who did not come through this table: a local account, a hub
         user made by an admin or by another authenticator."""
-        if LocalAccountStore(self.identities.engine).exists(name):
-            return True
-        db = getattr(self.parent, "db", None)
-        return db is not None and orm.User.find(db, name) is not None
+        return name in hub_names or LocalAccountStore(self.identities.engine).exists(name)
 
     # --- login -------------------------------------------------------------------------
 
     def provider_host(self) -> str:
-        return _host(self.token_url or self.authorize_url)
+        return provider_host_of(self.token_url or self.authorize_url)
 
     def unreachable_message(self, error: BaseException) -> str:
         return (f"The sign-in provider ({self.provider_host()}) "
@@ -185,17 +178,75 @@ class ProviderSignIn(OAuthenticator):
         except Exception as e:
             if provider_unreachable(e):
                 raise web.HTTPError(503, self.unreachable_message(e)) from None
+            if isinstance(e, HTTPClientError):  # the provider refused the code: 400 invalid_grant
+                login = handler.settings.get("login_url", "/hub/login") if handler else ""
+                raise web.HTTPError(
+                    400, f"Sign-in refused: the sign-in provider ({self.provider_host()}) did "
+                         "not accept this sign-in's code (HTTP "
+                         f"{e.code}): it was used already, has expired, or was issued to "
+                         f"another site. Start again at {login or '/hub/login'}.") from None
             raise
+
+    async def get_token_info(self, handler, params):
+        try:
+            return await super().get_token_info(handler, params)
+        except Exception as e:
+            if provider_unreachable(e):  # a refresh then keeps the session (refresh_user)
+                _TOKEN_ENDPOINT_DOWN.set(e)
+            raise
+
+    async def get_user_groups(self, auth_state: dict) -> set[str]:
+        """The provider's groups (auth_state_groups_key), as provider_groups reads them."""
+        key = self.auth_state_groups_key
+        if callable(key):
+            raw = key(auth_state)
+            raw = await raw if isawaitable(raw) else raw
+        else:
+            try:
+                raw = reduce(dict.get, key.split("."), auth_state)
+            except TypeError:  # a part of the key is not a mapping
+                raw = None
+        groups = provider_groups(raw)
+        if raw is not None and len(groups) != len(raw if isinstance(raw, list) else [raw]):
+            self.log.warning("Left out group claim entries that are not group names: %r",
+                             [g for g in (raw if isinstance(raw, list) else [raw])
+                              if g not in groups])
+        return set(groups)
+
+    def add_user(self, user):
+        # oauthenticator's adds hub names to allowed_users (allow_existing_users); here that
+        # set holds the provider's names, which a hub name must never match by accident.
+        return Authenticator.add_user(self, user)
+
+    @contextmanager
+    def provider_names_aside(self) -> Iterator[None]:
+        """While JupyterHub starts: its init_users and init_role_assignment make an (admin)
+        hub user of every name in admin_users and allowed_users. Here those list people as
+        the provider names them, who get hub names of their own at their first login: a
+        hub user made under a provider's name would take that name from its owner (who
+        would sign in as NAME-2) and could be given to someone else. So JupyterHub sees
+        both empty; they are normalised as it would."""
+        admins = {self.normalize_username(n) for n in self.admin_users}
+        allowed = {self.normalize_username(n) for n in self.allowed_users}
+        self.admin_users, self.allowed_users = set(), set()
+        try:
+            yield
+        finally:
+            self.admin_users = admins
+            self.allowed_users = allowed | admins if allowed else allowed
 
     async def run_post_auth_hook(self, handler, authenticated):
         """Allowed: give the identity its hub name (first login) or find it."""
         identity = self.identity_from(authenticated["auth_state"])
-        bound, before = await asyncio.to_thread(self.identities.bind, identity,
-                                                self._name_taken)
+        hub_names = self._hub_names_like(base_name(identity))
+        bound, before = await asyncio.to_thread(
+            self.identities.bind, identity, lambda name: self._name_taken(name, hub_names))
         await asyncio.to_thread(self._audit, bound, before)
         provider_name = authenticated["name"]
         authenticated["name"] = bound.user_name
-        if bound.user_name in self.admin_users or provider_name in self.admin_users:
+        # admin_users lists the provider's names, never hub names: a hub name is derived
+        # from what someone calls themselves ('boss.' is given 'boss').
+        if provider_name in self.admin_users:
             authenticated["admin"] = True
         authenticated["auth_state"][IDENTITY_KEY] = {
             "issuer": identity.issuer, "subject": identity.subject,
@@ -230,12 +281,16 @@ class ProviderSignIn(OAuthenticator):
         """The provider's word on `user` now: their groups, or False (sign in again)."""
         state = await user.get_auth_state() or {}
         mine = state.get(IDENTITY_KEY) or {}
+        _TOKEN_ENDPOINT_DOWN.set(None)
         try:
             refreshed = await super().refresh_user(user, handler, **kwargs)
         except Exception as e:
             if not provider_unreachable(e):
                 raise
             return await self._while_unreachable(user, mine, e)
+        down = _TOKEN_ENDPOINT_DOWN.get()
+        if refreshed is False and down is not None:  # the refresh token could not be used
+            return await self._while_unreachable(user, mine, down)
         if not isinstance(refreshed, dict):
             return refreshed
         if mine:  # the same person: a token answers for whom it was issued to
@@ -249,7 +304,7 @@ class ProviderSignIn(OAuthenticator):
             self.log.warning("%s (%s) is no longer allowed by the provider's answer",
                              user.name, provider_name)
             return False
-        if user.name in self.admin_users or provider_name in self.admin_users:
+        if provider_name in self.admin_users:
             refreshed["admin"] = True
         refreshed["auth_state"][IDENTITY_KEY] = mine
         if mine:
@@ -276,150 +331,3 @@ class ProviderSignIn(OAuthenticator):
         self.log.warning("Provider unreachable (%s): keeping %s's session as it is (last "
                          "confirmed %s ago)", error, user.name, age)
         return True
-
-
-class GPULeaseOIDCAuthenticator(ProviderSignIn, GenericOAuthenticator):
-    """Sign in with an OpenID Connect provider (Keycloak, Dex, Entra ID, Google, ...).
-
-    Set `oidc_issuer` and the provider's endpoints are read from its discovery
-    document; or set authorize_url, token_url and userdata_url yourself."""
-
-    oidc_issuer = Unicode(
-        "",
-        help="""The provider's issuer URL (its `iss`), e.g.
-        https://keycloak.example.edu/realms/research. Its endpoints come from
-        ISSUER/.well-known/openid-configuration, read when first needed; identities
-        are (issuer, sub).""",
-    ).tag(config=True)
-
-    end_session = Bool(
-        True,
-        help="""Logging out of the hub also ends the provider's session, through its
-        end_session_endpoint (when the discovery document has one and
-        logout_redirect_url is not set).""",
-    ).tag(config=True)
-
-    _discovery: dict[str, Any] | None = None
-
-    def discovery(self) -> dict[str, Any]:
-        """The issuer's discovery document (cached once read)."""
-        if self._discovery is None:
-            import requests
-
-            url = self.oidc_issuer.rstrip("/") + "/.well-known/openid-configuration"
-            reply = requests.get(url, timeout=self.provider_timeout)
-            reply.raise_for_status()
-            self._discovery = reply.json()
-        return self._discovery
-
-    @default("login_service")
-    def _login_service_default(self):
-        return "your institution"
-
-    @default("scope")
-    def _scope_default(self):
-        return ["openid", "profile", "email", "groups"]
-
-    @default("username_claim")
-    def _username_claim_default(self):
-        return "preferred_username"
-
-    @default("authorize_url")
-    def _authorize_url_default(self):
-        return self.discovery()["authorization_endpoint"] if self.oidc_issuer else ""
-
-    @default("token_url")
-    def _token_url_default(self):
-        return self.discovery()["token_endpoint"] if self.oidc_issuer else ""
-
-    @default("userdata_url")
-    def _userdata_url_default(self):
-        return self.discovery().get("userinfo_endpoint", "") if self.oidc_issuer else ""
-
-    @default("logout_redirect_url")
-    def _logout_redirect_url_default(self):
-        if not (self.oidc_issuer and self.end_session):
-            return ""
-        try:
-            end = self.discovery().get("end_session_endpoint", "")
-        except Exception as e:
-            self.log.warning("No end-session endpoint (discovery failed: %s)", e)
-            return ""
-        return f"{end}?{urlencode({'client_id': self.client_id})}" if end else ""
-
-    def provider_host(self) -> str:
-        # the endpoints come from discovery, which may be what could not be reached
-        return _host(self.oidc_issuer) if self.oidc_issuer else super().provider_host()
-
-    def user_info_to_username(self, user_info):
-        # The preferred name when there is one, else the e-mail, else the subject: the hub
-        # name is given later (run_post_auth_hook), this only names who the provider says.
-        for claim in (self.username_claim, "preferred_username", "email", "sub"):
-            value = user_info.get(claim) if isinstance(claim, str) else None
-            if value:
-                return str(value)
-        return super().user_info_to_username(user_info)
-
-    def identity_from(self, auth_state):
-        info = auth_state.get(self.user_auth_state_key) or {}
-        issuer = self.oidc_issuer or _id_token_issuer(auth_state.get("id_token")) or \
-            f"{urlsplit(self.token_url).scheme}://{_host(self.token_url)}"
-        return Identity(issuer.rstrip("/"), str(info["sub"]),
-                        str(info.get("preferred_username") or ""), str(info.get("email") or ""))
-
-
-def _id_token_issuer(id_token: str | None) -> str:
-    if not id_token:
-        return ""
-    import jwt
-
-    try:  # straight from the token endpoint over TLS: no signature check is needed
-        return str(jwt.decode(id_token, options={"verify_signature": False}).get("iss", ""))
-    except jwt.PyJWTError:
-        return ""
-
-
-class GPULeaseGitHubAuthenticator(ProviderSignIn, GitHubOAuthenticator):
-    """Sign in with GitHub (or GitHub Enterprise: github_url). Organisations and teams
-    become groups: `ORG` for a member of an organisation, `ORG:TEAM` for a team's."""
-
-    @default("scope")
-    def _scope_default(self):
-        return ["read:user", "user:email", "read:org"]
-
-    @default("populate_teams_in_auth_state")
-    def _populate_teams_default(self):
-        return True
-
-    @default("auth_state_groups_key")
-    def _groups_key_default(self):
-        return github_groups
-
-    async def update_auth_model(self, auth_model):
-        auth_model = await super().update_auth_model(auth_model)
-        state = auth_model["auth_state"]
-        token = state["token_response"]
-        orgs = await self.httpfetch(
-            f"{self.github_api}/user/orgs?per_page=100", "fetching organisations",
-            method="GET",
-            headers=self.build_userdata_request_headers(token["access_token"],
-                                                        token.get("token_type", "bearer")),
-            validate_cert=self.validate_server_cert)
-        state["orgs"] = [o["login"] for o in orgs or []]
-        return auth_model
-
-    def identity_from(self, auth_state):
-        info = auth_state.get(self.user_auth_state_key) or {}
-        return Identity(self.github_url.rstrip("/"), str(info["id"]), str(info.get("login") or ""),
-                        str(info.get("email") or ""))
-
-
-def github_groups(auth_state: dict[str, Any]) -> list[str]:
-    """`ORG` per organisation, `ORG:TEAM` per team (lowercase, as GitHub's slugs)."""
-    groups = {o.lower() for o in auth_state.get("orgs", [])}
-    for team in auth_state.get("teams", []):
-        org = team.get("organization", {}).get("login", "").lower()
-        if org:
-            groups.add(org)
-            groups.add(f"{org}:{team['slug']}")
-    return sorted(groups)

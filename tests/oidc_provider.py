@@ -73,6 +73,8 @@ class OIDCProvider:
         self.set_account("nobody-yet", login="", password="")
         (self.folder / "clients.json").write_text(json.dumps([{
             "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
+            # refresh tokens for a hub that asks offline_access (userdata_from_id_token)
+            "grant_types": ["authorization_code", "refresh_token"],
             "redirect_uris": self.redirect_uris,
             "post_logout_redirect_uris": self.post_logout_uris,
         }]))

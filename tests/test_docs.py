@@ -6,11 +6,9 @@ import pytest
 
 from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
-from gpulease.hub.oauth import (
-    GPULeaseGitHubAuthenticator,
-    GPULeaseOIDCAuthenticator,
-    ProviderSignIn,
-)
+from gpulease.hub.oauth import ProviderSignIn
+from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
+from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
 from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.local import LocalGPUSpawner
 

@@ -10,7 +10,8 @@ from tornado.httpclient import HTTPClientError
 
 from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.identities import Identity, IdentityStore, base_name, candidate_names
-from gpulease.hub.oauth import github_groups, provider_unreachable
+from gpulease.hub.oauth import provider_groups, provider_unreachable
+from gpulease.hub.oauth_github import github_groups
 from gpulease.hub.user_names import is_valid_name
 
 ISS = "https://idp.uni.example/realms/research"
@@ -93,3 +94,13 @@ def test_github_orgs_and_teams_become_groups():
         {"slug": "nlp", "organization": {"login": "other"}}]}
     assert github_groups(state) == ["other", "other:nlp", "uni-lab", "uni-lab:vision"]
     assert github_groups({}) == []
+
+
+@pytest.mark.parametrize("raw, groups", [
+    (["researchers", "vision"], ["researchers", "vision"]),
+    ("researchers", ["researchers"]),                 # one string is one group, not letters
+    (["ok", None, 3, ["x"], "", " pad", "a\nb", "x" * 256], ["ok"]),
+    (None, []), ({"researchers": True}, []),
+])
+def test_a_groups_claim_is_read_as_group_names(raw, groups):
+    assert provider_groups(raw) == groups

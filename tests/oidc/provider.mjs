@@ -27,8 +27,11 @@ const provider = new Provider(issuer, {
     profile: ['preferred_username', 'name'],
     groups: ['groups'],
   },
+  // claims in the ID token too, as Entra ID puts groups there (userdata_from_id_token)
+  conformIdTokenClaims: false,
   features: { devInteractions: { enabled: false }, rpInitiatedLogout: { enabled: true } },
-  ttl: { AccessToken: ttl, Session: 3600, Interaction: 600, Grant: 3600 },
+  ttl: { AccessToken: ttl, IdToken: Number(process.env.OIDC_ID_TOKEN_TTL || 3600),
+         Session: 3600, Interaction: 600, Grant: 3600 },
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
   async findAccount(ctx, sub) {
     const account = accounts()[sub];
