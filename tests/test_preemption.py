@@ -1,0 +1,131 @@
+"""The preemption rule is pure: the request, the inventory, what is held and the spot
+servers in; the spot servers to preempt (or None) out (spawners/preemption.py)."""
+
+import random
+
+from gpulease.spawners.inventory import parse_declared_inventory
+from gpulease.spawners.placement import DeviceRequest, NoFit, place
+from gpulease.spawners.preemption import Preemption, SpotHolding, choose_victims
+
+SLICE = DeviceRequest("H200", "1g.18gb")
+
+
+def _inv(nodes: dict[str, list[dict]]):
+    return parse_declared_inventory(
+        {"nodes": [{"name": n, "gpus": gpus} for n, gpus in nodes.items()]}, "test")
+
+
+def _card(node: str, i: int) -> str:
+    return f"GPU-declared-{node}-{i}"
+
+
+def _slice(node: str, gpu: int, slot: int) -> str:
+    return f"MIG-declared-{node}-{gpu}-{slot}-1g.18gb"
+
+
+def _spot(key: str, node: str, devices, started: float) -> SpotHolding:
+    return SpotHolding(key, node, frozenset(devices), started)
+
+
+CARDS = _inv({"a": [{"model": "H200"}] * 4, "b": [{"model": "H200"}] * 4})
+
+
+def test_a_request_that_fits_now_preempts_nobody():
+    spot = [_spot("s1", "a", [_card("a", 0)], 1.0)]
+    assert choose_victims(DeviceRequest("H200", count=2), CARDS, {_card("a", 0)}, spot) is None
+
+
+def test_the_fewest_servers_then_the_most_recently_started():
+    # a: two one-card spot servers and one on-demand card; b: one two-card spot server and
+    # two on-demand cards. A 2-card request: one server on b frees both, two would on a.
+    held = {_card("a", i) for i in range(4)} | {_card("b", i) for i in range(4)}
+    spot = [_spot("a1", "a", [_card("a", 0)], 300.0), _spot("a2", "a", [_card("a", 1)], 400.0),
+            _spot("b1", "b", [_card("b", 0), _card("b", 1)], 100.0)]
+    got = choose_victims(DeviceRequest("H200", count=2), CARDS, held, spot)
+    assert got == Preemption("b", ("b1",), frozenset({_card("b", 0), _card("b", 1)}))
+    # one card: one server either way, the most recently started (a2) loses least work
+    got = choose_victims(DeviceRequest("H200"), CARDS, held, spot)
+    assert got.victims == ("a2",) and got.freed == {_card("a", 1)}
+
+
+def test_free_cards_on_the_node_count_and_victims_never_span_nodes():
+    held = {_card("a", 0), _card("a", 1), _card("a", 2), _card("b", 0), _card("b", 1),
+            _card("b", 2), _card("b", 3)}
+    spot = [_spot("a0", "a", [_card("a", 0)], 1.0), _spot("b0", "b", [_card("b", 0)], 9.0)]
+    # a has one free card: one spot server there is enough for two; b would need more
+    got = choose_victims(DeviceRequest("H200", count=2), CARDS, held, spot)
+    assert got == Preemption("a", ("a0",), frozenset({_card("a", 0)}))
+    # three cards: a has 1 free + 1 spot, b 0 free + 1 spot: nothing on one node does it
+    assert choose_victims(DeviceRequest("H200", count=3), CARDS, held, spot) is None
+
+
+def test_a_slice_takes_the_latest_spot_slice_and_devices_of_another_kind_do_not_count():
+    inv = _inv({"m": [{"model": "H200", "mig": ["1g.18gb"] * 7}, {"model": "H200"}]})
+    slices = [_slice("m", 0, s) for s in range(7)]
+    held = set(slices) | {_card("m", 1)}
+    spot = [_spot("full", "m", [_card("m", 1)], 900.0),  # a full card: no use to a slice
+            _spot("old", "m", [slices[2]], 10.0), _spot("new", "m", [slices[5]], 20.0)]
+    assert choose_victims(SLICE, inv, held, spot) == Preemption(
+        "m", ("new",), frozenset({slices[5]}))
+    # only on-demand servers hold the slices: nothing to preempt
+    assert choose_victims(SLICE, inv, held, spot[:1]) is None
+
+
+def test_a_driver_too_old_for_the_image_is_not_freed_for_it():
+    inv = _inv({"old": [{"model": "H200", "driver": "535.104"}],
+                "new": [{"model": "H200", "driver": "580.65"}]})
+    held = {_card("old", 0), _card("new", 0)}
+    spot = [_spot("o", "old", [_card("old", 0)], 50.0), _spot("n", "new", [_card("new", 0)], 1.0)]
+    needs = DeviceRequest("H200", min_driver="570", image="cuda-12.8")
+    assert choose_victims(needs, inv, held, spot).victims == ("n",)
+
+
+def test_what_it_frees_always_places_the_request():
+    """Random clusters: whenever a choice is made, the request is placeable once the
+    victims' devices are free, no other choice uses fewer victims, and every victim is a
+    spot server on the chosen node."""
+    rng = random.Random(7)
+    for _ in range(300):
+        nodes = {f"n{i}": [{"model": "H200"}] * rng.choice([2, 4, 8]) for i in range(5)}
+        inv = _inv(nodes)
+        held, spot, started = set(), [], 0.0
+        for node, gpus in nodes.items():
+            cards = [_card(node, i) for i in range(len(gpus))]
+            rng.shuffle(cards)
+            while cards and rng.random() < 0.9:
+                take = cards[: rng.choice([1, 1, 2, 4])]
+                cards = cards[len(take):]
+                held |= set(take)
+                if rng.random() < 0.5:
+                    started += 1
+                    spot.append(_spot(f"s{len(spot)}", node, take, started))
+        request = DeviceRequest("H200", count=rng.choice([1, 2, 4, 8]))
+        got = choose_victims(request, inv, held, spot)
+        try:
+            place(request, inv, held)
+            assert got is None
+            continue
+        except NoFit:
+            pass
+        if got is None:
+            continue
+        by_key = {s.key: s for s in spot}
+        assert all(by_key[k].node == got.node for k in got.victims)
+        assert place(request, inv, held - got.freed).node == got.node
+        # no node can do it with fewer victims: the greedy count per node is minimal
+        for node in nodes:
+            mine = sorted((s for s in spot if s.node == node), key=lambda s: -len(s.devices))
+            free = sum(1 for i in range(len(nodes[node])) if _card(node, i) not in held)
+            for n in range(len(got.victims)):
+                if free + sum(len(s.devices) for s in mine[:n]) >= request.count:
+                    raise AssertionError(f"{node} needs only {n} victims, chose {got}")
+
+
+def test_a_thousand_full_nodes_give_one_victim_the_latest():
+    nodes = {f"n{i:04d}": [{"model": "H200"}] * 8 for i in range(1000)}
+    inv = _inv(nodes)
+    held = {_card(n, i) for n in nodes for i in range(8)}
+    spot = [_spot(f"{n}-{i}", n, [_card(n, i)], float(k)) for k, n in enumerate(nodes)
+            for i in range(0, 8, 4)]
+    got = choose_victims(DeviceRequest("H200", count=1), inv, held, spot)
+    assert got is not None and got.victims == ("n0999-0",)  # the most recently started node
