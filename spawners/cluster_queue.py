@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from gpulease.spawners.cluster_inventory import ClusterInventory, Kind, fit, nodes_for
 from gpulease.spawners.placement import DeviceRequest, NoFit
-from gpulease.spawners.queue import Waiting
+from gpulease.spawners.queue import Waiting, served_order
 
 
 @dataclass
@@ -40,7 +40,7 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
     pending = list(admitted)
     reserved: dict[Kind, set[str]] = defaultdict(set)
     result = ClusterPlan()
-    for entry in queue:
+    for entry in served_order(queue):
         request = entry.request
         try:
             node = fit(request, inventory, tuple(pending), reserved)

@@ -137,6 +137,7 @@ class ClusterQueueRunner(QueueBase):
         self, user: str, server: str, profile: str, request: DeviceRequest, *,
         user_groups: Collection[str] = (), group_members: Mapping[str, Collection[str]] = {},
         max_wait: float = 0.0, max_length: int = 1000, max_per_user: int = 0,
+        spot: bool = False,
     ) -> ClusterAdmitted:
         """Check the limits, then admit now or wait in the queue for room.
 
@@ -159,7 +160,7 @@ class ClusterQueueRunner(QueueBase):
             if refusal is not None:
                 raise Refused(409, refusal.message)
             me: Hashable = object()
-            queue = [Waiting(t, t.request) for t in self.waiting] + [Waiting(me, request)]
+            queue = self.entries() + [Waiting(me, request, spot)]
             decision = plan_cluster(queue, inventory, tuple(unbound.values()))
             never = dict(decision.never)
             if me in never:
@@ -180,7 +181,7 @@ class ClusterQueueRunner(QueueBase):
             if len(self.waiting) >= max_length:
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later.")
-            ticket = await self._enqueue(user, server, profile, request)
+            ticket = await self._enqueue(user, server, profile, request, spot)
         node = await self._wait_in_queue(ticket, max_wait)
         # The picture as watched now (no wait: the admission is made, and counted)
         picture = select_nodes(self.watch.inventory(), self.selector, self.tolerations)
@@ -215,7 +216,7 @@ class ClusterQueueRunner(QueueBase):
             if not self.waiting:
                 return
             inventory = await self.inventory()
-            decision = plan_cluster([Waiting(t, t.request) for t in self.waiting], inventory,
+            decision = plan_cluster(self.entries(), inventory,
                                     tuple(self.unbound(inventory).values()))
             for ticket, message in decision.never:  # a node left the cluster
                 self._settle(ticket, Refused(422, message))

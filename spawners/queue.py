@@ -9,6 +9,10 @@ the earlier one could use. An earlier request that does not fit now reserves
 every free device it could use, so a large request at the head (two full
 GPUs) is not starved by a stream of small ones taking each card as it frees;
 requests for other kinds of devices (another model, a MIG slice) still pass.
+
+Spot requests (the interruptible tier) are served after every on-demand one,
+whenever it arrived: a spot start takes only what no waiting on-demand start
+could use (`served_order`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, matches, place
@@ -30,6 +35,20 @@ class Waiting:
 
     key: Hashable
     request: DeviceRequest
+    spot: bool = False  # the interruptible tier: served after every on-demand request
+
+
+class _Tiered(Protocol):
+    spot: bool
+
+
+T = TypeVar("T", bound=_Tiered)
+
+
+def served_order(queue: Sequence[T]) -> list[T]:
+    """The order a queue is served in: on-demand requests in arrival order, then spot
+    ones in arrival order (a spot start never delays an on-demand one)."""
+    return [e for e in queue if not e.spot] + [e for e in queue if e.spot]
 
 
 @dataclass
@@ -58,7 +77,7 @@ def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str]) 
     taken = set(held)  # held now, plus what this pass hands out
     reserved: set[str] = set()  # free devices an earlier, blocked request could use
     result = Plan()
-    for entry in queue:
+    for entry in served_order(queue):
         try:
             placement = place(entry.request, inventory, taken | reserved)
         except NoFit as nofit:
@@ -90,8 +109,8 @@ def queue_places_refusal(user: str, waiting: Sequence[tuple[str, str]], most: in
 
 
 def position(queue: Sequence[Waiting], key: Hashable) -> int | None:
-    """1-based place of `key` in the queue; None when it is not waiting."""
-    for index, entry in enumerate(queue, start=1):
+    """1-based place of `key` in the queue as it is served; None when it is not waiting."""
+    for index, entry in enumerate(served_order(queue), start=1):
         if entry.key == key:
             return index
     return None

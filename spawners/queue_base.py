@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpulease.hub.db import utcnow
 from gpulease.hub.refusal import Refusal
 from gpulease.spawners.placement import DeviceRequest
+from gpulease.spawners.queue import Waiting, served_order
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -46,6 +47,7 @@ class Ticket:
     request: DeviceRequest
     future: asyncio.Future
     enqueued_at: dt.datetime = field(default_factory=utcnow)
+    spot: bool = False  # the interruptible tier: served after every on-demand start
 
 
 class QueueBase:
@@ -69,10 +71,14 @@ class QueueBase:
     # --- what the spawner and its progress ask --------------------------------------
 
     def position(self, user: str, server: str) -> int | None:
-        for index, ticket in enumerate(self.waiting, start=1):
+        for index, ticket in enumerate(served_order(self.waiting), start=1):
             if (ticket.user, ticket.server) == (user, server):
                 return index
         return None
+
+    def entries(self) -> list[Waiting]:
+        """The waiting tickets as the queue's decision takes them (spawners/queue.py)."""
+        return [Waiting(t, t.request, t.spot) for t in self.waiting]
 
     def released(self) -> None:
         """Capacity was released: serve the queue now rather than at the next poll."""
@@ -98,11 +104,11 @@ class QueueBase:
     # --- waiting -------------------------------------------------------------------------
 
     async def _enqueue(self, user: str, server: str, profile: str,
-                       request: DeviceRequest) -> Ticket:
+                       request: DeviceRequest, spot: bool = False) -> Ticket:
         """A place at the end of the queue (under the lock), with its `spawn_queue` row."""
         await asyncio.to_thread(self.ctx.queue.add, user, server, profile)
         ticket = Ticket(user, server, profile, request,
-                        asyncio.get_running_loop().create_future())
+                        asyncio.get_running_loop().create_future(), spot=spot)
         self.waiting.append(ticket)
         log.info("%s/%s waits for %s at position %d", user, server, request.describe(),
                  len(self.waiting))

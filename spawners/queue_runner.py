@@ -71,6 +71,7 @@ class QueueRunner(QueueBase):
         self, user: str, server: str, profile: str, request: DeviceRequest, *,
         user_groups: Collection[str] = (), group_members: Mapping[str, Collection[str]] = {},
         max_wait: float = 0.0, max_length: int = 1000, max_per_user: int = 0,
+        spot: bool = False,
     ) -> Admitted:
         """Check the limits, then claim devices now or wait in the queue for them.
 
@@ -104,7 +105,7 @@ class QueueRunner(QueueBase):
                         raise Refused(nofit.status, nofit.message) from None
             else:  # others wait: it may start at once only if it delays none of them
                 me = object()
-                queue = [Waiting(t, t.request) for t in self.waiting] + [Waiting(me, request)]
+                queue = self.entries() + [Waiting(me, request, spot)]
                 planned = dict(plan(queue, inventory, held).start).get(me)
                 if planned is not None:
                     try:
@@ -122,7 +123,7 @@ class QueueRunner(QueueBase):
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later. "
                                    f"Free now: {free_summary(inventory, held)}")
-            ticket = await self._enqueue(user, server, profile, request)
+            ticket = await self._enqueue(user, server, profile, request, spot)
         placement = await self._wait_in_queue(ticket, max_wait)
         waited = (utcnow() - ticket.enqueued_at).total_seconds()
         return Admitted(placement, waited, queued=True)
@@ -151,7 +152,7 @@ class QueueRunner(QueueBase):
             if not self.waiting:
                 return
             held = await asyncio.to_thread(ctx.assignments.held)
-            decision = plan([Waiting(t, t.request) for t in self.waiting], ctx.inventory, held)
+            decision = plan(self.entries(), ctx.inventory, held)
             for ticket, message in decision.never:
                 self._settle(ticket, Refused(422, message))
             for ticket, planned in decision.start:

@@ -31,7 +31,7 @@ from traitlets import Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
-from gpulease.hub.options import ServerChoice
+from gpulease.hub.options import SPOT, ServerChoice
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
@@ -159,7 +159,7 @@ class GPULeaseSpawnCore(AdmissionOptions):
                 self.user.name, self.name, profile.slug, profile.gpu.device_request(choice.image),
                 user_groups=set(groups), group_members=groups,
                 max_wait=self.queue_max_wait, max_length=self.queue_max_length,
-                max_per_user=self.queue_places_per_user,
+                max_per_user=self.queue_places_per_user, spot=choice.tier == SPOT,
             )
             if admitted.queued:  # the queue may have been long: is the profile still theirs?
                 await self._still_usable_after_waiting(choice)

@@ -65,3 +65,9 @@ def test_admitted_pods_not_yet_bound_are_counted_first():
     decision = plan_cluster([Waiting("one", ONE)], cluster({"a": 0, "b": 0}),
                             admitted=[EIGHT, EIGHT])
     assert decision.waiting == ["one"]  # both nodes are promised to the admitted pods
+
+
+def test_a_spot_request_waits_behind_an_on_demand_one_that_came_later():
+    queue = [Waiting("spot", ONE, spot=True), Waiting("paying", EIGHT)]
+    decision = plan_cluster(queue, cluster({"a": 0, "b": 8}))  # a is wholly free
+    assert decision.start == [("paying", "a")] and decision.waiting == ["spot"]

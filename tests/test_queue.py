@@ -105,3 +105,17 @@ def test_restricted_inventory_leaves_only_the_planned_devices():
     # placing on it can give nothing else
     assert place(SLICE, only, set()).uuids == (_mig("b", 0, 1),)
     assert place(CARD, only, set()).uuids == (_card("a", 1),)
+
+
+def test_spot_requests_are_served_after_every_on_demand_one_whenever_they_came():
+    # one H200 card free: a spot request that came first waits behind a later on-demand one
+    held = {_card("a", 0)}
+    queue = [Waiting("spot-early", CARD, spot=True), Waiting("paying", CARD),
+             Waiting("spot-slice", SLICE, spot=True)]
+    result = plan(queue, INV, held)
+    assert [key for key, _ in result.start] == ["paying", "spot-slice"]  # a slice still passes
+    assert result.waiting == ["spot-early"]
+    assert [position(queue, k) for k in ("paying", "spot-early", "spot-slice")] == [1, 2, 3]
+    # with nothing on demand waiting, spot takes what is free
+    alone = plan([Waiting("spot", CARD, spot=True)], INV, held)
+    assert [key for key, _ in alone.start] == ["spot"]
