@@ -16,7 +16,7 @@ from html import escape
 
 from gpulease.hub.catalog import Image
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
-from gpulease.hub.options import price_text
+from gpulease.hub.options import ON_DEMAND, SPOT, price_text
 from gpulease.hub.profiles import Profile
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.units import format_credits, format_duration, rate_cost
@@ -37,6 +37,8 @@ class FormData:
     images: Mapping[str, Image] = field(default_factory=dict)  # catalog entries by name
     accounts: Sequence[tuple[str, int]] = ()  # group accounts the user may charge, balances
     selected_account: str | None = None
+    spot: frozenset[str] = frozenset()  # profiles the user may start on the spot tier
+    selected_tier: str | None = None
 
 
 STYLE = """
@@ -132,6 +134,25 @@ def _balance_line(profile: Profile, balance: int | None) -> str:
             f'{escape(minutes_text(left))} on it</span>')
 
 
+SPOT_WARNING = ("may be interrupted when an on-demand start needs its GPU, after a notice "
+                "to save your work; the server is then suspended, your home is kept")
+
+
+def _tier_choice(profile: Profile, data: FormData, checked: bool) -> str:
+    """On demand or spot, both prices shown, for a profile the user may start on spot."""
+    if profile.slug not in data.spot or profile.spot_price_per_hour_ucr is None:
+        return ""
+    slug = escape(profile.slug)
+    spot = checked and data.selected_tier == SPOT
+    return (f'<div class="gl-image gpulease-tier">Tier: <select name="tier_{slug}" '
+            f'aria-label="tier for {escape(profile.display_name)}">'
+            f'<option value="{ON_DEMAND}"{"" if spot else " selected"}>on demand — '
+            f'{escape(price_text(profile.price_per_hour_ucr))} credits/h</option>'
+            f'<option value="{SPOT}"{" selected" if spot else ""}>spot — '
+            f'{escape(price_text(profile.spot_price_per_hour_ucr))} credits/h: '
+            f'{escape(SPOT_WARNING)}</option></select></div>')
+
+
 def _image_options(profile: Profile, data: FormData, checked: bool) -> str:
     options = []
     offered = profile.images or tuple(data.images)[:1]  # none named: the catalog's first
@@ -171,6 +192,7 @@ def _card(profile: Profile, data: FormData, checked: bool) -> str:
   <div class="gl-image">Image:
     <select name="image_{slug}" aria-label="image for {escape(profile.display_name)}"
       >{_image_options(profile, data, checked)}</select></div>
+  {_tier_choice(profile, data, checked)}
 </label>"""
 
 
@@ -234,6 +256,9 @@ def options_from_form(formdata: dict[str, list[str]]) -> dict[str, str]:
         image = (formdata.get(f"image_{profile}") or [""])[0]
         if image:
             options["image"] = image
+        tier = (formdata.get(f"tier_{profile}") or [""])[0]
+        if tier:
+            options["tier"] = tier
     account = (formdata.get("account") or [""])[0]
     if account:
         options["account"] = account

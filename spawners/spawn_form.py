@@ -13,7 +13,7 @@ from functools import partial
 
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.my_servers import option_value
-from gpulease.hub.profiles import usable_by
+from gpulease.hub.profiles import spot_usable_by, usable_by
 from gpulease.spawners.cluster_availability import Availability, host_availability
 from gpulease.spawners.options_form import FormData
 from gpulease.spawners.placement import DeviceRequest
@@ -46,4 +46,6 @@ def spawn_form_data(ctx: GPULeaseContext, name: str, groups: set[str], saved: di
         images={image.name: image for image in ctx.catalog.images},
         accounts=[(a, int(balances.get(a, 0))) for a in group_accounts],
         selected_account=option_value(saved, "account"),
+        spot=frozenset(p.slug for p in profiles if spot_usable_by(p, groups)),
+        selected_tier=option_value(saved, "tier"),
     )

@@ -488,6 +488,22 @@ def test_form_to_body_keeps_text_for_parse_profile():
     assert "images" not in none_ticked and errors == []  # left out: the catalog's first
 
 
+def test_the_spot_inputs_round_trip_and_their_errors_land_on_them():
+    from gpulease.hub.profiles import FieldError, parse_profile
+    form = profile_form(spot_price_per_hour="0.40", spot_groups="students, lab")
+    body, errors = af.profile_body(_as_form(form), _catalog())
+    assert errors == [] and body["spot_price_per_hour"] == "0.40"
+    assert body["spot_groups"] == ["students", "lab"]
+    profile = parse_profile(body, _catalog())
+    values = af.profile_form_values(profile)
+    assert values["spot_price_per_hour"] == "0.4" and values["spot_groups"] == "students, lab"
+    assert af.profile_row(profile)["spot_price"] == "0.4"
+    plain, _ = af.profile_body(_as_form(profile_form()), _catalog())
+    assert "spot_price_per_hour" not in plain and "spot_groups" not in plain
+    by_input, _ = af.field_errors([FieldError("spot_price_per_hour", "too high")])
+    assert by_input == {"spot_price_per_hour": ["too high"]}
+
+
 def test_a_profile_without_images_is_listed_as_offering_the_catalogs_first():
     from gpulease.hub.profiles import parse_profile
     body, _ = af.profile_body(_as_form(profile_form(images=None, default_image="")), _catalog())

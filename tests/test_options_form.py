@@ -123,3 +123,22 @@ def test_options_from_form():
     assert options_from_form({"profile": ["cpu"], "account": ["group:lab"]}) == {
         "profile": "cpu", "account": "group:lab"}
     assert options_from_form({}) == {}
+
+
+def test_a_profile_with_spot_shows_both_prices_and_what_spot_risks():
+    spot_slice = dataclasses.replace(SLICE, spot_price_per_hour_ucr=400_000)
+    html = form(profiles=[CPU, spot_slice, FULL], spot=frozenset({"h200-1g"}))
+    s = card(html, "h200-1g")
+    assert '<select name="tier_h200-1g"' in s
+    assert '<option value="on-demand" selected>on demand — 1.20 credits/h</option>' in s
+    assert '<option value="spot">spot — 0.40 credits/h: may be interrupted' in s
+    assert "your home is kept" in s
+    assert "tier_" not in card(html, "h200-full") and "tier_" not in card(html, "cpu")
+    # not in the user's spot groups: no tier choice even though the profile offers spot
+    assert "tier_" not in card(form(profiles=[spot_slice]), "h200-1g")
+    again = card(form(profiles=[spot_slice], spot=frozenset({"h200-1g"}), selected="h200-1g",
+                      selected_tier="spot"), "h200-1g")
+    assert '<option value="spot" selected>' in again
+    assert options_from_form({"profile": ["h200-1g"], "tier_h200-1g": ["spot"],
+                              "tier_cpu": ["on-demand"]}) == {"profile": "h200-1g",
+                                                               "tier": "spot"}

@@ -21,8 +21,9 @@ from gpulease.spawners.gpu_models import KNOWN_MODELS, MIG_PROFILES
 
 # Form inputs of the profile editor, in the order they appear.
 PROFILE_INPUTS = ("slug", "display_name", "description", "gpu_model", "gpu_mig", "gpu_count",
-                  "cpu", "memory", "images", "default_image", "price_per_hour", "min_run",
-                  "idle_timeout", "max_runtime", "groups", "enabled")
+                  "cpu", "memory", "images", "default_image", "price_per_hour",
+                  "spot_price_per_hour", "spot_groups", "min_run", "idle_timeout",
+                  "max_runtime", "groups", "enabled")
 # parse_profile's error fields that name a part of an input rather than the input itself.
 _ERROR_INPUT = {"gpu": "gpu_model", "gpu.model": "gpu_model", "gpu.mig": "gpu_mig",
                 "gpu.count": "gpu_count"}
@@ -68,7 +69,7 @@ def profile_body(form: Form, catalog: Catalog, slug: str | None = None) -> tuple
     elif mig:
         errors.append(FieldError("gpu.model", "choose the GPU model of this MIG slice, or clear "
                                               "the MIG profile for a CPU-only profile"))
-    for name in ("cpu", "memory", "price_per_hour"):
+    for name in ("cpu", "memory", "price_per_hour", "spot_price_per_hour"):
         value = first(form, name).strip()
         if value:  # an empty input is a missing key: parse_profile says what it needs
             body[name] = value
@@ -83,6 +84,8 @@ def profile_body(form: Form, catalog: Catalog, slug: str | None = None) -> tuple
     if ordered:  # none ticked: left out, the catalog's first image
         body["images"] = ordered
     body["groups"] = split_groups(first(form, "groups"))
+    if spot_groups := split_groups(first(form, "spot_groups")):
+        body["spot_groups"] = spot_groups
     body["enabled"] = first(form, "enabled") in ("on", "true", "1", "yes")
     return body, errors
 
@@ -105,7 +108,8 @@ def profile_form_values(profile: Profile | None) -> dict[str, Any]:
     if profile is None:
         return {"slug": "", "display_name": "", "description": "", "gpu_model": "",
                 "gpu_mig": "", "gpu_count": "1", "cpu": "", "memory": "", "images": [],
-                "default_image": "", "price_per_hour": "", "groups": "", "enabled": True,
+                "default_image": "", "price_per_hour": "", "spot_price_per_hour": "",
+                "spot_groups": "", "groups": "", "enabled": True,
                 **DEFAULTS}
     spec = profile.to_spec()
     gpu = spec.get("gpu") or {}
@@ -115,7 +119,9 @@ def profile_form_values(profile: Profile | None) -> dict[str, Any]:
         "gpu_mig": gpu.get("mig", ""), "gpu_count": str(gpu.get("count", 1)),
         "cpu": str(spec["cpu"]), "memory": spec["memory"], "images": list(profile.images),
         "default_image": profile.images[0] if profile.images else "",
-        "price_per_hour": spec["price_per_hour"], "min_run": spec["min_run"],
+        "price_per_hour": spec["price_per_hour"],
+        "spot_price_per_hour": spec.get("spot_price_per_hour", ""),
+        "spot_groups": ", ".join(profile.spot_groups), "min_run": spec["min_run"],
         "idle_timeout": spec["idle_timeout"], "max_runtime": spec["max_runtime"],
         "groups": ", ".join(profile.groups), "enabled": profile.enabled,
     }
@@ -141,6 +147,8 @@ def profile_row(profile: Profile) -> dict[str, Any]:
         "memory": format_quantity(profile.memory_bytes),
         "images": ", ".join(profile.images) or "(the catalog's first)",
         "price": credits_text(profile.price_per_hour_ucr),
+        "spot_price": (credits_text(profile.spot_price_per_hour_ucr)
+                       if profile.offers_spot else ""),
         "min_run": format_duration(profile.min_run_s),
         "idle_timeout": format_duration(profile.idle_timeout_s),
         "max_runtime": format_duration(profile.max_runtime_s),
