@@ -81,6 +81,16 @@ def kill_grace(pod_meta: dict[str, Any], now: datetime) -> int | None:
     return 0 if (now - ends).total_seconds() > KUBELET_SILENT_S else None
 
 
+def _never_ran(reflector: Any) -> bool:
+    """A kubespawner reflector whose start ended without a watch: its first list failed."""
+    return reflector.watch_task is None and reflector.first_load_future.done()
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # not "never retrieved" when every caller was cancelled
+
+
 def pod_options(choice: ServerChoice, cluster: ClusterGpus) -> dict[str, Any]:
     """kubespawner's options for a server of this choice on this cluster."""
     return kubespawner_traits(pod_needs(choice.profile, cluster), choice.image.image)
@@ -285,12 +295,33 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
     # --- kubespawner's watches -------------------------------------------------------
 
     async def _start_reflector(self, kind, reflector_class, replace=False, **kwargs):
-        """kubespawner's shared reflector of `kind`, which gpulease restarts when it gives up.
+        """kubespawner's shared reflector of `kind`, started so that it runs, and restarted
+        when it gives up.
 
-        kubespawner's reflector stops for good after about 50 s of failing
-        watches; kubespawner then halts the hub (user namespaces) or keeps
-        handing out the dead reflector, and spawns and polls wait on a watch
-        that sees nothing. Here a reflector that gave up is replaced at once."""
+        One reflector of each kind serves every spawner, and kubespawner starts it in
+        whichever caller asks first, and registers it before its first list. A caller
+        cancelled during that list left it registered with a first load that never
+        comes and no watch: JupyterHub cancels a start's progress stream as the start
+        fails, and KubeSpawner.progress is then starting the event watch (a start
+        refused while the cluster's nodes could not be listed). Every later start
+        then waited on it until start_timeout, logging nothing. So the start runs in a
+        task of its own, which a cancelled caller leaves to finish. A reflector whose
+        first list failed was handed out as it was, dead (a pod watch that never sees
+        the pod: the start waits until start_timeout): it is started anew.
+
+        kubespawner's reflector also stops for good after about 50 s of failing
+        watches; kubespawner then halts the hub (user namespaces) or keeps handing
+        out the dead reflector, and spawns and polls wait on a watch that sees
+        nothing. Here a reflector that gave up is replaced at once."""
+        registered = self.__class__.reflectors.get(self._get_reflector_key(kind))
+        if registered is not None and _never_ran(registered):
+            replace = True
+        starting = asyncio.ensure_future(
+            self._start_shared_reflector(kind, reflector_class, replace, **kwargs))
+        starting.add_done_callback(_retrieved)  # its error is its callers', if any are left
+        return await asyncio.shield(starting)
+
+    async def _start_shared_reflector(self, kind, reflector_class, replace: bool, **kwargs):
         reflector = await KubeSpawner._start_reflector(self, kind, reflector_class,
                                                        replace=replace, **kwargs)
         reflector.on_failure = partial(self._reflector_gave_up, kind)

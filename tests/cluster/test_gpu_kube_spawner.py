@@ -1,5 +1,7 @@
 """GPUKubeSpawner on the real API server: its pod passes PodSecurity `restricted` with the
-user's home claim mounted, and kubespawner's pod watch is replaced when it gives up."""
+user's home claim mounted, and kubespawner's shared watches always run: replaced when they
+give up, or when their first list failed, and started even when the caller that started
+them is cancelled."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import asyncio
 import contextlib
 from decimal import Decimal
 
+import aiohttp
 import pytest
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.config import kube_config
 
 from gpulease.hub.catalog import Image
@@ -92,3 +95,58 @@ async def test_a_pod_watch_that_gave_up_is_replaced(kube: Kube, namespace: str):
         if reflector is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await reflector.stop()
+
+
+async def _forget(key: str) -> None:
+    reflector = GPUKubeSpawner.reflectors.pop(key, None)
+    if reflector is not None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await reflector.stop()
+
+
+async def test_an_event_watch_whose_first_caller_is_cancelled_still_starts(
+        kube: Kube, namespace: str):
+    """The caller that starts the shared event watch is cancelled during its first list,
+    as JupyterHub cancels a start's progress stream when the start fails: the watch
+    still starts, and the next caller gets it running (kubespawner left it registered
+    with a first load that never came: every later start waited until start_timeout)."""
+    spawner = spawner_of(namespace)
+    key = spawner._get_reflector_key("events")
+    first = asyncio.ensure_future(spawner._start_watching_events())
+    try:
+        while key not in GPUKubeSpawner.reflectors:  # registered: its first list is asked
+            await asyncio.sleep(0)
+        first.cancel()
+        reflector = await asyncio.wait_for(spawner._start_watching_events(), 10)
+        assert reflector.first_load_future.done() and reflector.watch_task is not None
+        assert not reflector.watch_task.done()
+    finally:
+        await _forget(key)
+
+
+async def test_a_pod_watch_whose_first_list_failed_is_started_anew(
+        kube: Kube, namespace: str, monkeypatch: pytest.MonkeyPatch):
+    """The first list of the shared pod watch fails (the API server away for a moment):
+    that caller gets the error, and the next one a watch that runs, not the dead one
+    kubespawner kept handing out (its pods never seen: starts waited until start_timeout)."""
+    spawner = spawner_of(namespace)
+    key = spawner._get_reflector_key("pods")
+    listing = CoreV1Api.list_namespaced_pod
+    failures = [aiohttp.ClientConnectionError("the API server away (injected)")]
+
+    async def list_once_failing(self, *args, **kwargs):
+        if failures:
+            raise failures.pop()
+        return await listing(self, *args, **kwargs)
+
+    monkeypatch.setattr(CoreV1Api, "list_namespaced_pod", list_once_failing)
+    try:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await spawner._start_watching_pods()
+        dead = GPUKubeSpawner.reflectors[key]
+        reflector = await asyncio.wait_for(spawner._start_watching_pods(), 10)
+        assert reflector is not dead and reflector.watch_task is not None
+        assert GPUKubeSpawner.reflectors[key] is reflector
+        assert reflector.on_failure is not None  # replaced too if it gives up later
+    finally:
+        await _forget(key)

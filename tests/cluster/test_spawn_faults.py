@@ -253,6 +253,43 @@ def test_a_start_waits_for_the_clusters_first_listing_then_is_refused_until_it_c
     assert time.monotonic() - began < WATCH_READY_S
 
 
+def test_a_start_refused_while_its_progress_starts_the_event_watch_leaves_that_watch_running(
+        hub: StockHub, kube: Kube, namespace: str, proxy: FaultProxy):
+    """The test above, made certain: a refused start's progress stream reaches
+    kubespawner's shared event watch, whose first list the API server answers only after
+    the start has ended (JupyterHub then cancels the stream). That watch still starts,
+    and the next start runs at once: it was left never loaded, and every later start
+    waited on it until start_timeout, logging nothing (1 in 4 runs of the test above)."""
+    proxy.add(Fault("GET", r"^/api/v1/nodes$", status=500, times=0))
+    listed, cleaned_up = threading.Event(), threading.Event()
+    first_list = proxy.add(Fault(
+        "GET", rf"^/api/v1/namespaces/{namespace}/events\?(?!.*watch=)", hold=listed))
+    # the refused start's clean-up (JupyterHub's poll: the pod watch's first list) ends it
+    # only once its progress is listing the events
+    proxy.add(Fault("GET", rf"^/api/v1/namespaces/{namespace}/pods\?(?!.*watch=)",
+                    hold=cleaned_up))
+    threading.Thread(target=start, args=(hub,), daemon=True).start()
+    time.sleep(1)  # the start waits for the nodes' first list: its progress is followed
+    ended: list[tuple[bool, str]] = []
+    follower = threading.Thread(target=lambda: ended.append(outcome(hub)), daemon=True)
+    follower.start()
+    deadline = time.monotonic() + WATCH_READY_S + 10
+    try:
+        while not first_list.fired:
+            assert time.monotonic() < deadline, "the progress never listed the events" + hub.tail()
+            time.sleep(0.05)
+    finally:
+        cleaned_up.set()
+    follower.join(30)
+    assert ended and not ended[0][0], ended
+    assert not server(hub), "the refused start still has a server"
+    listed.set()  # the events' first list answers now, after the start that asked ended
+    proxy.clear()
+    began = time.monotonic()
+    runs(hub)
+    assert time.monotonic() - began < WATCH_READY_S, hub.tail()
+
+
 def test_a_pod_admitted_then_beaten_to_its_slice_waits_with_the_schedulers_reason(
         hub: StockHub, kube: Kube, namespace: str, proxy: FaultProxy):
     """Admitted while the slice was free; another tenant's pod takes it before alice's pod
