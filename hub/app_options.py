@@ -19,6 +19,7 @@ from gpulease.spawners.cpu_totals import (
     MemoryCap,
 )
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
+from gpulease.spawners.spot_preemption import SPOT_GRACE_S
 
 SHAPES = ("embedded", "cluster")
 
@@ -120,6 +121,14 @@ class GPULeaseOptions(Configurable):
         "JupyterHub's concurrent_spawn_limit is set above it, so a long queue is no 429.",
     )
 
+    spot_grace_period = Float(
+        SPOT_GRACE_S,
+        config=True,
+        help="Seconds a spot server gets to save its work once an on-demand start preempts "
+        "it (it is told at once); it is then suspended with reason preempted, billed up to "
+        "then.",
+    )
+
     # --- per-user limits (docs/admin.md, "Per-user limits"); each refused with 409 naming it
     queue_places_per_user = Integer(
         QUEUE_PLACES_PER_USER,
@@ -139,6 +148,13 @@ class GPULeaseOptions(Configurable):
         help="Memory (the profiles' memory, e.g. 64Gi) all of one user's running and starting "
         "CPU-only servers may have together; a start beyond is refused (409). 0: no limit.",
     )
+
+    @validate("spot_grace_period")
+    def _valid_spot_grace_period(self, proposal):
+        if not 0 <= proposal["value"] <= 86400:
+            raise TraitError(f"spot_grace_period must be 0 to 86400 seconds, not "
+                             f"{proposal['value']}")
+        return proposal["value"]
 
     @validate("queue_places_per_user")
     def _valid_queue_places_per_user(self, proposal):

@@ -27,6 +27,7 @@ Key = tuple[str, str]  # (user, server name)
 
 OUT_OF_CREDIT = "out_of_credit"
 ACCOUNT_CAP = "account_cap"
+PREEMPTED = "preempted"  # a spot server whose GPU an on-demand start took
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,19 @@ class CapUse:
 @dataclass(frozen=True)
 class StopOrder:
     key: Key
-    reason: str  # OUT_OF_CREDIT or ACCOUNT_CAP
+    reason: str  # OUT_OF_CREDIT, ACCOUNT_CAP or PREEMPTED
     account: str
     why: str  # for the log and the user's notice
     cap: CapUse | None = None
+
+
+@dataclass(frozen=True)
+class Preempting:
+    """A spot server told it is preempted: stopped at `deadline`, billed up to it."""
+
+    deadline: dt.datetime
+    why: str
+    session_id: int
 
 
 @dataclass

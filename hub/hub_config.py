@@ -21,6 +21,7 @@ from gpulease.hub.named_servers import NAMED_SERVER_LIMIT
 from gpulease.hub.state import StateDir
 from gpulease.spawners.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
+from gpulease.spawners.spot_preemption import SPOT_GRACE_S
 
 SERVICE_NAME = "gpulease"
 CLI_SERVICE_NAME = "gpulease-cli"
@@ -178,6 +179,7 @@ class HubSettings:
     # The admission queue (GPULeaseHub.queue_max_wait, queue_max_length).
     queue_max_wait_s: int = 1800
     queue_max_length: int = 500
+    spot_grace_s: float = SPOT_GRACE_S  # GPULeaseHub.spot_grace_period
     # Per-user limits (GPULeaseHub.queue_places_per_user, cpu_only_*_per_user).
     queue_places_per_user: int = QUEUE_PLACES_PER_USER
     cpu_only_cpu_per_user: str = CPU_ONLY_CPU_PER_USER
@@ -401,6 +403,7 @@ def hub_config(s: HubSettings) -> Config:
     spawner.queue_max_wait = float(s.queue_max_wait_s)
     spawner.queue_max_length = s.queue_max_length
     spawner.queue_places_per_user = s.queue_places_per_user
+    spawner.spot_grace_period = s.spot_grace_s
     spawner.cpu_only_cpu_per_user = s.cpu_only_cpu_per_user
     spawner.cpu_only_memory_per_user = s.cpu_only_memory_per_user
     spawner.start_timeout = s.queue_max_wait_s + NORMAL_START_S

@@ -41,8 +41,10 @@ from gpulease.hub import metrics
 from gpulease.hub.db import utcnow
 from gpulease.hub.enforcement import (
     ACCOUNT_CAP,
+    PREEMPTED,
     CapUse,
     Metered,
+    Preempting,
     Repair,
     RunningServer,
     StopOrder,
@@ -120,6 +122,8 @@ class Meter:
     deferred: list[Callable[[], object]] = field(default_factory=list)
     # Stops the heartbeat enforces (out of credit, a member's cap) until the server is gone.
     stopping: dict[Key, StopProgress] = field(default_factory=dict)
+    # Spot servers told they are preempted, stopped (reason preempted) from their deadline.
+    preempting: dict[Key, Preempting] = field(default_factory=dict)
     # A stop not done after this long has the server's process tree killed; None:
     # by the next heartbeat.
     kill_after: float | None = None
@@ -190,11 +194,15 @@ class Meter:
         """
         live = self.live.pop((user, server), None)
         metrics.OPEN_SESSIONS.set(len(self.live))
+        preempted = self.preempting.pop((user, server), None)
         if live is None:
             return
         if self.shutting_down and reason == "user":
             reason = "hub_shutdown"
         ended = live.last_alive if reason == "server_died" else (ended or utcnow())
+        if preempted is not None and preempted.session_id == live.session_id:
+            # billed to the end of its grace period, however late the stop came after it
+            ended = min(ended, preempted.deadline)
         self._write_close(PendingClose(live.session_id, (user, server), ended, reason))
 
     def _write_close(self, close: PendingClose) -> bool:
@@ -242,6 +250,7 @@ class Meter:
             return
         balances, caps = facts
         self._order_stops(now, balances, caps)
+        self._order_preemptions(now)
         await self._enforce_stops(hub, now)
         await self._tell_low_balances(balances)
 
@@ -309,6 +318,26 @@ class Meter:
                             order.why, order.reason)
                 self.stopping[order.key] = StopProgress(order, now,
                                                         self.live[order.key].session_id)
+
+    def preempt(self, key: Key, deadline: datetime, why: str) -> bool:
+        """Stop `key`, a running spot server, from `deadline` with reason preempted.
+        False when it is no running spot session or is being preempted already."""
+        live = self.live.get(key)
+        if live is None or live.tier != "spot" or key in self.preempting:
+            return False
+        self.preempting[key] = Preempting(deadline, why, live.session_id)
+        return True
+
+    def _order_preemptions(self, now: datetime) -> None:
+        for key, told in list(self.preempting.items()):
+            live = self.live.get(key)
+            if live is None or live.session_id != told.session_id:
+                del self.preempting[key]  # ended (or restarted) before its deadline
+            elif now >= told.deadline and key not in self.stopping:
+                log.warning("%s/%s: %s; stopping the server (%s)", key[0], key[1] or "(default)",
+                            told.why, PREEMPTED)
+                self.stopping[key] = StopProgress(
+                    StopOrder(key, PREEMPTED, live.account, told.why), now, live.session_id)
 
     async def _enforce_stops(self, hub: HubServers, now: datetime) -> None:
         """Push every ordered stop until its server is gone (a stop per heartbeat, then kill)."""

@@ -35,7 +35,7 @@ __all__ = [
     "NoticeStore", "Prefs", "banner_text", "validate_prefs",
 ]
 
-WARNING_KINDS = ("idle_warning", "max_runtime_warning")
+WARNING_KINDS = ("idle_warning", "max_runtime_warning", "preemption_warning")
 STOP_KINDS = ("suspended", "max_runtime_stopped")
 KINDS = (*WARNING_KINDS, *STOP_KINDS, "credit_low", "queued_started")
 CHANNELS = ("none", "email", "webhook")

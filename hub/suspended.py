@@ -13,6 +13,7 @@ SUSPEND_REASONS = {
     "out_of_credit": "Suspended: out of credit",
     "account_cap": "Suspended: your monthly cap on {account} is spent",
     "max_runtime": "Stopped at its maximum runtime",
+    "preempted": "Suspended: its spot GPU went to an on-demand start",
 }
 
 

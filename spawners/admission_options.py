@@ -18,6 +18,7 @@ from gpulease.spawners.cpu_totals import (
     MemoryCap,
 )
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
+from gpulease.spawners.spot_preemption import SPOT_GRACE_S
 
 
 class AdmissionOptions(Configurable):
@@ -29,6 +30,13 @@ class AdmissionOptions(Configurable):
     )
     queue_max_length = Integer(
         500, config=True, help="Most spawns waiting in the queue; beyond, a start is refused (503)."
+    )
+    spot_grace_period = Float(
+        SPOT_GRACE_S,
+        config=True,
+        help="Seconds a spot server gets to save its work once it is preempted for an "
+        "on-demand start (told at once in JupyterLab and on the hub's pages); it is then "
+        "suspended with reason preempted and billed up to then.",
     )
     queue_poll_interval = Float(
         5.0,

@@ -21,7 +21,7 @@ Spot requests never preempt: the caller asks only for on-demand ones.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Hashable, Iterable
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpulease.spawners.inventory import Inventory
@@ -36,6 +36,21 @@ class SpotHolding:
     node: str
     devices: frozenset[str]  # device UUIDs
     started_at: float  # seconds on any clock the caller uses for all holdings
+
+
+def spot_holdings(held: Mapping[str, tuple[Hashable, float]], inventory: Inventory,
+                  spot: Collection[Hashable]) -> list[SpotHolding]:
+    """The holdings of the servers in `spot`, from the held devices
+    ({uuid: (server key, claimed at)}), each on its device's node."""
+    node_of = {d.uuid: d.node for d in inventory.allocatable()}
+    devices: dict[Hashable, set[str]] = defaultdict(set)
+    since: dict[Hashable, float] = {}
+    for uuid, (key, claimed) in held.items():
+        if key in spot and uuid in node_of:
+            devices[key].add(uuid)
+            since[key] = claimed
+    return [SpotHolding(key, node_of[next(iter(uuids))], frozenset(uuids), since[key])
+            for key, uuids in devices.items()]
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progr
     queue_progress,
     tell_started,
 )
+from gpulease.spawners.spot_preemption import SPOT_GRACE_S, preempt_for
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -64,6 +65,8 @@ def asks(request: DeviceRequest) -> tuple[int, int]:
 
 class QueueRunner(QueueBase):
     """The embedded box's queue: devices claimed by UUID (AssignmentStore)."""
+
+    spot_grace_s: float = SPOT_GRACE_S  # the spawners' spot_grace_period
 
     # --- admission ---------------------------------------------------------------------
 
@@ -167,6 +170,7 @@ class QueueRunner(QueueBase):
                 else:  # cancelled while claiming
                     await asyncio.to_thread(ctx.assignments.release, ticket.user,
                                             ticket.server, "cancelled")
+            await preempt_for(ctx, decision.waiting, held, self.spot_grace_s)
 
 
 _runners: dict[int, tuple[GPULeaseContext, QueueRunner]] = {}

@@ -145,7 +145,9 @@ class GPULeaseSpawnCore(AdmissionOptions):
 
     def _queue_runner(self) -> QueueBase:
         """The runner that admits this spawner's GPU starts (the embedded box's devices)."""
-        return runner_for(self.gpulease, self.queue_poll_interval)
+        runner = runner_for(self.gpulease, self.queue_poll_interval)
+        runner.spot_grace_s = self.spot_grace_period
+        return runner
 
     async def _admit(self, choice: ServerChoice):
         """Limits, then capacity now or a place in the queue (the shape's runner); refused

@@ -355,3 +355,23 @@ def test_capped_spends_agree_with_member_spend(meter):
     assert found == {("group:lab", "m"): (10_000_000, ledger.member_spend("group:lab", "m", since)),
                      ("group:other", "n"): (1, 0)}
     assert found[("group:lab", "m")][1] == 10_000_000  # the closed run; the open one unconfirmed
+
+
+def test_a_preempted_spot_server_is_stopped_from_its_deadline_and_billed_up_to_it(meter):
+    meter.ledger.grant("user:p", 100_000_000, note="t", actor="test")
+    t0 = to_ms(utcnow()) - dt.timedelta(seconds=30)
+    meter.open("p", "", "slice", "user:p", RATE, t0, "spot")
+    meter.open("q", "", "slice", "user:p", RATE, t0)  # on demand: never preempted
+    deadline = t0 + dt.timedelta(seconds=10)
+    assert meter.preempt(("p", ""), deadline, "for x") and not meter.preempt(("p", ""),
+                                                                           deadline, "again")
+    assert not meter.preempt(("q", ""), deadline, "for x")
+    meter._order_preemptions(t0 + dt.timedelta(seconds=9))
+    assert ("p", "") not in meter.stopping  # still in its grace period
+    meter._order_preemptions(deadline)
+    order = meter.stopping[("p", "")].order
+    assert order.reason == "preempted" and order.why == "for x"
+    meter.close("p", "", "user")  # the stop came 20 s after the deadline
+    (session,) = [s for s in meter.sessions.latest_by_server("p").values()]
+    assert session.tier == "spot" and session.billed_ms() == 10_000
+    assert ("p", "") not in meter.preempting

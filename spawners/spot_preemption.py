@@ -1,0 +1,88 @@
+"""Preempting spot servers on the embedded box: the adapter around the pure rule.
+
+At each pass over the queue (QueueRunner.serve), the first waiting on-demand
+start that spot servers hold the room for gets it: the servers the rule
+(spawners/preemption.py) chooses are told at once (a `preemption_warning`
+notice with its deadline: JupyterLab's banner and the hub's pages show it) and
+given `grace_s` seconds to save; the meter then stops each with reason
+`preempted`, billed up to the deadline (gpulease.hub.metering.Meter.preempt).
+Their devices come back like any stop's, and the queue's next pass places the
+waiting start. Devices of servers already being preempted count as coming free,
+so one start never preempts twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from gpulease.hub.db import utcnow
+from gpulease.hub.options import price_text
+from gpulease.spawners.assignments import HELD, Holder
+from gpulease.spawners.preemption import choose_victims, spot_holdings
+
+if TYPE_CHECKING:
+    from gpulease.hub.context import GPULeaseContext
+    from gpulease.spawners.queue_base import Ticket
+
+log = logging.getLogger("gpulease.queue")
+
+# The default of the spawners' spot_grace_period, here only.
+SPOT_GRACE_S = 120.0
+
+
+def _warning(server: str, profile: str, deadline: dt.datetime, wanted: str) -> str:
+    name = f"server {server}" if server else "your server"
+    return (f"Spot {name} ({profile}) is preempted: an on-demand start needs its GPU "
+            f"({wanted}). Save your work: it is suspended at "
+            f"{deadline.strftime('%H:%M:%S')} UTC and billing stops then. Your home is kept; "
+            "resume it from the hub's home page, on spot again or on demand.")
+
+
+async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
+                      held: Mapping[str, Holder], grace_s: float) -> tuple[str, ...]:
+    """Tell the spot servers the rule chooses for the first waiting on-demand start
+    they let run; returns their "user/server" names (none when nobody is preempted)."""
+    meter = ctx.meter
+    if meter is None or not any(not t.spot for t in waiting):
+        return ()
+    live = meter.live
+    spot = {key for key, session in live.items()
+            if session.tier == "spot" and key not in meter.preempting}
+    claimed = {uuid: ((h.user, h.server), h.since.timestamp())
+               for uuid, h in held.items() if h.state == HELD}
+    holdings = spot_holdings(claimed, ctx.inventory, spot)
+    if not holdings:
+        return ()
+    leaving = {uuid for uuid, h in held.items() if (h.user, h.server) in meter.preempting}
+    taken = set(held) - leaving
+    for ticket in waiting:
+        if ticket.spot:
+            continue
+        chosen = choose_victims(ticket.request, ctx.inventory, taken, holdings)
+        if chosen is None:
+            continue
+        deadline = utcnow() + dt.timedelta(seconds=grace_s)
+        told = []
+        for key in chosen.victims:
+            user, server = key
+            profile = live[key].profile
+            why = (f"preempted for {ticket.user}/{ticket.server or '(default)'}'s on-demand "
+                   f"start of {ticket.request.describe()}")
+            if not meter.preempt(key, deadline, why):
+                continue
+            told.append(f"{user}/{server}")
+            log.warning("%s/%s (spot, %s, %s credits/h) %s: suspended at %s", user,
+                        server or "(default)", profile,
+                        price_text(live[key].rate_per_hour_ucr), why, deadline.isoformat())
+            try:
+                await asyncio.to_thread(ctx.notices.post, user, server, "preemption_warning",
+                                        _warning(server, profile, deadline,
+                                                 ticket.request.describe()), deadline)
+            except Exception as e:  # the stop goes ahead: the deadline is the meter's
+                log.error("could not post the preemption notice of %s/%s: %s", user, server, e)
+        return tuple(told)
+    return ()
