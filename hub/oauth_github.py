@@ -12,6 +12,9 @@ from traitlets import default
 from gpulease.hub.identities import Identity
 from gpulease.hub.oauth import ProviderSignIn
 
+ORGS_PER_PAGE = 100
+MAX_ORG_PAGES = 10  # 1,000 organisations: more is someone's robot, not a researcher
+
 
 class GPULeaseGitHubAuthenticator(ProviderSignIn, GitHubOAuthenticator):
     """Sign in with GitHub (or GitHub Enterprise: github_url). Organisations and teams
@@ -33,13 +36,18 @@ class GPULeaseGitHubAuthenticator(ProviderSignIn, GitHubOAuthenticator):
         auth_model = await super().update_auth_model(auth_model)
         state = auth_model["auth_state"]
         token = state["token_response"]
-        orgs = await self.httpfetch(
-            f"{self.github_api}/user/orgs?per_page=100", "fetching organisations",
-            method="GET",
-            headers=self.build_userdata_request_headers(token["access_token"],
-                                                        token.get("token_type", "bearer")),
-            validate_cert=self.validate_server_cert)
-        state["orgs"] = [o["login"] for o in orgs or []]
+        headers = self.build_userdata_request_headers(token["access_token"],
+                                                      token.get("token_type", "bearer"))
+        logins: list[str] = []
+        for page in range(1, MAX_ORG_PAGES + 1):  # GitHub gives 100 a page at most
+            orgs = await self.httpfetch(
+                f"{self.github_api}/user/orgs?per_page={ORGS_PER_PAGE}&page={page}",
+                "fetching organisations", method="GET", headers=headers,
+                validate_cert=self.validate_server_cert) or []
+            logins += [o["login"] for o in orgs if o.get("login") not in logins]
+            if len(orgs) < ORGS_PER_PAGE:
+                break
+        state["orgs"] = logins
         return auth_model
 
     def identity_from(self, auth_state):

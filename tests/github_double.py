@@ -87,8 +87,11 @@ class GitHubDouble:
                 if path == "/user":
                     return self._send(200, {"login": me.login, "id": me.id,
                                             "email": me.email or None, "name": me.login})
-                if path == "/user/orgs":
-                    return self._send(200, [{"login": o} for o in me.orgs])
+                if path == "/user/orgs":  # paged as GitHub pages it (per_page at most 100)
+                    query = parse_qs(url.query)
+                    per = min(int(query.get("per_page", ["30"])[0]), 100)
+                    first = (int(query.get("page", ["1"])[0]) - 1) * per
+                    return self._send(200, [{"login": o} for o in me.orgs[first:first + per]])
                 if path == "/user/teams":
                     return self._send(200, [{"slug": t, "organization": {"login": org}}
                                             for org, teams in me.teams.items() for t in teams])

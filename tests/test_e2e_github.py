@@ -30,6 +30,8 @@ def site(tmp_path_factory):
     github.users["Octo_Cat"] = GitHubUser("Octo_Cat", 5001, "octo@uni.example",
                                           orgs=["uni-lab"], teams={"uni-lab": ["vision"]})
     github.users["stranger"] = GitHubUser("stranger", 5002, orgs=["elsewhere"])
+    github.users["busy"] = GitHubUser("busy", 5003, orgs=[f"club-{i:03d}" for i in range(149)]
+                                      + ["uni-lab"])
     profiles = yaml.safe_load(SAMPLE.read_text())
     for p in profiles["profiles"]:
         if p["slug"] == "h200-full":
@@ -100,3 +102,11 @@ def test_someone_outside_the_allowed_organisations_gets_a_page_not_a_500(site):
     _, final = _sign_in(hub, "stranger")
     assert final.status_code == 403, final.text[:500]
     assert "text/html" in final.headers["content-type"]
+
+
+def test_organisations_past_githubs_first_page_are_groups_too(site):
+    hub, _ = site
+    browser, final = _sign_in(hub, "busy")
+    assert final.status_code == 200, final.text[:500]
+    groups = browser.get(f"{hub.url}/hub/api/user", timeout=10).json()["groups"]
+    assert "uni-lab" in groups and len(groups) == 150  # the 150th of 150, on page two
