@@ -74,6 +74,7 @@ def subject_for(kind: str, user: str, server: str, deadline: dt.datetime | None 
     subjects = {
         "idle_warning": f"your {srv} will be suspended at {_at(deadline)}",
         "max_runtime_warning": f"your {srv} will be stopped at {_at(deadline)}",
+        "preemption_warning": f"your spot {srv} is preempted: suspended at {_at(deadline)}",
         "suspended": f"your {srv} was suspended",
         "max_runtime_stopped": f"your {srv} was stopped (maximum runtime)",
         "credit_low": "your credit is running low",
@@ -99,6 +100,10 @@ def render(kind: str, user: str, server: str, profile: str | None, minutes: floa
         limit = f": its profile allows at most {dur} per run" if dur else ""
         text = (f"{what} will be stopped at {at}{limit}, whether or not it is busy. "
                 f"Save your work. {kept}")
+    elif kind == "preemption_warning":
+        text = (f"{what} runs on the spot tier, and an on-demand start needs its GPU: it "
+                f"will be suspended at {at}. Save your work; resume it from the hub's home "
+                f"page, on spot again or on demand. {kept}")
     elif kind == "suspended":
         after = f" after {dur} idle" if dur else " because it was idle"
         text = (f"{what} was suspended{after} — resume it from the hub's home page on the "
@@ -272,7 +277,8 @@ _sending: set[asyncio.Task] = set()
 
 async def announce(store: NoticeStore, backends: Mapping[str, Notifier], kind: str, user: str,
                    server: str, profile: str | None, minutes: float | None,
-                   rendered: tuple[str, str] | None = None) -> None:
+                   rendered: tuple[str, str] | None = None,
+                   deadline: dt.datetime | None = None) -> None:
     """Post a notice the hub itself raises (queued_started, credit_low, a cap's
     suspend: `rendered` (subject, text) instead of `render`'s) and tell its user.
 
@@ -281,9 +287,9 @@ async def announce(store: NoticeStore, backends: Mapping[str, Notifier], kind: s
     and only when the notice is new, not a repeat of an open one. Never
     raises: what triggered it goes on whether or not the user could be told.
     """
-    subject, text = rendered or render(kind, user, server, profile, minutes, None)
+    subject, text = rendered or render(kind, user, server, profile, minutes, deadline)
     try:
-        notice = await asyncio.to_thread(store.post, user, server, kind, text)
+        notice = await asyncio.to_thread(store.post, user, server, kind, text, deadline)
     except Exception as e:
         log.warning("could not post %s for %s/%s: %s", kind, user, server or "(default)", e)
         return

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpulease.hub.db import utcnow
+from gpulease.hub.notifier import subject_for
 from gpulease.hub.options import price_text
 from gpulease.spawners.assignments import HELD, Holder
 from gpulease.spawners.preemption import choose_victims, spot_holdings
@@ -40,6 +41,23 @@ def _warning(server: str, profile: str, deadline: dt.datetime, wanted: str) -> s
             f"({wanted}). Save your work: it is suspended at "
             f"{deadline.strftime('%H:%M:%S')} UTC and billing stops then. Your home is kept; "
             "resume it from the hub's home page, on spot again or on demand.")
+
+
+async def _tell(ctx: GPULeaseContext, user: str, server: str, profile: str,
+                deadline: dt.datetime, wanted: str) -> None:
+    """The notice (JupyterLab, the hub's pages) and, through the hub, mail or webhook."""
+    text = _warning(server, profile, deadline, wanted)
+    announce = ctx.meter.announce if ctx.meter is not None else None
+    try:
+        if announce is not None:  # never raises
+            await announce("preemption_warning", user, server, profile, None,
+                           (subject_for("preemption_warning", user, server, deadline), text),
+                           deadline)
+        else:
+            await asyncio.to_thread(ctx.notices.post, user, server, "preemption_warning", text,
+                                    deadline)
+    except Exception as e:  # the stop goes ahead: the deadline is the meter's
+        log.error("could not post the preemption notice of %s/%s: %s", user, server, e)
 
 
 async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
@@ -78,11 +96,6 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
             log.warning("%s/%s (spot, %s, %s credits/h) %s: suspended at %s", user,
                         server or "(default)", profile,
                         price_text(live[key].rate_per_hour_ucr), why, deadline.isoformat())
-            try:
-                await asyncio.to_thread(ctx.notices.post, user, server, "preemption_warning",
-                                        _warning(server, profile, deadline,
-                                                 ticket.request.describe()), deadline)
-            except Exception as e:  # the stop goes ahead: the deadline is the meter's
-                log.error("could not post the preemption notice of %s/%s: %s", user, server, e)
+            await _tell(ctx, user, server, profile, deadline, ticket.request.describe())
         return tuple(told)
     return ()
