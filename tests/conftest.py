@@ -118,6 +118,14 @@ def pytest_runtest_makereport(item, call):
 
         for path in save_screenshots(item):
             report.sections.append(("screenshot", str(path)))
+    if report.when == "call":
+        item._gpulease_started = call.start
+    if report.failed:
+        from tests.hubproc import hub_tracebacks
+
+        tracebacks = hub_tracebacks(getattr(item, "_gpulease_started", call.start) - 1)
+        if tracebacks:
+            report.sections.append(("tracebacks in the hub's log", tracebacks))
 
 
 @pytest.fixture

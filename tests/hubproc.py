@@ -39,6 +39,27 @@ def _ephemeral_low() -> int:
 
 _HANDED_OUT: set[int] = set()  # by free_port, in this process
 
+# Every hub log this process wrote: a failed test's report shows the tracebacks
+# its hubs logged (tests/conftest.py), so a bare 500 in CI can be traced.
+HUB_LOGS: list[Path] = []
+
+
+def hub_tracebacks(since: float, limit: int = 3, lines_each: int = 60) -> str:
+    """The last `limit` tracebacks in hub logs written since `since` (epoch seconds)."""
+    found: list[str] = []
+    for path in HUB_LOGS:
+        try:
+            if path.stat().st_mtime < since:
+                continue
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for i, line in enumerate(lines):
+            if line.startswith("Traceback (most recent call last)"):
+                start = max(0, i - 2)
+                found.append(f"--- {path.name}\n" + "\n".join(lines[start:i + lines_each]))
+    return "\n".join(found[-limit:])
+
 
 def free_port() -> int:
     """A free loopback port, below the kernel's ephemeral range where there is room.
@@ -127,6 +148,7 @@ class HubProcess:
         # logs stay beside the test's own folder, also when the state moves (below)
         self._log_dir = getattr(self, "_log_dir", None) or self.state.parent
         self.log_path = self._log_dir / f"hub-{uuid.uuid4().hex[:6]}.log"
+        HUB_LOGS.append(self.log_path)
         # As root, servers run as per-user accounts: the hub's Python and the
         # state folder must be reachable by them (tests/isolation_env.py).
         python, no_accounts = hub_python()
