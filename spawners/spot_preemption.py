@@ -1,14 +1,14 @@
 """Preempting spot servers on the embedded box: the adapter around the pure rule.
 
-At each pass over the queue (QueueRunner.serve), the first waiting on-demand
-start that spot servers hold the room for gets it: the servers the rule
-(spawners/preemption.py) chooses are told at once (a `preemption_warning`
-notice with its deadline: JupyterLab's banner and the hub's pages show it) and
+At each pass over the queue (QueueRunner.serve), every waiting on-demand start
+that spot servers hold the room for gets it, in the queue's order: the servers
+the rule (spawners/preemption.py, plan_preemptions) chooses are told at once (a
+`preemption_warning` notice with its deadline: JupyterLab's banner and the hub's pages show it) and
 given `grace_s` seconds to save; the meter then stops each with reason
 `preempted`, billed up to the deadline (gpulease.hub.metering.Meter.preempt).
 Their devices come back like any stop's, and the queue's next pass places the
-waiting start. Devices of servers already being preempted count as coming free,
-so one start never preempts twice.
+waiting start. Devices of servers already being preempted count as coming free
+(to the first start that can use them), so one start never preempts twice.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gpulease.hub.db import utcnow
 from gpulease.hub.notifier import subject_for
 from gpulease.hub.options import price_text
 from gpulease.spawners.assignments import HELD, Holder
-from gpulease.spawners.preemption import choose_victims, spot_holdings
+from gpulease.spawners.preemption import plan_preemptions, spot_holdings
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -62,8 +62,8 @@ async def _tell(ctx: GPULeaseContext, user: str, server: str, profile: str,
 
 async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
                       held: Mapping[str, Holder], grace_s: float) -> tuple[str, ...]:
-    """Tell the spot servers the rule chooses for the first waiting on-demand start
-    they let run; returns their "user/server" names (none when nobody is preempted)."""
+    """Tell the spot servers the rule chooses for the waiting on-demand starts
+    (plan_preemptions); returns their "user/server" names (none when nobody is preempted)."""
     meter = ctx.meter
     if meter is None or not any(not t.spot for t in waiting):
         return ()
@@ -76,15 +76,11 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
     if not holdings:
         return ()
     leaving = {uuid for uuid, h in held.items() if (h.user, h.server) in meter.preempting}
-    taken = set(held) - leaving
-    for ticket in waiting:
-        if ticket.spot:
-            continue
-        chosen = choose_victims(ticket.request, ctx.inventory, taken, holdings)
-        if chosen is None:
-            continue
+    on_demand = [(ticket, ticket.request) for ticket in waiting if not ticket.spot]
+    told = []
+    for ticket, chosen in plan_preemptions(on_demand, ctx.inventory, set(held) - leaving,
+                                           holdings):
         deadline = utcnow() + dt.timedelta(seconds=grace_s)
-        told = []
         for key in chosen.victims:
             user, server = key
             profile = live[key].profile
@@ -97,5 +93,4 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
                         server or "(default)", profile,
                         price_text(live[key].rate_per_hour_ucr), why, deadline.isoformat())
             await _tell(ctx, user, server, profile, deadline, ticket.request.describe())
-        return tuple(told)
-    return ()
+    return tuple(told)

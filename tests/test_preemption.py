@@ -129,3 +129,58 @@ def test_a_thousand_full_nodes_give_one_victim_the_latest():
             for i in range(0, 8, 4)]
     got = choose_victims(DeviceRequest("H200", count=1), inv, held, spot)
     assert got is not None and got.victims == ("n0999-0",)  # the most recently started node
+
+
+def test_one_index_for_a_pass_answers_each_request_as_a_fresh_choice():
+    from gpulease.spawners.preemption import SpotIndex
+
+    rng = random.Random(11)
+    inventory = _inv({f"n{i}": [{"model": "H200"}] * 8 for i in range(6)})
+    cards = [(f"n{i}", _card(f"n{i}", g)) for i in range(6) for g in range(8)]
+    for _ in range(50):
+        spot, held = [], set()
+        for node, card in cards:
+            roll = rng.random()
+            if roll < 0.5:
+                spot.append(_spot(f"s-{card}", node, [card], rng.random()))
+            if roll < 0.9:
+                held.add(card)
+        index = SpotIndex(inventory, held, spot)
+        for count in (1, 2, 4, 8, 3, 1):
+            request = DeviceRequest("H200", count=count)
+            assert index.choose(request) == choose_victims(request, inventory, held, spot)
+
+
+def test_waiting_starts_in_one_pass_each_get_room_of_their_own():
+    from gpulease.spawners.preemption import plan_preemptions
+
+    held = {_card("a", i) for i in range(4)}
+    spot = [_spot(f"s{i}", "a", [_card("a", i)], float(i)) for i in range(4)]
+    one = DeviceRequest("H200")
+    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot)
+    # all of b is free: nobody is preempted
+    assert got == []
+    held |= {_card("b", i) for i in range(4)}
+    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot)
+    assert [(key, p.victims) for key, p in got] == [("x", ("s3",)), ("y", ("s2",))]
+
+
+def test_devices_coming_free_serve_the_first_start_and_the_next_preempts():
+    from gpulease.spawners.preemption import plan_preemptions
+
+    # s3 is being preempted already: its card is not held any more, and not spot
+    held = {_card("a", i) for i in range(3)} | {_card("b", i) for i in range(4)}
+    spot = [_spot(f"s{i}", "a", [_card("a", i)], float(i)) for i in range(3)]
+    one = DeviceRequest("H200")
+    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot)
+    assert [(key, p.victims) for key, p in got] == [("y", ("s2",))]
+
+
+def test_a_start_no_preemption_helps_is_passed_over_for_a_later_one():
+    from gpulease.spawners.preemption import plan_preemptions
+
+    held = {_card("a", i) for i in range(4)} | {_card("b", i) for i in range(4)}
+    spot = [_spot("s0", "a", [_card("a", 0)], 5.0)]
+    got = plan_preemptions([("big", DeviceRequest("H200", count=4)),
+                            ("small", DeviceRequest("H200"))], CARDS, held, spot)
+    assert [(key, p.victims) for key, p in got] == [("small", ("s0",))]
