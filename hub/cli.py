@@ -115,7 +115,8 @@ def cluster_summary(nodes: list[dict]) -> list[str]:
 
 
 def _holder(holder: dict) -> str:
-    return f"{holder['user']}/{holder['server'] or '(default)'}"
+    spot = " (spot)" if holder.get("tier") == "spot" else ""
+    return f"{holder['user']}/{holder['server'] or '(default)'}{spot}"
 
 
 def _describe_gpu(gpu: dict | None) -> str:

@@ -65,6 +65,13 @@ def _sessions(hub, token) -> list[dict]:
     return hub.service("GET", "api/usage", token).json()["sessions"]
 
 
+def _holders(hub, admin) -> dict[str, dict]:
+    """api/inventory's holders by user."""
+    view = hub.service("GET", "api/inventory", admin).json()
+    return {d["holder"]["user"]: d["holder"] for n in view["nodes"] for g in n["gpus"]
+            for d in g["devices"] if d["holder"]}
+
+
 def test_spot_servers_are_preempted_with_notice_for_an_on_demand_start(hub):
     admin = hub.token_for("admin", ADMIN_PW)
     tokens = {n: hub.add_user(admin, n) for n in ("sam", "sue", "odin")}
@@ -82,6 +89,9 @@ def test_spot_servers_are_preempted_with_notice_for_an_on_demand_start(hub):
     assert _start(hub, "sue", tokens["sue"], {"profile": "slice", "tier": "spot"}
                   ).status_code in (201, 202)
     hub.wait_server_ready("sue", tokens["sue"])
+    # the inventory says whose devices are spot (the admin page shows the same rows)
+    holders = _holders(hub, admin)
+    assert {holders[u]["tier"] for u in ("sam", "sue")} == {"spot"}, holders
 
     asked = time.monotonic()
     r = _start(hub, "odin", tokens["odin"], {"profile": "slice"})
@@ -116,6 +126,10 @@ def test_spot_servers_are_preempted_with_notice_for_an_on_demand_start(hub):
     assert sue["cost"] == f"{-(-sue['billed_ms'] // 10) / 1e6:.6f}"
     (odin,) = _sessions(hub, tokens["odin"])
     assert odin["tier"] == "on-demand" and odin["end_reason"] is None
+    holders = _holders(hub, admin)
+    assert holders["odin"]["tier"] == "on-demand" and "sue" not in holders, holders
+    page = hub.service("GET", "admin/inventory", admin).text
+    assert "<th>tier</th>" in page and "<td>spot</td>" in page and "<td>on-demand</td>" in page
     home = hub.api("GET", "users/sue?include_stopped_servers=1", admin).json()
     assert home["servers"][""]["user_options"]["tier"] == "spot"  # resume: spot again
     for user in ("sam", "odin"):

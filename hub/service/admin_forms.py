@@ -176,6 +176,7 @@ def inventory_rows(view: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "user": holder.get("user", ""),
                     "server": holder.get("server", ""),
                     "profile": holder.get("profile", ""),
+                    "tier": holder.get("tier", ""),
                     "since": holder.get("since", ""),
                 })
     for device in view.get("gone") or []:
@@ -183,7 +184,8 @@ def inventory_rows(view: Mapping[str, Any]) -> list[dict[str, Any]]:
         rows.append({"node": "", "gpu": "(not in the inventory)", "gpu_uuid": "",
                      "device": "", "uuid": device.get("uuid", ""), "state": "gone",
                      "user": holder.get("user", ""), "server": holder.get("server", ""),
-                     "profile": holder.get("profile", ""), "since": holder.get("since", "")})
+                     "profile": holder.get("profile", ""), "tier": holder.get("tier", ""),
+                     "since": holder.get("since", "")})
     return rows
 
 

@@ -23,6 +23,7 @@ from gpulease.hub.service.caller_rights import (
 )
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import cluster_inventory_view, inventory_view, profile_view
+from gpulease.hub.sessions import SessionLedger
 from gpulease.hub.shown import shown
 from gpulease.spawners.cluster_availability import (
     Availability,
@@ -43,7 +44,9 @@ async def current_inventory(handler: BaseAPIHandler) -> dict[str, Any]:
         return cluster_inventory_view(listed.inventory, listed.at, source.namespace, queue)
     held = await asyncio.to_thread(handler.ctx.assignments.held)
     isolation = handler.settings.get("gpulease_isolation", {})
-    return inventory_view(handler.ctx.inventory, held, queue, isolation)
+    open_sessions = await asyncio.to_thread(SessionLedger(handler.ctx.engine).open_sessions)
+    tiers = {(s.user, s.server): s.tier for s in open_sessions}
+    return inventory_view(handler.ctx.inventory, held, queue, isolation, tiers)
 
 
 class InventoryHandler(BaseAPIHandler):

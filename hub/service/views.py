@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,13 +16,17 @@ from gpulease.spawners.queue_store import QueuedSpawn
 
 def inventory_view(
     inventory: Inventory, held: dict[str, Holder], queue: Sequence[QueuedSpawn] = (),
-    isolation: dict | None = None,
+    isolation: dict | None = None, tiers: Mapping[tuple[str, str], str] | None = None,
 ) -> dict[str, Any]:
     """DESIGN.md's `api/inventory`: devices free, held (by whom), out of service or gone.
 
     `out_of_service`: the device's last server stopped but its cgroup could
-    not be emptied; `holder` is that server. Also the queue.
+    not be emptied; `holder` is that server. Also the queue. `tiers`: the tier
+    of each running server's session ((user, server) -> on-demand | spot), so a
+    holder says whether its devices may be preempted; a holder without an open
+    session (starting, or out of service) has none.
     """
+    tiers = tiers or {}
     present = inventory.device_uuids()
     nodes = []
     for node in inventory.nodes:
@@ -40,12 +44,13 @@ def inventory_view(
                     "mig": gpu.mig_enabled,
                     "memory_bytes": gpu.memory_bytes,
                     "driver": gpu.driver,
-                    "devices": [_device(uuid, profile, mem, held) for uuid, profile, mem in units],
+                    "devices": [_device(uuid, profile, mem, held, tiers)
+                                for uuid, profile, mem in units],
                 }
             )
         nodes.append({"name": node.name, "gpus": gpus})
     gone = [
-        {**_device(uuid, None, None, held), "state": "gone"}
+        {**_device(uuid, None, None, held, tiers), "state": "gone"}
         for uuid in sorted(held)
         if uuid not in present
     ]
@@ -93,19 +98,22 @@ def isolation_view(isolation: dict) -> dict[str, Any]:
     }
 
 
-def _device(uuid: str, profile: str | None, memory: int | None, held: dict[str, Holder]):
+def _device(uuid: str, profile: str | None, memory: int | None, held: dict[str, Holder],
+            tiers: Mapping[tuple[str, str], str]):
     holder = held.get(uuid)
+    shown_holder = None
+    if holder:
+        shown_holder = {"user": holder.user, "server": holder.server, "profile": holder.profile,
+                        "since": holder.since.isoformat() + "Z"}
+        tier = tiers.get((holder.user, holder.server))
+        if tier is not None and holder.state == "held":
+            shown_holder["tier"] = tier
     return {
         "uuid": uuid,
         "profile": profile,
         "memory_bytes": memory,
         "state": holder.state if holder else "free",  # "held" | "out_of_service"
-        "holder": (
-            {"user": holder.user, "server": holder.server, "profile": holder.profile,
-             "since": holder.since.isoformat() + "Z"}
-            if holder
-            else None
-        ),
+        "holder": shown_holder,
     }
 
 
