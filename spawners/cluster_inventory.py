@@ -21,10 +21,12 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpulease.hub.options import SPOT
 from gpulease.hub.units import parse_quantity
 from gpulease.spawners.drivers import driver_from_labels, new_enough, too_old
 from gpulease.spawners.gpu_models import model_key_from_gfd_product
 from gpulease.spawners.placement import DeviceRequest, NoFit
+from gpulease.spawners.pod_spec import TIER_LABEL
 
 GPU_PREFIX = "nvidia.com/"
 USER_LABEL = "hub.jupyter.org/username"
@@ -109,6 +111,7 @@ class Hold:
     resources: dict[str, int]
     user: str = ""  # gpulease's pods only
     server: str = ""
+    spot: bool = False  # a gpulease spot server's pod: kube-scheduler may preempt it
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,14 @@ class ClusterInventory:
             self._derived["free"] = free
         return self._derived["free"]
 
+    def without_spot(self) -> ClusterInventory:
+        """The inventory as an on-demand start sees it where spot pods yield (their
+        PriorityClass is lower): what spot servers hold counts as free."""
+        if "without spot" not in self._derived:
+            self._derived["without spot"] = ClusterInventory(
+                self.nodes, tuple(h for h in self.holds if not h.spot))
+        return self._derived["without spot"]
+
     def rows(self) -> list[dict]:
         """The `api/inventory` cluster form: per node, per resource, who holds how many."""
         free = self.free()
@@ -137,6 +148,8 @@ class ClusterInventory:
         for hold in self.holds:
             for resource, count in hold.resources.items():
                 who = {"user": hold.user, "server": hold.server} if hold.user else {"pod": hold.pod}
+                if hold.user:
+                    who["tier"] = "spot" if hold.spot else "on-demand"
                 holders[(hold.node, resource)].append({**who, "count": count})
         return [{"name": n.name, "model": n.model, "mig_strategy": n.mig_strategy,
                  "driver": n.driver, "schedulable": n.schedulable,
@@ -216,9 +229,10 @@ def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | Non
     annotations = meta.get("annotations") or {}
     user = (annotations.get(USER_ANNOTATION) or meta.get("labels", {}).get(USER_LABEL, "")
             if ours else "")
+    spot = bool(user) and (meta.get("labels") or {}).get(TIER_LABEL) == SPOT
     return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
                 dict(wanted), user, meta.get("annotations", {}).get(SERVER_ANNOTATION, "") if user
-                else "")
+                else "", spot)
 
 
 Kind = tuple[str, "str | None"]  # what a request asks for: (model, MIG profile or None)

@@ -11,6 +11,12 @@ of other kinds (another model, a MIG slice) still pass.
 
 Admitted requests whose pods are not bound yet come first (`admitted`): the
 scheduler has yet to place them, and they must not be counted twice.
+
+Where spot pods yield (`spot_yields`: both tiers have their PriorityClass), an
+on-demand request counts what spot servers hold as free: it is admitted, its pod
+is made at the higher priority, and kube-scheduler's preemption picks the spot
+pods that make room (gpulease tells them: spawners/cluster_preemption.py). A spot
+request only ever takes what is free.
 """
 
 from __future__ import annotations
@@ -35,15 +41,17 @@ class ClusterPlan:
 
 
 def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
-                 admitted: Sequence[DeviceRequest] = ()) -> ClusterPlan:
+                 admitted: Sequence[DeviceRequest] = (), spot_yields: bool = False
+                 ) -> ClusterPlan:
     """Serve `queue` (oldest first), each request after room for those before it."""
     pending = list(admitted)
     reserved: dict[Kind, set[str]] = defaultdict(set)
     result = ClusterPlan()
     for entry in served_order(queue):
         request = entry.request
+        seen = inventory.without_spot() if spot_yields and not entry.spot else inventory
         try:
-            node = fit(request, inventory, tuple(pending), reserved)
+            node = fit(request, seen, tuple(pending), reserved)
         except NoFit as nofit:
             if nofit.status != 503:
                 result.never.append((entry.key, nofit.message))

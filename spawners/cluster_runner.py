@@ -37,12 +37,14 @@ from gpulease.spawners.cluster_inventory import (
     select_nodes,
     too_old_nodes,
 )
+from gpulease.spawners.cluster_preemption import preempted_pod
 from gpulease.spawners.cluster_queue import plan_cluster
 from gpulease.spawners.cluster_watch import ClusterWatch
 from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.queue import Waiting, queue_places_refusal
 from gpulease.spawners.queue_base import QueueBase, Refused, Ticket, log
 from gpulease.spawners.queue_runner import asks
+from gpulease.spawners.spot_preemption import tell_preempted
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -92,6 +94,10 @@ class ClusterQueueRunner(QueueBase):
         self.watch: ClusterWatch | None = None
         self.admitted: dict[tuple[str, str], DeviceRequest] = {}
         self._running: set[tuple[str, str]] = set()  # started; admitted until seen bound
+        # Both tiers have a PriorityClass (GPUKubeSpawner.spot_preempts): an on-demand
+        # start counts what spot pods hold as free, and kube-scheduler preempts them.
+        self.spot_yields = False
+        self._told: set[str] = set()  # uids of preempted pods whose users were told
 
     # --- the picture -------------------------------------------------------------------
 
@@ -99,7 +105,7 @@ class ClusterQueueRunner(QueueBase):
         """The nodes of this runner's selector and every pod's holds, as watched now."""
         if self.watch is None:
             self.watch = ClusterWatch(self.api, on_change=self._changed,
-                                      servers_namespace=self.namespace)
+                                      servers_namespace=self.namespace, on_pod=self._pod_seen)
             for w in (self.watch.nodes, self.watch.pods):
                 w.start()
         for w in (self.watch.nodes, self.watch.pods):
@@ -131,6 +137,14 @@ class ClusterQueueRunner(QueueBase):
         if self.waiting:  # a pod or node changed: capacity may have come free
             self._kick()
 
+    def _pod_seen(self, pod: dict) -> None:
+        """A spot server's pod kube-scheduler started preempting: its user is told, once."""
+        preempted = preempted_pod(pod, self.namespace)
+        if preempted is None or preempted.uid in self._told:
+            return
+        self._told.add(preempted.uid)
+        self._spawn(tell_preempted(self.ctx, preempted))
+
     # --- admission ---------------------------------------------------------------------
 
     async def admit(
@@ -161,7 +175,7 @@ class ClusterQueueRunner(QueueBase):
                 raise Refused(409, refusal.message)
             me: Hashable = object()
             queue = self.entries() + [Waiting(me, request, spot)]
-            decision = plan_cluster(queue, inventory, tuple(unbound.values()))
+            decision = plan_cluster(queue, inventory, tuple(unbound.values()), self.spot_yields)
             never = dict(decision.never)
             if me in never:
                 raise Refused(422, never[me])
@@ -217,7 +231,7 @@ class ClusterQueueRunner(QueueBase):
                 return
             inventory = await self.inventory()
             decision = plan_cluster(self.entries(), inventory,
-                                    tuple(self.unbound(inventory).values()))
+                                    tuple(self.unbound(inventory).values()), self.spot_yields)
             for ticket, message in decision.never:  # a node left the cluster
                 self._settle(ticket, Refused(422, message))
             for ticket, node in decision.start:

@@ -42,7 +42,8 @@ class ObjectWatch:
     """One kind of object (nodes, or pods of every namespace), listed then watched."""
 
     def __init__(self, kind: str, api: client.CoreV1Api,
-                 on_change: Callable[[], None] = lambda: None):
+                 on_change: Callable[[], None] = lambda: None,
+                 on_object: Callable[[dict], None] | None = None):
         self.kind = kind
         self.api = api
         self.objects: dict[str, dict] = {}  # namespace/name (name for nodes) -> object
@@ -51,6 +52,7 @@ class ObjectWatch:
         self.failures = 0  # lists and watches that failed (tests, metrics)
         self.last_error = ""  # why the last one failed, for a refusal to name
         self._on_change = on_change
+        self._on_object = on_object  # each object listed, added or changed
         self._task: asyncio.Task | None = None
         self.first_list: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -77,6 +79,9 @@ class ObjectWatch:
         if response.status != 200:
             raise client.ApiException(status=response.status, reason=body.get("message", ""))
         self.objects = {self.key(o): o for o in body["items"]}
+        if self._on_object is not None:
+            for obj in body["items"]:
+                self._on_object(obj)
         self._changed()
         if not self.first_list.done():
             self.first_list.set_result(None)
@@ -127,6 +132,8 @@ class ObjectWatch:
             self.objects.pop(self.key(obj), None)
         else:
             self.objects[self.key(obj)] = obj
+            if self._on_object is not None:
+                self._on_object(obj)
         self._changed()
         return version
 
@@ -141,11 +148,12 @@ class ClusterWatch:
     """Nodes and pods, watched; `inventory()` the ClusterInventory they make."""
 
     def __init__(self, api: client.CoreV1Api, on_change: Callable[[], None] | None = None,
-                 servers_namespace: str | None = None):
+                 servers_namespace: str | None = None,
+                 on_pod: Callable[[dict], None] | None = None):
         notify = on_change or (lambda: None)
         self.servers_namespace = servers_namespace  # gpulease's pods: only there (hold_from_pod)
         self.nodes = ObjectWatch("nodes", api, notify)
-        self.pods = ObjectWatch("pods", api, notify)
+        self.pods = ObjectWatch("pods", api, notify, on_pod)
         self._cached: tuple[tuple[int, int], ClusterInventory] | None = None
 
     async def start(self, timeout: float = 60) -> None:

@@ -30,12 +30,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 import aiohttp
-from kubernetes_asyncio.client import ApiException, V1DeleteOptions
+from kubernetes_asyncio.client import (
+    ApiException,
+    V1DeleteOptions,
+    V1Lifecycle,
+    V1LifecycleHandler,
+    V1SleepAction,
+)
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 
 from gpulease.hub.db import utcnow
-from gpulease.hub.options import ServerChoice
+from gpulease.hub.options import ON_DEMAND, ServerChoice
 from gpulease.hub.refusal import Refusal
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
@@ -48,6 +54,7 @@ from gpulease.spawners.pod_spec import (
     avoiding,
     kubespawner_traits,
     pod_needs,
+    tier_pod,
 )
 from gpulease.spawners.queue_base import Refused
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
@@ -129,6 +136,22 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         "cluster's default scheduler.",
     )
 
+    on_demand_priority_class = Unicode(
+        "", config=True,
+        help="PriorityClass of on-demand servers' pods (the Helm chart makes "
+        "<release>-on-demand). With spot_priority_class set, an on-demand start is admitted "
+        "when spot pods hold the room it needs, and kube-scheduler preempts them. Empty: "
+        "the cluster's default priority, and spot pods are never preempted.",
+    )
+    spot_priority_class = Unicode(
+        "", config=True,
+        help="PriorityClass of spot servers' pods, lower than on_demand_priority_class's, "
+        "with preemptionPolicy Never (the Helm chart makes <release>-spot). A spot pod "
+        "kube-scheduler preempts is told at once and keeps running for spot_grace_period "
+        "(a preStop sleep), then is suspended with end reason preempted. Empty: no "
+        "preemption in the cluster.",
+    )
+
     @default("pvc_name_template")
     def _default_pvc_name_template(self):
         # kubespawner's safe slug of the name: the name itself, except for names with
@@ -167,6 +190,30 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         if choice is not None and choice.profile.gpu is None:
             env.update(NO_GPU_ENV)
         return env
+
+    @property
+    def spot_preempts(self) -> bool:
+        """Whether kube-scheduler may preempt spot pods for on-demand ones here."""
+        return bool(self.spot_priority_class and self.on_demand_priority_class)
+
+    async def get_pod_manifest(self):
+        """kubespawner's pod, with what the server's tier sets (pod_spec.tier_pod)."""
+        pod = await KubeSpawner.get_pod_manifest(self)
+        choice = self.gpulease_choice
+        tier = tier_pod(choice.tier if choice is not None else ON_DEMAND,
+                        self.on_demand_priority_class, self.spot_priority_class,
+                        self.spot_grace_period)
+        if tier.priority_class:
+            pod.spec.priority_class_name = tier.priority_class
+        pod.metadata.labels = {**(pod.metadata.labels or {}), **tier.labels}
+        if tier.pre_stop_sleep_s:
+            notebook = pod.spec.containers[0]
+            lifecycle = notebook.lifecycle or V1Lifecycle()
+            lifecycle.pre_stop = V1LifecycleHandler(
+                sleep=V1SleepAction(seconds=tier.pre_stop_sleep_s))
+            notebook.lifecycle = lifecycle
+            pod.spec.termination_grace_period_seconds = tier.termination_grace_s
+        return pod
 
     def cluster_gpus(self) -> ClusterGpus:
         return ClusterGpus(self.mig_strategy, tuple(dict(t) for t in self.gpu_tolerations),
@@ -254,9 +301,11 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         return KubeSpawner.is_pod_running(self, pod)
 
     def _queue_runner(self) -> ClusterQueueRunner:
-        return cluster_runner_for(self.gpulease, self.api, self.node_selector,
-                                  self.cluster_gpus().tolerations, self.queue_poll_interval,
-                                  namespace=self.namespace)
+        runner = cluster_runner_for(self.gpulease, self.api, self.node_selector,
+                                    self.cluster_gpus().tolerations, self.queue_poll_interval,
+                                    namespace=self.namespace)
+        runner.spot_yields = self.spot_preempts
+        return runner
 
     async def _form_availability(self) -> Callable[[DeviceRequest], Availability]:
         """The start form's availability: the cluster's, as this spawner's runner sees it

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from gpulease.hub.options import SPOT
 from gpulease.hub.profiles import GpuSpec, Profile
 from gpulease.spawners.gpu_models import GFD_PRODUCTS
 
@@ -25,6 +26,11 @@ MIG_STRATEGIES = ("mixed", "single")
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 )
+# Every server's pod says its tier (on-demand | spot); believed in the servers'
+# namespace only, as the user label is (cluster_inventory.hold_from_pod).
+TIER_LABEL = "gpulease.io/tier"
+# A spot pod's SIGTERM comes this long after its grace period, for the server to stop.
+SPOT_STOP_S = 10
 # jovyan in the Jupyter images; a user's pod never runs as root.
 POD_UID = 1000
 POD_GID = 100
@@ -83,6 +89,32 @@ def pod_needs(profile: Profile, cluster: ClusterGpus) -> PodNeeds:
                                   "values": product_values(profile.gpu, cluster.mig_strategy)}]}
     return PodNeeds(profile.cpu, profile.memory_bytes, {resource: count}, (term,),
                     tuple(cluster.tolerations), cluster.scheduler_name)
+
+
+@dataclass(frozen=True)
+class TierPod:
+    """What a server's tier sets on its pod."""
+
+    priority_class: str  # "" leaves the cluster's default priority
+    labels: dict[str, str]
+    pre_stop_sleep_s: int = 0  # 0: none
+    termination_grace_s: int | None = None  # None: kubespawner's (the pod's default)
+
+
+def tier_pod(tier: str, on_demand_class: str, spot_class: str, grace_s: float) -> TierPod:
+    """The pod of a server on `tier`: its PriorityClass, and for spot the time to save.
+
+    kube-scheduler preempts a lower-priority pod for a higher one by deleting it
+    with the pod's own termination grace period; the kubelet then runs the preStop
+    hook and sends SIGTERM when it ends. A spot pod sleeps in preStop for the spot
+    grace period, so a preempted server keeps running, and its researcher saving,
+    until the deadline they were told; SPOT_STOP_S then lets it stop. The hub's own
+    stops (the user's, the culler's, credit's) delete with kubespawner's short
+    delete_grace_period, which cuts the sleep: they are as quick as on demand."""
+    if tier != SPOT:
+        return TierPod(on_demand_class, {TIER_LABEL: tier})
+    seconds = max(1, int(-(-grace_s // 1)))
+    return TierPod(spot_class, {TIER_LABEL: SPOT}, seconds, seconds + SPOT_STOP_S)
 
 
 def avoiding(terms: list[dict[str, Any]], nodes: frozenset[str]) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Which spot servers an on-demand start preempts (pure).
 
-The rule (docs/spot.md): an on-demand request that would otherwise wait may take
+The rule (docs/admin.md, "spot"): an on-demand request that would otherwise wait may take
 devices from spot servers, on one node. gpulease preempts
 
 1. the fewest spot servers that, with the node's free devices, give the request

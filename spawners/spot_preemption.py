@@ -1,4 +1,8 @@
-"""Preempting spot servers on the embedded box: the adapter around the pure rule.
+"""Preempting spot servers: the adapter around the pure rules.
+
+On the embedded box gpulease chooses the victims (preempt_for); in the cluster
+shape kube-scheduler does, and gpulease tells them and ends their sessions
+(tell_preempted, from spawners/cluster_preemption.py's reading of their pods).
 
 At each pass over the queue (QueueRunner.serve), every waiting on-demand start
 that spot servers hold the room for gets it, in the queue's order: the servers
@@ -19,7 +23,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from gpulease.hub.db import utcnow
+from gpulease.hub.enforcement import PREEMPTED
 from gpulease.hub.notifier import subject_for
 from gpulease.hub.options import price_text
 from gpulease.spawners.assignments import HELD, Holder
@@ -27,6 +34,7 @@ from gpulease.spawners.preemption import plan_preemptions, spot_holdings
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
+    from gpulease.spawners.cluster_preemption import PreemptedPod
     from gpulease.spawners.queue_base import Ticket
 
 log = logging.getLogger("gpulease.queue")
@@ -58,6 +66,31 @@ async def _tell(ctx: GPULeaseContext, user: str, server: str, profile: str,
                                     deadline)
     except Exception as e:  # the stop goes ahead: the deadline is the meter's
         log.error("could not post the preemption notice of %s/%s: %s", user, server, e)
+
+
+async def tell_preempted(ctx: GPULeaseContext, preempted: PreemptedPod) -> None:
+    """A spot pod kube-scheduler is preempting (the cluster shape): its session is to end
+    `preempted`, billed up to the deadline, and its user is told now. Nothing for a
+    server with no open session (still starting: nothing is billed yet)."""
+    meter = ctx.meter
+    key = (preempted.user, preempted.server)
+    live = meter.live.get(key) if meter is not None else None
+    if live is None:
+        log.info("%s (%s/%s) is being preempted before its session opened", preempted.pod,
+                 preempted.user, preempted.server or "(default)")
+        return
+    why = f"preempted by kube-scheduler for an on-demand pod ({preempted.why})"
+    if not meter.preempt(key, preempted.deadline, why):
+        return
+    try:  # a server gone before the meter's stop closes with this reason too
+        await asyncio.to_thread(meter.sessions.request_end_reason, *key, PREEMPTED)
+    except SQLAlchemyError as e:  # the meter records it with its stop at the deadline
+        log.error("could not record preempted for %s/%s yet: %s", *key, e)
+    log.warning("%s/%s (spot, %s, pod %s) %s: suspended at %s", preempted.user,
+                preempted.server or "(default)", live.profile, preempted.pod, why,
+                preempted.deadline.isoformat())
+    wanted = ", ".join(f"{count} {resource}" for resource, count in preempted.resources.items())
+    await _tell(ctx, preempted.user, preempted.server, live.profile, preempted.deadline, wanted)
 
 
 async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],

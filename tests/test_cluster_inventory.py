@@ -80,7 +80,8 @@ def test_rows_count_free_per_node_and_name_gpuleases_holders():
     (row,) = inventory.rows()
     (resource,) = row["resources"]
     assert resource == {"resource": "nvidia.com/mig-1g.18gb", "allocatable": 7, "free": 4,
-                        "holders": [{"user": "alice", "server": "", "count": 1},
+                        "holders": [{"user": "alice", "server": "", "tier": "on-demand",
+                                     "count": 1},
                                     {"pod": "other/job", "count": 2}]}
 
 
@@ -221,3 +222,21 @@ def test_a_nodes_allocatable_in_a_quantity_form_is_read():
     obj = node_object(GpuNode("n1", gpus=8))
     obj["status"]["allocatable"]["nvidia.com/gpu"] = "8e0"
     assert node_from_object(obj).allocatable["nvidia.com/gpu"] == 8
+
+
+def test_a_spot_server_is_known_by_its_tier_label_in_the_servers_namespace_only():
+    """Attack: a pod labelled spot elsewhere must not read as a spot server's (an on-demand
+    start would count its GPUs as free, and kube-scheduler would never give them)."""
+    pod = _pod("jupyter-sue", "n1", {"nvidia.com/gpu": "1"}, user="sue")
+    pod["metadata"]["labels"]["gpulease.io/tier"] = "spot"
+    assert hold_from_pod(pod, "ns").spot is True
+    pod["metadata"]["namespace"] = "batch"
+    assert hold_from_pod(pod, "ns").spot is False
+    inventory = ClusterInventory(
+        (_node("n1", gpu=2),),
+        (Hold("ns/jupyter-sue", "n1", {"nvidia.com/gpu": 1}, "sue", "", spot=True),
+         Hold("ns/jupyter-odin", "n1", {"nvidia.com/gpu": 1}, "odin", "")))
+    assert inventory.free()["n1"]["nvidia.com/gpu"] == 0
+    assert inventory.without_spot().free()["n1"]["nvidia.com/gpu"] == 1
+    (row,) = inventory.rows()
+    assert [h["tier"] for h in row["resources"][0]["holders"]] == ["spot", "on-demand"]

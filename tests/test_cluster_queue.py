@@ -71,3 +71,18 @@ def test_a_spot_request_waits_behind_an_on_demand_one_that_came_later():
     queue = [Waiting("spot", ONE, spot=True), Waiting("paying", EIGHT)]
     decision = plan_cluster(queue, cluster({"a": 0, "b": 8}))  # a is wholly free
     assert decision.start == [("paying", "a")] and decision.waiting == ["spot"]
+
+
+def test_an_on_demand_start_counts_what_spot_pods_hold_where_they_yield():
+    nodes = (ClusterNode("a", "H200", "mixed", "570", {"nvidia.com/gpu": 8}),)
+    holds = (Hold("ns/spot-1", "a", {"nvidia.com/gpu": 4}, "sue", "", spot=True),
+             Hold("ns/odin", "a", {"nvidia.com/gpu": 4}, "odin", ""))
+    full = ClusterInventory(nodes, holds)
+    queue = [Waiting("paying", ONE), Waiting("spot", ONE, spot=True)]
+    # without PriorityClasses nothing is preempted: both wait
+    assert plan_cluster(queue, full).waiting == ["paying", "spot"]
+    decision = plan_cluster(queue, full, spot_yields=True)
+    assert decision.start == [("paying", "a")]  # kube-scheduler preempts a spot pod for it
+    assert decision.waiting == ["spot"]  # a spot start only ever takes what is free
+    # what an on-demand pod holds is never counted as free
+    assert plan_cluster([Waiting("big", EIGHT)], full, spot_yields=True).waiting == ["big"]

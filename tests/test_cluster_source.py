@@ -104,7 +104,8 @@ async def test_lists_every_page_and_keeps_one_listing_for_a_few_seconds(stand_in
         (node,) = listed.inventory.rows()
         (row,) = node["resources"]
         assert row == {"resource": "nvidia.com/mig-1g.18gb", "allocatable": 7, "free": 4,
-                       "holders": [{"user": "ada", "server": "train", "count": 2},
+                       "holders": [{"user": "ada", "server": "train",
+                                    "tier": "on-demand", "count": 2},
                                    {"pod": "ns/theirs", "count": 1}]}
         assert sum("/pods" in r for r in stand_in.requests) == 2  # two pages (continue)
         assert all("fieldSelector=status.phase" in r for r in stand_in.requests if "/pods" in r)
@@ -129,7 +130,7 @@ async def test_a_user_label_in_another_namespace_shows_as_that_pod_not_the_user(
         holders = node["resources"][0]["holders"]
         assert {"pod": "batch/forged", "count": 1} in holders
         assert [h for h in holders if h.get("user")] == [
-            {"user": "ada", "server": "train", "count": 2}]
+            {"user": "ada", "server": "train", "tier": "on-demand", "count": 2}]
     finally:
         await source.close()
 

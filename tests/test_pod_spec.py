@@ -84,3 +84,18 @@ def test_unknown_models_and_strategies_are_refused_by_name():
         product_values(GpuSpec("B200"), "mixed")
     with pytest.raises(ValueError, match="allowed are mixed, single"):
         ClusterGpus(mig_strategy="none")
+
+
+def test_a_spot_pod_is_lower_priority_and_keeps_running_through_its_grace_period():
+    from gpulease.spawners.pod_spec import SPOT_STOP_S, TIER_LABEL, tier_pod
+
+    on_demand = tier_pod("on-demand", "lab-on-demand", "lab-spot", 120)
+    assert on_demand.priority_class == "lab-on-demand" and on_demand.pre_stop_sleep_s == 0
+    assert on_demand.labels == {TIER_LABEL: "on-demand"}
+    assert on_demand.termination_grace_s is None  # kubespawner's, as ever
+    spot = tier_pod("spot", "lab-on-demand", "lab-spot", 119.2)
+    assert spot.priority_class == "lab-spot" and spot.labels == {TIER_LABEL: "spot"}
+    # the preStop sleep lasts the grace period (rounded up); SIGTERM after it, then time to stop
+    assert spot.pre_stop_sleep_s == 120 and spot.termination_grace_s == 120 + SPOT_STOP_S
+    # no PriorityClasses configured: none set (the cluster's default priority)
+    assert tier_pod("spot", "", "", 120).priority_class == ""

@@ -199,8 +199,9 @@ def inventory_counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 def cluster_node_tables(view: Mapping[str, Any]) -> list[dict[str, Any]]:
     """api/inventory's cluster form -> one table per node: resource, allocatable, free, holders.
 
-    A holder reads `user/server ×count` (`(default)` for the default server), or
-    `namespace/pod ×count` for a pod that is not gpulease's.
+    A holder reads `user/server ×count` (`(default)` for the default server; `, spot`
+    after a spot server's count), or `namespace/pod ×count` for a pod that is not
+    gpulease's.
     """
     tables = []
     for node in view.get("nodes") or []:
@@ -210,7 +211,8 @@ def cluster_node_tables(view: Mapping[str, Any]) -> list[dict[str, Any]]:
             for h in r.get("holders") or []:
                 who = (f"{h['user']}/{h.get('server') or '(default)'}" if h.get("user")
                        else f"{h.get('pod', '')} (not gpulease's)")
-                holders.append(f"{who} ×{h.get('count', 0)}")
+                spot = ", spot" if h.get("tier") == "spot" else ""
+                holders.append(f"{who} ×{h.get('count', 0)}{spot}")
             rows.append({"resource": r.get("resource", ""), "allocatable": r.get("allocatable", 0),
                          "free": r.get("free", 0), "holders": holders})
         tables.append({"name": node.get("name", ""), "model": node.get("model") or "(no GPU model)",

@@ -8,8 +8,8 @@ its own, as the pod's user, from the local environment mapped to its image
 concrete device IDs from the Node's declared devices in NVIDIA_VISIBLE_DEVICES,
 never one device to two pods; reports Pending, Running with Ready conditions
 and termination with exit codes through the status subresource; honours
-deletion with SIGTERM, the grace period, then SIGKILL of everything left; and
-writes events. kwok only keeps the Nodes Ready.
+deletion with a preStop sleep hook, SIGTERM, the grace period, then SIGKILL of
+everything left; and writes events. kwok only keeps the Nodes Ready.
 
     python -m tests.cluster.kubelet_emulator --kubeconfig K --images images.json --state DIR
 """
@@ -46,6 +46,13 @@ PR_SET_CHILD_SUBREAPER = 36
 # The kubelet's least grace before SIGKILL, even for a pod removed with grace 0
 # (kuberuntime's minimumGracePeriodInSeconds).
 MIN_KILL_GRACE_S = 2
+
+
+def _pre_stop_sleep(pod: dict) -> int:
+    """Seconds of the first container's preStop sleep action (Kubernetes' `sleep` hook)."""
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    hook = ((containers[0].get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+    return max(0, int(hook.get("seconds", 0) or 0))
 
 
 def kube_from_kubeconfig(path: str) -> Kube:
@@ -337,6 +344,16 @@ class Emulator:
             run.terminating = True
             run.kill_at = kill_at
         run.launched.wait(60)
+        sleep = _pre_stop_sleep(pod)
+        if run.procs and not run.done.is_set() and sleep:
+            # The preStop hook first, within the grace period (a shorter one, from a
+            # second delete, cuts it); SIGTERM after it, with at least the minimum left.
+            hook_ends = time.monotonic() + sleep
+            self.event(pod, "Killing", f"Running the preStop hook (sleep {sleep} s)")
+            while not run.done.wait(0.1) and time.monotonic() < min(hook_ends, run.kill_at):
+                pass
+            with self.lock:
+                run.kill_at = max(run.kill_at, time.monotonic() + MIN_KILL_GRACE_S)
         if run.procs and not run.done.is_set():
             self.event(pod, "Killing", f"Stopping container(s) with grace period {grace} s")
             for proc in run.procs.values():

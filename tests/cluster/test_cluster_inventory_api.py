@@ -133,14 +133,14 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
         "a100": ("A100-80GB", "mixed", "570.133.20", True),
         "single": ("H200", "single", "570.133.20", True)}
     assert by_resource(nodes["mixed"]) == {
-        "nvidia.com/mig-1g.18gb": (4, 3, [{"count": 1, "server": "", "user": "bob"}]),
-        "nvidia.com/mig-3g.71gb": (1, 0, [{"count": 1, "server": "big", "user": "bob"}])}
+        "nvidia.com/mig-1g.18gb": (4, 3, [{"count": 1, "server": "", "tier": "on-demand", "user": "bob"}]),
+        "nvidia.com/mig-3g.71gb": (1, 0, [{"count": 1, "server": "big", "tier": "on-demand", "user": "bob"}])}
     assert by_resource(nodes["full8"]) == {"nvidia.com/gpu": (8, 5, [
         {"count": 1, "pod": f"{namespace}/batch-job"},  # not gpulease's: still taken
-        {"count": 2, "server": "train", "user": "ada"}])}
+        {"count": 2, "server": "train", "tier": "on-demand", "user": "ada"}])}
     assert by_resource(nodes["a100"]) == {"nvidia.com/mig-3g.40gb": (2, 2, [])}
     assert by_resource(nodes["single"]) == {"nvidia.com/gpu": (
-        7, 4, [{"count": 3, "server": "", "user": "cy"}])}
+        7, 4, [{"count": 3, "server": "", "tier": "on-demand", "user": "cy"}])}
 
     # who may read it: as in the embedded shape, admins and auditors (holders included)
     audrey = hub.add_user(admin, "audrey", None)
