@@ -188,6 +188,17 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
     assert c.GPUKubeSpawner.packing_scheduler == (v["scheduler"]["name"]
                                                   if v["scheduler"]["enabled"] else "")
     assert c.GPUKubeSpawner.storage_capacity == v["singleuser"]["storage"]["capacity"]
+    # the tiers' PriorityClasses: the ones the chart makes, named to the spawner
+    classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PriorityClass"}
+    spot = {**values_of(None)["spot"], **v.get("spot", {})}
+    if spot["priorityClasses"]["create"]:
+        on_demand = classes[c.GPUKubeSpawner.on_demand_priority_class]
+        spot_class = classes[c.GPUKubeSpawner.spot_priority_class]
+        assert on_demand["value"] > spot_class["value"]
+        assert spot_class["preemptionPolicy"] == "Never"
+    else:
+        assert not classes and c.GPUKubeSpawner.spot_priority_class == ""
+    assert c.GPULeaseHub.spot_grace_period == spot["gracePeriodSeconds"]
     assert c.LocalAccountsAuthenticator.trusted_proxies == v["hub"]["trustedProxies"]
     # the proxy pod is known by its headless Service's name (the login throttle)
     assert c.LocalAccountsAuthenticator.proxy_hosts == [f"{RELEASE}-proxy-api"]
@@ -466,8 +477,18 @@ def test_long_release_names_in_two_namespaces_never_share_a_cluster_wide_object(
     for namespace in ("research-gpu-cluster-team-one", "research-gpu-cluster-team-two"):
         out = helm("template", release, str(CHART), "-n", namespace).stdout
         cluster_wide = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(out)
-                        if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+                        if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding",
+                                               "PriorityClass")]
         assert all(len(n) <= 63 for _kind, n in cluster_wide), cluster_wide
-        assert len(set(cluster_wide)) == len(cluster_wide) == 4
+        assert len(set(cluster_wide)) == len(cluster_wide) == 6
         names.append(set(cluster_wide))
     assert not names[0] & names[1], names
+
+
+def test_spot_pods_must_rank_below_on_demand_ones():
+    run = helm("template", RELEASE, str(CHART), "--set=spot.priorityClasses.spotValue=1000",
+               check=False)
+    assert run.returncode != 0
+    assert "spotValue (1000) must be below onDemandValue (1000)" in run.stderr, run.stderr
+    off = helm("template", RELEASE, str(CHART), "--set=spot.priorityClasses.create=false").stdout
+    assert "kind: PriorityClass" not in off

@@ -38,6 +38,10 @@ if db_url:  # hub.db.type postgresql: both in the one database
 
 c.GPUKubeSpawner.mig_strategy = chart["migStrategy"]
 c.GPUKubeSpawner.packing_scheduler = chart["schedulerName"]
+# The tiers' PriorityClasses (priorityclasses.yaml): kube-scheduler preempts spot pods.
+c.GPUKubeSpawner.on_demand_priority_class = chart["priorityClasses"]["onDemand"]
+c.GPUKubeSpawner.spot_priority_class = chart["priorityClasses"]["spot"]
+c.GPULeaseHub.spot_grace_period = chart["spotGraceSeconds"]
 c.GPUKubeSpawner.storage_capacity = chart["storage"]["capacity"]
 c.GPUKubeSpawner.storage_access_modes = chart["storage"]["accessModes"]
 if chart["storage"]["storageClass"]:

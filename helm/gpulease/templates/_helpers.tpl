@@ -69,3 +69,10 @@ seccompProfile:
 {{- printf "%s-%s" (trunc (sub (int .max) 9 | int) .name | trimSuffix "-") (sha256sum .name | trunc 8) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* A tier's PriorityClass name (tier: on-demand | spot): cluster-wide, per release and
+     namespace. priorityclasses.yaml makes them, the hub's configuration names them. */}}
+{{- define "gpulease.priorityClass" -}}
+{{- $hub := include "gpulease.name" (dict "root" .root "part" "hub") -}}
+{{- include "gpulease.clusterName" (dict "name" (printf "%s-%s-%s" $hub .root.Release.Namespace .tier) "max" 63) -}}
+{{- end -}}
