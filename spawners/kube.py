@@ -143,6 +143,13 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         "when spot pods hold the room it needs, and kube-scheduler preempts them. Empty: "
         "the cluster's default priority, and spot pods are never preempted.",
     )
+    cpu_only_priority_class = Unicode(
+        "", config=True,
+        help="PriorityClass of CPU-only servers' pods: as high as on_demand_priority_class's "
+        "but with preemptionPolicy Never (the Helm chart makes <release>-cpu-only), so that "
+        "a CPU-only start never preempts anyone for CPU or memory and a GPU start never "
+        "preempts it. Empty: the cluster's default priority.",
+    )
     spot_priority_class = Unicode(
         "", config=True,
         help="PriorityClass of spot servers' pods, lower than on_demand_priority_class's, "
@@ -202,7 +209,9 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         choice = self.gpulease_choice
         tier = tier_pod(choice.tier if choice is not None else ON_DEMAND,
                         self.on_demand_priority_class, self.spot_priority_class,
-                        self.spot_grace_period)
+                        self.spot_grace_period,
+                        choice is not None and choice.profile.gpu is not None,
+                        self.cpu_only_priority_class)
         if tier.priority_class:
             pod.spec.priority_class_name = tier.priority_class
         pod.metadata.labels = {**(pod.metadata.labels or {}), **tier.labels}

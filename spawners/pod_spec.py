@@ -101,7 +101,8 @@ class TierPod:
     termination_grace_s: int | None = None  # None: kubespawner's (the pod's default)
 
 
-def tier_pod(tier: str, on_demand_class: str, spot_class: str, grace_s: float) -> TierPod:
+def tier_pod(tier: str, on_demand_class: str, spot_class: str, grace_s: float,
+             gpu: bool = True, cpu_only_class: str = "") -> TierPod:
     """The pod of a server on `tier`: its PriorityClass, and for spot the time to save.
 
     kube-scheduler preempts a lower-priority pod for a higher one by deleting it
@@ -110,7 +111,13 @@ def tier_pod(tier: str, on_demand_class: str, spot_class: str, grace_s: float) -
     grace period, so a preempted server keeps running, and its researcher saving,
     until the deadline they were told; SPOT_STOP_S then lets it stop. The hub's own
     stops (the user's, the culler's, credit's) delete with kubespawner's short
-    delete_grace_period, which cuts the sleep: they are as quick as on demand."""
+    delete_grace_period, which cuts the sleep: they are as quick as on demand.
+
+    A CPU-only server (`gpu` False, always on demand) takes `cpu_only_class`: as high
+    as on demand but never preempting, so that it neither takes a node's CPU from a
+    spot or other pod by preemption nor is preempted by a GPU start."""
+    if not gpu:
+        return TierPod(cpu_only_class, {TIER_LABEL: tier})
     if tier != SPOT:
         return TierPod(on_demand_class, {TIER_LABEL: tier})
     seconds = max(1, int(-(-grace_s // 1)))

@@ -194,8 +194,16 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
     if spot["priorityClasses"]["create"]:
         on_demand = classes[c.GPUKubeSpawner.on_demand_priority_class]
         spot_class = classes[c.GPUKubeSpawner.spot_priority_class]
+        cpu_only = classes[c.GPUKubeSpawner.cpu_only_priority_class]
         assert on_demand["value"] > spot_class["value"]
-        assert spot_class["preemptionPolicy"] == "Never"
+        assert spot_class["preemptionPolicy"] == cpu_only["preemptionPolicy"] == "Never"
+        assert cpu_only["value"] == on_demand["value"]
+        # no researcher's start can preempt the hub, the proxy or the packing scheduler
+        for o in objects:
+            if o["kind"] == "Deployment":
+                name = o["spec"]["template"]["spec"].get("priorityClassName")
+                assert name in classes and classes[name]["value"] > on_demand["value"], \
+                    o["metadata"]["name"]
     else:
         assert not classes and c.GPUKubeSpawner.spot_priority_class == ""
     assert c.GPULeaseHub.spot_grace_period == spot["gracePeriodSeconds"]
@@ -480,7 +488,7 @@ def test_long_release_names_in_two_namespaces_never_share_a_cluster_wide_object(
                         if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding",
                                                "PriorityClass")]
         assert all(len(n) <= 63 for _kind, n in cluster_wide), cluster_wide
-        assert len(set(cluster_wide)) == len(cluster_wide) == 6
+        assert len(set(cluster_wide)) == len(cluster_wide) == 8
         names.append(set(cluster_wide))
     assert not names[0] & names[1], names
 
@@ -490,5 +498,8 @@ def test_spot_pods_must_rank_below_on_demand_ones():
                check=False)
     assert run.returncode != 0
     assert "spotValue (1000) must be below onDemandValue (1000)" in run.stderr, run.stderr
+    run = helm("template", RELEASE, str(CHART), "--set=spot.priorityClasses.coreValue=1000",
+               check=False)
+    assert run.returncode != 0 and "coreValue (1000) must be above onDemandValue" in run.stderr
     off = helm("template", RELEASE, str(CHART), "--set=spot.priorityClasses.create=false").stdout
-    assert "kind: PriorityClass" not in off
+    assert "kind: PriorityClass" not in off and "priorityClassName" not in off

@@ -99,3 +99,7 @@ def test_a_spot_pod_is_lower_priority_and_keeps_running_through_its_grace_period
     assert spot.pre_stop_sleep_s == 120 and spot.termination_grace_s == 120 + SPOT_STOP_S
     # no PriorityClasses configured: none set (the cluster's default priority)
     assert tier_pod("spot", "", "", 120).priority_class == ""
+    # a CPU-only server never preempts for CPU or memory, and is not preempted for a GPU
+    cpu = tier_pod("on-demand", "lab-on-demand", "lab-spot", 120, gpu=False,
+                   cpu_only_class="lab-cpu-only")
+    assert cpu.priority_class == "lab-cpu-only" and cpu.pre_stop_sleep_s == 0

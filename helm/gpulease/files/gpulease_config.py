@@ -40,6 +40,7 @@ c.GPUKubeSpawner.mig_strategy = chart["migStrategy"]
 c.GPUKubeSpawner.packing_scheduler = chart["schedulerName"]
 # The tiers' PriorityClasses (priorityclasses.yaml): kube-scheduler preempts spot pods.
 c.GPUKubeSpawner.on_demand_priority_class = chart["priorityClasses"]["onDemand"]
+c.GPUKubeSpawner.cpu_only_priority_class = chart["priorityClasses"]["cpuOnly"]
 c.GPUKubeSpawner.spot_priority_class = chart["priorityClasses"]["spot"]
 c.GPULeaseHub.spot_grace_period = chart["spotGraceSeconds"]
 c.GPUKubeSpawner.storage_capacity = chart["storage"]["capacity"]
