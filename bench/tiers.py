@@ -128,8 +128,9 @@ def main() -> None:
           f"{args.spot_load:g}x; grace {args.grace:g} s")
     rows = ("requests (on demand, spot)", "GPU utilisation", "on-demand p95 wait (s)",
             "on-demand median wait (s)", "on-demand gave up", "spot started", "spot gave up",
-            "preempted servers", "preempted GPU-hours", "revenue on demand (credits)",
-            "revenue spot (credits)", "revenue (credits)", "simulated in (s)")
+            "preempted servers", "preemptions taken back", "preempted GPU-hours",
+            "revenue on demand (credits)", "revenue spot (credits)", "revenue (credits)",
+            "simulated in (s)")
     print(f"{'':30}{'without spot':>16}{'with spot':>16}")
     values = {}
     for name, out in runs.items():
@@ -137,7 +138,7 @@ def main() -> None:
             f"{out.requests[0]}, {out.requests[1]}", f"{out.gpu_s / (gpus * out.measured_s):.3f}",
             f"{_p95(out.on_demand_waits):.0f}", f"{statistics.median(out.on_demand_waits):.0f}",
             str(out.on_demand_gave_up), str(out.spot_started), str(out.spot_gave_up),
-            str(out.preempted), f"{out.preempted_gpu_s / HOUR:.1f}",
+            str(out.preempted), str(out.withdrawn), f"{out.preempted_gpu_s / HOUR:.1f}",
             f"{out.revenue_ucr['on-demand'] / 1e6:,.0f}", f"{out.revenue_ucr['spot'] / 1e6:,.0f}",
             f"{sum(out.revenue_ucr.values()) / 1e6:,.0f}", f"{out.wall_s:.1f}")
     for i, row in enumerate(rows):

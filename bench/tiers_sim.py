@@ -148,6 +148,7 @@ class Outcome:
     spot_gave_up: int = 0
     preempted: int = 0
     preempted_gpu_s: float = 0.0  # what preempted servers would still have used
+    withdrawn: int = 0  # preemptions taken back: the start they were for gave up
     revenue_ucr: dict[str, int] = field(default_factory=lambda: {"on-demand": 0, "spot": 0})
     passes: int = 0
 
@@ -205,14 +206,18 @@ def simulate(inventory: Inventory, requests: list[Request], grace_s: float, warm
                 else:
                     out.on_demand_waits.append(t - request.arrived)
         on_demand = [(r, r.kind.request) for r in decision.waiting if not r.spot]
-        if not on_demand:
+        leaving = {id(r): frozenset(r.devices) for r in running.values()
+                   if r.deadline is not None and r.deadline > t}
+        if not on_demand and not leaving:
             return
         spot = [SpotHolding(id(r), r.node, frozenset(r.devices), r.started)
                 for r in running.values() if r.spot and r.deadline is None]
-        if not spot:
-            return
-        leaving = {d for r in running.values() if r.deadline is not None for d in r.devices}
-        for _, chosen in plan_preemptions(on_demand, inventory, held - leaving, spot):
+        coming = set().union(*leaving.values()) if leaving else set()
+        decided = plan_preemptions(on_demand, inventory, held - coming, spot, leaving)
+        for key in decided.unneeded:  # the start it was for gave up: taken back
+            running[key].deadline = None
+            out.withdrawn += 1
+        for _, chosen in decided.chosen:
             for key in chosen.victims:
                 victim = running[key]
                 assert victim.spot and victim.deadline is None, "preempted twice or on demand"
@@ -244,8 +249,8 @@ def simulate(inventory: Inventory, requests: list[Request], grace_s: float, warm
                 continue  # preempted before its end
             finish(request, t)
         else:  # a preempted server's grace period is up
-            if request.ended is not None:
-                continue  # it ended on its own within the grace period
+            if request.ended is not None or request.deadline != t:
+                continue  # it ended on its own within the grace period, or was taken back
             left = request.started + request.duration - t
             finish(request, t)
             if measure_from <= t < measure_to:

@@ -200,6 +200,10 @@ sessions = Table(
     Column("billed_ms", BigInteger, nullable=True),  # NULL while open
     # on-demand | spot: the price tier it was started on (its rate is that tier's)
     Column("tier", String(16), nullable=False, server_default="on-demand"),
+    # A spot session being preempted: it runs until then, billed up to then at most
+    # (kept so that a hub restart keeps the deadline its user was told).
+    Column("preempted_until", DateTime, nullable=True),
+    Column("preempt_why", String(500), nullable=True),
 )
 Index(
     "uq_sessions_open_server",

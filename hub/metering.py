@@ -162,6 +162,9 @@ class Meter:
             self.live[(s.user, s.server)] = LiveSession(
                 s.id, s.profile, s.account, s.rate_per_hour_ucr, max(s.last_confirmed, now),
                 s.tier)
+            if s.preempted_until is not None:  # the deadline its user was told stands
+                self.preempting[(s.user, s.server)] = Preempting(
+                    s.preempted_until, s.preempt_why or "preempted", s.id)
         for s in closed:
             metrics.session_closed(s.profile, s.end_reason or "hub_lost", s.billed_ms(),
                                    s.cost())
@@ -326,6 +329,14 @@ class Meter:
         if live is None or live.tier != "spot" or key in self.preempting:
             return False
         self.preempting[key] = Preempting(deadline, why, live.session_id)
+        return True
+
+    def withdraw_preemption(self, key: Key) -> bool:
+        """Take back `key`'s preemption before its deadline: the start it was for is no
+        longer waiting. False once its stop is ordered (or it was not being preempted)."""
+        if key not in self.preempting or key in self.stopping:
+            return False
+        del self.preempting[key]
         return True
 
     def _order_preemptions(self, now: datetime) -> None:

@@ -176,6 +176,19 @@ def _choose_account(
                   f"account must look like user:NAME or group:NAME, got {account!r}; {choices}")
 
 
+def spot_withdrawn(profile: Profile | None, slug: str, user_groups: set[str]) -> str | None:
+    """Why a spot start that waited may no longer run on spot (the profile as it is now),
+    or None: the admin removed the spot price or the profile, or the user left its
+    spot groups meanwhile."""
+    if profile is None or not profile.offers_spot:
+        return (f"profile {slug} no longer offers spot; start it on demand, or another "
+                "profile with a spot price")
+    if not spot_usable_by(profile, user_groups):
+        return (f"spot on profile {slug} is only for members of group(s) "
+                f"{', '.join(profile.spot_groups)}, and you are no longer in any of them")
+    return None
+
+
 def _choose_tier(tier: str | None, profile: Profile, user_groups: set[str]) -> str:
     if tier is None or tier == ON_DEMAND:
         return ON_DEMAND

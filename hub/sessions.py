@@ -59,6 +59,8 @@ class Session:
     requested_end_reason: str | None
     closed_ms: int | None = None  # what a closed session was billed (its row's billed_ms)
     tier: str = "on-demand"
+    preempted_until: dt.datetime | None = None  # being preempted: it runs until then
+    preempt_why: str | None = None
 
     def billed_ms(self, now: dt.datetime | None = None) -> int:
         """Closed: what it was billed. Open: up to the last confirmation, or to `now`
@@ -81,7 +83,8 @@ def session_from_row(row: Any) -> Session:
     return Session(row.id, row.user_name, row.server_name, row.profile_slug, row.account,
                    int(row.rate_per_hour_ucr), row.started_at, row.last_confirmed_at,
                    row.ended_at, row.end_reason, row.requested_end_reason,
-                   None if row.billed_ms is None else int(row.billed_ms), row.tier)
+                   None if row.billed_ms is None else int(row.billed_ms), row.tier,
+                   row.preempted_until, row.preempt_why)
 
 
 def _check_reason(reason: str) -> str:
@@ -233,6 +236,15 @@ class SessionLedger:
             user_name=session.user, session_id=session.id, created_at=ended,
         ))
         return session
+
+    def set_preemption(self, session_id: int, until: dt.datetime | None,
+                       why: str | None = None) -> bool:
+        """Record that an open session is being preempted until `until` (None: no more)."""
+        with self.engine.begin() as conn:
+            return conn.execute(update(sessions).where(sessions.c.id == session_id, _open)
+                                .values(preempted_until=until,
+                                        preempt_why=None if until is None else (why or "")[:500])
+                                ).rowcount > 0
 
     def request_end_reason(self, user: str, server: str, reason: str) -> bool:
         """Record why a server is being stopped, for the close that follows."""

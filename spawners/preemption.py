@@ -9,9 +9,13 @@ devices from spot servers, on one node. gpulease preempts
    lost): the latest sum of start times, then the node's name, so the choice is
    the same on every pass.
 
-Within a node the servers holding the most useful devices go first (fewest
-servers), the most recently started first among equals. A spot server's
-devices that the request cannot use (another kind, a driver too old for its
+Within a node: the fewest servers that give what is needed, and among sets of
+that many the most recently started (searched exactly up to 16 spot servers
+on the node; past that, the most useful first). kube-scheduler's own choice
+(the cluster shape) reprieves the longest-running pods first, which comes to the
+same in the common cases.
+
+A spot server's devices that the request cannot use (another kind, a driver too old for its
 image) do not count toward it, and a spot server already being preempted is
 not in `spot` (its devices come free at the end of its grace period).
 
@@ -26,12 +30,16 @@ freed device and none waits a second grace period for want of a pass.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from heapq import heapify, heappop
+from itertools import accumulate, combinations
 
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, matches, place
+from gpulease.spawners.queue import usable_devices
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,42 @@ def _usable_by_node(inventory: Inventory, request: DeviceRequest) -> dict[str, f
     return index
 
 
+EXACT_UP_TO = 16  # spot servers on one node searched exhaustively (C(16, 8) = 12,870 sets)
+
+
+@dataclass(frozen=True)
+class _Room:
+    """One node's spot servers for one request kind, sorted twice for `choose`."""
+
+    node: str
+    usable: int  # devices of the kind on the node
+    free: int  # of them, not held
+    # (devices the request can use, holding), the most useful first
+    useful: list[tuple[int, SpotHolding]]
+    given: list[int]  # given[i]: devices the i+1 most useful servers give together
+    latest: list[tuple[int, SpotHolding]]  # the same, the most recently started first
+    latest_sum: list[float]  # latest_sum[i]: start times of the i+1 latest, summed
+
+    def latest_of(self, fewest: int, need: int) -> list[SpotHolding]:
+        """Among sets of `fewest` servers giving `need`, the most recently started."""
+        if fewest == 1:
+            return [next(h for count, h in self.latest if count >= need)]
+        if len(self.useful) > EXACT_UP_TO:
+            return [h for _, h in self.useful[:fewest]]  # as many, not always the latest
+        sets = (chosen for chosen in combinations(self.useful, fewest)
+                if sum(count for count, _ in chosen) >= need)
+        best = min(sets, key=lambda chosen: (-sum(h.started_at for _, h in chosen),
+                                             sorted(str(h.key) for _, h in chosen)))
+        return [h for _, h in best]
+
+
+def _room(node: str, usable: int, free: int, useful: list[tuple[int, SpotHolding]]) -> _Room:
+    useful = sorted(useful, key=lambda pair: (-pair[0], -pair[1].started_at, str(pair[1].key)))
+    latest = sorted(useful, key=lambda pair: (-pair[1].started_at, str(pair[1].key)))
+    return _Room(node, usable, free, useful, list(accumulate(n for n, _ in useful)),
+                 latest, list(accumulate(h.started_at for _, h in latest)))
+
+
 class SpotIndex:
     """One pass's spot holdings, grouped per node and, once asked, per request kind.
 
@@ -111,11 +155,11 @@ class SpotIndex:
         self.inventory = inventory
         self.held = held if isinstance(held, (set, frozenset)) else set(held)
         self._by_node = _on_node(holdings)
-        self._kinds: dict[tuple, tuple[int, list[tuple[str, int, int, list]]]] = {}
+        self._kinds: dict[tuple, tuple[int, list[_Room]]] = {}
 
-    def _rooms(self, request: DeviceRequest) -> tuple[int, list[tuple[str, int, int, list]]]:
-        """The most free usable devices on any node, and per node with spot servers of
-        the kind: (node, usable devices, free ones, [(useful devices, holding)] in order)."""
+    def _rooms(self, request: DeviceRequest) -> tuple[int, list[_Room]]:
+        """The most free usable devices on any node, and the nodes with spot servers of
+        the kind."""
         key = (request.model, request.mig_profile, request.min_driver)
         cached = self._kinds.get(key)
         if cached is not None:
@@ -127,9 +171,7 @@ class SpotIndex:
             useful = [(len(h.devices & usable), h) for h in self._by_node.get(node, ())]
             useful = [(n, h) for n, h in useful if n > 0]
             if useful:
-                # the most useful first (fewest servers), the most recently started among equals
-                useful.sort(key=lambda pair: (-pair[0], -pair[1].started_at, str(pair[1].key)))
-                rooms.append((node, len(usable), free, useful))
+                rooms.append(_room(node, len(usable), free, useful))
         self._kinds[key] = most_free, rooms
         return most_free, rooms
 
@@ -142,24 +184,35 @@ class SpotIndex:
         most_free, rooms = self._rooms(request)
         if most_free >= request.count:
             return None  # it fits now: nobody needs preempting
-        best: tuple[tuple, list[SpotHolding], str] | None = None
-        for node, usable, free, useful in rooms:
-            if usable < request.count:
+        count = request.count
+        fewest, candidates = None, []
+        for room in rooms:
+            if room.usable < count:
                 continue
-            need, chosen, got = request.count - free, [], 0
-            for count, holding in useful:
-                if got >= need:
-                    break
-                chosen.append(holding)
-                got += count
-            if got < need or (best is not None and len(chosen) > best[0][0]):
+            # the fewest of its servers giving what the node lacks, by bisection
+            i = bisect_left(room.given, count - room.free)
+            if i == len(room.given) or (fewest is not None and i + 1 > fewest):
                 continue
-            rank = (len(chosen), -sum(h.started_at for h in chosen), node)
-            if best is None or rank < best[0]:
-                best = (rank, chosen, node)
-        if best is None:
+            if fewest is None or i + 1 < fewest:
+                fewest, candidates = i + 1, []
+            candidates.append((-room.latest_sum[i], room.node, room))
+        if fewest is None:
             return None
-        _, chosen, node = best
+        # The nodes where that few suffice, by the latest start times any that many of
+        # their servers could have: a node whose bound cannot beat the best so far is not
+        # searched (most passes search one node).
+        heapify(candidates)
+        best: tuple[tuple[float, str], list[SpotHolding]] | None = None
+        while candidates:
+            bound, node, room = heappop(candidates)
+            if best is not None and (bound, node) >= best[0]:
+                break
+            chosen = room.latest_of(fewest, count - room.free)
+            rank = (-sum(h.started_at for h in chosen), node)
+            if best is None or rank < best[0]:
+                best = (rank, chosen)
+        assert best is not None
+        (_, node), chosen = best
         return Preemption(node, tuple(h.key for h in chosen),
                           frozenset().union(*(h.devices for h in chosen)))
 
@@ -176,35 +229,57 @@ def choose_victims(request: DeviceRequest, inventory: Inventory, held: Collectio
     return index.choose(request)
 
 
+@dataclass
+class PreemptionPlan:
+    """One pass's decision: `chosen` (waiting key, Preemption) to make now, and
+    `unneeded`: servers being preempted whose devices no waiting start will take
+    any more (the start they were preempted for has gone): their preemption is
+    withdrawn."""
+
+    chosen: list[tuple[Hashable, Preemption]]
+    unneeded: list[Hashable]
+
+
 def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventory: Inventory,
-                     held: Collection[str], spot: Iterable[SpotHolding]
-                     ) -> list[tuple[Hashable, Preemption]]:
+                     held: Collection[str], spot: Iterable[SpotHolding],
+                     leaving: Mapping[Hashable, frozenset[str]] | None = None
+                     ) -> PreemptionPlan:
     """What to preempt, in one pass, for the waiting on-demand requests (in served order).
 
-    `held`: the devices held and not coming free; the devices of servers already
-    being preempted are not in it, and those servers are not in `spot`. A request
-    that fits in what is free or coming free takes it (later ones do not count on
-    it); else it gets the victims `choose_victims` picks among the spot servers not
+    `held`: the devices held and not coming free; `leaving`: the servers already
+    being preempted and their devices (not in `held`, not in `spot`). As the
+    queue's own pass (spawners/queue.py plan) serves them, a request that fits
+    in what is free or coming free takes it (later ones do not count on it);
+    else it gets the victims `choose_victims` picks among the spot servers not
     yet chosen, and the devices it will be given are kept from later requests. A
-    request that no preemption lets run is passed over, and a later, smaller one
-    may still preempt (the queue's own pass, spawners/queue.py plan, keeps free
-    devices for the earlier one as they come)."""
+    request that no preemption lets run keeps every free device it could use, as
+    the queue's pass does, and later requests never preempt a server whose
+    devices it could use: the queue would keep them for it, idle."""
     taken = set(held)
     remaining = list(spot)
+    leaving = dict(leaving or {})
+    coming = set().union(*leaving.values()) if leaving else set()
+    used_coming: set[str] = set()
+    blocked: set[str] = set()  # every device an earlier, blocked request could use
     index: SpotIndex | None = None
     chosen_for: list[tuple[Hashable, Preemption]] = []
     for key, request in waiting:
         try:
-            taken |= set(place(request, inventory, taken).uuids)
+            placed = set(place(request, inventory, taken | blocked).uuids)
+            used_coming |= placed & coming
+            taken |= placed
             index = None
             continue  # it starts once what is coming free has come
         except NoFit as nofit:
             if nofit.status != 503:
                 continue
         if index is None:
-            index = SpotIndex(inventory, taken, remaining)
+            index = SpotIndex(inventory, taken, [h for h in remaining
+                                                 if not h.devices & blocked])
         chosen = index.choose(request)
         if chosen is None:
+            blocked |= usable_devices(request, inventory)
+            index = None
             continue
         chosen_for.append((key, chosen))
         victims = set(chosen.victims)
@@ -212,4 +287,5 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
         taken -= chosen.freed
         taken |= set(place(request, inventory, taken).uuids)
         index = None
-    return chosen_for
+    unneeded = [k for k, devices in leaving.items() if not devices & used_coming]
+    return PreemptionPlan(chosen_for, unneeded)

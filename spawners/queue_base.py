@@ -175,7 +175,9 @@ class QueueBase:
             self._loop_task = self._spawn(self._serve_while_waiting())
 
     async def _serve_while_waiting(self) -> None:
-        while self.waiting:
+        # At least one pass after a wake-up, also when the last start just left: a
+        # preemption made for it is taken back by that pass (spot_preemption).
+        while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             except TimeoutError:
@@ -185,6 +187,8 @@ class QueueBase:
                 await self.serve()
             except Exception:  # the database may be away: the next pass tries again
                 log.exception("serving the spawn queue failed")
+            if not self.waiting:
+                return
 
     def _spawn(self, coro) -> asyncio.Task:
         # The event loop keeps only weak references to tasks.

@@ -152,8 +152,8 @@ class QueueRunner(QueueBase):
         """One pass: claim devices for every waiting spawn that may start now."""
         ctx = self.ctx
         async with self._lock:
-            if not self.waiting:
-                return
+            if not self.waiting and not (ctx.meter is not None and ctx.meter.preempting):
+                return  # (preemptions for starts that left are taken back below)
             held = await asyncio.to_thread(ctx.assignments.held)
             decision = plan(self.entries(), ctx.inventory, held)
             for ticket, message in decision.never:
@@ -170,6 +170,8 @@ class QueueRunner(QueueBase):
                 else:  # cancelled while claiming
                     await asyncio.to_thread(ctx.assignments.release, ticket.user,
                                             ticket.server, "cancelled")
+            if decision.start:  # what this pass claimed is held now
+                held = await asyncio.to_thread(ctx.assignments.held)
             await preempt_for(ctx, decision.waiting, held, self.spot_grace_s)
 
 

@@ -31,7 +31,7 @@ from traitlets import Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
-from gpulease.hub.options import SPOT, ServerChoice
+from gpulease.hub.options import SPOT, ServerChoice, spot_withdrawn
 from gpulease.hub.profiles import usable_by
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
@@ -179,12 +179,17 @@ class GPULeaseSpawnCore(AdmissionOptions):
         profile: groups come from the identity provider, asked again now (the user may
         have left the page that kept refreshing them)."""
         groups = await self._groups_now()
+        field, why = "profile", None
         if groups is None or not usable_by(choice.profile, groups):
-            await self._queue_runner().give_back(self.user.name, self.name)
             why = ("your sign-in is no longer valid; sign in again" if groups is None else
                    f"profile {choice.profile.slug} is restricted to groups "
                    f"{', '.join(choice.profile.groups)}, and you are no longer in any of them")
-            self.refuse(Refusal.of_field("profile", f"Cannot start {choice.profile.slug} "
+        elif choice.tier == SPOT:  # spot waits longest: its offer and groups, as they are now
+            now = await asyncio.to_thread(self.gpulease.profiles.get, choice.profile.slug)
+            field, why = "tier", spot_withdrawn(now, choice.profile.slug, groups)
+        if why is not None:
+            await self._queue_runner().give_back(self.user.name, self.name)
+            self.refuse(Refusal.of_field(field, f"Cannot start {choice.profile.slug} "
                                          f"after waiting in the queue: {why}", status=403))
 
     async def _groups_now(self) -> set[str] | None:

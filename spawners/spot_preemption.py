@@ -68,6 +68,18 @@ async def _tell(ctx: GPULeaseContext, user: str, server: str, profile: str,
         log.error("could not post the preemption notice of %s/%s: %s", user, server, e)
 
 
+async def _record(meter, key: tuple[str, str], until: dt.datetime | None,
+                  why: str | None = None) -> None:
+    """The preemption (or its withdrawal) on the session's row: a hub restart keeps it."""
+    live = meter.live.get(key)
+    if live is None:
+        return
+    try:
+        await asyncio.to_thread(meter.sessions.set_preemption, live.session_id, until, why)
+    except SQLAlchemyError as e:  # the meter still stops it at the deadline
+        log.error("could not record the preemption of %s/%s: %s", *key, e)
+
+
 async def tell_preempted(ctx: GPULeaseContext, preempted: PreemptedPod) -> None:
     """A spot pod kube-scheduler is preempting (the cluster shape): its session is to end
     `preempted`, billed up to the deadline, and its user is told now. Nothing for a
@@ -82,6 +94,7 @@ async def tell_preempted(ctx: GPULeaseContext, preempted: PreemptedPod) -> None:
     why = f"preempted by kube-scheduler for an on-demand pod ({preempted.why})"
     if not meter.preempt(key, preempted.deadline, why):
         return
+    await _record(meter, key, preempted.deadline, why)
     try:  # a server gone before the meter's stop closes with this reason too
         await asyncio.to_thread(meter.sessions.request_end_reason, *key, PREEMPTED)
     except SQLAlchemyError as e:  # the meter records it with its stop at the deadline
@@ -96,9 +109,11 @@ async def tell_preempted(ctx: GPULeaseContext, preempted: PreemptedPod) -> None:
 async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
                       held: Mapping[str, Holder], grace_s: float) -> tuple[str, ...]:
     """Tell the spot servers the rule chooses for the waiting on-demand starts
-    (plan_preemptions); returns their "user/server" names (none when nobody is preempted)."""
+    (plan_preemptions), and take back the preemptions no waiting start needs any more
+    (the start they were made for was cancelled or gave up); returns the "user/server"
+    names newly preempted."""
     meter = ctx.meter
-    if meter is None or not any(not t.spot for t in waiting):
+    if meter is None or not (meter.preempting or any(not t.spot for t in waiting)):
         return ()
     live = meter.live
     spot = {key for key, session in live.items()
@@ -106,13 +121,25 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
     claimed = {uuid: ((h.user, h.server), h.since.timestamp())
                for uuid, h in held.items() if h.state == HELD}
     holdings = spot_holdings(claimed, ctx.inventory, spot)
-    if not holdings:
-        return ()
-    leaving = {uuid for uuid, h in held.items() if (h.user, h.server) in meter.preempting}
+    leaving: dict[tuple[str, str], set[str]] = {key: set() for key in meter.preempting}
+    for uuid, h in held.items():
+        if (h.user, h.server) in leaving:
+            leaving[(h.user, h.server)].add(uuid)
     on_demand = [(ticket, ticket.request) for ticket in waiting if not ticket.spot]
+    decided = plan_preemptions(
+        on_demand, ctx.inventory, set(held) - set().union(*leaving.values()), holdings,
+        {key: frozenset(devices) for key, devices in leaving.items()})
+    for key in decided.unneeded:
+        if meter.withdraw_preemption(key):
+            await _record(meter, key, None)
+            log.warning("%s/%s: its preemption is withdrawn: no waiting start needs its GPU "
+                        "any more", key[0], key[1] or "(default)")
+            try:
+                await asyncio.to_thread(ctx.notices.clear, *key, ["preemption_warning"])
+            except SQLAlchemyError as e:
+                log.error("could not clear the preemption notice of %s/%s: %s", *key, e)
     told = []
-    for ticket, chosen in plan_preemptions(on_demand, ctx.inventory, set(held) - leaving,
-                                           holdings):
+    for ticket, chosen in decided.chosen:
         deadline = utcnow() + dt.timedelta(seconds=grace_s)
         for key in chosen.victims:
             user, server = key
@@ -121,6 +148,7 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
                    f"start of {ticket.request.describe()}")
             if not meter.preempt(key, deadline, why):
                 continue
+            await _record(meter, key, deadline, why)
             told.append(f"{user}/{server}")
             log.warning("%s/%s (spot, %s, %s credits/h) %s: suspended at %s", user,
                         server or "(default)", profile,

@@ -157,11 +157,11 @@ def test_waiting_starts_in_one_pass_each_get_room_of_their_own():
     held = {_card("a", i) for i in range(4)}
     spot = [_spot(f"s{i}", "a", [_card("a", i)], float(i)) for i in range(4)]
     one = DeviceRequest("H200")
-    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot)
+    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot).chosen
     # all of b is free: nobody is preempted
     assert got == []
     held |= {_card("b", i) for i in range(4)}
-    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot)
+    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot).chosen
     assert [(key, p.victims) for key, p in got] == [("x", ("s3",)), ("y", ("s2",))]
 
 
@@ -172,15 +172,81 @@ def test_devices_coming_free_serve_the_first_start_and_the_next_preempts():
     held = {_card("a", i) for i in range(3)} | {_card("b", i) for i in range(4)}
     spot = [_spot(f"s{i}", "a", [_card("a", i)], float(i)) for i in range(3)]
     one = DeviceRequest("H200")
-    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot)
-    assert [(key, p.victims) for key, p in got] == [("y", ("s2",))]
+    leaving = {"s3": frozenset({_card("a", 3)})}
+    got = plan_preemptions([("x", one), ("y", one)], CARDS, held, spot, leaving)
+    assert [(key, p.victims) for key, p in got.chosen] == [("y", ("s2",))]
+    assert got.unneeded == []  # x takes s3's card
+    # x and y gone (cancelled, given up): s3's preemption is needed by nobody
+    assert plan_preemptions([], CARDS, held, spot, leaving).unneeded == ["s3"]
 
 
-def test_a_start_no_preemption_helps_is_passed_over_for_a_later_one():
+def test_a_start_no_preemption_helps_keeps_what_it_could_use_from_later_ones():
     from gpulease.spawners.preemption import plan_preemptions
 
-    held = {_card("a", i) for i in range(4)} | {_card("b", i) for i in range(4)}
-    spot = [_spot("s0", "a", [_card("a", 0)], 5.0)]
+    mixed = _inv({"a": [{"model": "H200"}] * 4, "m": [{"model": "H200", "mig": ["1g.18gb"]}]})
+    held = {_card("a", i) for i in range(4)} | {_slice("m", 0, 0)}
+    spot = [_spot("s0", "a", [_card("a", 0)], 5.0),
+            _spot("m0", "m", [_slice("m", 0, 0)], 5.0)]
     got = plan_preemptions([("big", DeviceRequest("H200", count=4)),
-                            ("small", DeviceRequest("H200"))], CARDS, held, spot)
-    assert [(key, p.victims) for key, p in got] == [("small", ("s0",))]
+                            ("small", DeviceRequest("H200")), ("slice", SLICE)],
+                           mixed, held, spot).chosen
+    # the 4-card start cannot be helped (one spot card); the queue would keep s0's card
+    # for it, so the 1-card start behind it preempts nobody; a slice still does
+    assert [(key, p.victims) for key, p in got] == [("slice", ("m0",))]
+
+
+def test_among_one_victim_choices_the_most_recently_started_is_preempted():
+    """Attack: an older two-card spot server was preempted for one card before a newer
+    one-card server (the most useful first), freeing a card for nothing."""
+    inventory = _inv({"a": [{"model": "H200"}] * 4})
+    held = {_card("a", i) for i in range(4)}
+    spot = [_spot("old", "a", [_card("a", 0), _card("a", 1)], 100.0),
+            _spot("new", "a", [_card("a", 2)], 900.0)]
+    got = choose_victims(DeviceRequest("H200"), inventory, held, spot)
+    assert got is not None and got.victims == ("new",), got
+    # two cards: one server (old) is fewer than two
+    assert choose_victims(DeviceRequest("H200", count=2), inventory, held, spot).victims == (
+        "old",)
+
+
+def test_the_fewest_then_the_latest_as_a_search_of_every_set_finds_them():
+    from itertools import combinations
+
+    rng = random.Random(5)
+    inventory = _inv({"a": [{"model": "H200"}] * 8})
+    for _ in range(200):
+        cards = [_card("a", i) for i in range(8)]
+        rng.shuffle(cards)
+        spot, at = [], 0
+        while at < 8:
+            size = rng.choice((1, 1, 2, 3))
+            spot.append(_spot(f"s{at}", "a", cards[at:at + size], float(rng.randrange(50))))
+            at += size
+        count = rng.randrange(1, 9)
+        got = choose_victims(DeviceRequest("H200", count=count), inventory, set(cards), spot)
+        best = None
+        for k in range(1, len(spot) + 1):
+            sets = [c for c in combinations(spot, k) if sum(len(h.devices) for h in c) >= count]
+            if sets:
+                best = max(sum(h.started_at for h in c) for c in sets), k
+                break
+        assert got is not None and best is not None
+        assert (sum(h.started_at for h in spot if h.key in got.victims), len(got.victims)) == \
+            best
+
+
+def test_no_preemption_for_a_start_the_queue_would_hold_back_for_an_earlier_one():
+    """Attack: a one-card start behind a blocked two-card one preempted a spot server whose
+    card the queue then kept for the two-card start, idle, while both waited."""
+    from gpulease.spawners.preemption import plan_preemptions
+    from gpulease.spawners.queue import Waiting, plan
+
+    inventory = _inv({"a": [{"model": "H200"}] * 2})
+    held = {_card("a", 0), _card("a", 1)}
+    spot = [_spot("s", "a", [_card("a", 1)], 100.0)]
+    two, one = DeviceRequest("H200", count=2), DeviceRequest("H200")
+    chosen = plan_preemptions([("big", two), ("one", one)], inventory, held, spot).chosen
+    freed = set().union(*(p.freed for _, p in chosen))
+    after = plan([Waiting("big", two), Waiting("one", one)], inventory, held - freed)
+    assert not chosen or "one" in dict(after.start), (chosen, after)
+    assert chosen == []
