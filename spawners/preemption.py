@@ -39,7 +39,7 @@ from itertools import accumulate, combinations
 
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, matches, place
-from gpulease.spawners.queue import usable_devices
+from gpulease.spawners.queue import Waiting, plan, usable_devices
 
 
 @dataclass(frozen=True)
@@ -252,30 +252,56 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
     in what is free or coming free takes it (later ones do not count on it);
     else it gets the victims `choose_victims` picks among the spot servers not
     yet chosen, and the devices it will be given are kept from later requests. A
-    request that no preemption lets run keeps every free device it could use, as
-    the queue's pass does, and later requests never preempt a server whose
-    devices it could use: the queue would keep them for it, idle."""
+    request that no preemption lets run keeps every device it could use, as the
+    queue's pass keeps the free ones, and later requests never preempt a server
+    whose devices it could use: the queue would keep them for it, idle.
+
+    Then the check: the queue's own pass is run as it will be once every chosen
+    and leaving server's devices are free, and a preemption stands only if the
+    devices of each of its victims go to a waiting start there (the queue's
+    best fit may place a start elsewhere than it was planned, and a device kept
+    for an earlier, blocked start goes to nobody); the rest are dropped and the
+    check run again. A leaving server whose devices go to no start is `unneeded`.
+    No spot server is preempted for nothing."""
+    spot = list(spot)
+    leaving = dict(leaving or {})
+    chosen = _tentative(waiting, inventory, held, spot, leaving)
+    devices_of = {h.key: h.devices for h in spot}
+    queue = [Waiting(key, request) for key, request in waiting]
+    while True:
+        freed = set().union(*(p.freed for _, p in chosen))
+        used = set().union(*(placement.uuids for _, placement in
+                             plan(queue, inventory, set(held) - freed).start))
+        kept = [(key, p) for key, p in chosen
+                if all(devices_of[victim] & used for victim in p.victims)]
+        if len(kept) == len(chosen):
+            break
+        chosen = kept
+    unneeded = [key for key, devices in leaving.items() if not devices & used]
+    return PreemptionPlan(chosen, unneeded)
+
+
+def _tentative(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventory: Inventory,
+               held: Collection[str], spot: list[SpotHolding],
+               leaving: Mapping[Hashable, frozenset[str]]) -> list[tuple[Hashable, Preemption]]:
+    """The preemptions each waiting request gets in turn (plan_preemptions, before its check)."""
     taken = set(held)
     remaining = list(spot)
-    leaving = dict(leaving or {})
-    coming = set().union(*leaving.values()) if leaving else set()
-    used_coming: set[str] = set()
     blocked: set[str] = set()  # every device an earlier, blocked request could use
     index: SpotIndex | None = None
     chosen_for: list[tuple[Hashable, Preemption]] = []
     for key, request in waiting:
         try:
-            placed = set(place(request, inventory, taken | blocked).uuids)
-            used_coming |= placed & coming
-            taken |= placed
+            taken |= set(place(request, inventory, taken | blocked).uuids)
             index = None
             continue  # it starts once what is coming free has come
         except NoFit as nofit:
             if nofit.status != 503:
                 continue
         if index is None:
-            index = SpotIndex(inventory, taken, [h for h in remaining
-                                                 if not h.devices & blocked])
+            # Devices kept for a blocked request are neither free nor to be preempted.
+            index = SpotIndex(inventory, taken | blocked,
+                              [h for h in remaining if not h.devices & blocked])
         chosen = index.choose(request)
         if chosen is None:
             blocked |= usable_devices(request, inventory)
@@ -285,7 +311,6 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
         victims = set(chosen.victims)
         remaining = [h for h in remaining if h.key not in victims]
         taken -= chosen.freed
-        taken |= set(place(request, inventory, taken).uuids)
+        taken |= set(place(request, inventory, taken | blocked).uuids)
         index = None
-    unneeded = [k for k, devices in leaving.items() if not devices & used_coming]
-    return PreemptionPlan(chosen_for, unneeded)
+    return chosen_for

@@ -5,7 +5,7 @@ import random
 
 from gpulease.spawners.inventory import parse_declared_inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, place
-from gpulease.spawners.preemption import Preemption, SpotHolding, choose_victims
+from gpulease.spawners.preemption import Preemption, SpotHolding, choose_victims, plan_preemptions
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 
@@ -152,8 +152,6 @@ def test_one_index_for_a_pass_answers_each_request_as_a_fresh_choice():
 
 
 def test_waiting_starts_in_one_pass_each_get_room_of_their_own():
-    from gpulease.spawners.preemption import plan_preemptions
-
     held = {_card("a", i) for i in range(4)}
     spot = [_spot(f"s{i}", "a", [_card("a", i)], float(i)) for i in range(4)]
     one = DeviceRequest("H200")
@@ -166,8 +164,6 @@ def test_waiting_starts_in_one_pass_each_get_room_of_their_own():
 
 
 def test_devices_coming_free_serve_the_first_start_and_the_next_preempts():
-    from gpulease.spawners.preemption import plan_preemptions
-
     # s3 is being preempted already: its card is not held any more, and not spot
     held = {_card("a", i) for i in range(3)} | {_card("b", i) for i in range(4)}
     spot = [_spot(f"s{i}", "a", [_card("a", i)], float(i)) for i in range(3)]
@@ -181,8 +177,6 @@ def test_devices_coming_free_serve_the_first_start_and_the_next_preempts():
 
 
 def test_a_start_no_preemption_helps_keeps_what_it_could_use_from_later_ones():
-    from gpulease.spawners.preemption import plan_preemptions
-
     mixed = _inv({"a": [{"model": "H200"}] * 4, "m": [{"model": "H200", "mig": ["1g.18gb"]}]})
     held = {_card("a", i) for i in range(4)} | {_slice("m", 0, 0)}
     spot = [_spot("s0", "a", [_card("a", 0)], 5.0),
@@ -238,7 +232,6 @@ def test_the_fewest_then_the_latest_as_a_search_of_every_set_finds_them():
 def test_no_preemption_for_a_start_the_queue_would_hold_back_for_an_earlier_one():
     """Attack: a one-card start behind a blocked two-card one preempted a spot server whose
     card the queue then kept for the two-card start, idle, while both waited."""
-    from gpulease.spawners.preemption import plan_preemptions
     from gpulease.spawners.queue import Waiting, plan
 
     inventory = _inv({"a": [{"model": "H200"}] * 2})
@@ -250,3 +243,54 @@ def test_no_preemption_for_a_start_the_queue_would_hold_back_for_an_earlier_one(
     after = plan([Waiting("big", two), Waiting("one", one)], inventory, held - freed)
     assert not chosen or "one" in dict(after.start), (chosen, after)
     assert chosen == []
+
+
+# --- found by a second attack: plans the queue's own pass would not follow -------------
+
+
+def test_a_server_being_preempted_that_a_new_preemption_also_counts_on_stays_preempted():
+    """x needs both cards of node a: L (being preempted) frees a0 and spot S must go
+    for a1. L's preemption is not taken back (it was, and then made again with a new
+    deadline: told, untold, told again)."""
+    inv = _inv({"a": [{"model": "H200"}] * 2})
+    spot = [_spot("S", "a", [_card("a", 1)], 100.0)]
+    got = plan_preemptions([("x", DeviceRequest("H200", count=2))], inv, {_card("a", 1)},
+                           spot, {"L": frozenset({_card("a", 0)})})
+    assert [(k, p.victims) for k, p in got.chosen] == [("x", ("S",))]
+    assert got.unneeded == []
+
+
+def test_free_cards_kept_for_a_blocked_start_do_not_stop_a_later_one_preempting():
+    """Node b's 2 free cards are kept for a blocked 3-card start; a 2-card start behind it
+    preempts the 2-card spot server on node a rather than wait on cards it cannot have."""
+    inv = _inv({"a": [{"model": "H200"}] * 2, "b": [{"model": "H200"}] * 4})
+    held = {_card("a", 0), _card("a", 1), _card("b", 0), _card("b", 1)}
+    spot = [_spot("S", "a", [_card("a", 0), _card("a", 1)], 100.0)]
+    three, two = DeviceRequest("H200", count=3), DeviceRequest("H200", count=2)
+    got = plan_preemptions([("big", three), ("two", two)], inv, held, spot)
+    assert [(k, p.victims) for k, p in got.chosen] == [("two", ("S",))]
+
+
+def test_a_free_card_kept_for_a_blocked_start_is_not_counted_toward_a_preemption():
+    """(a driver per GPU) c0 is free but kept for 'big', which needs the newer driver;
+    'two' would need c0 and spot S's c2: preempting S would leave c2 idle."""
+    inv = _inv({"a": [{"model": "H200", "driver": "580.65"}, {"model": "H200", "driver": "580.65"},
+                      {"model": "H200", "driver": "535.104"}]})
+    held = {_card("a", 1), _card("a", 2)}
+    spot = [_spot("S", "a", [_card("a", 2)], 100.0)]
+    big = DeviceRequest("H200", count=2, min_driver="570", image="cuda-12.8")
+    got = plan_preemptions([("big", big), ("two", DeviceRequest("H200", count=2))], inv, held,
+                           spot)
+    assert got.chosen == []
+
+
+def test_no_preemption_whose_devices_the_queue_would_give_to_nobody():
+    """n0: one card (spot s0); n1: four cards, three on demand, one spot s1. Waiting: w0
+    (1 card), w1 (2 cards, blocked), w3 (1 card). The queue's best fit gives w0 n0's card
+    once free, and keeps n1's last card for w1: preempting s1 would free it for nobody."""
+    inv = _inv({"n0": [{"model": "H200"}], "n1": [{"model": "H200"}] * 4})
+    held = {_card("n0", 0)} | {_card("n1", i) for i in range(4)}
+    spot = [_spot("s0", "n0", [_card("n0", 0)], 2.0), _spot("s1", "n1", [_card("n1", 3)], 8.0)]
+    one, two = DeviceRequest("H200"), DeviceRequest("H200", count=2)
+    got = plan_preemptions([("w0", one), ("w1", two), ("w3", one)], inv, held, spot)
+    assert [v for _, p in got.chosen for v in p.victims] == ["s0"]
