@@ -31,7 +31,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from sqlalchemy.engine import Engine
@@ -124,6 +124,13 @@ class Meter:
     stopping: dict[Key, StopProgress] = field(default_factory=dict)
     # Spot servers told they are preempted, stopped (reason preempted) from their deadline.
     preempting: dict[Key, Preempting] = field(default_factory=dict)
+    # While the hub starts again the spawns the previous one left queued (one at a
+    # time), a preemption it restored may be for a start not yet back in the queue:
+    # none is taken back until they all are (gpulease.hub.app, _resume_queue).
+    queue_resuming: bool = False
+    # Asks the hub for a heartbeat at a moment (set by the hub): a preempted server is
+    # stopped at its deadline, not up to a heartbeat interval after it.
+    beat_at: Callable[[datetime], None] | None = None
     # A stop not done after this long has the server's process tree killed; None:
     # by the next heartbeat.
     kill_after: float | None = None
@@ -165,6 +172,7 @@ class Meter:
             if s.preempted_until is not None:  # the deadline its user was told stands
                 self.preempting[(s.user, s.server)] = Preempting(
                     s.preempted_until, s.preempt_why or "preempted", s.id)
+                self.beat_for(s.preempted_until)
         for s in closed:
             metrics.session_closed(s.profile, s.end_reason or "hub_lost", s.billed_ms(),
                                    s.cost())
@@ -329,7 +337,15 @@ class Meter:
         if live is None or live.tier != "spot" or key in self.preempting:
             return False
         self.preempting[key] = Preempting(deadline, why, live.session_id)
+        self.beat_for(deadline)
         return True
+
+    def beat_for(self, deadline: datetime) -> None:
+        """Heartbeats at a preemption's deadline (its stop) and once a stop may have
+        failed (its kill), so neither waits for the next regular beat."""
+        if self.beat_at is not None:
+            self.beat_at(deadline)
+            self.beat_at(deadline + timedelta(seconds=self.kill_after_s + 0.1))
 
     def withdraw_preemption(self, key: Key) -> bool:
         """Take back `key`'s preemption before its deadline: the start it was for is no

@@ -176,16 +176,23 @@ def _choose_account(
                   f"account must look like user:NAME or group:NAME, got {account!r}; {choices}")
 
 
-def spot_withdrawn(profile: Profile | None, slug: str, user_groups: set[str]) -> str | None:
-    """Why a spot start that waited may no longer run on spot (the profile as it is now),
-    or None: the admin removed the spot price or the profile, or the user left its
-    spot groups meanwhile."""
-    if profile is None or not profile.offers_spot:
-        return (f"profile {slug} no longer offers spot; start it on demand, or another "
-                "profile with a spot price")
-    if not spot_usable_by(profile, user_groups):
-        return (f"spot on profile {slug} is only for members of group(s) "
-                f"{', '.join(profile.spot_groups)}, and you are no longer in any of them")
+def withdrawn_after_waiting(profile: Profile | None, slug: str, user_groups: set[str],
+                            tier: str) -> tuple[str, str] | None:
+    """(field, why) a start that waited in the queue may no longer run as asked (the
+    profile as it is now: deleted, disabled or restricted meanwhile; for spot, its
+    offer and spot groups too), or None."""
+    if profile is None or not profile.enabled:
+        return "profile", (f"profile {slug} was {'deleted' if profile is None else 'disabled'} "
+                           "while the start waited")
+    if not usable_by(profile, user_groups):
+        return "profile", (f"profile {slug} is restricted to group(s) "
+                           f"{', '.join(profile.groups)}, and you are no longer in any of them")
+    if tier == SPOT and not profile.offers_spot:
+        return "tier", (f"profile {slug} no longer offers spot; start it on demand, or another "
+                        "profile with a spot price")
+    if tier == SPOT and not spot_usable_by(profile, user_groups):
+        return "tier", (f"spot on profile {slug} is only for members of group(s) "
+                        f"{', '.join(profile.spot_groups)}, and you are no longer in any of them")
     return None
 
 

@@ -218,6 +218,10 @@ class SessionLedger:
         if row is None or row.ended_at is not None:
             return None if row is None else session_from_row(row)
         ended = max(to_ms(ended), row.started_at)
+        if row.preempted_until is not None and ended >= row.preempted_until:
+            # A preempted spot server is billed to its deadline, however late its stop
+            # (a hub that died after the deadline and before the stop included).
+            ended, reason = max(row.preempted_until, row.started_at), "preempted"
         # A reason given through api/stop (idle, out_of_credit, account_cap, admin...) says
         # why the server went better than whoever noticed it stopping.
         final = row.requested_end_reason or reason

@@ -178,13 +178,15 @@ class QueueRunner(QueueBase):
 _runners: dict[int, tuple[GPULeaseContext, QueueRunner]] = {}
 
 
-def runner_for(ctx: GPULeaseContext, poll_s: float = 5.0) -> QueueRunner:
-    """The one runner of this context in this process."""
+def runner_for(ctx: GPULeaseContext, poll_s: float | None = None) -> QueueRunner:
+    """The one runner of this context in this process (`poll_s`: the spawners' queue poll
+    interval, kept when not given)."""
     entry = _runners.get(id(ctx))
     if entry is None or entry[0] is not ctx:
-        entry = (ctx, QueueRunner(ctx, poll_s))
+        entry = (ctx, QueueRunner(ctx) if poll_s is None else QueueRunner(ctx, poll_s))
         _runners[id(ctx)] = entry
-    entry[1].poll_s = poll_s
+    if poll_s is not None:
+        entry[1].poll_s = poll_s
     return entry[1]
 
 

@@ -31,8 +31,7 @@ from traitlets import Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.db import utcnow
-from gpulease.hub.options import SPOT, ServerChoice, spot_withdrawn
-from gpulease.hub.profiles import usable_by
+from gpulease.hub.options import SPOT, ServerChoice, withdrawn_after_waiting
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
 from gpulease.spawners.admission_options import AdmissionOptions
@@ -176,21 +175,21 @@ class GPULeaseSpawnCore(AdmissionOptions):
 
     async def _still_usable_after_waiting(self, choice: ServerChoice) -> None:
         """Refuse (403) a start that waited in the queue if its user may no longer use its
-        profile: groups come from the identity provider, asked again now (the user may
-        have left the page that kept refreshing them)."""
+        profile (or its tier) as the profile is now: groups come from the identity
+        provider, asked again now (the user may have left the page that kept refreshing
+        them), and the admin may have disabled or restricted the profile meanwhile."""
         groups = await self._groups_now()
-        field, why = "profile", None
-        if groups is None or not usable_by(choice.profile, groups):
-            why = ("your sign-in is no longer valid; sign in again" if groups is None else
-                   f"profile {choice.profile.slug} is restricted to groups "
-                   f"{', '.join(choice.profile.groups)}, and you are no longer in any of them")
-        elif choice.tier == SPOT:  # spot waits longest: its offer and groups, as they are now
-            now = await asyncio.to_thread(self.gpulease.profiles.get, choice.profile.slug)
-            field, why = "tier", spot_withdrawn(now, choice.profile.slug, groups)
-        if why is not None:
+        slug = choice.profile.slug
+        if groups is None:
+            found = ("profile", "your sign-in is no longer valid; sign in again")
+        else:
+            now = await asyncio.to_thread(self.gpulease.profiles.get, slug)
+            found = withdrawn_after_waiting(now, slug, groups, choice.tier)
+        if found is not None:
+            field, why = found
             await self._queue_runner().give_back(self.user.name, self.name)
-            self.refuse(Refusal.of_field(field, f"Cannot start {choice.profile.slug} "
-                                         f"after waiting in the queue: {why}", status=403))
+            self.refuse(Refusal.of_field(field, f"Cannot start {slug} after waiting in the "
+                                         f"queue: {why}", status=403))
 
     async def _groups_now(self) -> set[str] | None:
         """The user's groups, refreshed from the authenticator when it manages them; None

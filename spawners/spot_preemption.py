@@ -129,7 +129,8 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
     decided = plan_preemptions(
         on_demand, ctx.inventory, set(held) - set().union(*leaving.values()), holdings,
         {key: frozenset(devices) for key, devices in leaving.items()})
-    for key in decided.unneeded:
+    # (after a restart, not before every queued start is back: gpulease.hub.app)
+    for key in () if meter.queue_resuming else decided.unneeded:
         if meter.withdraw_preemption(key):
             await _record(meter, key, None)
             log.warning("%s/%s: its preemption is withdrawn: no waiting start needs its GPU "
