@@ -270,13 +270,19 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
     queue = [Waiting(key, request) for key, request in waiting]
     while True:
         freed = set().union(*(p.freed for _, p in chosen))
-        used = set().union(*(placement.uuids for _, placement in
-                             plan(queue, inventory, set(held) - freed).start))
+        starts = [(key, set(placement.uuids)) for key, placement in
+                  plan(queue, inventory, set(held) - freed).start]
+        used = set().union(*(uuids for _, uuids in starts))
         kept = [(key, p) for key, p in chosen
                 if all(devices_of[victim] & used for victim in p.victims)]
         if len(kept) == len(chosen):
             break
         chosen = kept
+    # A preemption planned for a start the queue will not serve then is for the start
+    # its devices go to (the one its researcher is told of).
+    started = {key for key, _ in starts}
+    chosen = [(key if key in started else next(k for k, uuids in starts if uuids & p.freed), p)
+              for key, p in chosen]
     unneeded = [key for key, devices in leaving.items() if not devices & used]
     return PreemptionPlan(chosen, unneeded)
 

@@ -293,4 +293,5 @@ def test_no_preemption_whose_devices_the_queue_would_give_to_nobody():
     spot = [_spot("s0", "n0", [_card("n0", 0)], 2.0), _spot("s1", "n1", [_card("n1", 3)], 8.0)]
     one, two = DeviceRequest("H200"), DeviceRequest("H200", count=2)
     got = plan_preemptions([("w0", one), ("w1", two), ("w3", one)], inv, held, spot)
-    assert [v for _, p in got.chosen for v in p.victims] == ["s0"]
+    # for w0, which the queue gives s0's card to (it was planned for w3)
+    assert [(k, p.victims) for k, p in got.chosen] == [("w0", ("s0",))]

@@ -2,7 +2,7 @@
 
 Once every chosen victim and every server still being preempted (not `unneeded`)
 has gone, the queue's own pass gives the devices of every victim to a waiting
-start (nobody is preempted for nothing), and no server whose preemption is taken
+start (nobody is preempted for nothing) and starts each start a preemption is for, and no server whose preemption is taken
 back held a device that pass would have given to a start that still waits.
 (Found by an attack: the queue's best fit placed a start elsewhere than planned,
 and preemptions counted on devices the queue kept for an earlier, blocked start.)
@@ -64,6 +64,9 @@ def test_no_spot_server_is_preempted_for_nothing(seed):
             if not devices_of[victim] & used:
                 bad.append(("preempted for nothing", trial, victim))
         started = {k for k, _ in after.start}
+        for key, _ in got.chosen:  # the start its researcher is told of does start
+            if key not in started:
+                bad.append(("preempted for a start that still waits", trial, key))
         wider = plan(queue, inventory, held - freed)
         for key, placement in wider.start:
             if key not in started and set(placement.uuids) & unneeded:
