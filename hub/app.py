@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 from jupyterhub import orm
@@ -40,7 +40,6 @@ from gpulease.hub.cluster_shape import (
     spawner_nodes,
 )
 from gpulease.hub.context import get_context
-from gpulease.hub.db import utcnow
 from gpulease.hub.hub_config import (
     SERVICE_NAME,
     HubSettings,
@@ -58,14 +57,14 @@ from gpulease.hub.isolation_check import (
     unreachable,
 )
 from gpulease.hub.ledger import BillingError
-from gpulease.hub.metering import Meter
+from gpulease.hub.metering import Meter, beat_at
 from gpulease.hub.named_servers import refusing_limit
 from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.oauth import ProviderSignIn
 from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
 from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
-from gpulease.hub.queue_resume import resume_queued
+from gpulease.hub.queue_resume import resume_then_serve
 from gpulease.hub.server_control import HubServerControl
 from gpulease.hub.server_env import ServerEnvError
 from gpulease.hub.server_env import choose as choose_server_env
@@ -84,7 +83,6 @@ from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.inventory import InventoryError
 from gpulease.spawners.local import LocalGPUSpawner
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures
-from gpulease.spawners.queue_runner import runner_for
 
 gpulease_aliases = {
     **hub_aliases,
@@ -395,7 +393,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         self._heartbeat = PeriodicCallback(self._heartbeat_once, self.heartbeat_interval * 1000)
         self._heartbeat.start()
         # Preempted spot servers stop at their deadlines, restored ones included.
-        self._ctx.meter.beat_at = self._beat_at
+        self._ctx.meter.beat_at = partial(beat_at, beat=self._heartbeat_once)
         for told in list(self._ctx.meter.preempting.values()):
             self._ctx.meter.beat_for(told.deadline)
         # Once a day is plenty for a retention counted in days; cheap (one DELETE).
@@ -415,25 +413,9 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         """Start again what the previous hub left queued, now that the hub, its proxy and
         services are up: through the hub's REST API (gpulease.hub.queue_resume says why)."""
         left, self._left_queued = getattr(self, "_left_queued", []), []
-        meter = self._ctx.meter
-        if meter is not None and left:
-            meter.queue_resuming = True  # no restored preemption taken back meanwhile
-        self._resuming = asyncio.ensure_future(self._resume_then_serve(left))
-
-    async def _resume_then_serve(self, left: list) -> None:
-        """Resume the queue, then one pass over it on the embedded box: a preemption the
-        meter restored that no start is back for is taken back there (the servers' own
-        starts do not pass when nobody waits)."""
-        try:
-            if left:
-                token = self._service_map[SERVICE_NAME].api_token
-                await resume_queued(self, self._ctx, left, token, self.log)
-        finally:
-            meter = self._ctx.meter
-            if meter is not None:
-                meter.queue_resuming = False
-                if meter.preempting and not self._cluster:
-                    await runner_for(self._ctx).serve()
+        token = self._service_map[SERVICE_NAME].api_token if left else ""
+        self._resuming = resume_then_serve(self, self._ctx, left, token, self.log,
+                                           embedded=not self._cluster)
 
     def _prune_audit(self) -> None:
         if self._audit_retention is None:  # "0": keep every entry
@@ -467,11 +449,6 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             except Exception:
                 self.log.exception("billing heartbeat failed")
 
-    def _beat_at(self, when: datetime) -> None:
-        """A heartbeat at `when` (UTC; a little after, so that the beat sees it passed)."""
-        delay = max(0.0, (when - utcnow()).total_seconds()) + 0.05
-        asyncio.get_running_loop().call_later(
-            delay, lambda: asyncio.ensure_future(self._heartbeat_once()))
 
     async def cleanup(self):
         meter = self._ctx.meter if getattr(self, "_ctx", None) else None

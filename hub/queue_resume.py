@@ -142,6 +142,34 @@ async def resume_queued(app: JupyterHub, ctx: GPULeaseContext, rows: Sequence[Qu
         partial(_start_again, app, ctx, token=token, log=log, settle_s=settle_s), log)
 
 
+def resume_then_serve(app: JupyterHub, ctx: GPULeaseContext, rows: Sequence[QueuedSpawn],
+                      token: str, log: logging.Logger, *, embedded: bool) -> asyncio.Future:
+    """resume_queued, then, on the embedded box, one pass over the queue: a preemption
+    the meter restored that no start came back for is taken back there (nothing else
+    passes when nobody waits). Until the rows are all back no restored preemption is
+    taken back: a spot start resumed first must not undo one made for an on-demand
+    start not yet resumed."""
+    if ctx.meter is not None and rows:
+        ctx.meter.queue_resuming = True
+    return asyncio.ensure_future(_resume_then_serve(app, ctx, rows, token, log, embedded))
+
+
+async def _resume_then_serve(app: JupyterHub, ctx: GPULeaseContext,
+                             rows: Sequence[QueuedSpawn], token: str, log: logging.Logger,
+                             embedded: bool) -> None:
+    from gpulease.spawners.queue_runner import runner_for  # the embedded shape's runner
+
+    try:
+        if rows:
+            await resume_queued(app, ctx, rows, token, log)
+    finally:
+        meter = ctx.meter
+        if meter is not None:
+            meter.queue_resuming = False
+            if meter.preempting and embedded:
+                await runner_for(ctx).serve()
+
+
 async def resume_in_order(rows: Sequence[QueuedSpawn], now_of: Callable[[str, str], ServerNow],
                           queue: QueueStore, profiles_of: Callable[[], Sequence[Profile]],
                           start_again: Callable[[Resume], Awaitable[None]],

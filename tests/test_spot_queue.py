@@ -239,16 +239,15 @@ async def test_a_restored_preemption_stands_while_the_queue_is_resumed(mixed):
 async def test_once_the_queue_is_back_a_restored_preemption_nobody_needs_is_taken_back(ctx):
     """The on-demand start sue was preempted for did not come back (its profile was
     disabled meanwhile, say): the pass after the resume takes her preemption back."""
-    from types import SimpleNamespace
+    import logging
 
-    from gpulease.hub.app import GPULeaseHub
+    from gpulease.hub.queue_resume import resume_then_serve
     from gpulease.spawners import queue_runner
 
     _running(ctx, "sue", "spot", utcnow() - dt.timedelta(minutes=5))
     _restart_during_grace(ctx, utcnow().replace(microsecond=0) + dt.timedelta(seconds=90))
-    hub = SimpleNamespace(_ctx=ctx, _cluster=False)
     try:
-        await GPULeaseHub._resume_then_serve(hub, [])
+        await resume_then_serve(None, ctx, [], "", logging.getLogger("t"), embedded=True)
         assert ctx.meter.preempting == {}
         assert ctx.meter.sessions.open_sessions()[0].preempted_until is None
     finally:
@@ -330,18 +329,15 @@ def test_a_preemption_asks_for_heartbeats_at_its_deadline_and_for_its_kill(engin
 
 
 async def test_the_hub_beats_at_the_moment_asked():
-    from types import SimpleNamespace
-
-    from gpulease.hub.app import GPULeaseHub
+    from gpulease.hub.metering import beat_at
 
     beats: list[dt.datetime] = []
 
     async def heartbeat_once():
         beats.append(utcnow())
 
-    hub = SimpleNamespace(_heartbeat_once=heartbeat_once)
     when = utcnow() + dt.timedelta(seconds=0.3)
-    GPULeaseHub._beat_at(hub, when)
+    beat_at(when, heartbeat_once)
     await asyncio.sleep(0.2)
     assert beats == []
     await _until(lambda: beats, timeout=2)
