@@ -126,7 +126,7 @@ class Meter:
     preempting: dict[Key, Preempting] = field(default_factory=dict)
     # While the hub starts again the spawns the previous one left queued (one at a
     # time), a preemption it restored may be for a start not yet back in the queue:
-    # none is taken back until they all are (gpulease.hub.app, _resume_queue).
+    # none is taken back until they all are (gpulease.hub.queue_resume.resume_then_serve).
     queue_resuming: bool = False
     # Asks the hub for a heartbeat at a moment (set by the hub): a preempted server is
     # stopped at its deadline, not up to a heartbeat interval after it.

@@ -129,7 +129,7 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
     decided = plan_preemptions(
         on_demand, ctx.inventory, set(held) - set().union(*leaving.values()), holdings,
         {key: frozenset(devices) for key, devices in leaving.items()})
-    # (after a restart, not before every queued start is back: gpulease.hub.app)
+    # (after a restart, not before every queued start is back: hub/queue_resume.py)
     for key in () if meter.queue_resuming else decided.unneeded:
         if meter.withdraw_preemption(key):
             await _record(meter, key, None)
