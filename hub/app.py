@@ -248,6 +248,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             queue_max_length=self.queue_max_length,
             queue_places_per_user=self.queue_places_per_user,
             spot_grace_s=self.spot_grace_period,
+            reservations_by_researchers=self.reservations_by_researchers,
             cpu_only_cpu_per_user=self.cpu_only_cpu_per_user,
             cpu_only_memory_per_user=self.cpu_only_memory_per_user,
             isolation={} if self._isolation is None else {

@@ -129,6 +129,20 @@ class GPULeaseOptions(Configurable):
         "then.",
     )
 
+    reservations_by_researchers = Bool(
+        False,
+        config=True,
+        help="Let researchers reserve (and cancel) for their own account user:NAME through "
+        "api/reservations; off, only gpulease admins make reservations, for any account.",
+    )
+    reservation_end_notice = Unicode(
+        "10m",
+        config=True,
+        help="How long before a reservation ends its running servers are told (90s, 10m, "
+        "1h); at its end they continue on demand, or are suspended where the reservation "
+        "says so (on_end). 0: told at the end only.",
+    )
+
     # --- per-user limits (docs/admin.md, "Per-user limits"); each refused with 409 naming it
     queue_places_per_user = Integer(
         QUEUE_PLACES_PER_USER,
@@ -161,6 +175,14 @@ class GPULeaseOptions(Configurable):
         if proposal["value"] < 0:
             raise TraitError(f"queue_places_per_user must be 0 (no limit) or more, not "
                              f"{proposal['value']}")
+        return proposal["value"]
+
+    @validate("reservation_end_notice")
+    def _valid_reservation_end_notice(self, proposal):
+        try:
+            parse_duration(proposal["value"], "reservation_end_notice")
+        except ValueError as e:
+            raise TraitError(str(e)) from None
         return proposal["value"]
 
     @validate("queue_max_wait")

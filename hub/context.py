@@ -24,6 +24,7 @@ from gpulease.hub.ledger import Ledger
 from gpulease.hub.limits import LimitStore
 from gpulease.hub.notices import NoticeStore
 from gpulease.hub.profile_store import ProfileStore
+from gpulease.hub.reservations import ReservationStore
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.inventory import Inventory, discover_inventory
 from gpulease.spawners.queue_store import QueueStore
@@ -74,6 +75,10 @@ class GPULeaseContext:
     @cached_property
     def ledger(self) -> Ledger:
         return Ledger(self.engine)
+
+    @cached_property
+    def reservations(self) -> ReservationStore:
+        return ReservationStore(self.engine)
 
     @cached_property
     def notices(self) -> NoticeStore:

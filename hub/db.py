@@ -87,6 +87,10 @@ assignments = Table(
     Column("claimed_at", DateTime, nullable=False),
     Column("released_at", DateTime, nullable=True),
     Column("release_reason", String(64), nullable=True),
+    # on-demand | spot | reserved: what the claim was for (reservations withhold capacity
+    # from on-demand starts: spawners/reserved_pool.py); reserved: on which reservation.
+    Column("tier", String(16), nullable=False, server_default="on-demand"),
+    Column("reservation_id", Integer, nullable=True),
 )
 Index(
     "uq_assignments_open_device",
@@ -167,13 +171,15 @@ ledger_entries = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("account", String(255), nullable=False),  # user:NAME or group:NAME
-    Column("kind", String(16), nullable=False),  # grant | charge | adjustment
+    # grant | charge | adjustment | reservation (its one charge) | refund (a cancellation's)
+    Column("kind", String(16), nullable=False),
     Column("amount_ucr", BigInteger, nullable=False),
     Column("note", Text, nullable=False, default=""),
     Column("actor", String(255), nullable=False),  # who: an admin, or "metering"
     Column("user_name", String(255), nullable=True),  # charges: the member who ran it
     Column("session_id", Integer, nullable=True, unique=True),  # charges: one per session
     Column("created_at", DateTime, nullable=False),
+    Column("reservation_id", Integer, nullable=True),  # reservation and refund rows
 )
 Index("ix_ledger_account_time", ledger_entries.c.account, ledger_entries.c.created_at)
 
@@ -204,6 +210,8 @@ sessions = Table(
     # (kept so that a hub restart keeps the deadline its user was told).
     Column("preempted_until", DateTime, nullable=True),
     Column("preempt_why", String(500), nullable=True),
+    # tier reserved: the reservation whose unit it ran on (not billed per second)
+    Column("reservation_id", Integer, nullable=True),
 )
 Index(
     "uq_sessions_open_server",
@@ -216,6 +224,34 @@ Index(
 Index("ix_sessions_user_started", sessions.c.user_name, sessions.c.started_at)
 Index("ix_sessions_account_started", sessions.c.account, sessions.c.started_at)
 Index("ix_sessions_started", sessions.c.started_at)
+
+# Reservations: `units` of a profile held for an account over [starts_at, ends_at),
+# whole UTC hours, paid once when made (a `reservation` ledger row); the kind of
+# device is kept so that capacity is counted even if the profile changes later.
+# A cancellation sets cancelled_at (and writes a `refund` row); rows are never deleted.
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("account", String(255), nullable=False),
+    Column("profile_slug", String(63), nullable=False),
+    Column("model", String(64), nullable=False),
+    Column("mig_profile", String(32), nullable=True),
+    Column("per_unit", Integer, nullable=False),
+    Column("units", Integer, nullable=False),
+    Column("starts_at", DateTime, nullable=False),
+    Column("ends_at", DateTime, nullable=False),
+    Column("rate_per_hour_ucr", BigInteger, nullable=False),
+    Column("cost_ucr", BigInteger, nullable=False),
+    Column("on_end", String(16), nullable=False),  # continue | suspend
+    Column("note", Text, nullable=False, default=""),
+    Column("created_at", DateTime, nullable=False),
+    Column("created_by", String(255), nullable=False),
+    Column("cancelled_at", DateTime, nullable=True),
+    Column("cancelled_by", String(255), nullable=True),
+    Column("end_noticed_at", DateTime, nullable=True),  # its servers were told of its end
+)
+Index("ix_reservations_period", reservations.c.starts_at, reservations.c.ends_at)
 
 # Per-member monthly caps on a group account.
 account_caps = Table(

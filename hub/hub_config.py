@@ -180,6 +180,7 @@ class HubSettings:
     queue_max_wait_s: int = 1800
     queue_max_length: int = 500
     spot_grace_s: float = SPOT_GRACE_S  # GPULeaseHub.spot_grace_period
+    reservations_by_researchers: bool = False  # GPULeaseHub.reservations_by_researchers
     # Per-user limits (GPULeaseHub.queue_places_per_user, cpu_only_*_per_user).
     queue_places_per_user: int = QUEUE_PLACES_PER_USER
     cpu_only_cpu_per_user: str = CPU_ONLY_CPU_PER_USER
@@ -276,6 +277,8 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_SERVICE_LISTEN": s.service_listen,
                 # api/inventory shows it; `users add` makes the Unix account with it
                 "GPULEASE_ISOLATION": json.dumps(s.isolation),
+                "GPULEASE_RESERVATIONS_BY_RESEARCHERS": "1" if s.reservations_by_researchers
+                else "",
                 # The cluster shape's inventory reads the cluster (JupyterHub passes
                 # no KUBECONFIG, nor the in-cluster variables, to services).
                 "GPULEASE_CLUSTER_NAMESPACE": s.cluster_namespace if cluster else "",

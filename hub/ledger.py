@@ -132,7 +132,7 @@ def _check_amount(amount_ucr: object) -> int:
 
 
 _ENTRY_COLUMNS = ("id", "account", "kind", "amount_ucr", "note", "actor", "user_name",
-                  "session_id", "created_at")
+                  "session_id", "created_at", "reservation_id")
 
 
 class Ledger:
@@ -169,23 +169,32 @@ class Ledger:
             raise BillingError(400, f"note: must be text, got {shown(note)}", "note")
         with self.engine.begin() as conn:
             advisory_lock(conn, f"ledger:{account}")
-            total = conn.execute(
-                select(func.count(), func.coalesce(func.sum(ledger_entries.c.amount_ucr), 0))
-                .where(ledger_entries.c.account == account)
-            ).one()
-            if must_exist and account.startswith("group:") and total[0] == 0:
-                raise BillingError(404, f"unknown account {account}: a group account exists "
-                                        "once credits are granted to it", "account")
-            # A sum beyond 64 bits would make SQLite's SUM fail for this account
-            # forever after: refuse the row that would do it.
-            if not MIN_UCR <= int(total[1]) + amount <= MAX_UCR:
-                raise BillingError(400, f"amount: the rows of {account} would sum beyond "
-                                        "64 bits of micro-credits", "amount")
-            result = conn.execute(insert(ledger_entries).values(
-                account=account, kind=kind, amount_ucr=amount, note=note.strip(), actor=actor,
-                created_at=now or utcnow(),
-            ))
-            return int(result.inserted_primary_key[0])
+            return self.append_in(conn, account, kind, amount, note, actor, now,
+                                  must_exist=must_exist)
+
+    @staticmethod
+    def append_in(conn: Connection, account: str, kind: str, amount: int, note: str,
+                  actor: str, now: dt.datetime | None, *, must_exist: bool = False,
+                  reservation_id: int | None = None) -> int:
+        """Append one row in the caller's transaction, which holds the account's lock
+        (advisory_lock "ledger:ACCOUNT"); returns its id."""
+        total = conn.execute(
+            select(func.count(), func.coalesce(func.sum(ledger_entries.c.amount_ucr), 0))
+            .where(ledger_entries.c.account == account)
+        ).one()
+        if must_exist and account.startswith("group:") and total[0] == 0:
+            raise BillingError(404, f"unknown account {account}: a group account exists "
+                                    "once credits are granted to it", "account")
+        # A sum beyond 64 bits would make SQLite's SUM fail for this account
+        # forever after: refuse the row that would do it.
+        if not MIN_UCR <= int(total[1]) + amount <= MAX_UCR:
+            raise BillingError(400, f"amount: the rows of {account} would sum beyond "
+                                    "64 bits of micro-credits", "amount")
+        result = conn.execute(insert(ledger_entries).values(
+            account=account, kind=kind, amount_ucr=amount, note=note.strip(), actor=actor,
+            created_at=now or utcnow(), reservation_id=reservation_id,
+        ))
+        return int(result.inserted_primary_key[0])
 
     def set_cap(self, account: str, user: str, monthly_ucr: int | None) -> None:
         """Cap what `user` may spend on a group account per calendar month (None: no cap)."""
@@ -230,6 +239,17 @@ class Ledger:
         """Rows minus open sessions' accrued cost as of their last confirmation."""
         account = parse_account(account)
         return self.balances([account], now)[account]
+
+    @staticmethod
+    def balance_in(conn: Connection, account: str) -> int:
+        """`balance` read in the caller's transaction (which holds the account's lock)."""
+        s = sessions.c
+        rows = conn.execute(select(func.coalesce(func.sum(ledger_entries.c.amount_ucr), 0))
+                            .where(ledger_entries.c.account == account)).scalar_one()
+        running = conn.execute(
+            select(s.started_at, s.last_confirmed_at, s.rate_per_hour_ucr)
+            .where(s.ended_at.is_(None), s.account == account))
+        return int(rows) - _accrued(running)
 
     def balances(self, accounts: Collection[str],
                  now: dt.datetime | None = None) -> dict[str, int]:

@@ -36,7 +36,8 @@ SAMPLE_PROFILES = Path(__file__).parent / "samples" / "profiles.yaml"
 SLUG = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_GPU_COUNT = 8
 KEYS = ("slug", "display_name", "description", "gpu", "cpu", "memory", "images",
-        "price_per_hour", "spot_price_per_hour", "spot_groups", "min_run", "idle_timeout",
+        "price_per_hour", "spot_price_per_hour", "spot_groups", "reserved_price_per_hour",
+        "min_run", "idle_timeout",
         "max_runtime", "groups", "enabled")
 GPU_KEYS = ("model", "mig", "count")
 DEFAULTS = {"min_run": "10m", "idle_timeout": "30m", "max_runtime": "0"}
@@ -79,6 +80,9 @@ class Profile:
     # The interruptible tier (None: not offered): a lower rate, preempted for on-demand.
     spot_price_per_hour_ucr: int | None = None
     spot_groups: tuple[str, ...] = ()  # () : everyone who may use the profile
+    # Reservations (None: not offered): units held over a period, charged once at this
+    # rate per unit and hour (hub/reservation_rules.py).
+    reserved_price_per_hour_ucr: int | None = None
 
     @property
     def is_cpu_only(self) -> bool:
@@ -87,6 +91,10 @@ class Profile:
     @property
     def offers_spot(self) -> bool:
         return self.spot_price_per_hour_ucr is not None
+
+    @property
+    def offers_reservations(self) -> bool:
+        return self.reserved_price_per_hour_ucr is not None
 
     def to_spec(self) -> dict:
         """The profile as in the profiles file; JSON-safe (no Decimal, no float)."""
@@ -104,6 +112,8 @@ class Profile:
             **({"spot_price_per_hour": credits_text(self.spot_price_per_hour_ucr)}
                if self.offers_spot else {}),
             **({"spot_groups": list(self.spot_groups)} if self.spot_groups else {}),
+            **({"reserved_price_per_hour": credits_text(self.reserved_price_per_hour_ucr)}
+               if self.offers_reservations else {}),
             min_run=format_duration(self.min_run_s),
             idle_timeout=format_duration(self.idle_timeout_s),
             max_runtime=format_duration(self.max_runtime_s),
@@ -229,6 +239,23 @@ def _parse_spot(data: dict, price: int | None, gpu: object,
     return spot, groups or ()
 
 
+def _parse_reserved(data: dict, price: int | None, gpu: object, p: _Problems) -> int | None:
+    """reserved_price_per_hour: GPU profiles only, at most price_per_hour."""
+    if data.get("reserved_price_per_hour") is None:
+        return None
+    reserved = _price(p, data, "reserved_price_per_hour", _attempt(
+        p, "reserved_price_per_hour", parse_credits, data["reserved_price_per_hour"]))
+    if reserved is not None and gpu is None:
+        p.add("reserved_price_per_hour", "reservations hold GPUs; leave it out of a CPU-only "
+                                         "profile")
+    elif reserved is not None and price is not None and reserved > price:
+        p.add("reserved_price_per_hour",
+              f"must be at most price_per_hour ({credits_text(price)}), got "
+              f"{shown(data['reserved_price_per_hour'])}: a reservation is paid up front, "
+              "at a discount")
+    return reserved
+
+
 def _attempt(p: _Problems, name: str, parse, value: object):
     try:
         return parse(value)
@@ -280,6 +307,7 @@ def parse_profile(
     price = _price(p, data, "price_per_hour", _required(
         p, data, "price_per_hour", parse_credits, 'credits per hour like "1.20"'))
     spot_price, spot_groups = _parse_spot(data, price, gpu, p)
+    reserved_price = _parse_reserved(data, price, gpu, p)
     durations = {
         name: _attempt(p, name, parse_duration, data.get(name, default))
         for name, default in DEFAULTS.items()
@@ -298,6 +326,7 @@ def parse_profile(
         min_run_s=durations["min_run"], idle_timeout_s=durations["idle_timeout"],
         max_runtime_s=durations["max_runtime"], groups=groups, enabled=enabled,
         spot_price_per_hour_ucr=spot_price, spot_groups=spot_groups,
+        reserved_price_per_hour_ucr=reserved_price,
     )
 
 

@@ -22,8 +22,8 @@ from gpulease.spawners.gpu_models import KNOWN_MODELS, MIG_PROFILES
 # Form inputs of the profile editor, in the order they appear.
 PROFILE_INPUTS = ("slug", "display_name", "description", "gpu_model", "gpu_mig", "gpu_count",
                   "cpu", "memory", "images", "default_image", "price_per_hour",
-                  "spot_price_per_hour", "spot_groups", "min_run", "idle_timeout",
-                  "max_runtime", "groups", "enabled")
+                  "spot_price_per_hour", "spot_groups", "reserved_price_per_hour", "min_run",
+                  "idle_timeout", "max_runtime", "groups", "enabled")
 # parse_profile's error fields that name a part of an input rather than the input itself.
 _ERROR_INPUT = {"gpu": "gpu_model", "gpu.model": "gpu_model", "gpu.mig": "gpu_mig",
                 "gpu.count": "gpu_count"}
@@ -69,7 +69,8 @@ def profile_body(form: Form, catalog: Catalog, slug: str | None = None) -> tuple
     elif mig:
         errors.append(FieldError("gpu.model", "choose the GPU model of this MIG slice, or clear "
                                               "the MIG profile for a CPU-only profile"))
-    for name in ("cpu", "memory", "price_per_hour", "spot_price_per_hour"):
+    for name in ("cpu", "memory", "price_per_hour", "spot_price_per_hour",
+                 "reserved_price_per_hour"):
         value = first(form, name).strip()
         if value:  # an empty input is a missing key: parse_profile says what it needs
             body[name] = value
@@ -109,7 +110,7 @@ def profile_form_values(profile: Profile | None) -> dict[str, Any]:
         return {"slug": "", "display_name": "", "description": "", "gpu_model": "",
                 "gpu_mig": "", "gpu_count": "1", "cpu": "", "memory": "", "images": [],
                 "default_image": "", "price_per_hour": "", "spot_price_per_hour": "",
-                "spot_groups": "", "groups": "", "enabled": True,
+                "spot_groups": "", "reserved_price_per_hour": "", "groups": "", "enabled": True,
                 **DEFAULTS}
     spec = profile.to_spec()
     gpu = spec.get("gpu") or {}
@@ -121,7 +122,9 @@ def profile_form_values(profile: Profile | None) -> dict[str, Any]:
         "default_image": profile.images[0] if profile.images else "",
         "price_per_hour": spec["price_per_hour"],
         "spot_price_per_hour": spec.get("spot_price_per_hour", ""),
-        "spot_groups": ", ".join(profile.spot_groups), "min_run": spec["min_run"],
+        "spot_groups": ", ".join(profile.spot_groups),
+        "reserved_price_per_hour": spec.get("reserved_price_per_hour", ""),
+        "min_run": spec["min_run"],
         "idle_timeout": spec["idle_timeout"], "max_runtime": spec["max_runtime"],
         "groups": ", ".join(profile.groups), "enabled": profile.enabled,
     }

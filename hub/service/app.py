@@ -27,6 +27,7 @@ from gpulease.hub.service import (
     limit_handlers,
     openapi,
     pages,
+    reservation_handlers,
     server_handlers,
 )
 from gpulease.hub.service import billing_handlers as b
@@ -69,7 +70,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"admin/report", pages.ReportPage),
     ]
     for module in (audit_handlers, limit_handlers, server_handlers, admin_pages,
-                   activity_handlers, inventory_handlers, openapi):
+                   activity_handlers, inventory_handlers, reservation_handlers, openapi):
         routes += module.ROUTES
     # First: a body declared over the bound is refused before any route reads it.
     handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]
@@ -90,6 +91,9 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         gpulease_server_activity=ActivityStore(since=datetime.now(UTC)),
         # the cluster shape (GPULEASE_CLUSTER_NAMESPACE set): api/inventory's cluster form
         gpulease_cluster=source_from_env(env),
+        # GPULeaseHub.reservations_by_researchers: researchers reserve for themselves
+        gpulease_reservations_by_researchers=env.get("GPULEASE_RESERVATIONS_BY_RESEARCHERS")
+        == "1",
     )
 
 

@@ -1,0 +1,216 @@
+"""Reservations API (api/reservations) of the gpulease service.
+
+- `GET api/reservations[?account=&past=true]`: admins and auditors see every
+  reservation; anyone else those of their own account and their groups'.
+- `POST api/reservations` `{"account", "profile", "units", "start", "end",
+  "on_end", "note"}`: admins; a researcher for their own account `user:NAME`
+  where `reservations_by_researchers` allows. One `reservation` ledger row, and
+  an audit entry. 400 bad input, 402 the balance cannot pay, 409 capacity
+  promised to others (naming what is free), 422 more than exists or a profile
+  without reservations.
+- `GET api/reservations/{id}`, `DELETE api/reservations/{id}` (cancel: a
+  `refund` row by the documented rule; admins, or the researcher who may make
+  it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+from tornado import web
+
+from gpulease.hub.db import utcnow
+from gpulease.hub.ledger import parse_account
+from gpulease.hub.refusal import Refusal
+from gpulease.hub.reservation_rules import DeviceKind, whole_hours
+from gpulease.hub.reservations import ON_END, Booked, kind_words
+from gpulease.hub.service import billing_views as bv
+from gpulease.hub.service.base import BaseAPIHandler
+from gpulease.hub.service.errors import APIError
+from gpulease.spawners.cluster_inventory import kinds_offered
+
+FIELDS = ("account", "profile", "units", "start", "end", "on_end", "note")
+MAX_NOTE = 500
+
+
+def reservation_view(b: Booked, now) -> dict[str, Any]:
+    r = b.reservation
+    if r.cancelled_at is not None:
+        state = "cancelled"
+    elif now >= r.end:
+        state = "ended"
+    elif now >= r.start:
+        state = "active"
+    else:
+        state = "upcoming"
+    return {
+        "id": r.id, "account": r.account, "profile": r.profile, "units": r.units,
+        "devices": kind_words(r.kind), "devices_per_unit": r.per_unit,
+        "start": bv.iso(r.start), "end": bv.iso(r.end), "hours": whole_hours(r.start, r.end),
+        "rate_per_hour": bv.money(r.rate_per_hour_ucr), "cost": bv.money(b.cost_ucr),
+        "on_end": b.on_end, "note": b.note, "state": state,
+        "created": bv.iso(b.created_at), "created_by": b.created_by,
+        "cancelled": bv.iso(r.cancelled_at), "cancelled_by": b.cancelled_by,
+    }
+
+
+def _reservation_id(text: str) -> int:
+    if not text.isdigit() or len(text) > 12:
+        raise Refusal.of_field("id", f"a reservation id is a whole number, got {text!r}")
+    return int(text)
+
+
+class ReservationBase(BaseAPIHandler):
+    def may_reserve_for(self, account: str) -> None:
+        """Admins reserve for any account; a researcher for their own, where allowed."""
+        if self.is_admin():
+            return
+        me = self.caller()["name"]
+        if not self.settings.get("gpulease_reservations_by_researchers"):
+            raise APIError(403, "Only gpulease admins make and cancel reservations on this hub "
+                                "(reservations_by_researchers is off)")
+        if account != f"user:{me}":
+            raise APIError(403, f"You may reserve for your own account user:{me} only, not "
+                                f"{account}")
+
+    async def devices_of_kind(self) -> dict[DeviceKind, int]:
+        """How many devices of each kind the shape has: the box's, or the cluster's nodes'."""
+        source = self.settings.get("gpulease_cluster")
+        if source is None:
+            return dict(Counter((d.model, d.mig_profile)
+                                for d in self.ctx.inventory.allocatable()))
+        listed = await source.listed()
+        counts: Counter[DeviceKind] = Counter()
+        for node in source.spawner_nodes(listed.inventory).nodes:
+            for kind, resource in kinds_offered(node):
+                counts[kind] += node.allocatable.get(resource, 0)
+        return dict(counts)
+
+    async def booked(self, text: str) -> Booked:
+        """The reservation of the URL, if the caller may see it (404 otherwise)."""
+        model = self.caller()
+        found = await asyncio.to_thread(self.ctx.reservations.get, _reservation_id(text))
+        if found is None or not (self.is_auditor()
+                                 or found.reservation.account in _own_accounts(model)):
+            raise APIError(404, f"No reservation {text} that you may see")
+        return found
+
+
+def _own_accounts(model: dict) -> set[str]:
+    return {f"user:{model['name']}"} | {f"group:{g}" for g in model.get("groups") or []}
+
+
+class ReservationsHandler(ReservationBase):
+    async def get(self):
+        model = self.caller()
+        past = self.get_argument("past", "false").lower()
+        if past not in ("true", "false", "1", "0"):
+            raise Refusal.of_field("past", f"past must be true or false, got {past!r}")
+        account = self.get_argument("account", None)
+        accounts = None if self.is_auditor() else _own_accounts(model)
+        if account:
+            account = parse_account(account)
+            accounts = {account} if accounts is None or account in accounts else set()
+        now = utcnow()
+        found = await asyncio.to_thread(self.ctx.reservations.listed, accounts,
+                                        past=past in ("true", "1"), now=now)
+        self.write_json({"reservations": [reservation_view(b, now) for b in found]})
+
+    async def post(self):
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise APIError(400, "The body must be an object: " + ", ".join(FIELDS))
+        unknown = sorted(set(body) - set(FIELDS))
+        if unknown:
+            raise Refusal(f"Unknown fields: {', '.join(unknown)}; allowed: {', '.join(FIELDS)}",
+                          [(name, "unknown field") for name in unknown])
+        account = await self._account(body.get("account"))
+        self.may_reserve_for(account)
+        profile = await self._profile(body.get("profile"))
+        units = body.get("units")
+        if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= 10_000:
+            raise Refusal.of_field("units", f"units is a whole number from 1 to 10000, got "
+                                            f"{units!r}")
+        start = _time(body, "start")
+        end = _time(body, "end")
+        on_end = body.get("on_end", "continue")
+        if on_end not in ON_END:
+            raise Refusal.of_field("on_end", f"on_end is one of {', '.join(ON_END)} (its servers "
+                                             f"at its end: on demand, or suspended), got "
+                                             f"{on_end!r}")
+        note = body.get("note", "")
+        if not isinstance(note, str) or len(note) > MAX_NOTE:
+            raise Refusal.of_field("note", f"note is text of at most {MAX_NOTE} characters")
+        counts = await self.devices_of_kind()
+        actor = self.caller()["name"]
+        booked = await asyncio.to_thread(
+            self.ctx.reservations.add, account=account, profile=profile, units=units,
+            start=start, end=end, on_end=on_end, note=note, actor=actor,
+            devices_of_kind=lambda kind: counts.get(kind, 0))
+        view = reservation_view(booked, utcnow())
+        await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.add", account,
+                                None, view)
+        self.write_json(view, 201)
+
+    async def _account(self, raw: Any) -> str:
+        if not isinstance(raw, str) or not raw:
+            raise Refusal.of_field("account", 'account is required: "user:NAME" or "group:NAME"')
+        account = parse_account(raw)  # a BillingError (400) naming the account field
+        if account.startswith("user:"):
+            await self.hub_user(account.split(":", 1)[1], field="account", missing=400)
+        elif not await asyncio.to_thread(self.ctx.ledger.account_exists, account):
+            raise Refusal.of_field("account", f"unknown account {account}: it has no ledger "
+                                              "entries yet (grant credits to create it)")
+        return account
+
+    async def _profile(self, raw: Any):
+        if not isinstance(raw, str) or not raw:
+            raise Refusal.of_field("profile", "profile is required: the slug of a profile "
+                                              "with a reserved_price_per_hour")
+        profile = await asyncio.to_thread(self.ctx.profiles.get, raw)
+        offering = await asyncio.to_thread(self._offering)
+        if profile is None or not profile.enabled:
+            raise Refusal.of_field("profile", f"no enabled profile {raw!r}; profiles offering "
+                                              f"reservations: {offering or 'none'}")
+        if not profile.offers_reservations:
+            raise Refusal.of_field("profile", f"profile {raw} offers no reservations; those "
+                                              f"that do: {offering or 'none'}", status=422)
+        return profile
+
+    def _offering(self) -> str:
+        return ", ".join(p.slug for p in self.ctx.profiles.list(False)
+                         if p.enabled and p.offers_reservations)
+
+
+def _time(body: dict, field: str):
+    raw = body.get(field)
+    if not isinstance(raw, str) or not raw:
+        raise Refusal.of_field(field, f"{field} is required: an ISO 8601 UTC time on a whole "
+                                      "hour, like 2026-12-24T09:00:00Z")
+    return bv.parse_time(raw, field)
+
+
+class ReservationHandler(ReservationBase):
+    async def get(self, text: str):
+        self.write_json(reservation_view(await self.booked(text), utcnow()))
+
+    async def delete(self, text: str):
+        found = await self.booked(text)
+        self.may_reserve_for(found.reservation.account)
+        actor = self.caller()["name"]
+        before = reservation_view(found, utcnow())
+        cancelled, refund = await asyncio.to_thread(self.ctx.reservations.cancel, found.id,
+                                                    actor)
+        view = reservation_view(cancelled, utcnow())
+        await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.cancel",
+                                found.reservation.account, before,
+                                {**view, "refund": bv.money(refund)})
+        self.write_json({"reservation": view, "refund": bv.money(refund)})
+
+
+ROUTES: list[tuple[str, type[web.RequestHandler]]] = [
+    (r"api/reservations", ReservationsHandler),
+    (r"api/reservations/([^/]+)", ReservationHandler),
+]
