@@ -36,8 +36,9 @@ __all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "iso_z", "report", "spend
 
 GROUP_BY = {"user": "user_name", "account": "account", "profile": "profile_slug",
             "tier": "tier"}
+# (reservation last: scripts that read the columns before it by position keep working)
 USAGE_COLUMNS = ["user", "server", "profile", "tier", "account", "started", "ended",
-                 "billed_seconds", "billed_ms", "cost", "end_reason"]
+                 "billed_seconds", "billed_ms", "cost", "end_reason", "reservation"]
 # Integer columns that hold µcr and are written as decimal credits in CSV.
 AMOUNT_COLUMNS = frozenset({"cost", "amount", "amount_ucr", "balance", "spent", "monthly"})
 
@@ -105,7 +106,7 @@ def usage(engine: Engine, *, user: str | None = None, account: str | None = None
         s = session_from_row(row)
         listed.append({
             "user": s.user, "server": s.server, "profile": s.profile, "tier": s.tier,
-            "account": s.account,
+            "reservation": s.reservation_id, "account": s.account,
             "started": s.started, "ended": s.ended, "billed_seconds": s.billed_seconds(),
             "billed_ms": s.billed_ms(), "cost": s.cost(), "end_reason": s.end_reason,
         })

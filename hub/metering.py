@@ -74,6 +74,7 @@ class LiveSession:
     rate_per_hour_ucr: int
     last_alive: datetime
     tier: str = "on-demand"
+    reservation_id: int | None = None  # tier reserved: the reservation it runs on
 
 
 class HubServers(Protocol):
@@ -168,7 +169,7 @@ class Meter:
         for s in carried:
             self.live[(s.user, s.server)] = LiveSession(
                 s.id, s.profile, s.account, s.rate_per_hour_ucr, max(s.last_confirmed, now),
-                s.tier)
+                s.tier, s.reservation_id)
             if s.preempted_until is not None:  # the deadline its user was told stands
                 self.preempting[(s.user, s.server)] = Preempting(
                     s.preempted_until, s.preempt_why or "preempted", s.id)
@@ -184,11 +185,12 @@ class Meter:
     # --- sessions -----------------------------------------------------------------
 
     def open(self, user: str, server: str, profile: str, account: str, rate_per_hour_ucr: int,
-             started: datetime, tier: str = "on-demand") -> Session:
+             started: datetime, tier: str = "on-demand",
+             reservation_id: int | None = None) -> Session:
         session = self.sessions.open(user, server, profile, account, rate_per_hour_ucr, started,
-                                     tier)
+                                     tier, reservation_id)
         self.live[(user, server)] = LiveSession(session.id, profile, account, rate_per_hour_ucr,
-                                                started, tier)
+                                                started, tier, reservation_id)
         metrics.OPEN_SESSIONS.set(len(self.live))
         return session
 

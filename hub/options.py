@@ -20,6 +20,7 @@ from gpulease.hub.units import format_credits
 ALLOWED_KEYS = ("profile", "image", "account", "tier")
 ON_DEMAND = "on-demand"
 SPOT = "spot"
+RESERVED = "reserved"  # chosen by the hub for a holder's start, never in user_options
 TIERS = (ON_DEMAND, SPOT)
 
 CHOSEN_BY_REQUEST = "request"
@@ -34,6 +35,7 @@ class ServerChoice:
     account: str
     chosen_by: str
     tier: str = ON_DEMAND
+    reservation_id: int | None = None  # tier reserved: the reservation whose unit it takes
 
     @property
     def rate_per_hour_ucr(self) -> int:
@@ -49,7 +51,10 @@ class OptionsRefused(Refusal):
 
 
 def rate_for(profile: Profile, tier: str | None) -> int:
-    """The price per hour of `profile` on `tier` (on demand unless spot is offered)."""
+    """The price per hour of `profile` on `tier` (on demand unless spot is offered; a
+    reserved unit is paid for by its reservation)."""
+    if tier == RESERVED:
+        return 0
     if tier == SPOT and profile.spot_price_per_hour_ucr is not None:
         return profile.spot_price_per_hour_ucr
     return profile.price_per_hour_ucr
@@ -275,6 +280,8 @@ def options_summary(choice: ServerChoice) -> str:
     profile = choice.profile
     what = profile.gpu.describe() if profile.gpu is not None else "CPU only"
     spot = ", spot: may be interrupted" if choice.tier == SPOT else ""
+    if choice.tier == RESERVED:
+        spot = f", on reservation {choice.reservation_id}"
     text = (f"profile {profile.slug} ({what}, {price_text(choice.rate_per_hour_ucr)} "
             f"credits/h{spot}), image {choice.image.name}")
     if choice.account.startswith("group:"):

@@ -81,6 +81,12 @@ def _lasting(conn: Connection, now: dt.datetime) -> list[Reservation]:
     return [b.reservation for b in map(_row, rows) if b.reservation.holds_until() > now]
 
 
+def active_in(conn: Connection, now: dt.datetime) -> list[Reservation]:
+    """The reservations holding capacity at `now`, read in the caller's transaction (a
+    device claim)."""
+    return [r for r in _lasting(conn, now) if r.active(now)]
+
+
 class ReservationStore:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -184,11 +190,8 @@ class ReservationStore:
         """Those holding capacity now."""
         now = now or utcnow()
         with reading(self.engine) as conn:
-            return [r for r in _lasting(conn, now) if r.active(now)]
+            return active_in(conn, now)
 
-    def active_in(self, conn: Connection, now: dt.datetime) -> list[Reservation]:
-        """`active` in the caller's transaction (a device claim)."""
-        return [r for r in _lasting(conn, now) if r.active(now)]
 
     def mark_end_noticed(self, reservation_id: int, at: dt.datetime) -> None:
         with self.engine.begin() as conn:

@@ -38,8 +38,8 @@ __all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_aliv
            "session_from_row"]
 
 END_REASONS = ("user", "idle", "out_of_credit", "account_cap", "max_runtime", "admin",
-               "server_died", "hub_shutdown", "hub_lost", "preempted")
-TIERS = ("on-demand", "spot")  # gpulease.hub.options names them for a start
+               "server_died", "hub_shutdown", "hub_lost", "preempted", "reservation_ended")
+TIERS = ("on-demand", "spot", "reserved")  # gpulease.hub.options names them for a start
 _LEASE_ID = 1
 _open = sessions.c.ended_at.is_(None)
 
@@ -61,6 +61,7 @@ class Session:
     tier: str = "on-demand"
     preempted_until: dt.datetime | None = None  # being preempted: it runs until then
     preempt_why: str | None = None
+    reservation_id: int | None = None  # tier reserved: the reservation it ran on
 
     def billed_ms(self, now: dt.datetime | None = None) -> int:
         """Closed: what it was billed. Open: up to the last confirmation, or to `now`
@@ -84,7 +85,7 @@ def session_from_row(row: Any) -> Session:
                    int(row.rate_per_hour_ucr), row.started_at, row.last_confirmed_at,
                    row.ended_at, row.end_reason, row.requested_end_reason,
                    None if row.billed_ms is None else int(row.billed_ms), row.tier,
-                   row.preempted_until, row.preempt_why)
+                   row.preempted_until, row.preempt_why, row.reservation_id)
 
 
 def _check_reason(reason: str) -> str:
@@ -145,7 +146,8 @@ class SessionLedger:
 
     # --- writing ------------------------------------------------------------------
     def open(self, user: str, server: str, profile: str, account: str,
-             rate_per_hour_ucr: int, started: dt.datetime, tier: str = "on-demand") -> Session:
+             rate_per_hour_ucr: int, started: dt.datetime, tier: str = "on-demand",
+             reservation_id: int | None = None) -> Session:
         """Open a session; a session of the same server left open (a crash) closes first."""
         if tier not in TIERS:
             raise BillingError(400, f"tier: {tier!r} is not one of {', '.join(TIERS)}", "tier")
@@ -173,7 +175,7 @@ class SessionLedger:
             new_id = conn.execute(insert(sessions).values(
                 user_name=user, server_name=server, profile_slug=profile, account=account,
                 rate_per_hour_ucr=rate_per_hour_ucr, started_at=started,
-                last_confirmed_at=started, tier=tier,
+                last_confirmed_at=started, tier=tier, reservation_id=reservation_id,
             )).inserted_primary_key[0]
             row = conn.execute(select(sessions).where(sessions.c.id == new_id)).one()
             return session_from_row(row)

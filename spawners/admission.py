@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jupyterhub import orm
@@ -22,6 +23,8 @@ from gpulease.hub.holds import Hold, held_on
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.hub.options import (
     CHOSEN_BY_REQUEST,
+    ON_DEMAND,
+    RESERVED,
     SPOT,
     ServerChoice,
     options_summary,
@@ -105,13 +108,16 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
             group_accounts={a.partition(":")[2] for a in ctx.ledger.group_accounts()},
             deleted_profiles=ctx.profiles.deleted_slugs() if gone else frozenset(),
         )
-        admit_for_credit(ctx, (user, server), choice, {p.slug: p.min_run_s for p in profiles},
+        # A holder's start takes a free unit of their reservation (not billed per second);
+        # the options saved stay the on-demand choice, for a resume after the period.
+        run_as = on_reservation(ctx, choice, user, server, groups) or choice
+        admit_for_credit(ctx, (user, server), run_as, {p.slug: p.min_run_s for p in profiles},
                          alive=still_spawning)
-        spawner.gpulease_balance = ctx.ledger.balance(choice.account)
-        return choice, profiles
+        spawner.gpulease_balance = ctx.ledger.balance(run_as.account)
+        return choice, run_as, profiles
 
     try:
-        choice, profiles = await asyncio.to_thread(resolve_and_check_credit)
+        choice, run_as, profiles = await asyncio.to_thread(resolve_and_check_credit)
     except Refusal as refused:  # the options (OptionsRefused) or the credit (BillingError)
         spawner.refuse(refused)
     except SQLAlchemyError as e:
@@ -127,14 +133,42 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
             parse_memory_cap(spawner.cpu_only_memory_per_user))
         if refusal is not None:
             spawner.refuse(Refusal(refusal, status=409))
-    spawner.gpulease_choice = choice
+    spawner.gpulease_choice = run_as
     if choice.chosen_by != CHOSEN_BY_REQUEST:
         _save_resolved(spawner, resolved_options(choice))
     elif orm_spawner.user_options != (plain := plain_options(user_options)):
         # Lists of one (the REST API takes a form's shape too) are saved as plain strings:
         # the culler read {"profile": ["short"]} as no profile, so no max_runtime applied.
         _save_resolved(spawner, plain)
-    spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(choice), choice.chosen_by)
+    spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(run_as), choice.chosen_by)
+
+
+def on_reservation(ctx: GPULeaseContext, choice: ServerChoice, user: str, server: str,
+                   groups: set[str]) -> ServerChoice | None:
+    """`choice` on a free unit of a reservation its user holds (tier reserved), or None.
+
+    A holder is the reservation's account: the user's own, or a group they are in. A
+    unit is in use while a server holds devices on it (the claim checks again in its
+    transaction). Of several: the one of the account the start chose, then the user's
+    own, then the one that ends first. An on-demand start only: spot is asked for.
+    """
+    if choice.tier != ON_DEMAND or choice.profile.gpu is None:
+        return None
+    mine = {f"user:{user}"} | {f"group:{g}" for g in groups}
+    candidates = [r for r in ctx.reservations.active()
+                  if r.profile == choice.profile.slug and r.account in mine]
+    if not candidates:
+        return None
+    servers: dict[int, set[tuple[str, str]]] = {}
+    for h in ctx.assignments.held().values():
+        if h.reservation_id is not None and (h.user, h.server) != (user, server):
+            servers.setdefault(h.reservation_id, set()).add((h.user, h.server))
+    free = [r for r in candidates if r.units > len(servers.get(r.id, ()))]
+    if not free:
+        return None
+    best = min(free, key=lambda r: (r.account != choice.account, r.account != f"user:{user}",
+                                    r.holds_until(), r.id))
+    return replace(choice, tier=RESERVED, reservation_id=best.id, account=best.account)
 
 
 def cpu_only_servers(spawner: LocalGPUSpawner,
@@ -217,6 +251,9 @@ def start_events(choice: ServerChoice, balance_ucr: int) -> list[dict]:
     why = why_chosen(choice)
     spot = (" on the spot tier (it may be interrupted for an on-demand start, with notice "
             "to save; the home is kept)") if choice.tier == SPOT else ""
+    if choice.tier == RESERVED:
+        spot = (f" on a unit of reservation {choice.reservation_id} (paid for by it, not per "
+                "second)")
     events = [{"progress": 10,
                "message": f"Starting {profile.display_name} ({choice.image.name}) at "
                           f"{format_credits(choice.rate_per_hour_ucr)} credits/h{spot}, charged "

@@ -27,8 +27,10 @@ from sqlalchemy import Connection, Engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from gpulease.hub.db import assignments, out_of_service, reading, utcnow
+from gpulease.hub.reservations import active_in
 from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, place
+from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary, place
+from gpulease.spawners.reserved_pool import ON_DEMAND, HeldBy, withholding
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,17 @@ class Holder:
     profile: str
     since: dt.datetime
     state: str = HELD  # HELD | OUT_OF_SERVICE
+    tier: str = ON_DEMAND  # what the claim was for (spawners/reserved_pool.py)
+    reservation_id: int | None = None
+
+    def held_by(self) -> HeldBy:
+        # An out-of-service device is nobody's reserved unit: it narrows on-demand room.
+        tier = self.tier if self.state == HELD else ON_DEMAND
+        return HeldBy(tier, (self.user, self.server), self.reservation_id)
+
+
+def held_by(held: dict[str, Holder]) -> dict[str, HeldBy]:
+    return {uuid: holder.held_by() for uuid, holder in held.items()}
 
 
 @dataclass(frozen=True)
@@ -79,7 +92,8 @@ class ReconcileReport:
 
 
 def _holder(row: Any) -> Holder:
-    return Holder(row.user_name, row.server_name, row.profile_slug, row.claimed_at)
+    return Holder(row.user_name, row.server_name, row.profile_slug, row.claimed_at,
+                  tier=row.tier, reservation_id=row.reservation_id)
 
 
 class AssignmentStore:
@@ -93,9 +107,14 @@ class AssignmentStore:
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY})
 
     def claim(
-        self, user: str, server: str, profile: str, request: DeviceRequest, inventory: Inventory
+        self, user: str, server: str, profile: str, request: DeviceRequest, inventory: Inventory,
+        *, tier: str = ON_DEMAND, reservation_id: int | None = None,
     ) -> Placement:
-        """Place `request` and record it; a server's earlier devices are released first."""
+        """Place `request` and record it; a server's earlier devices are released first.
+
+        On a host with reservations active, what they withhold is checked in the same
+        transaction (spawners/reserved_pool.py): NoFit 503 when this start's tier may
+        not have the devices now."""
         for attempt in range(1, CLAIM_ATTEMPTS + 1):
             try:
                 with self.engine.begin() as conn:
@@ -103,14 +122,19 @@ class AssignmentStore:
                     now = utcnow()
                     # A (re)start re-places: what this server held is free for it.
                     self._release_in(conn, user, server, "restart", now)
-                    held = set(conn.execute(
-                        select(assignments.c.device_uuid).where(_open)).scalars())
-                    held |= set(conn.execute(
-                        select(out_of_service.c.device_uuid).where(_out)).scalars())
-                    placement = place(request, inventory, held)
+                    taken = self._held_in(conn)
+                    active = active_in(conn, now)
+                    if active:
+                        why = withholding(inventory, held_by(taken), active).refusal(
+                            request, reservation_id, spot=tier == "spot")
+                        if why is not None:
+                            raise NoFit(503, f"No {request.describe()} for this start: {why}. "
+                                             f"Free now: {free_summary(inventory, taken)}")
+                    placement = place(request, inventory, taken)
                     conn.execute(insert(assignments), [
                         {"device_uuid": d.uuid, "node": d.node, "user_name": user,
-                         "server_name": server, "profile_slug": profile, "claimed_at": now}
+                         "server_name": server, "profile_slug": profile, "claimed_at": now,
+                         "tier": tier, "reservation_id": reservation_id}
                         for d in placement.devices
                     ])
                 return placement
@@ -119,6 +143,14 @@ class AssignmentStore:
                             user, server, attempt, exc.orig)
         raise NoFit(503, f"Could not claim {request.describe()}: concurrent claims took the "
                          f"same devices {CLAIM_ATTEMPTS} times. Try again.")
+
+    def retier(self, user: str, server: str, tier: str) -> None:
+        """A running server's claim goes on at another tier (its reservation ended)."""
+        mine = _open & (assignments.c.user_name == user) & (assignments.c.server_name == server)
+        with self.engine.begin() as conn:
+            self._lock(conn)
+            conn.execute(update(assignments).where(mine)
+                         .values(tier=tier, reservation_id=None))
 
     @staticmethod
     def _release_in(conn: Connection, user: str, server: str, reason: str,
@@ -137,16 +169,20 @@ class AssignmentStore:
         with self.engine.begin() as conn:
             return self._release_in(conn, user, server, reason, utcnow())
 
+    @staticmethod
+    def _held_in(conn: Connection) -> dict[str, Holder]:
+        rows = conn.execute(select(assignments).where(_open).order_by(assignments.c.id))
+        taken = {row.device_uuid: _holder(row) for row in rows}
+        for row in conn.execute(select(out_of_service).where(_out)):
+            taken.setdefault(row.device_uuid, Holder(
+                row.user_name, row.server_name, row.profile_slug, row.since,
+                OUT_OF_SERVICE))
+        return taken
+
     def held(self) -> dict[str, Holder]:
         """Devices that are not free, by uuid: open assignments, and those out of service."""
         with reading(self.engine) as conn:
-            rows = conn.execute(select(assignments).where(_open).order_by(assignments.c.id))
-            taken = {row.device_uuid: _holder(row) for row in rows}
-            for row in conn.execute(select(out_of_service).where(_out)):
-                taken.setdefault(row.device_uuid, Holder(
-                    row.user_name, row.server_name, row.profile_slug, row.since,
-                    OUT_OF_SERVICE))
-            return taken
+            return self._held_in(conn)
 
     # --- out of service ------------------------------------------------------------
 

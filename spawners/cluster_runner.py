@@ -151,7 +151,7 @@ class ClusterQueueRunner(QueueBase):
         self, user: str, server: str, profile: str, request: DeviceRequest, *,
         user_groups: Collection[str] = (), group_members: Mapping[str, Collection[str]] = {},
         max_wait: float = 0.0, max_length: int = 1000, max_per_user: int = 0,
-        spot: bool = False,
+        spot: bool = False, reservation: int | None = None,
     ) -> ClusterAdmitted:
         """Check the limits, then admit now or wait in the queue for room.
 

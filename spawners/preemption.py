@@ -40,6 +40,7 @@ from itertools import accumulate, combinations
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, matches, place
 from gpulease.spawners.queue import Waiting, plan, usable_devices
+from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,9 @@ class PreemptionPlan:
 
 def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventory: Inventory,
                      held: Collection[str], spot: Iterable[SpotHolding],
-                     leaving: Mapping[Hashable, frozenset[str]] | None = None
+                     leaving: Mapping[Hashable, frozenset[str]] | None = None,
+                     withholding: Withholding = NO_WITHHOLDING,
+                     reservation_of: Mapping[Hashable, int | None] | None = None,
                      ) -> PreemptionPlan:
     """What to preempt, in one pass, for the waiting on-demand requests (in served order).
 
@@ -262,16 +265,22 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
     best fit may place a start elsewhere than it was planned, and a device kept
     for an earlier, blocked start goes to nobody); the rest are dropped and the
     check run again. A leaving server whose devices go to no start is `unneeded`.
-    No spot server is preempted for nothing."""
+    No spot server is preempted for nothing.
+
+    Reservations (`withholding`, and `reservation_of` a start on one): a start its
+    tier may not have now (spawners/reserved_pool.py) preempts nobody; a holder's
+    start on its reservation preempts like an on-demand one."""
     spot = list(spot)
     leaving = dict(leaving or {})
-    chosen = _tentative(waiting, inventory, held, spot, leaving)
+    reservation_of = dict(reservation_of or {})
+    chosen = _tentative(waiting, inventory, held, spot, leaving, withholding, reservation_of)
     devices_of = {h.key: h.devices for h in spot}
-    queue = [Waiting(key, request) for key, request in waiting]
+    queue = [Waiting(key, request, reservation=reservation_of.get(key))
+             for key, request in waiting]
     while True:
         freed = set().union(*(p.freed for _, p in chosen))
         starts = [(key, set(placement.uuids)) for key, placement in
-                  plan(queue, inventory, set(held) - freed).start]
+                  plan(queue, inventory, set(held) - freed, withholding).start]
         used = set().union(*(uuids for _, uuids in starts))
         kept = [(key, p) for key, p in chosen
                 if all(devices_of[victim] & used for victim in p.victims)]
@@ -289,7 +298,9 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
 
 def _tentative(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventory: Inventory,
                held: Collection[str], spot: list[SpotHolding],
-               leaving: Mapping[Hashable, frozenset[str]]) -> list[tuple[Hashable, Preemption]]:
+               leaving: Mapping[Hashable, frozenset[str]], withholding: Withholding,
+               reservation_of: Mapping[Hashable, int | None]
+               ) -> list[tuple[Hashable, Preemption]]:
     """The preemptions each waiting request gets in turn (plan_preemptions, before its check)."""
     taken = set(held)
     remaining = list(spot)
@@ -297,8 +308,12 @@ def _tentative(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventory: Inv
     index: SpotIndex | None = None
     chosen_for: list[tuple[Hashable, Preemption]] = []
     for key, request in waiting:
+        reservation = reservation_of.get(key)
+        if withholding.refusal(request, reservation) is not None:
+            continue  # its tier may not have them: the queue keeps nothing for it either
         try:
             taken |= set(place(request, inventory, taken | blocked).uuids)
+            withholding = withholding.take(request, reservation)
             index = None
             continue  # it starts once what is coming free has come
         except NoFit as nofit:
@@ -318,5 +333,6 @@ def _tentative(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventory: Inv
         remaining = [h for h in remaining if h.key not in victims]
         taken -= chosen.freed
         taken |= set(place(request, inventory, taken | blocked).uuids)
+        withholding = withholding.take(request, reservation)
         index = None
     return chosen_for

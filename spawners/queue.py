@@ -24,6 +24,7 @@ from typing import Protocol, TypeVar
 
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, matches, place
+from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
 
 # The default of GPULeaseHub.queue_places_per_user (and the spawner's trait), here only.
 QUEUE_PLACES_PER_USER = 3
@@ -36,6 +37,7 @@ class Waiting:
     key: Hashable
     request: DeviceRequest
     spot: bool = False  # the interruptible tier: served after every on-demand request
+    reservation: int | None = None  # tier reserved: the reservation whose unit it takes
 
 
 class _Tiered(Protocol):
@@ -72,22 +74,31 @@ def usable_devices(request: DeviceRequest, inventory: Inventory) -> set[str]:
     return {d.uuid for d in matching if per_node[d.node] >= request.count}
 
 
-def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str]) -> Plan:
-    """Serve `queue` (oldest first) from the free devices, never delaying an earlier request."""
+def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str],
+         withholding: Withholding = NO_WITHHOLDING) -> Plan:
+    """Serve `queue` (oldest first) from the free devices, never delaying an earlier request.
+
+    A request its tier may not have now (what reservations withhold: `withholding`)
+    waits without keeping devices from the requests after it: only a stop of its own
+    tier's servers, or a reservation's end, lets it start."""
     taken = set(held)  # held now, plus what this pass hands out
-    reserved: set[str] = set()  # free devices an earlier, blocked request could use
+    kept: set[str] = set()  # free devices an earlier, blocked request could use
     result = Plan()
     for entry in served_order(queue):
+        if withholding.refusal(entry.request, entry.reservation, entry.spot) is not None:
+            result.waiting.append(entry.key)
+            continue
         try:
-            placement = place(entry.request, inventory, taken | reserved)
+            placement = place(entry.request, inventory, taken | kept)
         except NoFit as nofit:
             if nofit.status != 503:
                 result.never.append((entry.key, nofit.message))
                 continue
-            reserved |= usable_devices(entry.request, inventory) - taken
+            kept |= usable_devices(entry.request, inventory) - taken
             result.waiting.append(entry.key)
             continue
         taken |= set(placement.uuids)
+        withholding = withholding.take(entry.request, entry.reservation, entry.spot)
         result.start.append((entry.key, placement))
     return result
 

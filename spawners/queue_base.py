@@ -48,6 +48,7 @@ class Ticket:
     future: asyncio.Future
     enqueued_at: dt.datetime = field(default_factory=utcnow)
     spot: bool = False  # the interruptible tier: served after every on-demand start
+    reservation: int | None = None  # tier reserved: the reservation whose unit it takes
 
 
 class QueueBase:
@@ -78,7 +79,7 @@ class QueueBase:
 
     def entries(self) -> list[Waiting]:
         """The waiting tickets as the queue's decision takes them (spawners/queue.py)."""
-        return [Waiting(t, t.request, t.spot) for t in self.waiting]
+        return [Waiting(t, t.request, t.spot, t.reservation) for t in self.waiting]
 
     def released(self) -> None:
         """Capacity was released: serve the queue now rather than at the next poll."""
@@ -104,11 +105,13 @@ class QueueBase:
     # --- waiting -------------------------------------------------------------------------
 
     async def _enqueue(self, user: str, server: str, profile: str,
-                       request: DeviceRequest, spot: bool = False) -> Ticket:
+                       request: DeviceRequest, spot: bool = False,
+                       reservation: int | None = None) -> Ticket:
         """A place at the end of the queue (under the lock), with its `spawn_queue` row."""
         await asyncio.to_thread(self.ctx.queue.add, user, server, profile)
         ticket = Ticket(user, server, profile, request,
-                        asyncio.get_running_loop().create_future(), spot=spot)
+                        asyncio.get_running_loop().create_future(), spot=spot,
+                        reservation=reservation)
         self.waiting.append(ticket)
         log.info("%s/%s waits for %s at position %d", user, server, request.describe(),
                  len(self.waiting))

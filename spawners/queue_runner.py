@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from gpulease.hub.db import utcnow
 from gpulease.hub.limits import Holding, check_limits
 from gpulease.hub.units import format_duration
-from gpulease.spawners.assignments import Holder
+from gpulease.spawners.assignments import Holder, held_by
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary, place
 from gpulease.spawners.queue import Waiting, plan, queue_places_refusal, restricted
@@ -32,6 +32,7 @@ from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progr
     queue_progress,
     tell_started,
 )
+from gpulease.spawners.reserved_pool import ON_DEMAND, RESERVED, SPOT, Withholding, withholding
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S, preempt_for
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class QueueRunner(QueueBase):
         self, user: str, server: str, profile: str, request: DeviceRequest, *,
         user_groups: Collection[str] = (), group_members: Mapping[str, Collection[str]] = {},
         max_wait: float = 0.0, max_length: int = 1000, max_per_user: int = 0,
-        spot: bool = False,
+        spot: bool = False, reservation: int | None = None,
     ) -> Admitted:
         """Check the limits, then claim devices now or wait in the queue for them.
 
@@ -82,9 +83,11 @@ class QueueRunner(QueueBase):
         queue already (0: no such limit), 422 never fits here, 503 no capacity
         and no queueing (`max_wait` 0: naming what is free), the queue full, or
         `max_wait` seconds passed in the queue. A cancelled spawn leaves the queue.
+        `reservation`: the start takes a unit of that reservation (tier reserved).
         """
         ctx = self.ctx
         inventory = ctx.inventory
+        tier = SPOT if spot else RESERVED if reservation is not None else ON_DEMAND
         async with self._lock:
             held = await asyncio.to_thread(ctx.assignments.held)
             limit_table = await asyncio.to_thread(ctx.limits.all)
@@ -101,20 +104,23 @@ class QueueRunner(QueueBase):
             if not self.waiting or max_wait <= 0:
                 try:
                     placement = await asyncio.to_thread(
-                        ctx.assignments.claim, user, server, profile, request, inventory)
+                        ctx.assignments.claim, user, server, profile, request, inventory,
+                        tier=tier, reservation_id=reservation)
                     return Admitted(placement)
                 except NoFit as nofit:
                     if nofit.status != 503 or max_wait <= 0:
                         raise Refused(nofit.status, nofit.message) from None
             else:  # others wait: it may start at once only if it delays none of them
                 me = object()
-                queue = self.entries() + [Waiting(me, request, spot)]
-                planned = dict(plan(queue, inventory, held).start).get(me)
+                queue = self.entries() + [Waiting(me, request, spot, reservation)]
+                withheld = await self._withholding(held)
+                planned = dict(plan(queue, inventory, held, withheld).start).get(me)
                 if planned is not None:
                     try:
                         placement = await asyncio.to_thread(
                             ctx.assignments.claim, user, server, profile, request,
-                            restricted(inventory, planned.uuids))
+                            restricted(inventory, planned.uuids), tier=tier,
+                            reservation_id=reservation)
                         return Admitted(placement)
                     except NoFit:
                         pass  # taken meanwhile: wait like the others
@@ -126,7 +132,7 @@ class QueueRunner(QueueBase):
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later. "
                                    f"Free now: {free_summary(inventory, held)}")
-            ticket = await self._enqueue(user, server, profile, request, spot)
+            ticket = await self._enqueue(user, server, profile, request, spot, reservation)
         placement = await self._wait_in_queue(ticket, max_wait)
         waited = (utcnow() - ticket.enqueued_at).total_seconds()
         return Admitted(placement, waited, queued=True)
@@ -155,14 +161,15 @@ class QueueRunner(QueueBase):
             if not self.waiting and not (ctx.meter is not None and ctx.meter.preempting):
                 return  # (preemptions for starts that left are taken back below)
             held = await asyncio.to_thread(ctx.assignments.held)
-            decision = plan(self.entries(), ctx.inventory, held)
+            decision = plan(self.entries(), ctx.inventory, held, await self._withholding(held))
             for ticket, message in decision.never:
                 self._settle(ticket, Refused(422, message))
             for ticket, planned in decision.start:
                 try:
                     placement = await asyncio.to_thread(
                         ctx.assignments.claim, ticket.user, ticket.server, ticket.profile,
-                        ticket.request, restricted(ctx.inventory, planned.uuids))
+                        ticket.request, restricted(ctx.inventory, planned.uuids),
+                        tier=_tier(ticket), reservation_id=ticket.reservation)
                 except NoFit:
                     continue  # taken meanwhile: the next pass decides again
                 if ticket in self.waiting:
@@ -172,7 +179,17 @@ class QueueRunner(QueueBase):
                                             ticket.server, "cancelled")
             if decision.start:  # what this pass claimed is held now
                 held = await asyncio.to_thread(ctx.assignments.held)
-            await preempt_for(ctx, decision.waiting, held, self.spot_grace_s)
+            await preempt_for(ctx, decision.waiting, held, self.spot_grace_s,
+                              await self._withholding(held))
+
+    async def _withholding(self, held: Mapping[str, Holder]) -> Withholding:
+        """What the reservations active now withhold, given the devices `held`."""
+        active = await asyncio.to_thread(self.ctx.reservations.active)
+        return withholding(self.ctx.inventory, held_by(dict(held)), active)
+
+
+def _tier(ticket: Ticket) -> str:
+    return SPOT if ticket.spot else RESERVED if ticket.reservation is not None else ON_DEMAND
 
 
 _runners: dict[int, tuple[GPULeaseContext, QueueRunner]] = {}

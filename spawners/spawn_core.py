@@ -161,6 +161,7 @@ class GPULeaseSpawnCore(AdmissionOptions):
                 user_groups=set(groups), group_members=groups,
                 max_wait=self.queue_max_wait, max_length=self.queue_max_length,
                 max_per_user=self.queue_places_per_user, spot=choice.tier == SPOT,
+                reservation=choice.reservation_id,
             )
             if admitted.queued:  # the queue may have been long: is the profile still theirs?
                 await self._still_usable_after_waiting(choice)
@@ -286,6 +287,7 @@ class GPULeaseSpawnCore(AdmissionOptions):
             await asyncio.to_thread(
                 meter.open, self.user.name, self.name, profile.slug, choice.account,
                 choice.rate_per_hour_ucr, self.gpulease_answered_at or utcnow(), choice.tier,
+                choice.reservation_id,
             )
         except SQLAlchemyError as e:
             self.log.error("cannot open the billing session of %s: %s", self._log_name, e)

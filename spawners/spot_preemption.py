@@ -31,6 +31,7 @@ from gpulease.hub.notifier import subject_for
 from gpulease.hub.options import price_text
 from gpulease.spawners.assignments import HELD, Holder
 from gpulease.spawners.preemption import plan_preemptions, spot_holdings
+from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -107,7 +108,8 @@ async def tell_preempted(ctx: GPULeaseContext, preempted: PreemptedPod) -> None:
 
 
 async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
-                      held: Mapping[str, Holder], grace_s: float) -> tuple[str, ...]:
+                      held: Mapping[str, Holder], grace_s: float,
+                      withheld: Withholding = NO_WITHHOLDING) -> tuple[str, ...]:
     """Tell the spot servers the rule chooses for the waiting on-demand starts
     (plan_preemptions), and take back the preemptions no waiting start needs any more
     (the start they were made for was cancelled or gave up); returns the "user/server"
@@ -125,10 +127,12 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
     for uuid, h in held.items():
         if (h.user, h.server) in leaving:
             leaving[(h.user, h.server)].add(uuid)
+    # on-demand starts, and holders' starts on their reservations
     on_demand = [(ticket, ticket.request) for ticket in waiting if not ticket.spot]
     decided = plan_preemptions(
         on_demand, ctx.inventory, set(held) - set().union(*leaving.values()), holdings,
-        {key: frozenset(devices) for key, devices in leaving.items()})
+        {key: frozenset(devices) for key, devices in leaving.items()}, withheld,
+        {ticket: ticket.reservation for ticket, _ in on_demand})
     # (after a restart, not before every queued start is back: hub/queue_resume.py)
     for key in () if meter.queue_resuming else decided.unneeded:
         if meter.withdraw_preemption(key):
@@ -145,8 +149,10 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
         for key in chosen.victims:
             user, server = key
             profile = live[key].profile
-            why = (f"preempted for {ticket.user}/{ticket.server or '(default)'}'s on-demand "
-                   f"start of {ticket.request.describe()}")
+            start = ("start on its reservation" if ticket.reservation is not None
+                     else "on-demand start")
+            why = (f"preempted for {ticket.user}/{ticket.server or '(default)'}'s {start} "
+                   f"of {ticket.request.describe()}")
             if not meter.preempt(key, deadline, why):
                 continue
             await _record(meter, key, deadline, why)

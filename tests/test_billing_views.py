@@ -52,9 +52,13 @@ def test_usage_csv_has_the_json_columns_and_values():
                                      "cost": 10_417})
     rows = list(csv.reader(io.StringIO(to_csv(view["sessions"], bv.USAGE_COLUMNS))))
     assert rows[0] == ["user", "server", "profile", "tier", "account", "started", "ended",
-                       "billed_seconds", "billed_ms", "cost", "end_reason"]
+                       "billed_seconds", "billed_ms", "cost", "end_reason", "reservation"]
     assert rows[1] == ["alice", "", "h200-1g", "spot", "user:alice", "2025-03-01T10:00:00Z",
-                       "2025-03-01T10:00:31.250Z", "32", "31250", "0.010417", "idle"]
+                       "2025-03-01T10:00:31.250Z", "32", "31250", "0.010417", "idle", ""]
+    reserved = bv.usage_view([{**SESSION, "tier": "reserved", "reservation": 7}], {
+        "billed_seconds": 32, "billed_ms": 31_250, "cost": 0})
+    line = list(csv.reader(io.StringIO(to_csv(reserved["sessions"], bv.USAGE_COLUMNS))))[1]
+    assert line[3] == "reserved" and line[-1] == "7"
 
 
 def test_report_rows_and_totals():

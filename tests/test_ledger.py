@@ -135,7 +135,8 @@ def test_grant_and_adjust_rows(engine):
     assert [r["id"] for r in rows] == [gid, aid]
     assert rows[0] | {} == {"id": gid, "account": "user:alice", "kind": "grant",
                             "amount_ucr": 10 * CREDIT, "note": "welcome", "actor": "admin",
-                            "user_name": None, "session_id": None, "created_at": T0}
+                            "user_name": None, "session_id": None, "created_at": T0,
+                            "reservation_id": None}
     assert rows[1]["kind"] == "adjustment" and rows[1]["amount_ucr"] == -3 * CREDIT
     assert ledger.balance("user:alice") == 7 * CREDIT
     assert ledger.entries(since=at(5)) == rows[1:]

@@ -118,6 +118,7 @@ def session_view(s: Mapping[str, Any]) -> dict[str, Any]:
         "server": s["server"],
         "profile": s["profile"],
         "tier": s["tier"],
+        "reservation": s.get("reservation"),
         "account": s["account"],
         "started": iso(s["started"]),
         "ended": iso(s.get("ended")),

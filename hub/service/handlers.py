@@ -46,7 +46,8 @@ async def current_inventory(handler: BaseAPIHandler) -> dict[str, Any]:
     isolation = handler.settings.get("gpulease_isolation", {})
     open_sessions = await asyncio.to_thread(SessionLedger(handler.ctx.engine).open_sessions)
     tiers = {(s.user, s.server): s.tier for s in open_sessions}
-    return inventory_view(handler.ctx.inventory, held, queue, isolation, tiers)
+    active = await asyncio.to_thread(handler.ctx.reservations.active)
+    return inventory_view(handler.ctx.inventory, held, queue, isolation, tiers, active)
 
 
 class InventoryHandler(BaseAPIHandler):

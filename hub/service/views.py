@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpulease.hub.profiles import Profile
+from gpulease.hub.reservation_rules import Reservation
+from gpulease.hub.reservations import kind_words
 from gpulease.spawners.assignments import Holder
 from gpulease.spawners.cluster_availability import FREE, Availability
 from gpulease.spawners.cluster_inventory import ClusterInventory
@@ -17,6 +19,7 @@ from gpulease.spawners.queue_store import QueuedSpawn
 def inventory_view(
     inventory: Inventory, held: dict[str, Holder], queue: Sequence[QueuedSpawn] = (),
     isolation: dict | None = None, tiers: Mapping[tuple[str, str], str] | None = None,
+    reservations: Sequence[Reservation] = (),
 ) -> dict[str, Any]:
     """DESIGN.md's `api/inventory`: devices free, held (by whom), out of service or gone.
 
@@ -24,7 +27,9 @@ def inventory_view(
     not be emptied; `holder` is that server. Also the queue. `tiers`: the tier
     of each running server's session ((user, server) -> on-demand | spot), so a
     holder says whether its devices may be preempted; a holder without an open
-    session (starting, or out of service) has none.
+    session (starting, or out of service) has none. `reservations`: those holding
+    capacity now, with their holder (account) and how many of their units run (a
+    holder's device names its reservation).
     """
     tiers = tiers or {}
     present = inventory.device_uuids()
@@ -62,7 +67,20 @@ def inventory_view(
         "gone": gone,
         "queue": queue_view(queue),
         "isolation": isolation_view(isolation or {}),
+        "reservations": reserved_view(reservations, held),
     }
+
+
+def reserved_view(reservations: Sequence[Reservation],
+                  held: dict[str, Holder]) -> list[dict[str, Any]]:
+    servers: dict[int, set[tuple[str, str]]] = {}
+    for h in held.values():
+        if h.reservation_id is not None and h.state == "held":
+            servers.setdefault(h.reservation_id, set()).add((h.user, h.server))
+    return [{"id": r.id, "account": r.account, "profile": r.profile,
+             "devices": kind_words(r.kind), "units": r.units,
+             "in_use": len(servers.get(r.id, ())),
+             "until": r.holds_until().isoformat() + "Z"} for r in reservations]
 
 
 def cluster_inventory_view(inventory: ClusterInventory, listed_at: datetime, namespace: str,
@@ -108,6 +126,8 @@ def _device(uuid: str, profile: str | None, memory: int | None, held: dict[str, 
         tier = tiers.get((holder.user, holder.server))
         if tier is not None and holder.state == "held":
             shown_holder["tier"] = tier
+        if holder.reservation_id is not None and holder.state == "held":
+            shown_holder["reservation"] = holder.reservation_id
     return {
         "uuid": uuid,
         "profile": profile,
