@@ -65,6 +65,7 @@ from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
 from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.queue_resume import resume_then_serve
+from gpulease.hub.reservation_ends import end_reservations
 from gpulease.hub.server_control import HubServerControl
 from gpulease.hub.server_env import ServerEnvError
 from gpulease.hub.server_env import choose as choose_server_env
@@ -445,6 +446,11 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
     async def _heartbeat_once(self) -> None:
         # One at a time: the regular beats and those asked for a deadline (_beat_at).
         async with self._beat_lock:
+            try:  # reservations' ends first: a suspend it orders is pushed by this beat
+                await end_reservations(self._ctx, parse_duration(
+                    self.reservation_end_notice, "reservation_end_notice"))
+            except Exception:
+                self.log.exception("ending reservations failed (tried again next beat)")
             try:
                 await self._ctx.meter.heartbeat(self._servers)
             except Exception:

@@ -28,6 +28,7 @@ Key = tuple[str, str]  # (user, server name)
 OUT_OF_CREDIT = "out_of_credit"
 ACCOUNT_CAP = "account_cap"
 PREEMPTED = "preempted"  # a spot server whose GPU an on-demand start took
+RESERVATION_ENDED = "reservation_ended"  # its reservation ended; its holder chose suspend
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class RunningServer:
     # When the hub started it (JupyterHub's `started`), for the log of the gap.
     started_at: dt.datetime | None = None
     tier: str = "on-demand"
+    reservation_id: int | None = None  # tier reserved: the reservation it runs on
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class CapUse:
 @dataclass(frozen=True)
 class StopOrder:
     key: Key
-    reason: str  # OUT_OF_CREDIT, ACCOUNT_CAP or PREEMPTED
+    reason: str  # OUT_OF_CREDIT, ACCOUNT_CAP, PREEMPTED or RESERVATION_ENDED
     account: str
     why: str  # for the log and the user's notice
     cap: CapUse | None = None

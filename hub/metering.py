@@ -285,7 +285,7 @@ class Meter:
         s = repair.server
         user, server = s.key
         session = self.open(user, server, s.profile, s.account, s.rate_per_hour_ucr, repair.since,
-                            s.tier)
+                            s.tier, s.reservation_id)
         # It runs now: confirmed up to now at once, so the gap is billed from this heartbeat.
         self.live[s.key].last_alive = now
         self.sessions.confirm([session.id], now)

@@ -35,7 +35,8 @@ __all__ = [
     "NoticeStore", "Prefs", "banner_text", "validate_prefs",
 ]
 
-WARNING_KINDS = ("idle_warning", "max_runtime_warning", "preemption_warning")
+WARNING_KINDS = ("idle_warning", "max_runtime_warning", "preemption_warning",
+                 "reservation_ending")
 STOP_KINDS = ("suspended", "max_runtime_stopped")
 KINDS = (*WARNING_KINDS, *STOP_KINDS, "credit_low", "queued_started")
 CHANNELS = ("none", "email", "webhook")

@@ -17,7 +17,7 @@ from jupyterhub import orm
 
 from gpulease.hub.enforcement import RunningServer
 from gpulease.hub.my_servers import option_value
-from gpulease.hub.options import ON_DEMAND, SPOT, rate_for
+from gpulease.hub.options import ON_DEMAND, RESERVED, SPOT, rate_for
 
 log = logging.getLogger("gpulease.metering")
 
@@ -26,14 +26,15 @@ log = logging.getLogger("gpulease.metering")
 CANCEL_WAIT_S = 2.0
 
 
-def saved_meter_facts(ctx: Any, user: str,
-                      options: dict | None) -> tuple[str, str, int, str] | None:
-    """(profile, account, rate, tier) of a server from its saved options (blocking: a
-    thread).
+def saved_meter_facts(ctx: Any, user: str, options: dict | None, server: str = ""
+                      ) -> tuple[str, str, int, str, int | None] | None:
+    """(profile, account, rate, tier, reservation) of a server from its saved options
+    (blocking: a thread).
 
     For a server this hub did not start (a restart): the saved profile at its
-    price now, charged to the saved account, else the user's own. None when
-    no profile is known (the caller logs it).
+    price now, charged to the saved account, else the user's own; a server whose
+    devices were claimed on a reservation still active runs on it (tier reserved).
+    None when no profile is known (the caller logs it).
     """
     slug = option_value(options, "profile") or ctx.profiles.get_default_profile(user)
     profile = ctx.profiles.get(slug) if slug else None
@@ -42,8 +43,13 @@ def saved_meter_facts(ctx: Any, user: str,
     account = option_value(options, "account") or f"user:{user}"
     if ":" not in account:
         account = f"user:{account}"
+    claimed = {h.reservation_id for h in ctx.assignments.held().values()
+               if (h.user, h.server) == (user, server) and h.reservation_id is not None}
+    for r in ctx.reservations.active():
+        if r.id in claimed:
+            return profile.slug, r.account, 0, RESERVED, r.id
     tier = SPOT if option_value(options, "tier") == SPOT and profile.offers_spot else ON_DEMAND
-    return profile.slug, account, rate_for(profile, tier), tier
+    return profile.slug, account, rate_for(profile, tier), tier, None
 
 
 class HubServerControl:
@@ -94,23 +100,23 @@ class HubServerControl:
                 if choice is not None:
                     out.append(RunningServer(key, choice.profile.slug, choice.account,
                                              choice.rate_per_hour_ucr, answered,
-                                             started, choice.tier))
+                                             started, choice.tier, choice.reservation_id))
                 else:
                     unknown.append((spawner, dict(spawner.orm_spawner.user_options or {})))
         for spawner, options in unknown:
             key = (spawner.user.name, spawner.name)
             if key in metered:
                 continue  # only the few without a session need their profile looked up
-            facts = await asyncio.to_thread(saved_meter_facts, self.ctx, key[0], options)
+            facts = await asyncio.to_thread(saved_meter_facts, self.ctx, key[0], options, key[1])
             if facts is None:
                 log.error("%s runs with no billing session and no known profile (saved "
                           "options %s); it cannot be metered: stop it or fix its profile",
                           spawner._log_name, options or "none")
                 continue
-            slug, account, rate, tier = facts
+            slug, account, rate, tier, reservation = facts
             out.append(RunningServer(key, slug, account, rate,
                                      getattr(spawner, "gpulease_answered_at", None),
-                                     spawner.orm_spawner.started, tier))
+                                     spawner.orm_spawner.started, tier, reservation))
         return out
 
     async def stop(self, user_name: str, server_name: str) -> None:

@@ -180,6 +180,29 @@ class SessionLedger:
             row = conn.execute(select(sessions).where(sessions.c.id == new_id)).one()
             return session_from_row(row)
 
+    def continue_on_demand(self, session_id: int, at: dt.datetime,
+                           rate_per_hour_ucr: int) -> Session | None:
+        """A reserved session whose reservation ended at `at` while its server runs on:
+        closed there (reason reservation_ended, nothing charged for it) and, in the same
+        transaction, an on-demand session of the same server opened from there. None
+        when it is no longer open (its server stopped meanwhile)."""
+        with self.engine.begin() as conn:
+            row = conn.execute(select(sessions).where(sessions.c.id == session_id, _open)
+                               ).first()
+            if row is None:
+                return None
+            advisory_lock(conn, f"server:{row.user_name}/{row.server_name}")
+            at = max(to_ms(at), row.started_at)
+            self._close_in(conn, session_id, at, "reservation_ended")
+            new_id = conn.execute(insert(sessions).values(
+                user_name=row.user_name, server_name=row.server_name,
+                profile_slug=row.profile_slug, account=row.account,
+                rate_per_hour_ucr=rate_per_hour_ucr, started_at=at,
+                last_confirmed_at=max(at, row.last_confirmed_at), tier="on-demand",
+            )).inserted_primary_key[0]
+            return session_from_row(conn.execute(
+                select(sessions).where(sessions.c.id == new_id)).one())
+
     def confirm(self, session_ids: Collection[int], at: dt.datetime) -> int:
         """Confirm open sessions up to `at` in ONE statement; returns how many are open.
 

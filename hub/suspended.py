@@ -14,6 +14,7 @@ SUSPEND_REASONS = {
     "account_cap": "Suspended: your monthly cap on {account} is spent",
     "max_runtime": "Stopped at its maximum runtime",
     "preempted": "Suspended: its spot GPU went to an on-demand start",
+    "reservation_ended": "Suspended at the end of its reservation",
 }
 
 
