@@ -13,6 +13,7 @@ import yaml
 from gpulease.hub.cli_billing import BILLING_COMMANDS, add_billing_parsers
 from gpulease.hub.cli_cluster import CLUSTER_COMMANDS, add_cluster_parsers, needs_hub
 from gpulease.hub.cli_limits import LIMITS_COMMANDS, add_limits_parsers
+from gpulease.hub.cli_reservations import RESERVATIONS_COMMANDS, add_reservations_parsers
 from gpulease.hub.client import ClientError, HubClient, client_from
 from gpulease.hub.units import load_yaml_file
 from gpulease.hub.user_names import name_problem
@@ -222,12 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="read the password from stdin's first line (default: ask twice)")
     add_billing_parsers(sub)
     add_limits_parsers(sub)
+    add_reservations_parsers(sub)
     add_cluster_parsers(sub)
     return parser
 
 
 COMMANDS = {"inventory": cmd_inventory, "profiles": cmd_profiles, "users": cmd_users,
-            **BILLING_COMMANDS, **LIMITS_COMMANDS, **CLUSTER_COMMANDS}
+            **BILLING_COMMANDS, **LIMITS_COMMANDS, **RESERVATIONS_COMMANDS, **CLUSTER_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
