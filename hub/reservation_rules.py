@@ -4,8 +4,9 @@ A reservation holds `units` of a profile for an account (user or group) over a
 period: one unit is what one server of the profile takes (a MIG slice, or the
 profile's cards). The rules, documented for admins in docs/admin.md:
 
-- **Period.** UTC, starting and ending on whole hours, the start not in the past
-  (the hour under way counts as past) and the end after it.
+- **Period.** UTC, starting and ending on whole hours, the end after the start,
+  the start not before the hour under way: a reservation from the hour under way
+  holds at once, and that hour is charged whole.
 - **Price.** `reserved_price_per_hour × hours × units`, in integer µcr, charged as
   one ledger row when the reservation is made.
 - **Capacity.** Profiles that take the same kind of device (a model, whole cards
@@ -87,10 +88,11 @@ def period_errors(start: dt.datetime, end: dt.datetime, now: dt.datetime) -> lis
         if moment != moment.replace(minute=0, second=0, microsecond=0):
             errors.append(FieldError(field, f"{field} must be on a whole hour (UTC), like "
                                             f"{_hour_up(moment).isoformat()}Z"))
-    first = _hour_up(now)
+    first = now.replace(minute=0, second=0, microsecond=0)
     if start < first:
-        errors.append(FieldError("start", "start must not be in the past: the first hour "
-                                          f"that may be reserved begins {first.isoformat()}Z"))
+        errors.append(FieldError("start", "start must not be in the past: the earliest is "
+                                          f"the hour under way, {first.isoformat()}Z (it holds "
+                                          "at once, and that hour is charged whole)"))
     if end <= start:
         errors.append(FieldError("end", "end must be after start"))
     return errors

@@ -31,9 +31,11 @@ def test_a_period_is_whole_hours_not_begun_and_ends_after_it_starts():
     assert period_errors(T0, T0 + 3 * H, now) == []
     fields = [e.field for e in period_errors(T0 + dt.timedelta(minutes=30), T0, now)]
     assert fields == ["start", "end"]
-    # the hour under way is past: 08:40 may reserve from 09:00, not 08:00
-    assert [e.field for e in period_errors(T0 - H, T0 + H, now)] == ["start"]
-    assert "begins 2026-12-07T09:00:00Z" in period_errors(T0 - H, T0 + H, now)[0].message
+    # the hour under way may be reserved (it holds at once), not the one before it
+    assert period_errors(T0 - H, T0 + H, now) == []
+    assert [e.field for e in period_errors(T0 - 2 * H, T0 + H, now)] == ["start"]
+    assert "the hour under way, 2026-12-07T08:00:00Z" in period_errors(
+        T0 - 2 * H, T0 + H, now)[0].message
 
 
 def test_the_price_is_rate_times_hours_times_units():
