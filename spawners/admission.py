@@ -9,7 +9,7 @@ them, so that only a refusal in that same start puts them back.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from gpulease.spawners.cpu_totals import (
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
     from gpulease.hub.profiles import Profile
+    from gpulease.hub.reservation_rules import Reservation
     from gpulease.spawners.local import LocalGPUSpawner
 
 DATABASE_DOWN = (
@@ -110,13 +111,19 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
         )
         # A holder's start takes a free unit of their reservation (not billed per second);
         # the options saved stay the on-demand choice, for a resume after the period.
-        run_as = on_reservation(ctx, choice, user, server, groups) or choice
+        run_as = on_reservation(choice, user, server, holding, in_use) or choice
         admit_for_credit(ctx, (user, server), run_as, {p.slug: p.min_run_s for p in profiles},
                          alive=still_spawning)
         spawner.gpulease_balance = ctx.ledger.balance(run_as.account)
         return choice, run_as, profiles
 
     try:
+        # The reservations this user holds now, and who runs on their units (the shape's
+        # runner knows: claimed devices, or labelled pods and admitted starts).
+        accounts = {f"user:{user}"} | {f"group:{g}" for g in groups}
+        holding = [r for r in await asyncio.to_thread(ctx.reservations.active)
+                   if r.account in accounts]
+        in_use = await spawner._queue_runner().reservation_use() if holding else {}
         choice, run_as, profiles = await asyncio.to_thread(resolve_and_check_credit)
     except Refusal as refused:  # the options (OptionsRefused) or the credit (BillingError)
         spawner.refuse(refused)
@@ -143,27 +150,21 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
     spawner.log.info("%s: %s (%s)", spawner._log_name, options_summary(run_as), choice.chosen_by)
 
 
-def on_reservation(ctx: GPULeaseContext, choice: ServerChoice, user: str, server: str,
-                   groups: set[str]) -> ServerChoice | None:
+def on_reservation(choice: ServerChoice, user: str, server: str,
+                   holding: Sequence[Reservation],
+                   in_use: Mapping[int, set[tuple[str, str]]]) -> ServerChoice | None:
     """`choice` on a free unit of a reservation its user holds (tier reserved), or None.
 
-    A holder is the reservation's account: the user's own, or a group they are in. A
-    unit is in use while a server holds devices on it (the claim checks again in its
-    transaction). Of several: the one of the account the start chose, then the user's
-    own, then the one that ends first. An on-demand start only: spot is asked for.
+    `holding`: the active reservations whose account is the user's own or a group they
+    are in; `in_use`: the servers on each reservation's units (the shape's runner checks
+    again when it admits). Of several: the one of the account the start chose, then the
+    user's own, then the one that ends first. An on-demand start only: spot is asked for.
     """
     if choice.tier != ON_DEMAND or choice.profile.gpu is None:
         return None
-    mine = {f"user:{user}"} | {f"group:{g}" for g in groups}
-    candidates = [r for r in ctx.reservations.active()
-                  if r.profile == choice.profile.slug and r.account in mine]
-    if not candidates:
-        return None
-    servers: dict[int, set[tuple[str, str]]] = {}
-    for h in ctx.assignments.held().values():
-        if h.reservation_id is not None and (h.user, h.server) != (user, server):
-            servers.setdefault(h.reservation_id, set()).add((h.user, h.server))
-    free = [r for r in candidates if r.units > len(servers.get(r.id, ()))]
+    candidates = [r for r in holding if r.profile == choice.profile.slug]
+    free = [r for r in candidates
+            if r.units > len(set(in_use.get(r.id, ())) - {(user, server)})]
     if not free:
         return None
     best = min(free, key=lambda r: (r.account != choice.account, r.account != f"user:{user}",

@@ -26,7 +26,9 @@ from gpulease.hub.units import parse_quantity
 from gpulease.spawners.drivers import driver_from_labels, new_enough, too_old
 from gpulease.spawners.gpu_models import model_key_from_gfd_product
 from gpulease.spawners.placement import DeviceRequest, NoFit
-from gpulease.spawners.pod_spec import TIER_LABEL
+from gpulease.spawners.pod_spec import RESERVATION_LABEL, TIER_LABEL
+
+TIERS = ("on-demand", "spot", "reserved")
 
 GPU_PREFIX = "nvidia.com/"
 USER_LABEL = "hub.jupyter.org/username"
@@ -112,6 +114,12 @@ class Hold:
     user: str = ""  # gpulease's pods only
     server: str = ""
     spot: bool = False  # a gpulease spot server's pod: kube-scheduler may preempt it
+    tier: str = "on-demand"  # a gpulease server's (its pod's label); others' pods: on-demand
+    reservation: int | None = None  # tier reserved: the reservation whose unit it runs on
+
+    @property
+    def on_tier(self) -> str:
+        return SPOT if self.spot else self.tier
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,9 @@ class ClusterInventory:
             for resource, count in hold.resources.items():
                 who = {"user": hold.user, "server": hold.server} if hold.user else {"pod": hold.pod}
                 if hold.user:
-                    who["tier"] = "spot" if hold.spot else "on-demand"
+                    who["tier"] = hold.on_tier
+                    if hold.reservation is not None:
+                        who["reservation"] = hold.reservation
                 holders[(hold.node, resource)].append({**who, "count": count})
         return [{"name": n.name, "model": n.model, "mig_strategy": n.mig_strategy,
                  "driver": n.driver, "schedulable": n.schedulable,
@@ -229,10 +239,15 @@ def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | Non
     annotations = meta.get("annotations") or {}
     user = (annotations.get(USER_ANNOTATION) or meta.get("labels", {}).get(USER_LABEL, "")
             if ours else "")
-    spot = bool(user) and (meta.get("labels") or {}).get(TIER_LABEL) == SPOT
+    labels = meta.get("labels") or {}
+    tier = labels.get(TIER_LABEL, "on-demand") if user else "on-demand"
+    if tier not in TIERS:
+        tier = "on-demand"
+    reservation = labels.get(RESERVATION_LABEL, "") if tier == "reserved" else ""
     return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
                 dict(wanted), user, meta.get("annotations", {}).get(SERVER_ANNOTATION, "") if user
-                else "", spot)
+                else "", tier == SPOT, tier,
+                int(reservation) if reservation.isdigit() and len(reservation) < 12 else None)
 
 
 Kind = tuple[str, "str | None"]  # what a request asks for: (model, MIG profile or None)

@@ -21,13 +21,21 @@ request only ever takes what is free.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpulease.spawners.cluster_inventory import ClusterInventory, Kind, fit, nodes_for
+from gpulease.hub.reservation_rules import Reservation
+from gpulease.spawners.cluster_inventory import (
+    ClusterInventory,
+    Kind,
+    fit,
+    kinds_offered,
+    nodes_for,
+)
 from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.queue import Waiting, served_order
+from gpulease.spawners.reserved_pool import NO_WITHHOLDING, HeldBy, Withholding, rooms
 
 
 @dataclass
@@ -41,14 +49,20 @@ class ClusterPlan:
 
 
 def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
-                 admitted: Sequence[DeviceRequest] = (), spot_yields: bool = False
-                 ) -> ClusterPlan:
-    """Serve `queue` (oldest first), each request after room for those before it."""
+                 admitted: Sequence[DeviceRequest] = (), spot_yields: bool = False,
+                 withholding: Withholding = NO_WITHHOLDING) -> ClusterPlan:
+    """Serve `queue` (oldest first), each request after room for those before it.
+
+    `withholding`: what reservations keep from on-demand starts (cluster_withholding);
+    a start its tier may not have waits without keeping nodes from those after it."""
     pending = list(admitted)
     reserved: dict[Kind, set[str]] = defaultdict(set)
     result = ClusterPlan()
     for entry in served_order(queue):
         request = entry.request
+        if withholding.refusal(request, entry.reservation, entry.spot) is not None:
+            result.waiting.append(entry.key)
+            continue
         seen = inventory.without_spot() if spot_yields and not entry.spot else inventory
         try:
             node = fit(request, seen, tuple(pending), reserved)
@@ -60,5 +74,45 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
             result.waiting.append(entry.key)
             continue
         pending.append(request)
+        withholding = withholding.take(request, entry.reservation, entry.spot)
         result.start.append((entry.key, node))
     return result
+
+
+@dataclass(frozen=True)
+class AdmittedStart:
+    """A start admitted whose pod is not bound yet: what it asks, on which tier."""
+
+    request: DeviceRequest
+    tier: str = "on-demand"
+    reservation: int | None = None
+
+
+def cluster_withholding(inventory: ClusterInventory,
+                        admitted: Mapping[tuple[str, str], AdmittedStart],
+                        active: Sequence[Reservation]) -> Withholding:
+    """What reservations withhold in the cluster (spawners/reserved_pool.py's rule): the
+    devices of each kind are the spawner's nodes' allocatable; they are held by the bound
+    pods (gpulease's by their tier label, anyone else's as on demand) and by the admitted
+    starts whose pods are not bound yet."""
+    if not active:
+        return NO_WITHHOLDING
+    total: Counter[Kind] = Counter()
+    kind_at: dict[tuple[str, str], Kind] = {}
+    for node in inventory.nodes:
+        for kind, resource in kinds_offered(node):
+            total[kind] += node.allocatable.get(resource, 0)
+            kind_at[(node.name, resource)] = kind
+    used: list[tuple[Kind, HeldBy]] = []
+    for hold in inventory.holds:
+        by = HeldBy(hold.on_tier, (hold.user, hold.server) if hold.user else (hold.pod, ""),
+                    hold.reservation)
+        for resource, count in hold.resources.items():
+            kind = kind_at.get((hold.node, resource))
+            if kind is not None:
+                used += [(kind, by)] * count
+    for key, start in admitted.items():
+        by = HeldBy(start.tier, key, start.reservation)
+        kind = (start.request.model, start.request.mig_profile)
+        used += [(kind, by)] * start.request.count
+    return rooms(total, used, active)

@@ -38,12 +38,13 @@ from gpulease.spawners.cluster_inventory import (
     too_old_nodes,
 )
 from gpulease.spawners.cluster_preemption import preempted_pod
-from gpulease.spawners.cluster_queue import plan_cluster
+from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.spawners.cluster_watch import ClusterWatch
 from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.queue import Waiting, queue_places_refusal
 from gpulease.spawners.queue_base import QueueBase, Refused, Ticket, log
 from gpulease.spawners.queue_runner import asks
+from gpulease.spawners.reserved_pool import Withholding
 from gpulease.spawners.spot_preemption import tell_preempted
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class ClusterQueueRunner(QueueBase):
         self.tolerations = [dict(t) for t in tolerations]
         self.watch: ClusterWatch | None = None
         self.admitted: dict[tuple[str, str], DeviceRequest] = {}
+        self.admitted_as: dict[tuple[str, str], AdmittedStart] = {}  # with their tiers
         self._running: set[tuple[str, str]] = set()  # started; admitted until seen bound
         # Both tiers have a PriorityClass (GPUKubeSpawner.spot_preempts): an on-demand
         # start counts what spot pods hold as free, and kube-scheduler preempts them.
@@ -131,6 +133,7 @@ class ClusterQueueRunner(QueueBase):
         for key in self._running & bound:
             self._running.discard(key)
             self.admitted.pop(key, None)
+            self.admitted_as.pop(key, None)
         return {key: r for key, r in self.admitted.items() if key not in bound}
 
     def _changed(self) -> None:
@@ -174,15 +177,15 @@ class ClusterQueueRunner(QueueBase):
             if refusal is not None:
                 raise Refused(409, refusal.message)
             me: Hashable = object()
-            queue = self.entries() + [Waiting(me, request, spot)]
-            decision = plan_cluster(queue, inventory, tuple(unbound.values()), self.spot_yields)
+            queue = self.entries() + [Waiting(me, request, spot, reservation)]
+            decision = plan_cluster(queue, inventory, tuple(unbound.values()), self.spot_yields,
+                                    await self._withholding(inventory))
             never = dict(decision.never)
             if me in never:
                 raise Refused(422, never[me])
             node = dict(decision.start).get(me)
             if node is not None:
-                self.admitted[key] = request
-                self._running.discard(key)
+                self._admit(key, request, spot, reservation)
                 log.info("%s/%s admitted for %s (fits on %s)", user, server,
                          request.describe(), node)
                 return ClusterAdmitted(node, avoid=too_old_nodes(inventory, request))
@@ -195,7 +198,7 @@ class ClusterQueueRunner(QueueBase):
             if len(self.waiting) >= max_length:
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later.")
-            ticket = await self._enqueue(user, server, profile, request, spot)
+            ticket = await self._enqueue(user, server, profile, request, spot, reservation)
         node = await self._wait_in_queue(ticket, max_wait)
         # The picture as watched now (no wait: the admission is made, and counted)
         picture = select_nodes(self.watch.inventory(), self.selector, self.tolerations)
@@ -212,8 +215,36 @@ class ClusterQueueRunner(QueueBase):
             self._running.add(key)
             return
         self._running.discard(key)
+        self.admitted_as.pop(key, None)
         if self.admitted.pop(key, None) is not None:
             self.released()
+
+    def _admit(self, key: tuple[str, str], request: DeviceRequest, spot: bool,
+               reservation: int | None) -> None:
+        self.admitted[key] = request
+        tier = "spot" if spot else "reserved" if reservation is not None else "on-demand"
+        self.admitted_as[key] = AdmittedStart(request, tier, reservation)
+        self._running.discard(key)
+
+    async def _withholding(self, inventory: ClusterInventory) -> Withholding:
+        """What the reservations active now withhold, as the cluster is watched now."""
+        active = await asyncio.to_thread(self.ctx.reservations.active)
+        unbound = self.unbound(inventory)
+        return cluster_withholding(
+            inventory, {k: s for k, s in self.admitted_as.items() if k in unbound}, active)
+
+    async def reservation_use(self) -> dict[int, set[tuple[str, str]]]:
+        """The servers on each reservation's units: pods labelled with it, and admitted
+        starts on it whose pods are not bound yet."""
+        inventory = await self.inventory()
+        used: dict[int, set[tuple[str, str]]] = {}
+        for hold in inventory.holds:
+            if hold.user and hold.tier == "reserved" and hold.reservation is not None:
+                used.setdefault(hold.reservation, set()).add((hold.user, hold.server))
+        for key, start in self.admitted_as.items():
+            if start.reservation is not None:
+                used.setdefault(start.reservation, set()).add(key)
+        return used
 
     def _no_room(self, request: DeviceRequest, inventory: ClusterInventory) -> str:
         try:
@@ -231,12 +262,13 @@ class ClusterQueueRunner(QueueBase):
                 return
             inventory = await self.inventory()
             decision = plan_cluster(self.entries(), inventory,
-                                    tuple(self.unbound(inventory).values()), self.spot_yields)
+                                    tuple(self.unbound(inventory).values()), self.spot_yields,
+                                    await self._withholding(inventory))
             for ticket, message in decision.never:  # a node left the cluster
                 self._settle(ticket, Refused(422, message))
             for ticket, node in decision.start:
-                self.admitted[(ticket.user, ticket.server)] = ticket.request
-                self._running.discard((ticket.user, ticket.server))
+                self._admit((ticket.user, ticket.server), ticket.request, ticket.spot,
+                            ticket.reservation)
                 log.info("%s/%s admitted from the queue for %s (fits on %s)", ticket.user,
                          ticket.server, ticket.request.describe(), node)
                 self._settle(ticket, node)

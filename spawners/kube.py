@@ -211,7 +211,8 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
                         self.on_demand_priority_class, self.spot_priority_class,
                         self.spot_grace_period,
                         choice is not None and choice.profile.gpu is not None,
-                        self.cpu_only_priority_class)
+                        self.cpu_only_priority_class,
+                        choice.reservation_id if choice is not None else None)
         if tier.priority_class:
             pod.spec.priority_class_name = tier.priority_class
         pod.metadata.labels = {**(pod.metadata.labels or {}), **tier.labels}

@@ -29,6 +29,9 @@ DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
 # Every server's pod says its tier (on-demand | spot); believed in the servers'
 # namespace only, as the user label is (cluster_inventory.hold_from_pod).
 TIER_LABEL = "gpulease.io/tier"
+# A pod on a reservation's unit (tier reserved) says which (spawners/cluster_queue.py counts
+# the units in use by it); believed where the tier label is.
+RESERVATION_LABEL = "gpulease.io/reservation"
 # A spot pod's SIGTERM comes this long after its grace period, for the server to stop.
 SPOT_STOP_S = 10
 # jovyan in the Jupyter images; a user's pod never runs as root.
@@ -102,7 +105,8 @@ class TierPod:
 
 
 def tier_pod(tier: str, on_demand_class: str, spot_class: str, grace_s: float,
-             gpu: bool = True, cpu_only_class: str = "") -> TierPod:
+             gpu: bool = True, cpu_only_class: str = "",
+             reservation_id: int | None = None) -> TierPod:
     """The pod of a server on `tier`: its PriorityClass, and for spot the time to save.
 
     kube-scheduler preempts a lower-priority pod for a higher one by deleting it
@@ -115,11 +119,17 @@ def tier_pod(tier: str, on_demand_class: str, spot_class: str, grace_s: float,
 
     A CPU-only server (`gpu` False, always on demand) takes `cpu_only_class`: as high
     as on demand but never preempting, so that it neither takes a node's CPU from a
-    spot or other pod by preemption nor is preempted by a GPU start."""
+    spot or other pod by preemption nor is preempted by a GPU start.
+
+    A server on a reservation's unit (tier reserved) runs at on-demand priority: its
+    start preempts spot pods on the reserved capacity as an on-demand start does."""
     if not gpu:
         return TierPod(cpu_only_class, {TIER_LABEL: tier})
     if tier != SPOT:
-        return TierPod(on_demand_class, {TIER_LABEL: tier})
+        labels = {TIER_LABEL: tier}
+        if reservation_id is not None:
+            labels[RESERVATION_LABEL] = str(reservation_id)
+        return TierPod(on_demand_class, labels)
     seconds = max(1, int(-(-grace_s // 1)))
     return TierPod(spot_class, {TIER_LABEL: SPOT}, seconds, seconds + SPOT_STOP_S)
 

@@ -99,6 +99,11 @@ class QueueBase:
         """Undo an admission whose start is refused after all (gpulease.spawners.spawn_core)."""
         raise NotImplementedError
 
+    async def reservation_use(self) -> dict[int, set[tuple[str, str]]]:
+        """The (user, server) on each reservation's units now (spawners/admission.py
+        on_reservation picks a free one)."""
+        raise NotImplementedError
+
     def _cancelled_after_placing(self, ticket: Ticket) -> None:
         """Give back what was placed for `ticket` just as its spawn was cancelled."""
 

@@ -182,6 +182,15 @@ class QueueRunner(QueueBase):
             await preempt_for(ctx, decision.waiting, held, self.spot_grace_s,
                               await self._withholding(held))
 
+    async def reservation_use(self) -> dict[int, set[tuple[str, str]]]:
+        """The servers on each reservation's units: those holding devices claimed on it."""
+        held = await asyncio.to_thread(self.ctx.assignments.held)
+        used: dict[int, set[tuple[str, str]]] = {}
+        for h in held.values():
+            if h.reservation_id is not None and h.state == "held":
+                used.setdefault(h.reservation_id, set()).add((h.user, h.server))
+        return used
+
     async def _withholding(self, held: Mapping[str, Holder]) -> Withholding:
         """What the reservations active now withhold, given the devices `held`."""
         active = await asyncio.to_thread(self.ctx.reservations.active)

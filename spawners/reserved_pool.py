@@ -19,7 +19,7 @@ Kinds without an active reservation have no room limit: absent from the maps.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpulease.hub.reservation_rules import DeviceKind, Reservation
@@ -91,17 +91,27 @@ def withholding(inventory: Inventory, held: Mapping[str, HeldBy],
         return NO_WITHHOLDING
     kind_of = {d.uuid: (d.model, d.mig_profile) for d in inventory.allocatable()}
     total = Counter(kind_of.values())
+    used = [(kind_of[uuid], by) for uuid, by in held.items() if uuid in kind_of]
+    return rooms(total, used, active)
+
+
+def rooms(total: Mapping[DeviceKind, int], used: Iterable[tuple[DeviceKind, HeldBy]],
+          active: Sequence[Reservation]) -> Withholding:
+    """The rooms from the devices of each kind (`total`) and what holds them (`used`: one
+    (kind, holder) per device), in either shape. A server still marked reserved on a
+    reservation no longer active (its end is being handled) counts as on demand."""
     reserved: Counter[DeviceKind] = Counter()
     for r in active:
         reserved[r.kind] += r.devices
+    ids = {r.id for r in active}
     on_demand: Counter[DeviceKind] = Counter()
     servers_on: dict[int, set[tuple[str, str]]] = {}
-    for uuid, by in held.items():
-        if by.tier == RESERVED and by.reservation_id is not None:
+    for kind, by in used:
+        if by.tier == RESERVED and by.reservation_id in ids:
             servers_on.setdefault(by.reservation_id, set()).add(by.server)
-        elif by.tier != SPOT and uuid in kind_of:
-            on_demand[kind_of[uuid]] += 1
+        elif by.tier != SPOT:
+            on_demand[kind] += 1
     return Withholding(
-        {kind: total[kind] - reserved[kind] - on_demand[kind] for kind in reserved},
+        {kind: total.get(kind, 0) - reserved[kind] - on_demand[kind] for kind in reserved},
         {r.id: r.units - len(servers_on.get(r.id, ())) for r in active},
         dict(reserved))

@@ -4,6 +4,8 @@ preemption plan honour it: pure, over a declared inventory."""
 import datetime as dt
 
 from gpulease.hub.reservation_rules import Reservation
+from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
+from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.spawners.inventory import parse_declared_inventory
 from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.preemption import SpotHolding, plan_preemptions
@@ -82,3 +84,34 @@ def test_a_holder_preempts_spot_on_its_reserved_capacity_and_on_demand_does_not(
     got = plan_preemptions([("x", SLICE), ("y", SLICE), ("z", SLICE)], INV, set(held), spot,
                            None, w, {})
     assert [k for k, _ in got.chosen] == ["x", "y"]  # z: the rest is reserved, no victim
+
+
+# --- the cluster shape: counted capacity, pods and admitted starts ---------------------
+
+def _cluster(holds=()):
+    node = ClusterNode("m", "H200", "mixed", "570", {"nvidia.com/mig-1g.18gb": 3})
+    return ClusterInventory((node,), tuple(holds))
+
+
+def test_the_cluster_counts_pods_by_tier_and_admitted_starts_and_holds_reserved_capacity():
+    mig = {"nvidia.com/mig-1g.18gb": 1}
+    holds = [Hold("ns/jupyter-ann", "m", mig, "ann", ""),  # on demand
+             Hold("ns/jupyter-sam", "m", mig, "sam", "", spot=True, tier="spot"),
+             Hold("batch/job", "m", mig)]  # someone else's pod: on demand
+    inventory = _cluster(holds)
+    w = cluster_withholding(inventory, {}, [_res(1, 1, "user:lee")])
+    assert w.on_demand_room == {KIND: 0} and w.reservation_room == {1: 1}
+    # the holder starts (kube-scheduler preempts sam's spot pod); an on-demand one waits
+    queue = [Waiting("x", SLICE), Waiting("lee", SLICE, reservation=1)]
+    decided = plan_cluster(queue, inventory, (), spot_yields=True, withholding=w)
+    assert decided.start == [("lee", "m")] and decided.waiting == ["x"]
+    # lee's start admitted, its pod not bound yet: its unit is in use
+    admitted = {("lee", ""): AdmittedStart(SLICE, "reserved", 1)}
+    w = cluster_withholding(inventory, admitted, [_res(1, 1, "user:lee")])
+    assert w.reservation_room == {1: 0}
+    # bound, labelled with its reservation: the same; after the reservation, on demand
+    lee = Hold("ns/jupyter-lee", "m", mig, "lee", "", tier="reserved", reservation=1)
+    w = cluster_withholding(_cluster([*holds, lee]), {}, [_res(1, 1, "user:lee")])
+    assert w.reservation_room == {1: 0} and w.on_demand_room == {KIND: 0}
+    w = cluster_withholding(_cluster([*holds, lee]), {}, [_res(2, 1, "user:kim")])
+    assert w.on_demand_room == {KIND: -1}  # ann, the batch pod and lee now on demand
