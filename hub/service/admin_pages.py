@@ -1,10 +1,10 @@
-"""Admin pages: profiles editor, inventory, credits, caps and limits, audit log.
+"""Admin pages: profiles editor, inventory, credits, caps and limits, reservations, audit log.
 
 Server-rendered HTML with plain forms (no JavaScript, so the CSP allows no
 script at all); see admin_base.py for who may see and post, and for the CSRF
 protection of the forms. The editor lives in admin_profile_pages.py, credits
-and limits in admin_credit_pages.py; this module has the read-only pages and
-mounts them all.
+and limits in admin_credit_pages.py, reservations in admin_reservation_pages.py;
+this module has the read-only pages and mounts them all.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from urllib.parse import urlencode
 
 from tornado import web
 
-from gpulease.hub.service import admin_credit_pages, admin_profile_pages
+from gpulease.hub.service import (
+    admin_credit_pages,
+    admin_profile_pages,
+    admin_reservation_pages,
+)
 from gpulease.hub.service import admin_forms as af
 from gpulease.hub.service.admin_base import AdminPage
 from gpulease.hub.service.audit_handlers import parse_audit_query
@@ -67,4 +71,5 @@ ROUTES: list[tuple[str, type[web.RequestHandler]]] = [
     (r"admin/audit", AuditPage),
     *admin_profile_pages.ROUTES,
     *admin_credit_pages.ROUTES,
+    *admin_reservation_pages.ROUTES,
 ]

@@ -11,18 +11,27 @@
 - `GET api/reservations/{id}`, `DELETE api/reservations/{id}` (cancel: a
   `refund` row by the documented rule; admins, or the researcher who may make
   it).
+
+The body's checks, the write and its audit entry are ReservationBase's
+(reservation_input, make_reservation, cancel_reservation), shared with the
+admin page admin/reservations (admin_reservation_pages.py), so that both accept,
+refuse and record alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from tornado import web
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.ledger import parse_account
+from gpulease.hub.profiles import Profile
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.reservation_rules import DeviceKind, whole_hours
 from gpulease.hub.reservations import ON_END, Booked, kind_words
@@ -33,6 +42,24 @@ from gpulease.spawners.cluster_inventory import kinds_offered
 
 FIELDS = ("account", "profile", "units", "start", "end", "on_end", "note")
 MAX_NOTE = 500
+
+
+@dataclass(frozen=True)
+class ReservationInput:
+    """A reservation body that passed the handlers' checks (ReservationBase.reservation_input)."""
+
+    account: str
+    profile: Profile
+    units: int
+    start: dt.datetime
+    end: dt.datetime
+    on_end: str
+    note: str
+
+
+def offering_reservations(profiles: Iterable[Profile]) -> list[Profile]:
+    """The enabled profiles with a reserved_price_per_hour: those one may reserve."""
+    return [p for p in profiles if p.enabled and p.offers_reservations]
 
 
 def reservation_view(b: Booked, now) -> dict[str, Any]:
@@ -97,6 +124,89 @@ class ReservationBase(BaseAPIHandler):
             raise APIError(404, f"No reservation {text} that you may see")
         return found
 
+    async def reservation_input(self, body: Any) -> ReservationInput:
+        """The checks of a reservation's body, in order, shared by `POST api/reservations`
+        and the admin page's form (which sends the same body): a Refusal naming the field,
+        before anything is written. The store checks the rest (period, capacity, balance)
+        when it adds."""
+        if not isinstance(body, dict):
+            raise APIError(400, "The body must be an object: " + ", ".join(FIELDS))
+        unknown = sorted(set(body) - set(FIELDS))
+        if unknown:
+            raise Refusal(f"Unknown fields: {', '.join(unknown)}; allowed: {', '.join(FIELDS)}",
+                          [(name, "unknown field") for name in unknown])
+        account = _account_text(body.get("account"))
+        # Who may reserve for it before whether it exists: a researcher learns nothing
+        # about other accounts (a 403 for all of them, not a 400 for unknown ones).
+        self.may_reserve_for(account)
+        await self._known_account(account)
+        profile = await self._profile(body.get("profile"))
+        units = body.get("units")
+        if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= 10_000:
+            raise Refusal.of_field("units", f"units is a whole number from 1 to 10000, got "
+                                            f"{units!r}")
+        start = _time(body, "start")
+        end = _time(body, "end")
+        on_end = body.get("on_end", "continue")
+        if on_end not in ON_END:
+            raise Refusal.of_field("on_end", f"on_end is one of {', '.join(ON_END)} (its servers "
+                                             f"at its end: on demand, or suspended), got "
+                                             f"{on_end!r}")
+        note = body.get("note", "")
+        if not isinstance(note, str) or len(note) > MAX_NOTE:
+            raise Refusal.of_field("note", f"note is text of at most {MAX_NOTE} characters")
+        return ReservationInput(account, profile, units, start, end, on_end, note)
+
+    async def make_reservation(self, asked: ReservationInput) -> dict[str, Any]:
+        """Add it (the store's checks, its charge) by the caller, and audit it: its view."""
+        counts = await self.devices_of_kind()
+        actor = self.caller()["name"]
+        booked = await asyncio.to_thread(
+            self.ctx.reservations.add, account=asked.account, profile=asked.profile,
+            units=asked.units, start=asked.start, end=asked.end, on_end=asked.on_end,
+            note=asked.note, actor=actor, devices_of_kind=lambda kind: counts.get(kind, 0))
+        view = reservation_view(booked, utcnow())
+        await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.add",
+                                asked.account, None, view)
+        return view
+
+    async def cancel_reservation(self, found: Booked) -> tuple[dict[str, Any], int]:
+        """Cancel it by the caller (a refund by the rule), and audit it: its view, the refund."""
+        self.may_reserve_for(found.reservation.account)
+        actor = self.caller()["name"]
+        before = reservation_view(found, utcnow())
+        cancelled, refund = await asyncio.to_thread(self.ctx.reservations.cancel, found.id,
+                                                    actor)
+        view = reservation_view(cancelled, utcnow())
+        await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.cancel",
+                                found.reservation.account, before,
+                                {**view, "refund": bv.money(refund)})
+        return view, refund
+
+    async def _known_account(self, account: str) -> None:
+        if account.startswith("user:"):
+            await self.hub_user(account.split(":", 1)[1], field="account", missing=400)
+        elif not await asyncio.to_thread(self.ctx.ledger.account_exists, account):
+            raise Refusal.of_field("account", f"unknown account {account}: it has no ledger "
+                                              "entries yet (grant credits to create it)")
+
+    async def _profile(self, raw: Any) -> Profile:
+        if not isinstance(raw, str) or not raw:
+            raise Refusal.of_field("profile", "profile is required: the slug of a profile "
+                                              "with a reserved_price_per_hour")
+        profile = await asyncio.to_thread(self.ctx.profiles.get, raw)
+        offering = await asyncio.to_thread(self._offering)
+        if profile is None or not profile.enabled:
+            raise Refusal.of_field("profile", f"no enabled profile {raw!r}; profiles offering "
+                                              f"reservations: {offering or 'none'}")
+        if not profile.offers_reservations:
+            raise Refusal.of_field("profile", f"profile {raw} offers no reservations; those "
+                                              f"that do: {offering or 'none'}", status=422)
+        return profile
+
+    def _offering(self) -> str:
+        return ", ".join(p.slug for p in offering_reservations(self.ctx.profiles.list(False)))
+
 
 def _own_accounts(model: dict) -> set[str]:
     return {f"user:{model['name']}"} | {f"group:{g}" for g in model.get("groups") or []}
@@ -119,69 +229,14 @@ class ReservationsHandler(ReservationBase):
         self.write_json({"reservations": [reservation_view(b, now) for b in found]})
 
     async def post(self):
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise APIError(400, "The body must be an object: " + ", ".join(FIELDS))
-        unknown = sorted(set(body) - set(FIELDS))
-        if unknown:
-            raise Refusal(f"Unknown fields: {', '.join(unknown)}; allowed: {', '.join(FIELDS)}",
-                          [(name, "unknown field") for name in unknown])
-        account = await self._account(body.get("account"))
-        self.may_reserve_for(account)
-        profile = await self._profile(body.get("profile"))
-        units = body.get("units")
-        if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= 10_000:
-            raise Refusal.of_field("units", f"units is a whole number from 1 to 10000, got "
-                                            f"{units!r}")
-        start = _time(body, "start")
-        end = _time(body, "end")
-        on_end = body.get("on_end", "continue")
-        if on_end not in ON_END:
-            raise Refusal.of_field("on_end", f"on_end is one of {', '.join(ON_END)} (its servers "
-                                             f"at its end: on demand, or suspended), got "
-                                             f"{on_end!r}")
-        note = body.get("note", "")
-        if not isinstance(note, str) or len(note) > MAX_NOTE:
-            raise Refusal.of_field("note", f"note is text of at most {MAX_NOTE} characters")
-        counts = await self.devices_of_kind()
-        actor = self.caller()["name"]
-        booked = await asyncio.to_thread(
-            self.ctx.reservations.add, account=account, profile=profile, units=units,
-            start=start, end=end, on_end=on_end, note=note, actor=actor,
-            devices_of_kind=lambda kind: counts.get(kind, 0))
-        view = reservation_view(booked, utcnow())
-        await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.add", account,
-                                None, view)
-        self.write_json(view, 201)
+        asked = await self.reservation_input(self.json_body())
+        self.write_json(await self.make_reservation(asked), 201)
 
-    async def _account(self, raw: Any) -> str:
-        if not isinstance(raw, str) or not raw:
-            raise Refusal.of_field("account", 'account is required: "user:NAME" or "group:NAME"')
-        account = parse_account(raw)  # a BillingError (400) naming the account field
-        if account.startswith("user:"):
-            await self.hub_user(account.split(":", 1)[1], field="account", missing=400)
-        elif not await asyncio.to_thread(self.ctx.ledger.account_exists, account):
-            raise Refusal.of_field("account", f"unknown account {account}: it has no ledger "
-                                              "entries yet (grant credits to create it)")
-        return account
 
-    async def _profile(self, raw: Any):
-        if not isinstance(raw, str) or not raw:
-            raise Refusal.of_field("profile", "profile is required: the slug of a profile "
-                                              "with a reserved_price_per_hour")
-        profile = await asyncio.to_thread(self.ctx.profiles.get, raw)
-        offering = await asyncio.to_thread(self._offering)
-        if profile is None or not profile.enabled:
-            raise Refusal.of_field("profile", f"no enabled profile {raw!r}; profiles offering "
-                                              f"reservations: {offering or 'none'}")
-        if not profile.offers_reservations:
-            raise Refusal.of_field("profile", f"profile {raw} offers no reservations; those "
-                                              f"that do: {offering or 'none'}", status=422)
-        return profile
-
-    def _offering(self) -> str:
-        return ", ".join(p.slug for p in self.ctx.profiles.list(False)
-                         if p.enabled and p.offers_reservations)
+def _account_text(raw: Any) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise Refusal.of_field("account", 'account is required: "user:NAME" or "group:NAME"')
+    return parse_account(raw)  # a BillingError (400) naming the account field
 
 
 def _time(body: dict, field: str):
@@ -197,16 +252,7 @@ class ReservationHandler(ReservationBase):
         self.write_json(reservation_view(await self.booked(text), utcnow()))
 
     async def delete(self, text: str):
-        found = await self.booked(text)
-        self.may_reserve_for(found.reservation.account)
-        actor = self.caller()["name"]
-        before = reservation_view(found, utcnow())
-        cancelled, refund = await asyncio.to_thread(self.ctx.reservations.cancel, found.id,
-                                                    actor)
-        view = reservation_view(cancelled, utcnow())
-        await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.cancel",
-                                found.reservation.account, before,
-                                {**view, "refund": bv.money(refund)})
+        view, refund = await self.cancel_reservation(await self.booked(text))
         self.write_json({"reservation": view, "refund": bv.money(refund)})
 
 
