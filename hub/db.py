@@ -249,7 +249,7 @@ reservations = Table(
     Column("created_by", String(255), nullable=False),
     Column("cancelled_at", DateTime, nullable=True),
     Column("cancelled_by", String(255), nullable=True),
-    Column("end_noticed_at", DateTime, nullable=True),  # its servers were told of its end
+    Column("end_noticed_at", DateTime, nullable=True),  # its servers were first told of its end
 )
 Index("ix_reservations_period", reservations.c.starts_at, reservations.c.ends_at)
 

@@ -129,6 +129,8 @@ class Meter:
     # time), a preemption it restored may be for a start not yet back in the queue:
     # none is taken back until they all are (gpulease.hub.queue_resume.resume_then_serve).
     queue_resuming: bool = False
+    # (server, reservation) pairs told that the reservation is ending (reservation_ends)
+    told_of_ends: set[tuple[Key, int]] = field(default_factory=set)
     # Asks the hub for a heartbeat at a moment (set by the hub): a preempted server is
     # stopped at its deadline, not up to a heartbeat interval after it.
     beat_at: Callable[[datetime], None] | None = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,8 +46,11 @@ class EndSteps:
 
 
 def end_steps(live: Mapping[Key, LiveSession], booked: Mapping[int, Booked],
-              now: dt.datetime, notice: dt.timedelta) -> EndSteps:
-    """What to do now for the reserved sessions in `live` (`booked`: their reservations)."""
+              now: dt.datetime, notice: dt.timedelta,
+              told: Collection[tuple[Key, int]] = ()) -> EndSteps:
+    """What to do now for the reserved sessions in `live` (`booked`: their reservations;
+    `told`: the (server, reservation) pairs already told of its end: each server on a
+    reservation is told once, one started after the others were told too)."""
     steps = EndSteps([], [])
     for key, session in sorted(live.items()):
         if session.tier != "reserved" or session.reservation_id is None:
@@ -58,7 +61,7 @@ def end_steps(live: Mapping[Key, LiveSession], booked: Mapping[int, Booked],
         until = b.reservation.holds_until()
         if now >= until:
             steps.end.append((key, b))
-        elif now >= until - notice and b.end_noticed_at is None:
+        elif now >= until - notice and (key, b.id) not in told:
             steps.notify.append((key, b))
     return steps
 
@@ -84,11 +87,13 @@ async def end_reservations(ctx: GPULeaseContext, notice_s: float) -> None:
     found = await asyncio.to_thread(lambda: {i: ctx.reservations.get(i) for i in ids})
     booked = {i: b for i, b in found.items() if b is not None}
     now = utcnow()
-    steps = end_steps(meter.live, booked, now, dt.timedelta(seconds=notice_s))
+    steps = end_steps(meter.live, booked, now, dt.timedelta(seconds=notice_s),
+                      meter.told_of_ends)
     noticed: set[int] = set()
     for (user, server), b in steps.notify:
         until = b.reservation.holds_until()
         await _tell(ctx, meter, user, server, b, until)
+        meter.told_of_ends.add(((user, server), b.id))
         noticed.add(b.id)
         if meter.beat_at is not None:
             meter.beat_at(until)  # the end is acted on at once, not a heartbeat later

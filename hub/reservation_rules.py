@@ -117,6 +117,12 @@ def refund_ucr(reservation: Reservation, at: dt.datetime) -> int:
         _hour_up(at), reservation.end)
 
 
+def devices_for_units(per_node: Iterable[int], per_unit: int) -> int:
+    """The devices of a kind that units of `per_unit` can use: a unit is one server, on
+    one node, so a node with 3 cards holds one 2-card unit (2 devices), not 1.5."""
+    return sum(count // per_unit * per_unit for count in per_node)
+
+
 def peak_promised(reservations: Iterable[Reservation], kind: DeviceKind, start: dt.datetime,
                   end: dt.datetime) -> int:
     """The most devices of `kind` promised at any one moment of [start, end)."""

@@ -93,9 +93,13 @@ class ReservationStore:
 
     def add(self, *, account: str, profile: Profile, units: int, start: dt.datetime,
             end: dt.datetime, on_end: str, note: str, actor: str,
-            devices_of_kind: Callable[[DeviceKind], int],
+            devices_of_kind: Callable[[DeviceKind, int], int],
             now: dt.datetime | None = None) -> Booked:
-        """Check, charge and record a reservation (ReservationError / BillingError)."""
+        """Check, charge and record a reservation (ReservationError / BillingError).
+
+        `devices_of_kind(kind, per_unit)`: the devices of that kind the shape has in
+        service that units of `per_unit` devices can use (reservation_rules
+        devices_for_units)."""
         now = now or utcnow()
         if not profile.offers_reservations:
             raise ReservationError(422, f"profile: {profile.slug} offers no reservations (it "
@@ -116,7 +120,7 @@ class ReservationStore:
             advisory_lock(conn, _LOCK)
             advisory_lock(conn, f"ledger:{account}")
             refusal = capacity_refusal(kind, per_unit, units, start, end, _lasting(conn, now),
-                                       devices_of_kind(kind), kind_words(kind))
+                                       devices_of_kind(kind, per_unit), kind_words(kind))
             if refusal is not None:
                 raise refusal
             balance = Ledger.balance_in(conn, account)
@@ -124,7 +128,7 @@ class ReservationStore:
                 raise ReservationError(
                     402, f"account: {account} has {format_credits(balance)} credits and the "
                          f"reservation costs {format_credits(cost)} ({units} × "
-                         f"{format_credits(rate)} credits/h × "
+                         f"{format_credits(rate)} credits per unit-hour × "
                          f"{int((end - start).total_seconds()) // 3600} h)", "account")
             new_id = conn.execute(insert(reservations).values(
                 account=account, profile_slug=profile.slug, model=kind[0], mig_profile=kind[1],

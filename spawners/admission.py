@@ -162,7 +162,12 @@ def on_reservation(choice: ServerChoice, user: str, server: str,
     """
     if choice.tier != ON_DEMAND or choice.profile.gpu is None:
         return None
-    candidates = [r for r in holding if r.profile == choice.profile.slug]
+    gpu = choice.profile.gpu
+    # (the kind too: a profile whose GPU an admin changed since is another kind of device)
+    kind = (gpu.model, gpu.mig) if gpu.mig else (gpu.model, None)
+    per_unit = 1 if gpu.mig else gpu.count
+    candidates = [r for r in holding if r.profile == choice.profile.slug and r.kind == kind
+                  and r.per_unit == per_unit]
     free = [r for r in candidates
             if r.units > len(set(in_use.get(r.id, ())) - {(user, server)})]
     if not free:

@@ -8,6 +8,7 @@ import pytest
 from gpulease.hub.reservation_rules import (
     Reservation,
     capacity_refusal,
+    devices_for_units,
     peak_promised,
     period_errors,
     refund_ucr,
@@ -101,3 +102,11 @@ def test_what_holders_do_not_use_is_withheld_from_everyone_else():
     assert withheld(rs, at, {1: 2, 2: 1}) == {SLICE: 1}
     assert withheld(rs, at, {1: 5}) == {CARD: 2}  # never below nothing
     assert withheld(rs, T0 + 4 * H, {}) == {}  # ended; 3 not begun
+
+
+def test_a_unit_of_several_cards_is_counted_on_one_node():
+    # two nodes of 3 cards: three 2-card units would need 6 cards, but each node holds one
+    assert devices_for_units([3, 3], 2) == 4
+    assert devices_for_units([3, 3], 1) == 6 and devices_for_units([], 2) == 0
+    assert capacity_refusal(("H200", None), 2, 3, T0, T0 + H, [],
+                            devices_for_units([3, 3], 2), "H200 full cards").status == 422

@@ -30,7 +30,7 @@ def _add(store: ReservationStore, units: int = 2, start=T0, end=T0 + 5 * H,
          account: str = "group:lab", now=NOW, profile=PROFILE):
     return store.add(account=account, profile=profile, units=units, start=start, end=end,
                      on_end="continue", note="course", actor="admin",
-                     devices_of_kind=lambda kind: SEVEN.get(kind, 0), now=now)
+                     devices_of_kind=lambda kind, per_unit: SEVEN.get(kind, 0), now=now)
 
 
 def _rows(engine, account="group:lab"):

@@ -25,7 +25,7 @@ from tornado import web
 from gpulease.hub.db import ledger_entries, reading, utcnow
 from gpulease.hub.profiles import Profile
 from gpulease.hub.refusal import Refusal
-from gpulease.hub.reservation_rules import HOUR, refund_ucr, whole_hours
+from gpulease.hub.reservation_rules import HOUR, devices_for_units, refund_ucr, whole_hours
 from gpulease.hub.reservations import ON_END, Booked, kind_of, kind_words
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.admin_base import AdminPage
@@ -80,7 +80,8 @@ def price_row(profile: Profile, counts: dict | None) -> dict[str, Any]:
         "unit": f"{per_unit} {words if per_unit > 1 else words.removesuffix('s')}",
         "reserved": bv.money(profile.reserved_price_per_hour_ucr),
         "on_demand": bv.money(profile.price_per_hour_ucr),
-        "units_in_all": "" if counts is None else counts.get(kind, 0) // per_unit,
+        "units_in_all": "" if counts is None else devices_for_units(
+            counts.get(kind, ()), per_unit) // per_unit,
     }
 
 

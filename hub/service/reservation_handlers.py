@@ -33,7 +33,7 @@ from gpulease.hub.db import utcnow
 from gpulease.hub.ledger import parse_account
 from gpulease.hub.profiles import Profile
 from gpulease.hub.refusal import Refusal
-from gpulease.hub.reservation_rules import DeviceKind, whole_hours
+from gpulease.hub.reservation_rules import DeviceKind, devices_for_units, whole_hours
 from gpulease.hub.reservations import ON_END, Booked, kind_words
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
@@ -102,18 +102,23 @@ class ReservationBase(BaseAPIHandler):
             raise APIError(403, f"You may reserve for your own account user:{me} only, not "
                                 f"{account}")
 
-    async def devices_of_kind(self) -> dict[DeviceKind, int]:
-        """How many devices of each kind the shape has: the box's, or the cluster's nodes'."""
+    async def devices_of_kind(self) -> dict[DeviceKind, list[int]]:
+        """The devices of each kind per node the shape has in service: the box's (less
+        those out of service), or the cluster's spawner nodes' allocatable."""
         source = self.settings.get("gpulease_cluster")
+        per_node: dict[DeviceKind, Counter[str]] = {}
         if source is None:
-            return dict(Counter((d.model, d.mig_profile)
-                                for d in self.ctx.inventory.allocatable()))
-        listed = await source.listed()
-        counts: Counter[DeviceKind] = Counter()
-        for node in source.spawner_nodes(listed.inventory).nodes:
-            for kind, resource in kinds_offered(node):
-                counts[kind] += node.allocatable.get(resource, 0)
-        return dict(counts)
+            out = await asyncio.to_thread(self.ctx.assignments.out_of_service)
+            for d in self.ctx.inventory.allocatable():
+                if d.uuid not in out:
+                    per_node.setdefault((d.model, d.mig_profile), Counter())[d.node] += 1
+        else:
+            listed = await source.listed()
+            for node in source.spawner_nodes(listed.inventory).nodes:
+                for kind, resource in kinds_offered(node):
+                    per_node.setdefault(kind, Counter())[node.name] += node.allocatable.get(
+                        resource, 0)
+        return {kind: list(nodes.values()) for kind, nodes in per_node.items()}
 
     async def booked(self, text: str) -> Booked:
         """The reservation of the URL, if the caller may see it (404 otherwise)."""
@@ -164,7 +169,9 @@ class ReservationBase(BaseAPIHandler):
         booked = await asyncio.to_thread(
             self.ctx.reservations.add, account=asked.account, profile=asked.profile,
             units=asked.units, start=asked.start, end=asked.end, on_end=asked.on_end,
-            note=asked.note, actor=actor, devices_of_kind=lambda kind: counts.get(kind, 0))
+            note=asked.note, actor=actor,
+            devices_of_kind=lambda kind, per_unit: devices_for_units(counts.get(kind, ()),
+                                                                     per_unit))
         view = reservation_view(booked, utcnow())
         await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.add",
                                 asked.account, None, view)
