@@ -418,7 +418,9 @@ def test_a_price_row_says_what_one_unit_is():
             "cpu": 1, "memory": "1Gi", "images": ["pytorch"], "price_per_hour": "8",
             "reserved_price_per_hour": "5"}
     profile = parse_profile(spec, load_catalog(None))
-    row = price_row(profile, {("H200", None): 5})
+    row = price_row(profile, {("H200", None): [5]})
     assert row["unit"] == "2 H200 full cards" and row["reserved"] == "5.000000"
     assert row["units_in_all"] == 2  # whole units: 5 cards hold two pairs
+    # a unit is on one node: two nodes of 3 cards hold two pairs, not three
+    assert price_row(profile, {("H200", None): [3, 3]})["units_in_all"] == 2
     assert price_row(profile, None)["units_in_all"] == ""
