@@ -227,19 +227,32 @@ def test_suspend_at_the_end_and_a_cancellation_refunds_the_hours_not_begun(hub):
     assert _balance(hub, tokens["lee"]) == f"{float(before) - 5.4:.6f}"
     assert _start(hub, "lee", tokens["lee"], {"profile": "slice"}, "b").status_code in (201, 202)
     hub.wait_server_ready("lee", tokens["lee"], "b")
+    # a start beyond the reservation's units is on demand, billed per second
+    assert _start(hub, "lee", tokens["lee"], {"profile": "slice"}, "c").status_code in (201, 202)
+    hub.wait_server_ready("lee", tokens["lee"], "c")
+    holders = _holders(hub, admin)
+    assert holders[("lee", "b")]["tier"] == "reserved", holders
+    assert holders[("lee", "c")]["tier"] == "on-demand" and "reservation" not in holders[
+        ("lee", "c")]
+    hub.api("DELETE", "users/lee/servers/c", tokens["lee"])
+    hub.wait_server_stopped("lee", tokens["lee"], "c")
+    (extra,) = [x for x in _sessions(hub, tokens["lee"]) if x["server"] == "c"]
+    assert extra["tier"] == "on-demand" and extra["cost"] != "0.000000"
+    assert _balance(hub, tokens["lee"]) == f"{float(before) - 5.4 - float(extra['cost']):.6f}"
     # cancelled now: the two whole hours not begun come back
+    paid = _balance(hub, tokens["lee"])
     r = hub.service("DELETE", f"api/reservations/{booked['id']}", admin)
     assert r.status_code == 200 and r.json()["refund"] == "3.600000", r.text
     assert r.json()["reservation"]["state"] == "cancelled"
-    assert _balance(hub, tokens["lee"]) == f"{float(before) - 1.8:.6f}"
+    assert _balance(hub, tokens["lee"]) == f"{float(paid) + 3.6:.6f}"
     r = hub.service("DELETE", f"api/reservations/{booked['id']}", admin)
     assert r.status_code == 409 and "was cancelled" in r.text
     # still held to the end of the hour it is in; then suspended, as its holder chose
     assert _holders(hub, admin)[("lee", "b")]["tier"] == "reserved"
     _end_soon(hub, booked["id"], 4)
     hub.wait_server_stopped("lee", tokens["lee"], "b", timeout=30)
-    last = _sessions(hub, tokens["lee"])[-1]
-    assert last["server"] == "b" and last["end_reason"] == "reservation_ended"
+    last = [x for x in _sessions(hub, tokens["lee"]) if x["server"] == "b"][-1]
+    assert last["end_reason"] == "reservation_ended"
     assert last["tier"] == "reserved" and last["cost"] == "0.000000"
     home = hub.api("GET", "users/lee?include_stopped_servers=1", admin).json()
     assert home["servers"]["b"]["user_options"].get("tier", "on-demand") == "on-demand"
