@@ -75,6 +75,7 @@ def subject_for(kind: str, user: str, server: str, deadline: dt.datetime | None 
         "idle_warning": f"your {srv} will be suspended at {_at(deadline)}",
         "max_runtime_warning": f"your {srv} will be stopped at {_at(deadline)}",
         "preemption_warning": f"your spot {srv} is preempted: suspended at {_at(deadline)}",
+        "reservation_ending": f"the reservation of your {srv} ends at {_at(deadline)}",
         "suspended": f"your {srv} was suspended",
         "max_runtime_stopped": f"your {srv} was stopped (maximum runtime)",
         "credit_low": "your credit is running low",
@@ -117,6 +118,9 @@ def render(kind: str, user: str, server: str, profile: str | None, minutes: floa
         on = f" on your {_server(server)}" + (f" ({profile})" if profile else "")
         text = (f"Your credit is running low: {left}{on}. When it runs out your servers stop "
                 f"(your files are kept); ask an admin for more credit.")
+    elif kind == "reservation_ending":
+        text = (f"{what} runs on a reservation that ends at {at}; what follows (on demand, "
+                f"or suspended) is as its holder chose. {kept}")
     elif kind == "queued_started":
         waited = f" after {dur} in the queue" if dur else ""
         text = f"{what} has started{waited}. Open it from the hub's home page."

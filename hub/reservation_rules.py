@@ -85,9 +85,10 @@ def period_errors(start: dt.datetime, end: dt.datetime, now: dt.datetime) -> lis
     """Every problem with a period: on whole hours, not begun, end after start."""
     errors = []
     for field, moment in (("start", start), ("end", end)):
-        if moment != moment.replace(minute=0, second=0, microsecond=0):
+        whole = moment.replace(minute=0, second=0, microsecond=0)
+        if moment != whole:  # (the hour before, not after: 9999-12-31T23:30 has no after)
             errors.append(FieldError(field, f"{field} must be on a whole hour (UTC), like "
-                                            f"{_hour_up(moment).isoformat()}Z"))
+                                            f"{whole.isoformat()}Z"))
     first = now.replace(minute=0, second=0, microsecond=0)
     if start < first:
         errors.append(FieldError("start", "start must not be in the past: the earliest is "

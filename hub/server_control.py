@@ -26,14 +26,16 @@ log = logging.getLogger("gpulease.metering")
 CANCEL_WAIT_S = 2.0
 
 
-def saved_meter_facts(ctx: Any, user: str, options: dict | None, server: str = ""
+def saved_meter_facts(ctx: Any, user: str, options: dict | None, server: str = "",
+                      groups: set[str] | frozenset[str] = frozenset(),
                       ) -> tuple[str, str, int, str, int | None] | None:
     """(profile, account, rate, tier, reservation) of a server from its saved options
     (blocking: a thread).
 
     For a server this hub did not start (a restart): the saved profile at its
     price now, charged to the saved account, else the user's own; a server whose
-    devices were claimed on a reservation still active runs on it (tier reserved).
+    devices were claimed on a reservation still active, and whose user still holds it
+    (its own account, or a group in `groups`), runs on it (tier reserved).
     None when no profile is known (the caller logs it).
     """
     slug = option_value(options, "profile") or ctx.profiles.get_default_profile(user)
@@ -45,8 +47,9 @@ def saved_meter_facts(ctx: Any, user: str, options: dict | None, server: str = "
         account = f"user:{account}"
     claimed = {h.reservation_id for h in ctx.assignments.held().values()
                if (h.user, h.server) == (user, server) and h.reservation_id is not None}
+    holds = {f"user:{user}"} | {f"group:{g}" for g in groups}
     for r in ctx.reservations.active():
-        if r.id in claimed:
+        if r.id in claimed and r.account in holds:
             return profile.slug, r.account, 0, RESERVED, r.id
     tier = SPOT if option_value(options, "tier") == SPOT and profile.offers_spot else ON_DEMAND
     return profile.slug, account, rate_for(profile, tier), tier, None
@@ -107,7 +110,9 @@ class HubServerControl:
             key = (spawner.user.name, spawner.name)
             if key in metered:
                 continue  # only the few without a session need their profile looked up
-            facts = await asyncio.to_thread(saved_meter_facts, self.ctx, key[0], options, key[1])
+            groups = {g.name for g in spawner.user.groups}  # the hub's ORM: on the loop
+            facts = await asyncio.to_thread(saved_meter_facts, self.ctx, key[0], options, key[1],
+                                            groups)
             if facts is None:
                 log.error("%s runs with no billing session and no known profile (saved "
                           "options %s); it cannot be metered: stop it or fix its profile",

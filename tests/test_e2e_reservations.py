@@ -156,6 +156,9 @@ def test_a_reservation_holds_capacity_lends_it_to_spot_and_ends_on_demand(hub):
                   "--end", _hour(1))
     assert bad.returncode == 1 and "more than there are" in bad.stderr
     assert hub.service("GET", "api/reservations", tokens["ann"]).json()["reservations"] == []
+    for odd in ("%C2%B2", "%D9%A1", "1.0", "-1"):  # "²" and "١" are digits to Python
+        r = hub.service("DELETE", f"api/reservations/{odd}", admin)
+        assert r.status_code == 400 and "whole number" in r.text, (odd, r.text)
     assert _balance(hub, tokens["lee"]) == "96.400000"
 
     # --- a stranger gets what the reservation leaves; spot uses the idle reserved slice ---

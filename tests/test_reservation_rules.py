@@ -110,3 +110,10 @@ def test_a_unit_of_several_cards_is_counted_on_one_node():
     assert devices_for_units([3, 3], 1) == 6 and devices_for_units([], 2) == 0
     assert capacity_refusal(("H200", None), 2, 3, T0, T0 + H, [],
                             devices_for_units([3, 3], 2), "H200 full cards").status == 422
+
+
+def test_a_time_off_the_hour_at_the_end_of_time_is_named_not_a_crash():
+    # attack pass: the hint used the next hour, past 9999-12-31T23:59 (a 500)
+    late = dt.datetime(9999, 12, 31, 23, 30)
+    (error,) = period_errors(T0, late, T0 - H)
+    assert error.field == "end" and "like 9999-12-31T23:00:00Z" in error.message

@@ -26,7 +26,7 @@ class FakeSpawner:
     gpulease_answered_at: dt.datetime = ANSWERED
     gpulease_choice: object = field(default_factory=lambda: SimpleNamespace(
         profile=SimpleNamespace(slug="cpu", price_per_hour_ucr=3_600_000), account="user:u",
-        rate_per_hour_ucr=3_600_000, tier="on-demand"))
+        rate_per_hour_ucr=3_600_000, tier="on-demand", reservation_id=None))
     orm_spawner: object = field(default_factory=lambda: SimpleNamespace(started=ANSWERED))
 
     async def poll_and_notify(self) -> int | None:

@@ -84,7 +84,7 @@ def reservation_view(b: Booked, now) -> dict[str, Any]:
 
 
 def _reservation_id(text: str) -> int:
-    if not text.isdigit() or len(text) > 12:
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:  # "²" is a digit too
         raise Refusal.of_field("id", f"a reservation id is a whole number, got {text!r}")
     return int(text)
 
