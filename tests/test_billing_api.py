@@ -234,7 +234,7 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
                  "account": "user:carol",
                  "started": first.started.isoformat() + "Z", "ended": s["ended"],
                  "billed_seconds": 3601, "billed_ms": 3_600_500, "cost": "1.200167",
-                 "end_reason": "idle"}  # ceil(3,600,500 ms × 1.2 credits/h), rounded once
+                 "end_reason": "idle", "reservation": None}  # ceil(3,600,500 ms × 1.2 credits/h)
     assert data["totals"] == {"billed_seconds": 3601 + 60 + 10,
                               "billed_ms": 3_600_500 + 60_000 + 10_000, "cost": "1.224057"}
     since = second.started.isoformat() + "Z"
@@ -252,7 +252,7 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
     assert "attachment" in r.headers["Content-Disposition"] and ".csv" in r.headers["Content-Disposition"]
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert list(rows[0]) == ["user", "server", "profile", "tier", "account", "started", "ended",
-                             "billed_seconds", "billed_ms", "cost", "end_reason"]
+                             "billed_seconds", "billed_ms", "cost", "end_reason", "reservation"]
     assert [dict(row) for row in rows] == [{k: "" if v is None else str(v) for k, v in s.items()}
                                            for s in data["sessions"]]
 
@@ -320,7 +320,7 @@ def test_cli_credits_and_usage(hub, tokens):
     since = (utcnow() - dt.timedelta(days=41)).date().isoformat()  # carol's three sessions
     out = hub.cli("usage", "--user", "carol", "--csv", "--since", since)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == "user,server,profile,tier,account,started,ended,billed_seconds,billed_ms,cost,end_reason"
+    assert out.stdout.splitlines()[0] == "user,server,profile,tier,account,started,ended,billed_seconds,billed_ms,cost,end_reason,reservation"
     assert len(out.stdout.splitlines()) == 4
     everyone = hub.cli("usage", "--csv", "--since", since).stdout  # the CLI's token: every user's
     assert {"carol", "alice"} <= {line.split(",")[0] for line in everyone.splitlines()[1:]}
