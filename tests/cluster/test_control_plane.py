@@ -100,7 +100,10 @@ def test_more_mig_slices_than_any_node_has_stays_pending_with_the_schedulers_eve
     def failed_scheduling():
         events = kube.get(f"/api/v1/namespaces/{namespace}/events",
                           fieldSelector="involvedObject.name=big")["items"]
-        return [e for e in events if e["reason"] == "FailedScheduling"]
+        # (an attempt made while a new node still has its not-ready taint says only that;
+        # the event that counts names the resource)
+        return [e for e in events if e["reason"] == "FailedScheduling"
+                and "Insufficient nvidia.com/mig-1g.18gb" in e["message"]]
     (event, *_) = kube.wait_for("the scheduler's FailedScheduling event", failed_scheduling)
     assert "Insufficient nvidia.com/mig-1g.18gb" in event["message"], event
     assert event["reportingComponent"] == "default-scheduler", event
