@@ -91,8 +91,9 @@ def test_the_start_form_and_api_profiles_count_the_clusters_gpus(
                                             ("batch-b", "cards-b", "nvidia.com/gpu", 1)):
             kube.create(pods_path(namespace), gpu_pod(namespace, name, f"{namespace}-{node}",
                                                       resource, count))
-        wait_for("the form showing the other pods' holds",
-                 lambda: shown_on_form(form(), "slice") == "4 of 7 free", timeout=30, hub=hub)
+        wait_for("the form showing the other pods' holds (each pod's is seen apart)",
+                 lambda: shown_on_form(page := form(), "slice") == "4 of 7 free"
+                 and shown_on_form(page, "two-cards").startswith("2 of 4"), timeout=30, hub=hub)
         page = form()
         assert shown_on_form(page, "two-cards") == "2 of 4 free now: you will wait in the queue"
         listed = wait_for("api/profiles showing the holds (its listing is kept 3 s)",

@@ -25,6 +25,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -99,6 +100,10 @@ async def hub_as(control_plane: ControlPlane, kube: Kube, namespace: str, proxy:
     kube.wait_for("the claim quota counted", lambda: kube.get(
         f"/api/v1/namespaces/{namespace}/resourcequotas/homes").get("status", {}).get("hard"))
     db_url = f"sqlite:///{tmp_path}/gpulease.sqlite"
+    # The profile is in the hub's database, as in a hub: a start that waits in the queue
+    # (the inventory has not yet seen the node) reads it again when admitted.
+    stored = replace(slice_choice().profile, images=("pytorch",))
+    get_context(db_url).profiles.apply([stored], actor="test")
 
     def bind(granted: list[tuple[str, str, str]]) -> Callable[[], GPUKubeSpawner]:
         token = service_account_token(kube, namespace, "hub", seconds=600)
