@@ -29,8 +29,8 @@ from sqlalchemy.exc import IntegrityError
 from gpulease.hub.db import assignments, out_of_service, reading, utcnow
 from gpulease.hub.reservations import active_in
 from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary, place
-from gpulease.spawners.reserved_pool import ON_DEMAND, HeldBy, withholding
+from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary
+from gpulease.spawners.reserved_pool import ON_DEMAND, HeldBy, place_keeping_units, withholding
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +123,13 @@ class AssignmentStore:
                     # A (re)start re-places: what this server held is free for it.
                     self._release_in(conn, user, server, "restart", now)
                     taken = self._held_in(conn)
-                    active = active_in(conn, now)
-                    if active:
-                        why = withholding(inventory, held_by(taken), active).refusal(
-                            request, reservation_id, spot=tier == "spot")
-                        if why is not None:
-                            raise NoFit(503, f"No {request.describe()} for this start: {why}. "
-                                             f"Free now: {free_summary(inventory, taken)}")
-                    placement = place(request, inventory, taken)
+                    withheld = withholding(inventory, held_by(taken), active_in(conn, now))
+                    why = withheld.refusal(request, reservation_id, spot=tier == "spot")
+                    if why is not None:
+                        raise NoFit(503, f"No {request.describe()} for this start: {why}. "
+                                         f"Free now: {free_summary(inventory, taken)}")
+                    placement = place_keeping_units(request, inventory, taken, withheld,
+                                                    reservation_id, spot=tier == "spot")
                     conn.execute(insert(assignments), [
                         {"device_uuid": d.uuid, "node": d.node, "user_name": user,
                          "server_name": server, "profile_slug": profile, "claimed_at": now,

@@ -41,11 +41,13 @@ from gpulease.spawners.reserved_pool import NO_WITHHOLDING, HeldBy, Withholding,
 @dataclass
 class ClusterPlan:
     """What a pass decides: `start` (key, the node it fits on now) in queue order, `never`
-    (key, why no node can ever run it), `waiting` the rest."""
+    (key, why no node can ever run it), `waiting` the rest; `pinned` the starts whose
+    pods must go on the node admitted (where they go matters to reserved units)."""
 
     start: list[tuple[Hashable, str]] = field(default_factory=list)
     never: list[tuple[Hashable, str]] = field(default_factory=list)
     waiting: list[Hashable] = field(default_factory=list)
+    pinned: set[Hashable] = field(default_factory=set)
 
 
 def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
@@ -64,9 +66,15 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
             result.waiting.append(entry.key)
             continue
         seen = inventory.without_spot() if spot_yields and not entry.spot else inventory
+        kind = (request.model, request.mig_profile)
+        splitting = withholding.splitting_nodes(request, entry.reservation, entry.spot)
         try:
-            node = fit(request, seen, tuple(pending), reserved)
+            node = fit(request, seen, tuple(pending),
+                       {**reserved, kind: reserved[kind] | splitting} if splitting else reserved)
         except NoFit as nofit:
+            if nofit.status == 503 and splitting and _fits(request, seen, pending, reserved):
+                result.waiting.append(entry.key)  # withheld: it keeps no node from others
+                continue
             if nofit.status != 503:
                 result.never.append((entry.key, nofit.message))
                 continue
@@ -74,9 +82,20 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
             result.waiting.append(entry.key)
             continue
         pending.append(request)
-        withholding = withholding.take(request, entry.reservation, entry.spot)
+        if withholding.keeps_units_together(request, entry.spot):
+            result.pinned.add(entry.key)
+        withholding = withholding.take(request, entry.reservation, entry.spot, node)
         result.start.append((entry.key, node))
     return result
+
+
+def _fits(request: DeviceRequest, inventory: ClusterInventory, pending: list[DeviceRequest],
+          reserved: Mapping[Kind, set[str]]) -> bool:
+    try:
+        fit(request, inventory, tuple(pending), reserved)
+    except NoFit:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,7 @@ class AdmittedStart:
     request: DeviceRequest
     tier: str = "on-demand"
     reservation: int | None = None
+    node: str | None = None  # where it fits (where it is pinned, or likely to go)
 
 
 def cluster_withholding(inventory: ClusterInventory,
@@ -97,22 +117,22 @@ def cluster_withholding(inventory: ClusterInventory,
     starts whose pods are not bound yet."""
     if not active:
         return NO_WITHHOLDING
-    total: Counter[Kind] = Counter()
+    total: Counter[tuple[Kind, str]] = Counter()
     kind_at: dict[tuple[str, str], Kind] = {}
     for node in inventory.nodes:
         for kind, resource in kinds_offered(node):
-            total[kind] += node.allocatable.get(resource, 0)
+            total[(kind, node.name)] += node.allocatable.get(resource, 0)
             kind_at[(node.name, resource)] = kind
-    used: list[tuple[Kind, HeldBy]] = []
+    used: list[tuple[Kind, str | None, HeldBy]] = []
     for hold in inventory.holds:
         by = HeldBy(hold.on_tier, (hold.user, hold.server) if hold.user else (hold.pod, ""),
                     hold.reservation)
         for resource, count in hold.resources.items():
             kind = kind_at.get((hold.node, resource))
             if kind is not None:
-                used += [(kind, by)] * count
+                used += [(kind, hold.node, by)] * count
     for key, start in admitted.items():
         by = HeldBy(start.tier, key, start.reservation)
         kind = (start.request.model, start.request.mig_profile)
-        used += [(kind, by)] * start.request.count
+        used += [(kind, start.node, by)] * start.request.count
     return rooms(total, used, active)

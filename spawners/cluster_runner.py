@@ -59,6 +59,7 @@ class ClusterAdmitted:
     waited_s: float = 0.0  # > 0: it waited in the queue
     queued: bool = False
     avoid: frozenset[str] = frozenset()  # nodes whose driver is too old for its image
+    pinned: bool = False  # its pod goes on `node` only (it matters to reserved units)
 
 
 def cluster_holdings(inventory: ClusterInventory,
@@ -185,10 +186,11 @@ class ClusterQueueRunner(QueueBase):
                 raise Refused(422, never[me])
             node = dict(decision.start).get(me)
             if node is not None:
-                self._admit(key, request, spot, reservation)
+                self._admit(key, request, spot, reservation, node)
                 log.info("%s/%s admitted for %s (fits on %s)", user, server,
                          request.describe(), node)
-                return ClusterAdmitted(node, avoid=too_old_nodes(inventory, request))
+                return ClusterAdmitted(node, avoid=too_old_nodes(inventory, request),
+                                       pinned=me in decision.pinned)
             if max_wait <= 0:
                 raise Refused(503, self._no_room(request, inventory))
             theirs = queue_places_refusal(user, [(t.user, t.server) for t in self.waiting],
@@ -199,12 +201,12 @@ class ClusterQueueRunner(QueueBase):
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later.")
             ticket = await self._enqueue(user, server, profile, request, spot, reservation)
-        node = await self._wait_in_queue(ticket, max_wait)
+        node, pinned = await self._wait_in_queue(ticket, max_wait)
         # The picture as watched now (no wait: the admission is made, and counted)
         picture = select_nodes(self.watch.inventory(), self.selector, self.tolerations)
         avoid = too_old_nodes(picture, request)
         return ClusterAdmitted(node, (utcnow() - ticket.enqueued_at).total_seconds(), True,
-                               avoid)
+                               avoid, pinned)
 
     def done(self, user: str, server: str, running: bool = False) -> None:
         """The start of user/server ended. Failed, or its server stopped (`running`
@@ -220,10 +222,10 @@ class ClusterQueueRunner(QueueBase):
             self.released()
 
     def _admit(self, key: tuple[str, str], request: DeviceRequest, spot: bool,
-               reservation: int | None) -> None:
+               reservation: int | None, node: str) -> None:
         self.admitted[key] = request
         tier = "spot" if spot else "reserved" if reservation is not None else "on-demand"
-        self.admitted_as[key] = AdmittedStart(request, tier, reservation)
+        self.admitted_as[key] = AdmittedStart(request, tier, reservation, node)
         self._running.discard(key)
 
     async def _withholding(self, inventory: ClusterInventory) -> Withholding:
@@ -268,10 +270,10 @@ class ClusterQueueRunner(QueueBase):
                 self._settle(ticket, Refused(422, message))
             for ticket, node in decision.start:
                 self._admit((ticket.user, ticket.server), ticket.request, ticket.spot,
-                            ticket.reservation)
+                            ticket.reservation, node)
                 log.info("%s/%s admitted from the queue for %s (fits on %s)", ticket.user,
                          ticket.server, ticket.request.describe(), node)
-                self._settle(ticket, node)
+                self._settle(ticket, (node, ticket in decision.pinned))
 
     async def _timed_out(self, ticket: Ticket, max_wait: float) -> Refused:
         try:

@@ -53,6 +53,7 @@ from gpulease.spawners.pod_spec import (
     ClusterGpus,
     avoiding,
     kubespawner_traits,
+    only_on,
     pod_needs,
     tier_pod,
 )
@@ -252,6 +253,9 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
         if admitted is not None:  # never on a node whose driver is too old for the image
             options["node_affinity_required"] = avoiding(options["node_affinity_required"],
                                                          admitted.avoid)
+            if admitted.pinned:  # where it goes matters to reserved units: where admitted
+                options["node_affinity_required"] = only_on(
+                    options["node_affinity_required"], admitted.node)
         for name, value in options.items():
             setattr(self, name, value)
         self._options_to_restore = None

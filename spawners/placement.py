@@ -130,8 +130,12 @@ def availability(
     return len(uuids) - taken, len(uuids)
 
 
-def place(request: DeviceRequest, inventory: Inventory, held: Collection[str]) -> Placement:
-    """Devices for `request` that nobody holds; NoFit (422 or 503) otherwise."""
+def place(request: DeviceRequest, inventory: Inventory, held: Collection[str],
+          avoid_nodes: Collection[str] = ()) -> Placement:
+    """Devices for `request` that nobody holds; NoFit (422 or 503) otherwise.
+
+    `avoid_nodes`: full cards are not placed there (spawners/reserved_pool.py keeps
+    reserved units of several cards together); a MIG slice is one device, never avoided."""
     held = set(held)
     devices = _devices(inventory)
     # Models of the GPUs, not of the devices: a GPU in MIG mode with no MIG
@@ -144,7 +148,7 @@ def place(request: DeviceRequest, inventory: Inventory, held: Collection[str]) -
     matching = _matching(devices, request)
     if request.mig_profile is not None:
         return _place_mig(request, devices, matching, held, inventory)
-    return _place_cards(request, matching, held, inventory)
+    return _place_cards(request, matching, held, inventory, frozenset(avoid_nodes))
 
 
 def _free_now(inventory: Inventory, held: set[str]) -> str:
@@ -174,7 +178,7 @@ def _place_mig(request: DeviceRequest, devices: list[AllocatableDevice],
 
 
 def _place_cards(request: DeviceRequest, cards: list[AllocatableDevice], held: set[str],
-                 inventory: Inventory) -> Placement:
+                 inventory: Inventory, avoid: frozenset[str] = frozenset()) -> Placement:
     """`cards`: the full cards of the request's model with a driver new enough."""
     per_node: dict[str, list[AllocatableDevice]] = defaultdict(list)
     for card in cards:
@@ -188,7 +192,8 @@ def _place_cards(request: DeviceRequest, cards: list[AllocatableDevice], held: s
                          f"{_free_now(inventory, held)}")
     free_per_node = {node: [c for c in node_cards if c.uuid not in held]
                      for node, node_cards in per_node.items()}
-    fitting = [node for node, free in free_per_node.items() if len(free) >= request.count]
+    fitting = [node for node, free in free_per_node.items()
+               if len(free) >= request.count and node not in avoid]
     if not fitting:
         free_total = sum(len(f) for f in free_per_node.values())
         most = max(len(f) for f in free_per_node.values())

@@ -144,6 +144,14 @@ def avoiding(terms: list[dict[str, Any]], nodes: frozenset[str]) -> list[dict[st
         {"matchFields": [off]}]
 
 
+def only_on(terms: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
+    """nodeSelectorTerms that also keep the pod to `node` (the one admitted, where that
+    matters to reserved units: spawners/reserved_pool.py)."""
+    on = {"key": "metadata.name", "operator": "In", "values": [node]}
+    return [{**t, "matchFields": [*t.get("matchFields", []), on]} for t in terms] or [
+        {"matchFields": [on]}]
+
+
 def restricted_security() -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod, container) security contexts that pass PodSecurity `restricted`."""
     pod = {"runAsNonRoot": True, "runAsUser": POD_UID, "runAsGroup": POD_GID,

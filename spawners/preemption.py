@@ -38,9 +38,14 @@ from heapq import heapify, heappop
 from itertools import accumulate, combinations
 
 from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, matches, place
+from gpulease.spawners.placement import DeviceRequest, NoFit, matches
 from gpulease.spawners.queue import Waiting, plan, usable_devices
-from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
+from gpulease.spawners.reserved_pool import (
+    NO_WITHHOLDING,
+    SplitsUnits,
+    Withholding,
+    place_keeping_units,
+)
 
 
 @dataclass(frozen=True)
@@ -311,28 +316,46 @@ def _tentative(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventory: Inv
         reservation = reservation_of.get(key)
         if withholding.refusal(request, reservation) is not None:
             continue  # its tier may not have them: the queue keeps nothing for it either
+        split: frozenset[str] = frozenset()  # nodes where it would break up reserved units
         try:
-            taken |= set(place(request, inventory, taken | blocked).uuids)
-            withholding = withholding.take(request, reservation)
+            placement = place_keeping_units(request, inventory, taken | blocked, withholding,
+                                            reservation)
+            taken |= set(placement.uuids)
+            withholding = withholding.take(request, reservation, node=placement.node)
             index = None
             continue  # it starts once what is coming free has come
+        except SplitsUnits:
+            split = withholding.splitting_nodes(request, reservation)
         except NoFit as nofit:
             if nofit.status != 503:
                 continue
-        if index is None:
-            # Devices kept for a blocked request are neither free nor to be preempted.
-            index = SpotIndex(inventory, taken | blocked,
-                              [h for h in remaining if not h.devices & blocked])
-        chosen = index.choose(request)
+        if split:  # free devices there are not for it: victims only on the other nodes
+            off = {d.uuid for d in inventory.allocatable() if d.node in split}
+            chosen = SpotIndex(inventory, taken | blocked | off,
+                               [h for h in remaining if not h.devices & blocked
+                                and h.node not in split]).choose(request)
+        else:
+            if index is None:
+                # Devices kept for a blocked request are neither free nor to be preempted.
+                index = SpotIndex(inventory, taken | blocked,
+                                  [h for h in remaining if not h.devices & blocked])
+            chosen = index.choose(request)
+        if chosen is not None:
+            try:  # where the freed devices put it: not where reserved units break up
+                placement = place_keeping_units(request, inventory,
+                                                (taken - chosen.freed) | blocked,
+                                                withholding, reservation)
+            except NoFit:
+                chosen = None
         if chosen is None:
-            blocked |= usable_devices(request, inventory)
+            if not split:  # blocked: the queue keeps what it could use (a withheld start,
+                blocked |= usable_devices(request, inventory)  # nothing)
             index = None
             continue
         chosen_for.append((key, chosen))
         victims = set(chosen.victims)
         remaining = [h for h in remaining if h.key not in victims]
-        taken -= chosen.freed
-        taken |= set(place(request, inventory, taken | blocked).uuids)
-        withholding = withholding.take(request, reservation)
+        taken = (taken - chosen.freed) | set(placement.uuids)
+        withholding = withholding.take(request, reservation, node=placement.node)
         index = None
     return chosen_for

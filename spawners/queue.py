@@ -23,8 +23,13 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, matches, place
-from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
+from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, matches
+from gpulease.spawners.reserved_pool import (
+    NO_WITHHOLDING,
+    SplitsUnits,
+    Withholding,
+    place_keeping_units,
+)
 
 # The default of GPULeaseHub.queue_places_per_user (and the spawner's trait), here only.
 QUEUE_PLACES_PER_USER = 3
@@ -89,7 +94,11 @@ def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str],
             result.waiting.append(entry.key)
             continue
         try:
-            placement = place(entry.request, inventory, taken | kept)
+            placement = place_keeping_units(entry.request, inventory, taken | kept,
+                                            withholding, entry.reservation, entry.spot)
+        except SplitsUnits:
+            result.waiting.append(entry.key)  # withheld: it keeps nothing
+            continue
         except NoFit as nofit:
             if nofit.status != 503:
                 result.never.append((entry.key, nofit.message))
@@ -98,7 +107,8 @@ def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str],
             result.waiting.append(entry.key)
             continue
         taken |= set(placement.uuids)
-        withholding = withholding.take(entry.request, entry.reservation, entry.spot)
+        withholding = withholding.take(entry.request, entry.reservation, entry.spot,
+                                       placement.node)
         result.start.append((entry.key, placement))
     return result
 

@@ -98,13 +98,13 @@ def test_unique_index_collision_is_retried(store, demo, monkeypatch):
     store.claim("alice", "", "p", SLICE, demo)
     calls = []
 
-    def place_blind_once(request, inventory, held):
+    def place_blind_once(request, inventory, held, *_withheld, **_tier):
         # The first attempt "forgets" what is held, as a racing claim would:
         # the partial unique index rejects its insert and the claim retries.
         calls.append(set(held))
         return place(request, inventory, () if len(calls) == 1 else held)
 
-    monkeypatch.setattr(assignments_module, "place", place_blind_once)
+    monkeypatch.setattr(assignments_module, "place_keeping_units", place_blind_once)
     p = store.claim("bob", "", "p", SLICE, demo)
     assert len(calls) == 2
     assert p.uuids == ("MIG-declared-local-0-1-1g.18gb",)
@@ -113,7 +113,8 @@ def test_unique_index_collision_is_retried(store, demo, monkeypatch):
 
 def test_endless_collisions_end_in_503(store, demo, monkeypatch):
     store.claim("alice", "", "p", SLICE, demo)
-    monkeypatch.setattr(assignments_module, "place", lambda r, inv, held: place(r, inv, ()))
+    monkeypatch.setattr(assignments_module, "place_keeping_units",
+                        lambda r, inv, held, *_withheld, **_tier: place(r, inv, ()))
     with pytest.raises(NoFit) as info:
         store.claim("bob", "", "p", SLICE, demo)
     assert info.value.status == 503

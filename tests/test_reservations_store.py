@@ -9,10 +9,14 @@ import threading
 import pytest
 
 from gpulease.hub.catalog import load_catalog
+from gpulease.hub.db import utcnow
 from gpulease.hub.ledger import Ledger
 from gpulease.hub.profiles import parse_profile
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.reservations import ReservationStore
+from gpulease.spawners.assignments import AssignmentStore
+from gpulease.spawners.inventory import parse_declared_inventory
+from gpulease.spawners.placement import DeviceRequest, NoFit
 
 CREDIT = 1_000_000
 NOW = dt.datetime(2026, 12, 7, 8, 40)
@@ -112,3 +116,40 @@ def test_two_reservations_racing_for_the_last_units_one_wins(engine):
         t.join()
     assert sorted(r if isinstance(r, int) else 0 for r in results) == [0, 409]
     assert sum(b.reservation.units for b in store.listed(now=NOW)) == 6
+
+
+def test_a_claim_keeps_a_reserved_pair_whole_on_a_node(engine):
+    """The claim's own transaction: a card goes where the reserved pair still fits; when
+    only nodes where it would break the pair up have a free card, the claim is a 503 that
+    says so, and nothing is recorded."""
+    pair = parse_profile({"slug": "h200-x2", "display_name": "Two H200",
+                          "gpu": {"model": "H200", "count": 2}, "cpu": 4, "memory": "32Gi",
+                          "price_per_hour": "16", "reserved_price_per_hour": "10"}, CATALOG)
+    inventory = parse_declared_inventory({"nodes": [
+        {"name": n, "gpus": [{"model": "H200"}] * 2} for n in ("a", "b", "c")]}, "test")
+    now = utcnow()
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    Ledger(engine).grant("group:lab", 100 * CREDIT, note="", actor="admin", now=now)
+    booked = ReservationStore(engine).add(
+        account="group:lab", profile=pair, units=2, start=hour, end=hour + 2 * H,
+        on_end="continue", note="", actor="admin",
+        devices_of_kind=lambda kind, per_unit: 6, now=now)
+    claims = AssignmentStore(engine)
+    card = DeviceRequest("H200", None, 1)
+    assert claims.claim("ann", "", "one", card, inventory).node == "a"
+    # by count one card is left for on demand (6 - 4 reserved - 1); a's last card keeps
+    # b and c whole, where best fit alone would also go
+    assert claims.claim("bob", "", "one", card, inventory).node == "a"
+    with pytest.raises(NoFit) as refused:  # the count says no now
+        claims.claim("cy", "", "one", card, inventory)
+    assert refused.value.status == 503
+    # a holder's pair takes b; a spot card may take c's idle reserved card
+    assert claims.claim("lee", "", "h200-x2", DeviceRequest("H200", None, 2), inventory,
+                        tier="reserved", reservation_id=booked.reservation.id).node == "b"
+    claims.release("ann", "", "stop")
+    assert claims.claim("sam", "", "one", card, inventory, tier="spot").node == "a"
+    # now c is the only node with a free card, and the idle pair needs it whole: by count
+    # dan's on-demand card may start (6 - 4 - 1), but it waits, saying why
+    with pytest.raises(NoFit, match="break up the cards that idle reserved units need"):
+        claims.claim("dan", "", "one", card, inventory)
+    assert claims.devices_of("dan", "") == []

@@ -3,14 +3,24 @@ preemption plan honour it: pure, over a declared inventory."""
 
 import datetime as dt
 
+import pytest
+
 from gpulease.hub.reservation_rules import Reservation
 from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
 from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.spawners.inventory import parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest
+from gpulease.spawners.placement import DeviceRequest, place
+from gpulease.spawners.pod_spec import only_on
 from gpulease.spawners.preemption import SpotHolding, plan_preemptions
 from gpulease.spawners.queue import Waiting, plan
-from gpulease.spawners.reserved_pool import NO_WITHHOLDING, HeldBy, withholding
+from gpulease.spawners.reserved_pool import (
+    NO_WITHHOLDING,
+    HeldBy,
+    SplitsUnits,
+    place_keeping_units,
+    units_fitting,
+    withholding,
+)
 
 T0 = dt.datetime(2026, 12, 7, 9)
 H = dt.timedelta(hours=1)
@@ -115,3 +125,126 @@ def test_the_cluster_counts_pods_by_tier_and_admitted_starts_and_holds_reserved_
     assert w.reservation_room == {1: 0} and w.on_demand_room == {KIND: 0}
     w = cluster_withholding(_cluster([*holds, lee]), {}, [_res(2, 1, "user:kim")])
     assert w.on_demand_room == {KIND: -1}  # ann, the batch pod and lee now on demand
+
+
+# --- units of several cards: kept together on one node -----------------------------------
+
+CARD = DeviceRequest("H200", None, 1)
+PAIR = DeviceRequest("H200", None, 2)
+CARDS = ("H200", None)
+
+
+def _nodes(*names: str, cards: int = 2):
+    return parse_declared_inventory({"nodes": [
+        {"name": n, "gpus": [{"model": "H200"}] * cards} for n in names]}, "test")
+
+
+def _card(node: str, index: int) -> str:
+    return f"GPU-declared-{node}-{index}"
+
+
+def _pairs(id_: int, units: int) -> Reservation:
+    return Reservation(id_, "group:lab", "h200-x2", CARDS, 2, units, T0, T0 + 4 * H, 800_000)
+
+
+def test_units_fitting_counts_whole_units_per_node():
+    assert units_fitting({"a": 2, "b": 2}, [2, 2]) == 2
+    assert units_fitting({"a": 1, "b": 1}, [2]) == 0  # two cards free, not on one node
+    assert units_fitting({"a": 3, "b": 1}, [2, 1, 1]) == 3  # largest first, best fit
+    assert units_fitting({"a": 4}, [2, 2, 2]) == 2
+
+
+def test_an_on_demand_card_goes_where_it_does_not_break_up_a_reserved_pair():
+    # a: one card spot, one free (room for the pair: 2); b: one on demand, one free
+    inv = _nodes("a", "b")
+    held = {_card("a", 0): HeldBy("spot", ("sam", "")), _card("b", 0): HeldBy("on-demand",
+                                                                            ("ann", ""))}
+    w = withholding(inv, held, [_pairs(1, 1)])
+    assert w.on_demand_room == {CARDS: 1} and w.node_room == {CARDS: {"a": 2, "b": 1}}
+    assert w.splitting_nodes(CARD) == {"a"}
+    assert w.keeps_units_together(CARD) and not w.keeps_units_together(CARD, spot=True)
+    # best fit alone takes a's free card (a tie, by name): the pair could then run nowhere
+    assert place(CARD, inv, set(held)).node == "a"
+    assert place_keeping_units(CARD, inv, set(held), w).node == "b"
+    decided = plan([Waiting("x", CARD)], inv, set(held), w)
+    assert [(k, p.node) for k, p in decided.start] == [("x", "b")]
+    # without the reservation, the queue's best fit as before
+    assert [p.node for _, p in plan([Waiting("x", CARD)], inv, set(held)).start] == ["a"]
+
+
+def test_a_start_that_would_break_up_every_idle_pair_waits_keeping_nothing():
+    # a: on demand + spot; b and c free; two pairs reserved, idle
+    inv = _nodes("a", "b", "c")
+    held = {_card("a", 0): HeldBy("on-demand", ("ann", "")),
+            _card("a", 1): HeldBy("spot", ("sam", ""))}
+    w = withholding(inv, held, [_pairs(1, 2)])
+    assert w.refusal(CARD) is None  # the count alone allows it: 6 - 4 - 1 = 1
+    assert w.splitting_nodes(CARD) == {"b", "c"}
+    with pytest.raises(SplitsUnits) as refused:
+        place_keeping_units(CARD, inv, set(held), w)
+    assert refused.value.status == 503
+    assert "break up the cards that idle reserved units need together (2 H200" in str(
+        refused.value.message)
+    # in the queue it waits without keeping b or c from the holder behind it
+    decided = plan([Waiting("x", CARD), Waiting("lee", PAIR, reservation=1)], inv,
+                   set(held), w)
+    assert decided.waiting == ["x"] and [k for k, _ in decided.start] == ["lee"]
+    # the embedded preemption: sam's spot card on a is where it breaks up nothing
+    spot = [SpotHolding(("sam", ""), "a", frozenset({_card("a", 1)}), 1.0)]
+    got = plan_preemptions([("x", CARD)], inv, set(held), spot, None, w, {})
+    assert [(k, p.victims) for k, p in got.chosen] == [("x", (("sam", ""),))]
+    # a spot start takes a free card anywhere (the holder's start preempts it later)
+    assert place_keeping_units(CARD, inv, set(held), w, spot=True).node in {"b", "c"}
+
+
+def test_a_holders_start_may_use_its_own_unit_but_not_break_up_anothers():
+    # a: one spot card (room 2), b: one on-demand card (room 1); reservation 1: one card,
+    # reservation 2: a pair
+    inv = _nodes("a", "b")
+    held = {_card("a", 0): HeldBy("spot", ("sam", "")),
+            _card("b", 0): HeldBy("on-demand", ("ann", ""))}
+    one = Reservation(1, "user:lee", "h200", CARDS, 1, 1, T0, T0 + 4 * H, 800_000)
+    w = withholding(inv, held, [one, _pairs(2, 1)])
+    assert w.splitting_nodes(CARD, reservation_id=1) == {"a"}
+    assert place_keeping_units(CARD, inv, set(held), w, 1).node == "b"
+    # the pair's holder takes its own unit on a (sam's spot card is preempted for it)
+    assert w.splitting_nodes(PAIR, reservation_id=2) == frozenset()
+
+
+def test_the_cluster_admits_a_card_where_the_pair_keeps_its_node_and_pins_the_pod():
+    nodes = tuple(ClusterNode(n, "H200", "none", "570", {"nvidia.com/gpu": 2}) for n in "ab")
+    gpu = {"nvidia.com/gpu": 1}
+    holds = (Hold("ns/jupyter-sam", "a", gpu, "sam", "", spot=True, tier="spot"),
+             Hold("batch/job", "b", gpu))
+    inventory = ClusterInventory(nodes, holds)
+    w = cluster_withholding(inventory, {}, [_pairs(1, 1)])
+    assert w.node_room == {CARDS: {"a": 2, "b": 1}}
+    decided = plan_cluster([Waiting("x", CARD)], inventory, (), withholding=w)
+    assert decided.start == [("x", "b")] and decided.pinned == {"x"}
+    # admitted, its pod not bound: counted on the node it was admitted to
+    w = cluster_withholding(inventory, {("x", ""): AdmittedStart(CARD, node="b")},
+                            [_pairs(1, 1)])
+    assert w.node_room == {CARDS: {"a": 2, "b": 0}} and w.on_demand_room == {CARDS: 0}
+    # a full, b full, c free: a card could go only to c, where the pair needs both: it
+    # waits, keeping no node from the holder's pair behind it
+    full = ClusterInventory(nodes + (ClusterNode("c", "H200", "none", "570",
+                                                 {"nvidia.com/gpu": 2}),),
+                            (holds[0], Hold("ns/jupyter-ann", "a", gpu, "ann", ""),
+                             Hold("batch/job", "b", {"nvidia.com/gpu": 2})))
+    w = cluster_withholding(full, {}, [_pairs(1, 1)])
+    assert w.refusal(CARD) is None and w.splitting_nodes(CARD) == {"c"}
+    queue = [Waiting("y", CARD), Waiting("lee", PAIR, reservation=1)]
+    decided = plan_cluster(queue, full, (), withholding=w)
+    assert decided.waiting == ["y"] and decided.start == [("lee", "c")]
+    # where spot pods yield, sam's card on a is room that breaks up nothing
+    decided = plan_cluster(queue, full, (), spot_yields=True, withholding=w)
+    assert decided.start == [("y", "a"), ("lee", "c")] and decided.pinned == {"y", "lee"}
+    # no reservation of pairs: nothing pinned
+    assert plan_cluster([Waiting("x", CARD)], inventory, ()).pinned == set()
+
+
+def test_only_on_keeps_the_pod_to_its_node_within_each_term():
+    terms = [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]
+    on = {"key": "metadata.name", "operator": "In", "values": ["b"]}
+    assert only_on(terms, "b") == [{**terms[0], "matchFields": [on]}]
+    assert only_on([], "b") == [{"matchFields": [on]}]

@@ -8,6 +8,11 @@ lee then starts: the start takes the reservation's unit (its pod is labelled wit
 reservation, at on-demand priority), kube-scheduler preempts sam's spot pod (sam is
 told), lee's server runs on the reservation, not billed per second, and ann's start
 still waits.
+
+Units of two cards stay whole per node: two nodes of two cards, someone else's pod on
+one card of b, a pair reserved for lee. By count a card is free for kim's on-demand
+start, and kube-scheduler alone (it spreads) would put it on the empty node a; gpulease
+admits it to b and keeps its pod there, and lee's pair then runs on a.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.cluster.conftest import ControlPlane
-from tests.cluster.kube import Kube, KubeError
+from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
+from tests.cluster.test_cluster_inventory_api import gpu_pod
 from tests.cluster.test_gpulease_up_cluster import (
     PW,
     cluster_hub_at,
@@ -135,3 +141,65 @@ def _held(hub, kube: Kube, namespace: str, on_demand_class: str):
     for user in ("kim", "lee"):
         hub.api("DELETE", f"users/{user}/server", tokens[user])
         hub.wait_server_stopped(user, tokens[user])
+
+
+CARD_PROFILES = {"profiles": [
+    {"slug": "one", "display_name": "One H200", "gpu": {"model": "H200", "count": 1},
+     "cpu": 1, "memory": "2Gi", "images": ["pytorch"], "price_per_hour": "8",
+     "min_run": "1s"},
+    {"slug": "pair", "display_name": "Two H200", "gpu": {"model": "H200", "count": 2},
+     "cpu": 1, "memory": "2Gi", "images": ["pytorch"], "price_per_hour": "16",
+     "reserved_price_per_hour": "10", "min_run": "1s"},
+]}
+
+
+def test_a_reserved_pair_keeps_a_whole_node_and_a_card_is_kept_off_it(
+        control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes, tmp_path: Path):
+    gpu_nodes(GpuNode("a", gpus=2), GpuNode("b", gpus=2))
+    batch = gpu_pod(namespace, "batch", f"{namespace}-b", "nvidia.com/gpu", 1)
+    # It asks for half of b's CPUs too, so kube-scheduler's own scoring (least allocated)
+    # would put kim's card on a: only gpulease's pinning keeps it on b.
+    batch["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "32"}
+    kube.create(pods_path(namespace), batch)
+    home_volume(kube, control_plane, namespace, "kim-home")  # cluster_hub_at makes one
+    try:
+        with cluster_hub_at(control_plane, kube, namespace, tmp_path,
+                            profiles=CARD_PROFILES) as hub:
+            admin = hub.token_for("admin", PW)
+            tokens = {user: hub.add_user(admin, user, "100") for user in ("lee", "kim")}
+            r = hub.service("POST", "api/reservations", admin, {
+                "account": "user:lee", "profile": "pair", "units": 1, "start": _hour(),
+                "end": _hour(2)})
+            assert r.status_code == 201, r.text
+            wait_for("the inventory seeing the batch pod", lambda: any(
+                h.get("pod", "").endswith("/batch")
+                for n in hub.service("GET", "api/inventory", admin).json()["nodes"]
+                for res in n["resources"] for h in res["holders"]), hub=hub)
+
+            assert _start(hub, "kim", tokens["kim"], {"profile": "one"}).status_code in (
+                201, 202)
+            hub.wait_server_ready("kim", tokens["kim"], timeout=120)
+            kim = pod_of(kube, namespace, "kim")
+            assert kim["spec"]["nodeName"] == f"{namespace}-b"
+            terms = kim["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            assert all({"key": "metadata.name", "operator": "In",
+                        "values": [f"{namespace}-b"]} in t["matchFields"] for t in terms)
+
+            assert _start(hub, "lee", tokens["lee"], {"profile": "pair"}).status_code in (
+                201, 202)
+            hub.wait_server_ready("lee", tokens["lee"], timeout=120)
+            lee = pod_of(kube, namespace, "lee")
+            assert lee["spec"]["nodeName"] == f"{namespace}-a"
+            assert lee["metadata"]["labels"]["gpulease.io/tier"] == "reserved"
+            for user in ("kim", "lee"):
+                hub.api("DELETE", f"users/{user}/server", tokens[user])
+                hub.wait_server_stopped(user, tokens[user])
+    finally:
+        kube.delete(f"/api/v1/persistentvolumes/{namespace}-kim-home")
+        for user in ("lee", "kim"):
+            try:
+                kube.delete(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/"
+                            f"claim-{user}")
+            except KubeError:
+                pass
