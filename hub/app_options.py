@@ -126,7 +126,8 @@ class GPULeaseOptions(Configurable):
         config=True,
         help="Seconds a spot server gets to save its work once an on-demand start preempts "
         "it (it is told at once); it is then suspended with reason preempted, billed up to "
-        "then.",
+        "then. An on-demand server displaced from reserved capacity by a holder's start "
+        "(docs/admin.md, reservations) gets as long.",
     )
 
     reservations_by_researchers = Bool(

@@ -334,11 +334,14 @@ class Meter:
                 self.stopping[order.key] = StopProgress(order, now,
                                                         self.live[order.key].session_id)
 
-    def preempt(self, key: Key, deadline: datetime, why: str) -> bool:
-        """Stop `key`, a running spot server, from `deadline` with reason preempted.
-        False when it is no running spot session or is being preempted already."""
+    def preempt(self, key: Key, deadline: datetime, why: str, on_demand: bool = False) -> bool:
+        """Stop `key`, a running spot server (or, `on_demand`, an on-demand one displaced
+        from reserved capacity: spawners/displacement.py), from `deadline` with reason
+        preempted. False when it is no running session of that tier or is being
+        preempted already. A server on a reservation is never preempted."""
         live = self.live.get(key)
-        if live is None or live.tier != "spot" or key in self.preempting:
+        tier = "on-demand" if on_demand else "spot"
+        if live is None or live.tier != tier or key in self.preempting:
             return False
         self.preempting[key] = Preempting(deadline, why, live.session_id)
         self.beat_for(deadline)

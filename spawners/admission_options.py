@@ -36,7 +36,8 @@ class AdmissionOptions(Configurable):
         config=True,
         help="Seconds a spot server gets to save its work once it is preempted for an "
         "on-demand start (told at once in JupyterLab and on the hub's pages); it is then "
-        "suspended with reason preempted and billed up to then.",
+        "suspended with reason preempted and billed up to then. An on-demand server "
+        "displaced from reserved capacity by a holder's start gets as long.",
     )
     queue_poll_interval = Float(
         5.0,

@@ -40,12 +40,19 @@ from gpulease.spawners.cluster_inventory import (
 from gpulease.spawners.cluster_preemption import preempted_pod
 from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.spawners.cluster_watch import ClusterWatch
+from gpulease.spawners.displacement import in_the_cluster
 from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.queue import Waiting, queue_places_refusal
 from gpulease.spawners.queue_base import QueueBase, Refused, Ticket, log
 from gpulease.spawners.queue_runner import asks
 from gpulease.spawners.reserved_pool import Withholding
-from gpulease.spawners.spot_preemption import tell_preempted
+from gpulease.spawners.spot_preemption import (
+    SPOT_GRACE_S,
+    displace,
+    displacing,
+    tell_preempted,
+    withdraw,
+)
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -100,6 +107,7 @@ class ClusterQueueRunner(QueueBase):
         # Both tiers have a PriorityClass (GPUKubeSpawner.spot_preempts): an on-demand
         # start counts what spot pods hold as free, and kube-scheduler preempts them.
         self.spot_yields = False
+        self.spot_grace_s = SPOT_GRACE_S  # the spawners' spot_grace_period (displacement's)
         self._told: set[str] = set()  # uids of preempted pods whose users were told
 
     # --- the picture -------------------------------------------------------------------
@@ -260,12 +268,14 @@ class ClusterQueueRunner(QueueBase):
     async def serve(self) -> None:
         """One pass: admit every waiting start that fits now, in the queue's order."""
         async with self._lock:
+            await self._withdraw_displacement()
             if not self.waiting:
                 return
             inventory = await self.inventory()
+            withheld = await self._withholding(inventory)
             decision = plan_cluster(self.entries(), inventory,
                                     tuple(self.unbound(inventory).values()), self.spot_yields,
-                                    await self._withholding(inventory))
+                                    withheld)
             for ticket, message in decision.never:  # a node left the cluster
                 self._settle(ticket, Refused(422, message))
             for ticket, node in decision.start:
@@ -274,6 +284,39 @@ class ClusterQueueRunner(QueueBase):
                 log.info("%s/%s admitted from the queue for %s (fits on %s)", ticket.user,
                          ticket.server, ticket.request.describe(), node)
                 self._settle(ticket, (node, ticket in decision.pinned))
+            if not decision.start and not self.unbound(inventory):
+                await self._displace_for(decision.waiting, inventory, withheld)
+
+    async def _displace_for(self, waiting: Sequence[Ticket], inventory: ClusterInventory,
+                            withheld: Withholding) -> None:
+        """The first waiting holder's start that on-demand pods in reserved capacity keep
+        out displaces them (spawners/displacement.py), one displacement at a time: their
+        servers are stopped at the deadline through the hub, and the pods go."""
+        meter = self.ctx.meter
+        if meter is None or displacing(meter) or meter.queue_resuming:
+            return
+        started = {key: live.session_id for key, live in meter.live.items()
+                   if live.tier == "on-demand" and key not in meter.preempting}
+        for ticket in waiting:
+            if ticket.reservation is None or not started:
+                continue
+            chosen = in_the_cluster(ticket.request, ticket.reservation, inventory, started,
+                                    withheld, self.spot_yields)
+            if chosen is not None:
+                await displace(self.ctx, ticket, chosen, self.spot_grace_s)
+                return
+
+    async def _withdraw_displacement(self) -> None:
+        """A displacement no holder's start waits for any more (it was cancelled, gave up,
+        or found room) is taken back before its deadline."""
+        meter = self.ctx.meter
+        if meter is None or not displacing(meter):
+            return
+        if any(ticket.reservation is not None for ticket in self.waiting):
+            return
+        for key in [k for k in meter.preempting
+                    if k in meter.live and meter.live[k].tier == "on-demand"]:
+            await withdraw(self.ctx, key, "no holder's start waits for its GPU any more")
 
     async def _timed_out(self, ticket: Ticket, max_wait: float) -> Refused:
         try:

@@ -319,6 +319,7 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
                                     self.cluster_gpus().tolerations, self.queue_poll_interval,
                                     namespace=self.namespace)
         runner.spot_yields = self.spot_preempts
+        runner.spot_grace_s = self.spot_grace_period
         return runner
 
     async def _form_availability(self) -> Callable[[DeviceRequest], Availability]:

@@ -22,6 +22,7 @@ from gpulease.hub.db import utcnow
 from gpulease.hub.limits import Holding, check_limits
 from gpulease.hub.units import format_duration
 from gpulease.spawners.assignments import Holder, held_by
+from gpulease.spawners.displacement import on_the_box
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary, place
 from gpulease.spawners.queue import Waiting, plan, queue_places_refusal, restricted
@@ -33,7 +34,7 @@ from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progr
     tell_started,
 )
 from gpulease.spawners.reserved_pool import ON_DEMAND, RESERVED, SPOT, Withholding, withholding
-from gpulease.spawners.spot_preemption import SPOT_GRACE_S, preempt_for
+from gpulease.spawners.spot_preemption import SPOT_GRACE_S, displace, preempt_for
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -179,8 +180,29 @@ class QueueRunner(QueueBase):
                                             ticket.server, "cancelled")
             if decision.start:  # what this pass claimed is held now
                 held = await asyncio.to_thread(ctx.assignments.held)
-            await preempt_for(ctx, decision.waiting, held, self.spot_grace_s,
-                              await self._withholding(held))
+            withheld = await self._withholding(held)
+            told = await preempt_for(ctx, decision.waiting, held, self.spot_grace_s, withheld)
+            if not told:
+                await self._displace_for(decision.waiting, held, withheld)
+
+    async def _displace_for(self, waiting: Collection[Ticket], held: Mapping[str, Holder],
+                            withheld: Withholding) -> None:
+        """The first waiting holder's start that on-demand servers in reserved capacity
+        keep out displaces them (spawners/displacement.py), one displacement at a time."""
+        meter = self.ctx.meter
+        if meter is None or meter.preempting or meter.queue_resuming:
+            return  # what is being preempted comes free first
+        started = {key: live.session_id for key, live in meter.live.items()
+                   if live.tier == ON_DEMAND}
+        by = held_by(dict(held))
+        for ticket in waiting:
+            if ticket.reservation is None or not started:
+                continue
+            chosen = on_the_box(ticket.request, ticket.reservation, self.ctx.inventory, by,
+                                started, withheld)
+            if chosen is not None:
+                await displace(self.ctx, ticket, chosen, self.spot_grace_s)
+                return
 
     async def reservation_use(self) -> dict[int, set[tuple[str, str]]]:
         """The servers on each reservation's units: those holding devices claimed on it."""

@@ -13,6 +13,11 @@ given `grace_s` seconds to save; the meter then stops each with reason
 Their devices come back like any stop's, and the queue's next pass places the
 waiting start. Devices of servers already being preempted count as coming free
 (to the first start that can use them), so one start never preempts twice.
+
+A holder's start that neither free devices nor spot servers make room for
+displaces on-demand servers standing in reserved capacity (displace, the rule in
+spawners/displacement.py), in both shapes, the same way: told, then stopped at
+the deadline with reason `preempted`; one displacement at a time (`displacing`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from gpulease.hub.enforcement import PREEMPTED
 from gpulease.hub.notifier import subject_for
 from gpulease.hub.options import price_text
 from gpulease.spawners.assignments import HELD, Holder
+from gpulease.spawners.displacement import Displacement
 from gpulease.spawners.preemption import plan_preemptions, spot_holdings
 from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
 
@@ -52,10 +58,18 @@ def _warning(server: str, profile: str, deadline: dt.datetime, wanted: str) -> s
             "resume it from the hub's home page, on spot again or on demand.")
 
 
+def _displaced_warning(server: str, profile: str, deadline: dt.datetime, wanted: str) -> str:
+    name = f"server {server}" if server else "your server"
+    return (f"On-demand {name} ({profile}) is stopped: it runs on GPU capacity reserved "
+            f"for this period, and the reservation's holder is starting on it ({wanted}). "
+            f"Save your work: it is suspended at {deadline.strftime('%H:%M:%S')} UTC and "
+            "billing stops then. Your home is kept; resume it from the hub's home page "
+            "once a GPU is free.")
+
+
 async def _tell(ctx: GPULeaseContext, user: str, server: str, profile: str,
-                deadline: dt.datetime, wanted: str) -> None:
+                deadline: dt.datetime, text: str) -> None:
     """The notice (JupyterLab, the hub's pages) and, through the hub, mail or webhook."""
-    text = _warning(server, profile, deadline, wanted)
     announce = ctx.meter.announce if ctx.meter is not None else None
     try:
         if announce is not None:  # never raises
@@ -104,7 +118,8 @@ async def tell_preempted(ctx: GPULeaseContext, preempted: PreemptedPod) -> None:
                 preempted.server or "(default)", live.profile, preempted.pod, why,
                 preempted.deadline.isoformat())
     wanted = ", ".join(f"{count} {resource}" for resource, count in preempted.resources.items())
-    await _tell(ctx, preempted.user, preempted.server, live.profile, preempted.deadline, wanted)
+    await _tell(ctx, preempted.user, preempted.server, live.profile, preempted.deadline,
+                _warning(preempted.server, live.profile, preempted.deadline, wanted))
 
 
 async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
@@ -135,14 +150,7 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
         {ticket: ticket.reservation for ticket, _ in on_demand})
     # (after a restart, not before every queued start is back: hub/queue_resume.py)
     for key in () if meter.queue_resuming else decided.unneeded:
-        if meter.withdraw_preemption(key):
-            await _record(meter, key, None)
-            log.warning("%s/%s: its preemption is withdrawn: no waiting start needs its GPU "
-                        "any more", key[0], key[1] or "(default)")
-            try:
-                await asyncio.to_thread(ctx.notices.clear, *key, ["preemption_warning"])
-            except SQLAlchemyError as e:
-                log.error("could not clear the preemption notice of %s/%s: %s", *key, e)
+        await withdraw(ctx, key, "no waiting start needs its GPU any more")
     told = []
     for ticket, chosen in decided.chosen:
         deadline = utcnow() + dt.timedelta(seconds=grace_s)
@@ -160,5 +168,53 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
             log.warning("%s/%s (spot, %s, %s credits/h) %s: suspended at %s", user,
                         server or "(default)", profile,
                         price_text(live[key].rate_per_hour_ucr), why, deadline.isoformat())
-            await _tell(ctx, user, server, profile, deadline, ticket.request.describe())
+            await _tell(ctx, user, server, profile, deadline,
+                        _warning(server, profile, deadline, ticket.request.describe()))
     return tuple(told)
+
+
+def displacing(meter) -> bool:
+    """Whether an on-demand server is being displaced now (one displacement at a time)."""
+    return any(key in meter.live and meter.live[key].tier == "on-demand"
+               for key in meter.preempting)
+
+
+async def displace(ctx: GPULeaseContext, ticket: Ticket, chosen: Displacement,
+                   grace_s: float) -> tuple[str, ...]:
+    """Tell the on-demand servers `chosen` for a holder's waiting start that they are
+    stopped at the end of the grace period (spawners/displacement.py), as a preempted
+    spot server is; returns the "user/server" names told."""
+    meter = ctx.meter
+    deadline = utcnow() + dt.timedelta(seconds=grace_s)
+    why = (f"displaced from reserved capacity for {ticket.user}/"
+           f"{ticket.server or '(default)'}'s start on reservation {ticket.reservation} "
+           f"({ticket.request.describe()})")
+    told = []
+    for key in chosen.victims:
+        user, server = key
+        live = meter.live.get(key)
+        if live is None or not meter.preempt(key, deadline, why, on_demand=True):
+            continue
+        await _record(meter, key, deadline, why)
+        told.append(f"{user}/{server}")
+        log.warning("%s/%s (on demand, %s, %s credits/h) %s: suspended at %s", user,
+                    server or "(default)", live.profile, price_text(live.rate_per_hour_ucr),
+                    why, deadline.isoformat())
+        await _tell(ctx, user, server, live.profile, deadline,
+                    _displaced_warning(server, live.profile, deadline,
+                                       ticket.request.describe()))
+    return tuple(told)
+
+
+async def withdraw(ctx: GPULeaseContext, key: tuple[str, str], why: str) -> None:
+    """Take back `key`'s preemption (its deadline not reached): clear its record and
+    notice."""
+    meter = ctx.meter
+    if not meter.withdraw_preemption(key):
+        return
+    await _record(meter, key, None)
+    log.warning("%s/%s: its preemption is withdrawn: %s", key[0], key[1] or "(default)", why)
+    try:
+        await asyncio.to_thread(ctx.notices.clear, *key, ["preemption_warning"])
+    except SQLAlchemyError as e:
+        log.error("could not clear the preemption notice of %s/%s: %s", *key, e)

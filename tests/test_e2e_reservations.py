@@ -262,3 +262,41 @@ def test_suspend_at_the_end_and_a_cancellation_refunds_the_hours_not_begun(hub):
     audit = hub.service("GET", "api/audit?action=reservation.cancel", admin).json()["entries"]
     assert audit[0]["after"]["refund"] == "3.600000"
 
+
+
+def test_on_demand_servers_running_when_the_period_begins_make_way_for_the_holder(hub):
+    """Capacity is there when promised: on-demand servers admitted before the period
+    fill every slice; when lee starts on the reservation, the newest of them is told
+    and stopped after the grace period (reason preempted), and lee runs on the unit."""
+    admin = hub.token_for("admin", ADMIN_PW)
+    tokens = {"lee": hub.token_for("lee", "lee-pw-12345"),
+              "ann": hub.token_for("ann", "ann-pw-12345")}
+    for server in ("a", "b", "c"):  # before the reservation: all three slices
+        assert _start(hub, "ann", tokens["ann"], {"profile": "slice"}, server
+                      ).status_code in (201, 202)
+        hub.wait_server_ready("ann", tokens["ann"], server)
+    r = _reserve(hub, admin, end=_hour(1))
+    assert r.status_code == 201, r.text  # promised against other reservations only
+    booked = r.json()
+    assert _start(hub, "lee", tokens["lee"], {"profile": "slice"}).status_code == 202
+    notice = _wait(lambda: _notices(hub, tokens["ann"], "preemption_warning"), hub=hub)[0]
+    assert notice["server"] == "c", notice  # the newest
+    assert "reserved for this period" in notice["message"] and notice["deadline"]
+    hub.wait_server_stopped("ann", tokens["ann"], "c", timeout=30)
+    hub.wait_server_ready("lee", tokens["lee"], timeout=30)
+    holders = _holders(hub, admin)
+    assert holders[("lee", "")]["tier"] == "reserved", holders
+    assert holders[("lee", "")]["reservation"] == booked["id"]
+    assert {("ann", "a"), ("ann", "b")} <= set(holders)  # within on-demand's share
+    ann = {s["server"]: s for s in _sessions(hub, tokens["ann"]) if s["ended"] is None
+           or s["end_reason"] == "preempted"}
+    assert ann["c"]["end_reason"] == "preempted" and ann["c"]["tier"] == "on-demand"
+    deadline = dt.datetime.fromisoformat(notice["deadline"].replace("Z", "+00:00"))
+    ended = dt.datetime.fromisoformat(ann["c"]["ended"].replace("Z", "+00:00"))
+    assert ended <= deadline + dt.timedelta(seconds=1)  # billed no further than told
+    assert ann["a"]["ended"] is None and ann["b"]["ended"] is None
+    for user, server in (("ann", "a"), ("ann", "b"), ("lee", "")):
+        hub.api("DELETE", f"users/{user}/servers/{server}" if server else f"users/{user}/server",
+                tokens[user])
+        hub.wait_server_stopped(user, tokens[user], server)
+    hub.service("DELETE", f"api/reservations/{booked['id']}", admin)

@@ -203,3 +203,64 @@ def test_a_reserved_pair_keeps_a_whole_node_and_a_card_is_kept_off_it(
                             f"claim-{user}")
             except KubeError:
                 pass
+
+
+def test_on_demand_pods_running_when_the_period_begins_make_way_for_the_holder(
+        control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes, tmp_path: Path):
+    """Capacity is there when promised, in the cluster: kim's and then ann's on-demand
+    servers take both cards before lee's reservation of one begins; lee's start waits,
+    ann's (the newest) is told and stopped after the grace period, and lee's pod runs
+    on the reservation."""
+    gpu_nodes(GpuNode("a", gpus=2))
+    for user in ("kim", "ann"):  # cluster_hub_at makes lee's
+        home_volume(kube, control_plane, namespace, f"{user}-home")
+    profiles = {"profiles": [{**CARD_PROFILES["profiles"][0], "reserved_price_per_hour": "5"}]}
+    try:
+        with cluster_hub_at(control_plane, kube, namespace, tmp_path, profiles=profiles,
+                            extra_args=("--GPULeaseHub.heartbeat_interval=1",
+                                        "--Spawner.poll_interval=1",
+                                        f"--GPULeaseHub.spot_grace_period={GRACE}",
+                                        "--GPULeaseHub.queue_max_wait=5m")) as hub:
+            admin = hub.token_for("admin", PW)
+            tokens = {user: hub.add_user(admin, user, "100") for user in ("lee", "kim", "ann")}
+            for user in ("kim", "ann"):
+                assert _start(hub, user, tokens[user], {"profile": "one"}).status_code in (
+                    201, 202)
+                hub.wait_server_ready(user, tokens[user], timeout=120)
+            r = hub.service("POST", "api/reservations", admin, {
+                "account": "user:lee", "profile": "one", "units": 1, "start": _hour(),
+                "end": _hour(1)})
+            assert r.status_code == 201, r.text
+            booked = r.json()
+            pool = ThreadPoolExecutor(1)
+            lee = pool.submit(_start, hub, "lee", tokens["lee"], {"profile": "one"})
+
+            def warned():
+                return [n for n in hub.service("GET", "api/notices", tokens["ann"]
+                                               ).json()["notices"]
+                        if n["kind"] == "preemption_warning"]
+            (notice,) = wait_for("ann is told", warned, timeout=60, hub=hub)
+            assert "reserved for this period" in notice["message"]
+            assert lee.result(timeout=120).status_code in (201, 202)
+            pool.shutdown()
+            hub.wait_server_ready("lee", tokens["lee"], timeout=120)
+            hub.wait_server_stopped("ann", tokens["ann"], timeout=60)
+            pod = pod_of(kube, namespace, "lee")
+            assert pod["metadata"]["labels"]["gpulease.io/tier"] == "reserved"
+            assert pod["metadata"]["labels"]["gpulease.io/reservation"] == str(booked["id"])
+            (ann,) = sessions_of(hub, tokens["ann"])
+            assert ann["end_reason"] == "preempted" and ann["tier"] == "on-demand"
+            (kim,) = sessions_of(hub, tokens["kim"])
+            assert kim["ended"] is None  # within on-demand's share: kept
+            for user in ("kim", "lee"):
+                hub.api("DELETE", f"users/{user}/server", tokens[user])
+                hub.wait_server_stopped(user, tokens[user])
+    finally:
+        for user in ("kim", "ann"):
+            kube.delete(f"/api/v1/persistentvolumes/{namespace}-{user}-home")
+        for user in ("lee", "kim", "ann"):
+            try:
+                kube.delete(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/"
+                            f"claim-{user}")
+            except KubeError:
+                pass
