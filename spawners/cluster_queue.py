@@ -117,6 +117,16 @@ def cluster_withholding(inventory: ClusterInventory,
     starts whose pods are not bound yet."""
     if not active:
         return NO_WITHHOLDING
+    total, used = cluster_usage(inventory, admitted)
+    return rooms(total, used, active)
+
+
+def cluster_usage(inventory: ClusterInventory,
+                  admitted: Mapping[tuple[str, str], AdmittedStart] | None = None,
+                  ) -> tuple[dict[tuple[Kind, str], int], list[tuple[Kind, str | None, HeldBy]]]:
+    """The devices of each kind per node, and who holds them (one entry per device): the
+    bound pods (gpulease's by their tier label, anyone else's as on demand) and the
+    `admitted` starts whose pods are not bound yet (node None where not known)."""
     total: Counter[tuple[Kind, str]] = Counter()
     kind_at: dict[tuple[str, str], Kind] = {}
     for node in inventory.nodes:
@@ -131,8 +141,8 @@ def cluster_withholding(inventory: ClusterInventory,
             kind = kind_at.get((hold.node, resource))
             if kind is not None:
                 used += [(kind, hold.node, by)] * count
-    for key, start in admitted.items():
+    for key, start in (admitted or {}).items():
         by = HeldBy(start.tier, key, start.reservation)
         kind = (start.request.model, start.request.mig_profile)
         used += [(kind, start.node, by)] * start.request.count
-    return rooms(total, used, active)
+    return dict(total), used

@@ -221,3 +221,36 @@ def rooms(total: Mapping[tuple[DeviceKind, str], int],
         dict(reserved),
         {kind: dict(per_node) for kind, per_node in node_room.items()},
         {r.id: (r.kind, r.per_unit) for r in active})
+
+
+def units_free_now(total: Mapping[tuple[DeviceKind, str], int],
+                   used: Iterable[tuple[DeviceKind, str | None, HeldBy]],
+                   active: Sequence[Reservation], kind: DeviceKind, per_unit: int,
+                   most: int) -> int:
+    """How many units of `per_unit` devices of `kind` (up to `most`) a reservation that
+    begins now could hold at once, beside what runs now: per node, the devices no
+    on-demand or reserved server holds (spot servers yield), less the idle units the
+    `active` reservations already promise, each unit whole on one node.
+
+    A reservation beginning now is refused what only displacing running servers would
+    give: only a period that begins later displaces (spawners/displacement.py), so
+    nobody can stop others' servers by reserving the hour under way."""
+    room: dict[str, int] = {}
+    for (of, node), count in total.items():
+        if of == kind:
+            room[node] = room.get(node, 0) + count
+    servers_on: dict[int, set[tuple[str, str]]] = {}
+    for of, node, by in used:
+        if by.tier == SPOT:
+            continue
+        if by.tier == RESERVED and by.reservation_id is not None:
+            servers_on.setdefault(by.reservation_id, set()).add(by.server)
+        if of == kind and node in room:
+            room[node] -= 1
+    idle = [r.per_unit for r in active if r.kind == kind
+            for _ in range(max(r.units - len(servers_on.get(r.id, ())), 0))]
+    free = 0
+    while free < most and (units_fitting(room, idle + [per_unit] * (free + 1))
+                           == len(idle) + free + 1):
+        free += 1
+    return free

@@ -108,6 +108,16 @@ def _end_soon(hub, reservation_id: int, seconds: float) -> None:
     engine.dispose()
 
 
+def _begin_now(hub, reservation_id: int) -> None:
+    """Time passing: the reservation's start moved to the hour under way."""
+    engine = open_database(sqlite_url(hub.state / "private" / "gpulease.sqlite"))
+    hour = dt.datetime.now(dt.UTC).replace(tzinfo=None, minute=0, second=0, microsecond=0)
+    with engine.begin() as conn:
+        conn.execute(update(reservations).where(reservations.c.id == reservation_id)
+                     .values(starts_at=hour))
+    engine.dispose()
+
+
 def _wait(what, timeout: float = 30, hub=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -275,9 +285,14 @@ def test_on_demand_servers_running_when_the_period_begins_make_way_for_the_holde
         assert _start(hub, "ann", tokens["ann"], {"profile": "slice"}, server
                       ).status_code in (201, 202)
         hub.wait_server_ready("ann", tokens["ann"], server)
+    # a period beginning now must fit beside what runs: reserving cannot stop servers
     r = _reserve(hub, admin, end=_hour(1))
-    assert r.status_code == 201, r.text  # promised against other reservations only
+    assert r.status_code == 409 and "only 0 of 3" in r.text and "free now" in r.text, r.text
+    # one beginning later is promised against other reservations only
+    r = _reserve(hub, admin, start=_hour(1), end=_hour(2))
+    assert r.status_code == 201, r.text
     booked = r.json()
+    _begin_now(hub, booked["id"])  # the hour comes; ann's servers still run
     assert _start(hub, "lee", tokens["lee"], {"profile": "slice"}).status_code == 202
     notice = _wait(lambda: _notices(hub, tokens["ann"], "preemption_warning"), hub=hub)[0]
     assert notice["server"] == "c", notice  # the newest

@@ -19,6 +19,7 @@ from gpulease.spawners.reserved_pool import (
     SplitsUnits,
     place_keeping_units,
     units_fitting,
+    units_free_now,
     withholding,
 )
 
@@ -248,3 +249,21 @@ def test_only_on_keeps_the_pod_to_its_node_within_each_term():
     on = {"key": "metadata.name", "operator": "In", "values": ["b"]}
     assert only_on(terms, "b") == [{**terms[0], "matchFields": [on]}]
     assert only_on([], "b") == [{"matchFields": [on]}]
+
+
+def test_a_period_beginning_now_gets_only_what_running_servers_and_reservations_leave():
+    total = {(KIND, "m"): 7}
+    used = [(KIND, "m", HeldBy("on-demand", (f"u{s}", ""), None)) for s in range(3)]
+    used += [(KIND, "m", HeldBy("spot", ("sam", ""), None))]  # spot yields: room
+    used += [(KIND, "m", HeldBy("reserved", ("lee", ""), 1))]  # a unit of 1 in use
+    # 7 - 3 on demand - 1 reserved in use = 3, less reservation 1's other idle unit
+    assert units_free_now(total, used, [_res(1, 2)], KIND, 1, 10) == 2
+    assert units_free_now(total, used, [_res(1, 2)], KIND, 1, 1) == 1  # up to `most`
+    assert units_free_now(total, used, [], KIND, 1, 10) == 3
+    # units of two cards: whole on one node
+    cards = ("H200", None)
+    pair = Reservation(2, "user:lee", "pair", cards, 2, 1, T0, T0 + H, 1)
+    total = {(cards, "a"): 2, (cards, "b"): 2}
+    busy = [(cards, "a", HeldBy("on-demand", ("ann", ""), None))]
+    assert units_free_now(total, busy, [], cards, 2, 9) == 1  # b only: a has one card
+    assert units_free_now(total, busy, [pair], cards, 2, 9) == 0  # b is promised

@@ -38,7 +38,10 @@ from gpulease.hub.reservations import ON_END, Booked, kind_words
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
+from gpulease.spawners.assignments import held_by
 from gpulease.spawners.cluster_inventory import kinds_offered
+from gpulease.spawners.cluster_queue import cluster_usage
+from gpulease.spawners.reserved_pool import HeldBy, units_free_now
 
 FIELDS = ("account", "profile", "units", "start", "end", "on_end", "note")
 MAX_NOTE = 500
@@ -120,6 +123,23 @@ class ReservationBase(BaseAPIHandler):
                         resource, 0)
         return {kind: list(nodes.values()) for kind, nodes in per_node.items()}
 
+    async def running_now(self) -> tuple[dict[tuple[DeviceKind, str], int],
+                                         list[tuple[DeviceKind, str | None, HeldBy]]]:
+        """The devices of each kind per node and what holds them now (who, on which
+        tier): the box's assignments, or the cluster's pods on the spawner's nodes."""
+        total: Counter[tuple[DeviceKind, str]] = Counter()
+        used: list[tuple[DeviceKind, str | None, HeldBy]] = []
+        source = self.settings.get("gpulease_cluster")
+        if source is None:
+            held = held_by(await asyncio.to_thread(self.ctx.assignments.held))
+            for d in self.ctx.inventory.allocatable():
+                kind = (d.model, d.mig_profile)
+                total[(kind, d.node)] += 1
+                if d.uuid in held:
+                    used.append((kind, d.node, held[d.uuid]))
+            return dict(total), used
+        return cluster_usage(source.spawner_nodes((await source.listed()).inventory))
+
     async def booked(self, text: str) -> Booked:
         """The reservation of the URL, if the caller may see it (404 otherwise)."""
         model = self.caller()
@@ -165,13 +185,16 @@ class ReservationBase(BaseAPIHandler):
     async def make_reservation(self, asked: ReservationInput) -> dict[str, Any]:
         """Add it (the store's checks, its charge) by the caller, and audit it: its view."""
         counts = await self.devices_of_kind()
+        total, used = await self.running_now() if asked.start <= utcnow() else ({}, [])
         actor = self.caller()["name"]
         booked = await asyncio.to_thread(
             self.ctx.reservations.add, account=asked.account, profile=asked.profile,
             units=asked.units, start=asked.start, end=asked.end, on_end=asked.on_end,
             note=asked.note, actor=actor,
             devices_of_kind=lambda kind, per_unit: devices_for_units(counts.get(kind, ()),
-                                                                     per_unit))
+                                                                     per_unit),
+            free_now=lambda kind, per_unit, active: units_free_now(
+                total, used, active, kind, per_unit, asked.units))
         view = reservation_view(booked, utcnow())
         await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.add",
                                 asked.account, None, view)

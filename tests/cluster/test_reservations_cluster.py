@@ -35,6 +35,7 @@ from tests.cluster.test_gpulease_up_cluster import (
 )
 from tests.cluster.test_kubespawner import home_volume
 from tests.cluster.test_spot_cluster import CLASSES, _priority_classes
+from tests.test_e2e_reservations import _begin_now
 
 GRACE = 4
 PROFILES = {"profiles": [
@@ -227,11 +228,15 @@ def test_on_demand_pods_running_when_the_period_begins_make_way_for_the_holder(
                 assert _start(hub, user, tokens[user], {"profile": "one"}).status_code in (
                     201, 202)
                 hub.wait_server_ready(user, tokens[user], timeout=120)
-            r = hub.service("POST", "api/reservations", admin, {
-                "account": "user:lee", "profile": "one", "units": 1, "start": _hour(),
-                "end": _hour(1)})
+            asked = {"account": "user:lee", "profile": "one", "units": 1, "start": _hour(),
+                     "end": _hour(1)}
+            r = hub.service("POST", "api/reservations", admin, asked)  # beside what runs
+            assert r.status_code == 409 and "only 0 of 2" in r.text, r.text
+            r = hub.service("POST", "api/reservations", admin,
+                            {**asked, "start": _hour(1), "end": _hour(2)})
             assert r.status_code == 201, r.text
             booked = r.json()
+            _begin_now(hub, booked["id"])  # the hour comes; kim's and ann's servers run
             pool = ThreadPoolExecutor(1)
             lee = pool.submit(_start, hub, "lee", tokens["lee"], {"profile": "one"})
 
