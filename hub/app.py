@@ -16,14 +16,12 @@ import socket
 import subprocess
 import sys
 from contextlib import AbstractContextManager, nullcontext
-from functools import partial
 from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from jupyterhub.app import aliases as hub_aliases
 from tornado.httpserver import HTTPServer
-from tornado.ioloop import PeriodicCallback
 from traitlets import Dict, default
 
 from gpulease.hub.accounts import AccountError, ensure_first_admin
@@ -49,6 +47,7 @@ from gpulease.hub.hub_config import (
     parse_service_address,
     project_chp,
 )
+from gpulease.hub.hub_tasks import HubTasks, prune_audit
 from gpulease.hub.hub_user_api import with_checked_names
 from gpulease.hub.isolation_check import (
     decide,
@@ -57,7 +56,7 @@ from gpulease.hub.isolation_check import (
     unreachable,
 )
 from gpulease.hub.ledger import BillingError
-from gpulease.hub.metering import Meter, beat_at
+from gpulease.hub.metering import Meter
 from gpulease.hub.named_servers import refusing_limit
 from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.oauth import ProviderSignIn
@@ -65,8 +64,6 @@ from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
 from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.queue_resume import resume_then_serve
-from gpulease.hub.reservation_ends import end_reservations
-from gpulease.hub.server_control import HubServerControl
 from gpulease.hub.server_env import ServerEnvError
 from gpulease.hub.server_env import choose as choose_server_env
 from gpulease.hub.state import (
@@ -97,7 +94,6 @@ gpulease_aliases = {
 }
 
 
-AUDIT_PRUNE_EVERY_MS = 24 * 3600 * 1000
 TOKEN_MAX_DAYS = 90  # the longest an API token lives (JupyterHub.token_expires_in_max_seconds)
 # Request bodies to the hub itself (its API, login and spawn pages): JupyterHub's HTTP
 # server takes tornado's 100 MB default, buffered in the hub's memory before any login
@@ -211,7 +207,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         applied = ctx.profiles.apply_file_if_changed(self.profiles_file)
         if applied is not None:
             self.log.info("Applied profiles file %s: %s", self.profiles_file, applied)
-        self._prune_audit()
+        prune_audit(ctx, self._audit_retention, self.log)
         self._first_admin_password = ensure_first_admin(
             ctx.accounts, self.admin_name, os.environ.get("GPULEASE_ADMIN_PASSWORD") or None
         )
@@ -389,23 +385,11 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # (gpulease.hub.body_budget).
         HTTPServer.configure(BudgetedHTTPServer, max_body_size=HUB_MAX_BODY_BYTES)
         await super().start()
-        # What the heartbeat sees of the servers and how it stops them (credit, caps).
-        self._servers = HubServerControl(self, self._ctx)
-        self._beat_lock = asyncio.Lock()
-        self._heartbeat = PeriodicCallback(self._heartbeat_once, self.heartbeat_interval * 1000)
-        self._heartbeat.start()
-        # Preempted spot servers stop at their deadlines, restored ones included.
-        self._ctx.meter.beat_at = partial(beat_at, beat=self._heartbeat_once)
-        for told in list(self._ctx.meter.preempting.values()):
-            self._ctx.meter.beat_for(told.deadline)
-        # Once a day is plenty for a retention counted in days; cheap (one DELETE).
-        self._audit_pruner = PeriodicCallback(self._prune_audit_async, AUDIT_PRUNE_EVERY_MS)
-        self._audit_pruner.start()
-        # Out-of-service devices return once their last server's cgroup is empty.
-        if not self._cluster:
-            self._oos_check = PeriodicCallback(self._recheck_out_of_service,
-                                               self.heartbeat_interval * 1000)
-            self._oos_check.start()
+        self._tasks = HubTasks(
+            self, self._ctx, heartbeat_s=self.heartbeat_interval,
+            end_notice=parse_duration(self.reservation_end_notice, "reservation_end_notice"),
+            audit_retention=self._audit_retention, embedded=not self._cluster, log=self.log)
+        self._tasks.start()
         self._resume_queue()
         url = self.bind_url.rstrip("/") + "/"
         write_cli_file(self._state, url.rsplit("/hub/", 1)[0], self._settings.cli_token)
@@ -419,50 +403,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         self._resuming = resume_then_serve(self, self._ctx, left, token, self.log,
                                            embedded=not self._cluster)
 
-    def _prune_audit(self) -> None:
-        if self._audit_retention is None:  # "0": keep every entry
-            return
-        pruned = self._ctx.audit.prune(self._audit_retention)
-        if pruned:
-            self.log.info("Audit log: pruned %d entries older than %s", pruned,
-                          self.audit_retention)
-
-    async def _recheck_out_of_service(self) -> None:
-        # A spawn waiting for one of them gets it at the queue's next poll.
-        from gpulease.spawners import isolation, quarantine
-
-        try:
-            await asyncio.to_thread(quarantine.recheck, self._ctx.assignments,
-                                    lambda cgroup: isolation.cleanup(cgroup, wait_s=1.0))
-        except Exception:
-            self.log.exception("checking out-of-service devices failed")
-
-    async def _prune_audit_async(self) -> None:
-        try:
-            await asyncio.to_thread(self._prune_audit)
-        except Exception:
-            self.log.exception("audit log pruning failed")
-
-    async def _heartbeat_once(self) -> None:
-        # One at a time: the regular beats and those asked for a deadline (_beat_at).
-        async with self._beat_lock:
-            try:  # reservations' ends first: a suspend it orders is pushed by this beat
-                await end_reservations(self._ctx, parse_duration(
-                    self.reservation_end_notice, "reservation_end_notice"))
-            except Exception:
-                self.log.exception("ending reservations failed (tried again next beat)")
-            try:
-                await self._ctx.meter.heartbeat(self._servers)
-            except Exception:
-                self.log.exception("billing heartbeat failed")
-
-
     async def cleanup(self):
         meter = self._ctx.meter if getattr(self, "_ctx", None) else None
-        if getattr(self, "_heartbeat", None):
-            self._heartbeat.stop()
-        if getattr(self, "_audit_pruner", None):
-            self._audit_pruner.stop()
+        if getattr(self, "_tasks", None):
+            self._tasks.stop()
         if meter is not None:
             meter.shutting_down = True
         if getattr(self, "_ctx", None):  # what waits in the queue stays, for the next hub
