@@ -246,6 +246,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             queue_places_per_user=self.queue_places_per_user,
             spot_grace_s=self.spot_grace_period,
             reservations_by_researchers=self.reservations_by_researchers,
+            reservation_lead_s=parse_duration(self.reservation_lead_time,
+                                              "reservation_lead_time"),
             cpu_only_cpu_per_user=self.cpu_only_cpu_per_user,
             cpu_only_memory_per_user=self.cpu_only_memory_per_user,
             isolation={} if self._isolation is None else {

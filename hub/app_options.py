@@ -136,6 +136,15 @@ class GPULeaseOptions(Configurable):
         help="Let researchers reserve (and cancel) for their own account user:NAME through "
         "api/reservations; off, only gpulease admins make reservations, for any account.",
     )
+    reservation_lead_time = Unicode(
+        "24h",
+        config=True,
+        help="A reservation whose period begins sooner than this after it is made must fit "
+        "beside the servers running when it is made (409 otherwise); only one made further "
+        "ahead may have on-demand servers still on its capacity make way for a holder's "
+        "start (90m, 24h, 7d; 0: every reservation may). Keeps anyone from stopping "
+        "others' servers by reserving the next hour.",
+    )
     reservation_end_notice = Unicode(
         "10m",
         config=True,

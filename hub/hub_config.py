@@ -181,6 +181,7 @@ class HubSettings:
     queue_max_length: int = 500
     spot_grace_s: float = SPOT_GRACE_S  # GPULeaseHub.spot_grace_period
     reservations_by_researchers: bool = False  # GPULeaseHub.reservations_by_researchers
+    reservation_lead_s: int = 24 * 3600  # GPULeaseHub.reservation_lead_time
     # Per-user limits (GPULeaseHub.queue_places_per_user, cpu_only_*_per_user).
     queue_places_per_user: int = QUEUE_PLACES_PER_USER
     cpu_only_cpu_per_user: str = CPU_ONLY_CPU_PER_USER
@@ -279,6 +280,7 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_ISOLATION": json.dumps(s.isolation),
                 "GPULEASE_RESERVATIONS_BY_RESEARCHERS": "1" if s.reservations_by_researchers
                 else "",
+                "GPULEASE_RESERVATION_LEAD_S": str(s.reservation_lead_s),
                 # The cluster shape's inventory reads the cluster (JupyterHub passes
                 # no KUBECONFIG, nor the in-cluster variables, to services).
                 "GPULEASE_CLUSTER_NAMESPACE": s.cluster_namespace if cluster else "",

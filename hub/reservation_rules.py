@@ -70,13 +70,14 @@ class Reservation:
         the first hour it refunded (its start when cancelled before it)."""
         if self.cancelled_at is None:
             return self.end
-        return min(self.end, max(self.start, _hour_up(self.cancelled_at)))
+        return min(self.end, max(self.start, hour_up(self.cancelled_at)))
 
     def active(self, at: dt.datetime) -> bool:
         return self.start <= at < self.holds_until()
 
 
-def _hour_up(moment: dt.datetime) -> dt.datetime:
+def hour_up(moment: dt.datetime) -> dt.datetime:
+    """The whole hour at or after `moment`."""
     whole = moment.replace(minute=0, second=0, microsecond=0)
     return whole if whole == moment else whole + HOUR
 
@@ -115,7 +116,7 @@ def refund_ucr(reservation: Reservation, at: dt.datetime) -> int:
         return reservation_cost(reservation.rate_per_hour_ucr, reservation.units,
                                 reservation.start, reservation.end)
     return reservation.rate_per_hour_ucr * reservation.units * whole_hours(
-        _hour_up(at), reservation.end)
+        hour_up(at), reservation.end)
 
 
 def devices_for_units(per_node: Iterable[int], per_unit: int) -> int:

@@ -81,14 +81,17 @@ def _lasting(conn: Connection, now: dt.datetime) -> list[Reservation]:
     return [b.reservation for b in map(_row, rows) if b.reservation.holds_until() > now]
 
 
-def _running_refusal(units: int, free: int, most: int, what: str) -> ReservationError | None:
+def _running_refusal(units: int, free: int, most: int, what: str,
+                     soonest: dt.datetime | None) -> ReservationError | None:
     if units <= free:
         return None
+    later = (f"; a period from {soonest.isoformat()}Z on is promised against other "
+             "reservations only" if soonest is not None else "")
     return ReservationError(409, f"units: only {free} of {most} {what} are free now, and the "
-                                 "period begins at once: running servers and other "
-                                 "reservations hold the rest. Reserve from the next hour on "
-                                 "(running on-demand servers then make way for the holder "
-                                 "when it starts), or wait for servers to stop", "units")
+                                 "period begins sooner than the hub's reservation_lead_time: "
+                                 "running servers and other reservations hold the rest (they "
+                                 f"are not stopped for a reservation made so late){later}",
+                            "units")
 
 
 def active_in(conn: Connection, now: dt.datetime) -> list[Reservation]:
@@ -106,15 +109,17 @@ class ReservationStore:
             devices_of_kind: Callable[[DeviceKind, int], int],
             now: dt.datetime | None = None,
             free_now: Callable[[DeviceKind, int, list[Reservation]], int] | None = None,
-            ) -> Booked:
+            soonest: dt.datetime | None = None) -> Booked:
         """Check, charge and record a reservation (ReservationError / BillingError).
 
         `devices_of_kind(kind, per_unit)`: the devices of that kind the shape has in
         service that units of `per_unit` devices can use (reservation_rules
-        devices_for_units). `free_now(kind, per_unit, active)`: the units a period
-        beginning now could hold beside the servers running now and the `active`
-        reservations (reserved_pool.units_free_now); a period beginning now must fit in
-        them (one beginning later displaces on-demand servers at its start instead)."""
+        devices_for_units). `free_now(kind, per_unit, active)`, given for a period that
+        begins within the hub's reservation_lead_time: the units it could hold now
+        beside the running servers and the `active` reservations
+        (reserved_pool.units_free_now); it must fit in them (one made further ahead
+        has on-demand servers make way at its start instead). `soonest`: the first
+        start that may, for the refusal's message."""
         now = now or utcnow()
         if not profile.offers_reservations:
             raise ReservationError(422, f"profile: {profile.slug} offers no reservations (it "
@@ -136,10 +141,10 @@ class ReservationStore:
             advisory_lock(conn, f"ledger:{account}")
             refusal = capacity_refusal(kind, per_unit, units, start, end, _lasting(conn, now),
                                        devices_of_kind(kind, per_unit), kind_words(kind))
-            if refusal is None and free_now is not None and start <= now:
+            if refusal is None and free_now is not None:
                 refusal = _running_refusal(units, free_now(kind, per_unit, active_in(conn, now)),
                                            devices_of_kind(kind, per_unit) // per_unit,
-                                           kind_words(kind))
+                                           kind_words(kind), soonest)
             if refusal is not None:
                 raise refusal
             balance = Ledger.balance_in(conn, account)

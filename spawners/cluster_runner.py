@@ -297,11 +297,17 @@ class ClusterQueueRunner(QueueBase):
             return
         started = {key: live.session_id for key, live in meter.live.items()
                    if live.tier == "on-demand" and key not in meter.preempting}
+        if not started or all(ticket.reservation is None for ticket in waiting):
+            return
+        account_of = {r.id: r.account
+                      for r in await asyncio.to_thread(self.ctx.reservations.active)}
         for ticket in waiting:
-            if ticket.reservation is None or not started:
+            if ticket.reservation is None:
                 continue
+            own = {key for key in started
+                   if meter.live[key].account == account_of.get(ticket.reservation)}
             chosen = in_the_cluster(ticket.request, ticket.reservation, inventory, started,
-                                    withheld, self.spot_yields)
+                                    withheld, self.spot_yields, own)
             if chosen is not None:
                 await displace(self.ctx, ticket, chosen, self.spot_grace_s)
                 return

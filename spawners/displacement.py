@@ -14,17 +14,23 @@ them at the deadline, reason `preempted`).
 The rule, for a start on a reservation needing `count` devices of a kind on one
 node:
 
-1. nothing is displaced while on-demand servers of the kind hold no more than
-   the reservations leave them (`overflow`, the devices they hold beyond it, is 0),
-   nor when some allowed node has room already (free or spot-held devices: the
-   start fits, or spot preemption makes room);
-2. on each node the unit may go to, its on-demand servers of the kind are taken
-   newest first (the least work lost) until the node's room reaches `count`; a
-   server is taken only while the devices displaced so far are fewer than the
-   overflow, so servers within on-demand's own share are never stopped (the last
-   one taken may round it up by its own size);
-3. of the nodes where that works: the fewest servers, then the fewest devices,
-   then the newest, then the node's name, so every pass chooses the same.
+1. nothing is displaced when some allowed node has room already (free or
+   spot-held devices: the start fits, or spot preemption makes room);
+2. the devices that may be displaced (the budget) are the more of: what
+   on-demand servers of the kind hold beyond what the reservations leave them
+   (`overflow`), and, where the room on the allowed nodes and the overflow
+   together would hold the unit if it were on one node, what the best node lacks
+   for it (a unit of several cards needs them on one node: on-demand servers
+   within their share may still split the nodes so that no unit fits whole);
+3. on each node the unit may go to, its on-demand servers of the kind are taken
+   until the node's room reaches `count`: first those charged to the
+   reservation's own account (`own`: its holders' on-demand servers make way
+   before a stranger's), then the newest (the least work lost); a server is
+   taken only while the devices displaced so far are fewer than the budget (the
+   last one taken may round it up by its own size);
+4. of the nodes where that works: the fewest strangers' servers, then the fewest
+   servers, the fewest devices, the newest, the node's name, so every pass
+   chooses the same.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class OnDemandServer:
     node: str
     devices: int
     started: int  # its session's id: a larger one started later
+    own: bool = False  # charged to the reservation's account
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,11 @@ def to_displace(count: int, overflow: int, room: Mapping[str, int],
     rule), or None. `room`: per node, the devices of the kind free or held by spot
     servers; `nodes`: the nodes the unit may go to (None: every node in `room`)."""
     allowed = set(room) if nodes is None else set(nodes) & set(room)
-    if overflow < 1 or any(room[node] >= count for node in allowed):
+    if not allowed or any(room[node] >= count for node in allowed):
         return None
+    budget = max(overflow, 0)
+    if sum(room[node] for node in allowed) + budget >= count:  # enough, split over nodes
+        budget = max(budget, count - max(room[node] for node in allowed))
     on_node: dict[str, list[OnDemandServer]] = defaultdict(list)
     for server in servers:
         if server.node in allowed and server.devices > 0:
@@ -75,14 +85,15 @@ def to_displace(count: int, overflow: int, room: Mapping[str, int],
     for node, here in on_node.items():
         taken: list[OnDemandServer] = []
         given = 0
-        for server in sorted(here, key=lambda s: (-s.started, str(s.key))):
-            if room[node] + given >= count or given >= overflow:
+        for server in sorted(here, key=lambda s: (not s.own, -s.started, str(s.key))):
+            if room[node] + given >= count or given >= budget:
                 break
             taken.append(server)
             given += server.devices
         if room[node] + given < count:
             continue
-        rank = (len(taken), given, -sum(s.started for s in taken), node)
+        rank = (sum(not s.own for s in taken), len(taken), given,
+                -sum(s.started for s in taken), node)
         if best is None or rank < best[0]:
             best = (rank, Displacement(node, tuple(s.key for s in taken), given))
     return None if best is None else best[1]
@@ -90,9 +101,10 @@ def to_displace(count: int, overflow: int, room: Mapping[str, int],
 
 def on_the_box(request: DeviceRequest, reservation_id: int, inventory: Inventory,
                held: Mapping[str, HeldBy], started: Mapping[Hashable, int],
-               withheld: Withholding) -> Displacement | None:
+               withheld: Withholding, own: Collection[Hashable] = ()) -> Displacement | None:
     """The displacement for a waiting holder's start on the embedded box: `held` every
-    held device, `started` the running on-demand servers' session ids."""
+    held device, `started` the running on-demand servers' session ids, `own` those of
+    them charged to the reservation's account."""
     if withheld.refusal(request, reservation_id) is not None:
         return None  # no idle unit: its start waits for its own servers
     overflow = -withheld.on_demand_room.get((request.model, request.mig_profile), 0)
@@ -107,14 +119,15 @@ def on_the_box(request: DeviceRequest, reservation_id: int, inventory: Inventory
             room[device.node] += 1
         elif by.tier == ON_DEMAND and by.server in started:
             holds[(by.server, device.node)] += 1
-    servers = [OnDemandServer(key, node, n, started[key]) for (key, node), n in holds.items()]
+    servers = [OnDemandServer(key, node, n, started[key], key in own)
+               for (key, node), n in holds.items()]
     nodes = set(room) - withheld.splitting_nodes(request, reservation_id)
     return to_displace(request.count, overflow, room, servers, nodes)
 
 
 def in_the_cluster(request: DeviceRequest, reservation_id: int, inventory: ClusterInventory,
                    started: Mapping[Hashable, int], withheld: Withholding,
-                   spot_yields: bool) -> Displacement | None:
+                   spot_yields: bool, own: Collection[Hashable] = ()) -> Displacement | None:
     """The displacement for a waiting holder's start in the cluster: counts per node of
     the bound pods (`inventory`, no admitted start unbound), `started` as on_the_box;
     spot pods' devices count as room where they yield."""
@@ -133,7 +146,7 @@ def in_the_cluster(request: DeviceRequest, reservation_id: int, inventory: Clust
             room[hold.node] += count
         elif count and hold.on_tier == ON_DEMAND and (hold.user, hold.server) in started:
             key = (hold.user, hold.server)
-            servers.append(OnDemandServer(key, hold.node, count, started[key]))
+            servers.append(OnDemandServer(key, hold.node, count, started[key], key in own))
     nodes = (set(room) - withheld.splitting_nodes(request, reservation_id)
              - too_old_nodes(inventory, request))
     return to_displace(request.count, overflow, room, servers, nodes)

@@ -194,12 +194,18 @@ class QueueRunner(QueueBase):
             return  # what is being preempted comes free first
         started = {key: live.session_id for key, live in meter.live.items()
                    if live.tier == ON_DEMAND}
+        if not started or all(ticket.reservation is None for ticket in waiting):
+            return
         by = held_by(dict(held))
+        account_of = {r.id: r.account
+                      for r in await asyncio.to_thread(self.ctx.reservations.active)}
         for ticket in waiting:
-            if ticket.reservation is None or not started:
+            if ticket.reservation is None:
                 continue
+            own = {key for key in started
+                   if meter.live[key].account == account_of.get(ticket.reservation)}
             chosen = on_the_box(ticket.request, ticket.reservation, self.ctx.inventory, by,
-                                started, withheld)
+                                started, withheld, own)
             if chosen is not None:
                 await displace(self.ctx, ticket, chosen, self.spot_grace_s)
                 return

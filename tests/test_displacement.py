@@ -97,3 +97,47 @@ def test_in_the_cluster_counts_pods_per_node():
                                                         "bo", "", spot=True, tier="spot")))
     w = cluster_withholding(spot, {}, [res])
     assert in_the_cluster(card, 1, spot, {("ann", ""): 3}, w, True) is None
+
+
+def test_on_demand_singles_splitting_the_nodes_make_way_for_a_reserved_pair():
+    # two nodes of two cards, a pair reserved, one on-demand card on each node: on
+    # demand holds no more than its share, but no node has the pair's two cards
+    servers = [_od("ann", "n1", 1, 1), _od("bob", "n2", 1, 2)]
+    assert to_displace(2, 0, {"n1": 1, "n2": 1}, servers) == Displacement(
+        "n2", (("bob", ""),), 1)
+    # only where the cards would be enough on one node: not when they are missing
+    assert to_displace(2, 0, {"n1": 1, "n2": 0}, servers) is None
+
+
+def test_the_holders_own_on_demand_servers_make_way_first():
+    servers = [_od("lee", "m", 1, 1), _od("ann", "m", 1, 4)]
+    lee = OnDemandServer(("lee", ""), "m", 1, 1, own=True)
+    assert to_displace(1, 1, {"m": 0}, [lee, servers[1]]) == Displacement(
+        "m", (("lee", ""),), 1)
+    assert to_displace(1, 1, {"m": 0}, servers) == Displacement("m", (("ann", ""),), 1)
+    # across nodes: a node where only the holder's own servers go wins
+    far = [OnDemandServer(("lee", "x"), "b", 2, 1, own=True), _od("ann", "a", 1, 9)]
+    assert to_displace(1, 2, {"a": 0, "b": 0}, far) == Displacement(
+        "b", (("lee", "x"),), 2)
+
+
+def test_on_the_box_a_pair_split_by_singles_and_the_holders_own_server():
+    cards = parse_declared_inventory({"nodes": [
+        {"name": n, "gpus": [{"model": "H100-80GB", "memory": "80Gi"}] * 2}
+        for n in ("n1", "n2")]}, "test")
+    uuids = {n: [d.uuid for d in cards.allocatable() if d.node == n] for n in ("n1", "n2")}
+    pair = Reservation(1, "user:lee", "pair", ("H100-80GB", None), 2, 1, T0, T0 + H, 1)
+    held = {uuids["n1"][0]: HeldBy("on-demand", ("ann", ""), None),
+            uuids["n2"][0]: HeldBy("on-demand", ("bob", ""), None)}
+    started = {("ann", ""): 1, ("bob", ""): 2}
+    w = withholding(cards, held, [pair])
+    assert on_the_box(DeviceRequest("H100-80GB", None, 2), 1, cards, held, started, w) == (
+        Displacement("n2", (("bob", ""),), 1))
+    # the holder's own on-demand slice goes before a stranger's newer one
+    held = {SLICES[0]: HeldBy("on-demand", ("lee", "x"), None),
+            SLICES[1]: HeldBy("on-demand", ("ann", "a"), None),
+            SLICES[2]: HeldBy("on-demand", ("ann", "c"), None)}
+    started = {("lee", "x"): 1, ("ann", "a"): 2, ("ann", "c"): 3}
+    w = withholding(INV, held, [_res(1)])
+    assert on_the_box(SLICE, 1, INV, held, started, w, own={("lee", "x")}) == Displacement(
+        "m", (("lee", "x"),), 1)

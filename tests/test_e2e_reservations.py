@@ -152,6 +152,7 @@ def test_a_reservation_holds_capacity_lends_it_to_spot_and_ends_on_demand(hub):
         ({"start": _hour(-2)}, 400, "the hour under way"),
         ({"account": "user:poor"}, 402, "has 0.000000 credits"),
         ({"units": "2"}, 400, "whole number"),
+        ({"units": 1.5}, 400, "(no decimal point), got 1.5"),
     ]
     for fields, status, words in refusals:
         r = _reserve(hub, admin, **fields)
@@ -276,40 +277,45 @@ def test_suspend_at_the_end_and_a_cancellation_refunds_the_hours_not_begun(hub):
 
 def test_on_demand_servers_running_when_the_period_begins_make_way_for_the_holder(hub):
     """Capacity is there when promised: on-demand servers admitted before the period
-    fill every slice; when lee starts on the reservation, the newest of them is told
-    and stopped after the grace period (reason preempted), and lee runs on the unit."""
+    fill every slice, lee's own (the oldest) among them; when lee starts on the
+    reservation, lee's own on-demand server makes way before ann's newer ones: it is
+    told and stopped after the grace period (reason preempted), and lee runs on the
+    unit. (Newest first among strangers: tests/cluster/test_reservations_cluster.py.)"""
     admin = hub.token_for("admin", ADMIN_PW)
     tokens = {"lee": hub.token_for("lee", "lee-pw-12345"),
               "ann": hub.token_for("ann", "ann-pw-12345")}
-    for server in ("a", "b", "c"):  # before the reservation: all three slices
-        assert _start(hub, "ann", tokens["ann"], {"profile": "slice"}, server
+    for user, server in (("lee", "x"), ("ann", "a"), ("ann", "b")):  # all three slices
+        assert _start(hub, user, tokens[user], {"profile": "slice"}, server
                       ).status_code in (201, 202)
-        hub.wait_server_ready("ann", tokens["ann"], server)
-    # a period beginning now must fit beside what runs: reserving cannot stop servers
-    r = _reserve(hub, admin, end=_hour(1))
-    assert r.status_code == 409 and "only 0 of 3" in r.text and "free now" in r.text, r.text
-    # one beginning later is promised against other reservations only
-    r = _reserve(hub, admin, start=_hour(1), end=_hour(2))
+        hub.wait_server_ready(user, tokens[user], server)
+    # a period beginning within the lead time (24 h) must fit beside what runs:
+    # reserving the next hour cannot stop servers
+    for start in (_hour(), _hour(1), _hour(23)):
+        r = _reserve(hub, admin, start=start, end=_hour(24))
+        assert r.status_code == 409 and "only 0 of 3" in r.text and "free now" in r.text, r.text
+    # one made further ahead is promised against other reservations only
+    r = _reserve(hub, admin, start=_hour(25), end=_hour(26))
     assert r.status_code == 201, r.text
     booked = r.json()
-    _begin_now(hub, booked["id"])  # the hour comes; ann's servers still run
+    _begin_now(hub, booked["id"])  # the hour comes; the servers still run
     assert _start(hub, "lee", tokens["lee"], {"profile": "slice"}).status_code == 202
-    notice = _wait(lambda: _notices(hub, tokens["ann"], "preemption_warning"), hub=hub)[0]
-    assert notice["server"] == "c", notice  # the newest
+    notice = _wait(lambda: _notices(hub, tokens["lee"], "preemption_warning"), hub=hub)[0]
+    assert notice["server"] == "x", notice  # the holder's own, not ann's newer b
     assert "reserved for this period" in notice["message"] and notice["deadline"]
-    hub.wait_server_stopped("ann", tokens["ann"], "c", timeout=30)
+    hub.wait_server_stopped("lee", tokens["lee"], "x", timeout=30)
     hub.wait_server_ready("lee", tokens["lee"], timeout=30)
     holders = _holders(hub, admin)
     assert holders[("lee", "")]["tier"] == "reserved", holders
     assert holders[("lee", "")]["reservation"] == booked["id"]
     assert {("ann", "a"), ("ann", "b")} <= set(holders)  # within on-demand's share
-    ann = {s["server"]: s for s in _sessions(hub, tokens["ann"]) if s["ended"] is None
-           or s["end_reason"] == "preempted"}
-    assert ann["c"]["end_reason"] == "preempted" and ann["c"]["tier"] == "on-demand"
+    assert not _notices(hub, tokens["ann"], "preemption_warning")
+    (x,) = [s for s in _sessions(hub, tokens["lee"]) if s["server"] == "x"]
+    assert x["end_reason"] == "preempted" and x["tier"] == "on-demand"
     deadline = dt.datetime.fromisoformat(notice["deadline"].replace("Z", "+00:00"))
-    ended = dt.datetime.fromisoformat(ann["c"]["ended"].replace("Z", "+00:00"))
+    ended = dt.datetime.fromisoformat(x["ended"].replace("Z", "+00:00"))
     assert ended <= deadline + dt.timedelta(seconds=1)  # billed no further than told
-    assert ann["a"]["ended"] is None and ann["b"]["ended"] is None
+    assert all(s["ended"] is None for s in _sessions(hub, tokens["ann"])
+               if s["server"] in ("a", "b") and s["end_reason"] != "user")
     for user, server in (("ann", "a"), ("ann", "b"), ("lee", "")):
         hub.api("DELETE", f"users/{user}/servers/{server}" if server else f"users/{user}/server",
                 tokens[user])

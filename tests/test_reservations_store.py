@@ -155,7 +155,7 @@ def test_a_claim_keeps_a_reserved_pair_whole_on_a_node(engine):
     assert claims.devices_of("dan", "") == []
 
 
-def test_a_period_beginning_now_must_fit_beside_running_servers(engine):
+def test_a_period_beginning_soon_must_fit_beside_running_servers(engine):
     Ledger(engine).grant("group:lab", 100 * CREDIT, note="", actor="admin", now=NOW)
     store = ReservationStore(engine)
     asked: list = []
@@ -164,16 +164,18 @@ def test_a_period_beginning_now_must_fit_beside_running_servers(engine):
         asked.append((kind, per_unit, len(active)))
         return 2
 
-    def add(units, start):
+    def add(units, start, soon=True):
         return store.add(account="group:lab", profile=PROFILE, units=units, start=start,
                          end=T0 + 3 * H, on_end="continue", note="", actor="admin",
                          devices_of_kind=lambda kind, per_unit: 7, now=T0 + H / 2,
-                         free_now=two_free)
+                         free_now=two_free if soon else None, soonest=T0 + 26 * H)
     with pytest.raises(Refusal, match="only 2 of 7 .* are free now") as refused:
-        add(3, T0)  # the hour under way: running servers hold all but 2
+        add(3, T0)  # within the lead time: running servers hold all but 2
     assert refused.value.status == 409 and _rows(engine)[1:] == []
+    assert "from 2026-12-08T11:00:00Z on" in refused.value.message
     assert asked == [(("H200", "1g.18gb"), 1, 0)]
     assert add(2, T0).reservation.units == 2
     asked.clear()
-    assert add(3, T0 + H).reservation.units == 3  # begins later: running servers make way
+    # made ahead of the lead time (the caller gives no free_now): running servers make way
+    assert add(3, T0 + H, soon=False).reservation.units == 3
     assert asked == []

@@ -94,6 +94,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         # GPULeaseHub.reservations_by_researchers: researchers reserve for themselves
         gpulease_reservations_by_researchers=env.get("GPULEASE_RESERVATIONS_BY_RESEARCHERS")
         == "1",
+        # GPULeaseHub.reservation_lead_time: sooner, a period fits beside running servers
+        gpulease_reservation_lead_s=int(env.get("GPULEASE_RESERVATION_LEAD_S") or 86400),
     )
 
 

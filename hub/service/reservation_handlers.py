@@ -25,15 +25,21 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from tornado import web
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.ledger import parse_account
-from gpulease.hub.profiles import Profile
+from gpulease.hub.profiles import Profile, usable_by
 from gpulease.hub.refusal import Refusal
-from gpulease.hub.reservation_rules import DeviceKind, devices_for_units, whole_hours
+from gpulease.hub.reservation_rules import (
+    DeviceKind,
+    devices_for_units,
+    hour_up,
+    whole_hours,
+)
 from gpulease.hub.reservations import ON_END, Booked, kind_words
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
@@ -166,10 +172,15 @@ class ReservationBase(BaseAPIHandler):
         self.may_reserve_for(account)
         await self._known_account(account)
         profile = await self._profile(body.get("profile"))
+        groups = set(self.caller().get("groups") or ())
+        if not self.is_admin() and not usable_by(profile, groups):
+            raise Refusal.of_field("profile", f"profile {profile.slug} is for the groups "
+                                              f"{', '.join(profile.groups)} only: you may not "
+                                              "reserve what you may not start", status=403)
         units = body.get("units")
         if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= 10_000:
-            raise Refusal.of_field("units", f"units is a whole number from 1 to 10000, got "
-                                            f"{units!r}")
+            raise Refusal.of_field("units", "units is a whole number from 1 to 10000 (no "
+                                            f"decimal point), got {json_text(units)}")
         start = _time(body, "start")
         end = _time(body, "end")
         on_end = body.get("on_end", "continue")
@@ -185,7 +196,10 @@ class ReservationBase(BaseAPIHandler):
     async def make_reservation(self, asked: ReservationInput) -> dict[str, Any]:
         """Add it (the store's checks, its charge) by the caller, and audit it: its view."""
         counts = await self.devices_of_kind()
-        total, used = await self.running_now() if asked.start <= utcnow() else ({}, [])
+        # Sooner than the lead time, running servers are not made to make way for it.
+        lead = dt.timedelta(seconds=self.settings.get("gpulease_reservation_lead_s", 86400))
+        soon = asked.start < utcnow() + lead
+        total, used = await self.running_now() if soon else ({}, [])
         actor = self.caller()["name"]
         booked = await asyncio.to_thread(
             self.ctx.reservations.add, account=asked.account, profile=asked.profile,
@@ -193,8 +207,9 @@ class ReservationBase(BaseAPIHandler):
             note=asked.note, actor=actor,
             devices_of_kind=lambda kind, per_unit: devices_for_units(counts.get(kind, ()),
                                                                      per_unit),
-            free_now=lambda kind, per_unit, active: units_free_now(
-                total, used, active, kind, per_unit, asked.units))
+            free_now=(lambda kind, per_unit, active: units_free_now(
+                total, used, active, kind, per_unit, asked.units)) if soon else None,
+            soonest=hour_up(utcnow() + lead))
         view = reservation_view(booked, utcnow())
         await asyncio.to_thread(self.ctx.audit.record, actor, "reservation.add",
                                 asked.account, None, view)
@@ -290,3 +305,8 @@ ROUTES: list[tuple[str, type[web.RequestHandler]]] = [
     (r"api/reservations", ReservationsHandler),
     (r"api/reservations/([^/]+)", ReservationHandler),
 ]
+
+
+def json_text(value: Any) -> str:
+    """A value of a JSON body as its sender wrote it (numbers with decimals are Decimal)."""
+    return str(value) if isinstance(value, Decimal) else repr(value)
