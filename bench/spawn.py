@@ -13,7 +13,9 @@ venv (JupyterHub's single-user server, started without a grammar build that
 costs ~1.5 s: giving only gpulease that saving would hide the hub's own cost
 in the ratio). Each spawn is
 timed from the REST start (`POST /hub/api/users/{name}/server`) until
-`GET /user/{name}/api/status` answers 200 through the proxy. Spawns alternate
+`GET /user/{name}/api/status` answers 200 through the proxy (spawn-to-ready), and
+on until a new kernel on it returned `1+1` over its websocket through the proxy
+(click-to-kernel, bench/kernel_client.py). Spawns alternate
 (stock, gpulease, stock, ...) so that drift on a shared machine hits both alike;
 after each the server is stopped and, on gpulease, its slice seen free again.
 Each hub gets one untimed warm-up spawn first (cold imports, first home folder).
@@ -26,6 +28,7 @@ The last lines are `name: value`, one per figure.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import secrets
 import shutil
@@ -46,6 +49,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.hubproc` importable
 
+from bench.kernel_client import PHASES, Phases, click_to_kernel  # noqa: E402
 from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
 from gpulease.spawners.inventory import DEMO_INVENTORY  # noqa: E402
@@ -251,26 +255,31 @@ def log_tail(s: Subject, chars: int = 4000) -> str:
     return s.log_path.read_text(errors="replace")[-chars:] if s.log_path.exists() else ""
 
 
-def spawn_to_ready(s: Subject) -> float:
-    """Seconds from the REST start until the server answers through the proxy."""
-    status_url = f"{s.url}/user/{USER}/api/status"
-    headers = {"Authorization": f"token {s.token}"}
-    t0 = time.perf_counter()
-    r = s.api("POST", f"users/{USER}/server", s.start_body)
-    if r.status_code not in (201, 202):
-        raise RuntimeError(f"{s.label}: start answered {r.status_code} {r.text}\n{log_tail(s)}")
-    deadline = t0 + SPAWN_TIMEOUT_S
-    while True:
-        try:
-            ready = s.session.get(status_url, headers=headers, allow_redirects=False, timeout=10)
-            if ready.status_code == 200:
-                return time.perf_counter() - t0
-        except requests.RequestException:
-            pass
-        if time.perf_counter() > deadline:
-            raise TimeoutError(f"{s.label}: server not ready after {SPAWN_TIMEOUT_S}s\n"
-                               f"{log_tail(s)}")
-        time.sleep(POLL_S)
+def timed_start(s: Subject) -> Phases:
+    """One start, to the result of a first cell (bench/kernel_client.py)."""
+    try:
+        return click_to_kernel(s.session, s.url, USER, s.token, s.start_body, POLL_S,
+                               SPAWN_TIMEOUT_S)
+    except (RuntimeError, TimeoutError) as e:
+        raise RuntimeError(f"{s.label}: {e}\n{log_tail(s)}") from None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile, nearest rank (p95 of 20 runs is the 19th)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def profile_table(runs: dict[str, list[Phases]]) -> str:
+    """Median seconds of each step, per hub: where the time goes."""
+    steps = list(zip((None, *PHASES[:-1]), PHASES, strict=True))
+    lines = [f"{'step (median s)':<22}" + "".join(f"{label:>10}" for label in runs)]
+    for before, phase in steps:
+        name = f"{before or 'POST sent'} -> {phase}"
+        lines.append(f"{name:<22}" + "".join(
+            f"{statistics.median(p.step(before, phase) for p in done):>10.3f}"
+            for done in runs.values()))
+    return "\n".join(lines)
 
 
 def stop(s: Subject) -> None:
@@ -296,26 +305,36 @@ def run(spawns: int, warmup: int, logs: Path | None) -> dict[str, float]:
         subjects = [setup_stock(stack, tmp), setup_gpulease(stack, tmp)]
         for i in range(warmup):
             for s in subjects:
-                print(f"warm-up {i + 1}/{warmup} {s.label:<9} {spawn_to_ready(s):7.3f} s",
+                done = timed_start(s)
+                print(f"warm-up {i + 1}/{warmup} {s.label:<9} {done.at['result']:7.3f} s",
                       flush=True)
                 stop(s)
-        times: dict[str, list[float]] = {s.label: [] for s in subjects}
+        runs: dict[str, list[Phases]] = {s.label: [] for s in subjects}
         for i in range(spawns):
             for s in subjects:
-                seconds = spawn_to_ready(s)
-                times[s.label].append(seconds)
-                print(f"spawn {i + 1:>3}/{spawns} {s.label:<9} {seconds:7.3f} s", flush=True)
+                done = timed_start(s)
+                runs[s.label].append(done)
+                print(f"spawn {i + 1:>3}/{spawns} {s.label:<9} ready "
+                      f"{done.at['answered']:7.3f} s, first cell {done.at['result']:7.3f} s",
+                      flush=True)
                 stop(s)
-    for label, values in times.items():
-        print(f"{label}: median {statistics.median(values):.3f} s, "
-              f"min {min(values):.3f} s, max {max(values):.3f} s over {len(values)} spawns")
-    stock = statistics.median(times["stock"])
-    ours = statistics.median(times["gpulease"])
-    return {
-        "spawn_median_stock_s": stock,
-        "spawn_median_gpulease_s": ours,
-        "spawn_ratio": ours / stock,
+    print(profile_table(runs))
+    spawn = {label: statistics.median(p.at["answered"] for p in done)
+             for label, done in runs.items()}
+    cell = {label: [p.at["result"] for p in done] for label, done in runs.items()}
+    figures = {
+        "spawn_median_stock_s": spawn["stock"],
+        "spawn_median_gpulease_s": spawn["gpulease"],
+        "spawn_ratio": spawn["gpulease"] / spawn["stock"],
     }
+    for label in ("stock", "gpulease"):
+        figures[f"click_to_kernel_p50_{label}_s"] = percentile(cell[label], 50)
+        figures[f"click_to_kernel_p95_{label}_s"] = percentile(cell[label], 95)
+    figures["click_to_kernel_p50_s"] = figures["click_to_kernel_p50_gpulease_s"]
+    figures["click_to_kernel_p95_s"] = figures["click_to_kernel_p95_gpulease_s"]
+    figures["click_to_kernel_ratio"] = (figures["click_to_kernel_p50_gpulease_s"]
+                                        / figures["click_to_kernel_p50_stock_s"])
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
