@@ -48,7 +48,7 @@ from gpulease.spawners.queue_runner import asks
 from gpulease.spawners.reserved_pool import Withholding
 from gpulease.spawners.spot_preemption import (
     SPOT_GRACE_S,
-    displace,
+    displace_first,
     displacing,
     tell_preempted,
     withdraw,
@@ -295,22 +295,9 @@ class ClusterQueueRunner(QueueBase):
         meter = self.ctx.meter
         if meter is None or displacing(meter) or meter.queue_resuming:
             return
-        started = {key: live.session_id for key, live in meter.live.items()
-                   if live.tier == "on-demand" and key not in meter.preempting}
-        if not started or all(ticket.reservation is None for ticket in waiting):
-            return
-        account_of = {r.id: r.account
-                      for r in await asyncio.to_thread(self.ctx.reservations.active)}
-        for ticket in waiting:
-            if ticket.reservation is None:
-                continue
-            own = {key for key in started
-                   if meter.live[key].account == account_of.get(ticket.reservation)}
-            chosen = in_the_cluster(ticket.request, ticket.reservation, inventory, started,
-                                    withheld, self.spot_yields, own)
-            if chosen is not None:
-                await displace(self.ctx, ticket, chosen, self.spot_grace_s)
-                return
+        await displace_first(self.ctx, waiting, self.spot_grace_s, lambda t, started, own:
+                             in_the_cluster(t.request, t.reservation, inventory, started,
+                                            withheld, self.spot_yields, own))
 
     async def _withdraw_displacement(self) -> None:
         """A displacement no holder's start waits for any more (it was cancelled, gave up,

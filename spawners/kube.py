@@ -20,12 +20,10 @@ from kubespawner's defaults:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
@@ -46,6 +44,7 @@ from gpulease.hub.refusal import Refusal
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
 from gpulease.spawners.cluster_runner import ClusterQueueRunner, cluster_runner_for
+from gpulease.spawners.kube_reflectors import ReflectorUpkeep
 from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,
@@ -60,7 +59,6 @@ from gpulease.spawners.pod_spec import (
 from gpulease.spawners.queue_base import Refused
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
-REFLECTOR_RESTART_PAUSES_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # then 30 s each time
 KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)
 KUBELET_SILENT_S = 30.0  # a pod still there this long past that grace: removed with grace 0
 HOME_CLAIM = "claim-{username}"  # one home per user, whatever the server
@@ -89,16 +87,6 @@ def kill_grace(pod_meta: dict[str, Any], now: datetime) -> int | None:
     return 0 if (now - ends).total_seconds() > KUBELET_SILENT_S else None
 
 
-def _never_ran(reflector: Any) -> bool:
-    """A kubespawner reflector whose start ended without a watch: its first list failed."""
-    return reflector.watch_task is None and reflector.first_load_future.done()
-
-
-def _retrieved(task: asyncio.Future) -> None:
-    if not task.cancelled():
-        task.exception()  # not "never retrieved" when every caller was cancelled
-
-
 def pod_options(choice: ServerChoice, cluster: ClusterGpus) -> dict[str, Any]:
     """kubespawner's options for a server of this choice on this cluster."""
     return kubespawner_traits(pod_needs(choice.profile, cluster), choice.image.image)
@@ -117,7 +105,7 @@ def api_server_refusal(slug: str, e: ApiException) -> Refusal:
                    "try again shortly.", status=502)
 
 
-class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
+class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
     """One pod per server, asking for exactly its profile's GPUs (see the module doc)."""
 
     mig_strategy = Unicode(
@@ -357,57 +345,6 @@ class GPUKubeSpawner(GPULeaseSpawnCore, KubeSpawner):
             yield event
 
     # --- kubespawner's watches -------------------------------------------------------
-
-    async def _start_reflector(self, kind, reflector_class, replace=False, **kwargs):
-        """kubespawner's shared reflector of `kind`, started so that it runs, and restarted
-        when it gives up.
-
-        One reflector of each kind serves every spawner, and kubespawner starts it in
-        whichever caller asks first, and registers it before its first list. A caller
-        cancelled during that list left it registered with a first load that never
-        comes and no watch: JupyterHub cancels a start's progress stream as the start
-        fails, and KubeSpawner.progress is then starting the event watch (a start
-        refused while the cluster's nodes could not be listed). Every later start
-        then waited on it until start_timeout, logging nothing. So the start runs in a
-        task of its own, which a cancelled caller leaves to finish. A reflector whose
-        first list failed was handed out as it was, dead (a pod watch that never sees
-        the pod: the start waits until start_timeout): it is started anew.
-
-        kubespawner's reflector also stops for good after about 50 s of failing
-        watches; kubespawner then halts the hub (user namespaces) or keeps handing
-        out the dead reflector, and spawns and polls wait on a watch that sees
-        nothing. Here a reflector that gave up is replaced at once."""
-        registered = self.__class__.reflectors.get(self._get_reflector_key(kind))
-        if registered is not None and _never_ran(registered):
-            replace = True
-        starting = asyncio.ensure_future(
-            self._start_shared_reflector(kind, reflector_class, replace, **kwargs))
-        starting.add_done_callback(_retrieved)  # its error is its callers', if any are left
-        return await asyncio.shield(starting)
-
-    async def _start_shared_reflector(self, kind, reflector_class, replace: bool, **kwargs):
-        reflector = await KubeSpawner._start_reflector(self, kind, reflector_class,
-                                                       replace=replace, **kwargs)
-        reflector.on_failure = partial(self._reflector_gave_up, kind)
-        return reflector
-
-    def _reflector_gave_up(self, kind: str) -> None:
-        self.log.error("kubespawner's %s watch gave up; starting a new one", kind)
-        asyncio.ensure_future(self._restart_reflector(kind))
-
-    async def _restart_reflector(self, kind: str) -> None:
-        start = self._start_watching_pods if kind == "pods" else self._start_watching_events
-        # until it runs: a dead reflector stays the one kubespawner hands out
-        for pause in itertools.chain(REFLECTOR_RESTART_PAUSES_S, itertools.repeat(30.0)):
-            await asyncio.sleep(pause)
-            try:
-                await start(replace=True)
-            except Exception as e:  # the API server still away: pause longer, try again
-                self.log.error("cannot restart the %s watch yet (%s: %s)", kind,
-                               type(e).__name__, e)
-            else:
-                self.log.info("kubespawner's %s watch is running again", kind)
-                return
 
     # --- the end ------------------------------------------------------------------
 

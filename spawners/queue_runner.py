@@ -34,7 +34,7 @@ from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progr
     tell_started,
 )
 from gpulease.spawners.reserved_pool import ON_DEMAND, RESERVED, SPOT, Withholding, withholding
-from gpulease.spawners.spot_preemption import SPOT_GRACE_S, displace, preempt_for
+from gpulease.spawners.spot_preemption import SPOT_GRACE_S, displace_first, preempt_for
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext
@@ -192,23 +192,10 @@ class QueueRunner(QueueBase):
         meter = self.ctx.meter
         if meter is None or meter.preempting or meter.queue_resuming:
             return  # what is being preempted comes free first
-        started = {key: live.session_id for key, live in meter.live.items()
-                   if live.tier == ON_DEMAND}
-        if not started or all(ticket.reservation is None for ticket in waiting):
-            return
         by = held_by(dict(held))
-        account_of = {r.id: r.account
-                      for r in await asyncio.to_thread(self.ctx.reservations.active)}
-        for ticket in waiting:
-            if ticket.reservation is None:
-                continue
-            own = {key for key in started
-                   if meter.live[key].account == account_of.get(ticket.reservation)}
-            chosen = on_the_box(ticket.request, ticket.reservation, self.ctx.inventory, by,
-                                started, withheld, own)
-            if chosen is not None:
-                await displace(self.ctx, ticket, chosen, self.spot_grace_s)
-                return
+        await displace_first(self.ctx, list(waiting), self.spot_grace_s, lambda t, started, own:
+                             on_the_box(t.request, t.reservation, self.ctx.inventory, by,
+                                        started, withheld, own))
 
     async def reservation_use(self) -> dict[int, set[tuple[str, str]]]:
         """The servers on each reservation's units: those holding devices claimed on it."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -204,6 +204,29 @@ async def displace(ctx: GPULeaseContext, ticket: Ticket, chosen: Displacement,
                     _displaced_warning(server, live.profile, deadline,
                                        ticket.request.describe()))
     return tuple(told)
+
+
+async def displace_first(ctx: GPULeaseContext, waiting: Sequence[Ticket], grace_s: float,
+                         choose: Callable[[Ticket, dict, set], Displacement | None]) -> None:
+    """Displace for the first waiting holder's start that `choose(ticket, started, own)`
+    finds a displacement for (the shape's reading of spawners/displacement.py): `started`
+    the running on-demand servers' session ids, `own` those charged to the ticket's
+    reservation's account."""
+    meter = ctx.meter
+    started = {key: live.session_id for key, live in meter.live.items()
+               if live.tier == "on-demand" and key not in meter.preempting}
+    if not started or all(ticket.reservation is None for ticket in waiting):
+        return
+    account_of = {r.id: r.account for r in await asyncio.to_thread(ctx.reservations.active)}
+    for ticket in waiting:
+        if ticket.reservation is None:
+            continue
+        own = {key for key in started
+               if meter.live[key].account == account_of.get(ticket.reservation)}
+        chosen = choose(ticket, started, own)
+        if chosen is not None:
+            await displace(ctx, ticket, chosen, grace_s)
+            return
 
 
 async def withdraw(ctx: GPULeaseContext, key: tuple[str, str], why: str) -> None:
