@@ -65,6 +65,9 @@ SPAWN_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 
 
+STOCK_KERNEL_MANAGER = ("--ServerApp.kernel_manager_class="
+                        "jupyter_server.services.kernels.kernelmanager.AsyncMappingKernelManager")
+
 # --- the two hubs ----------------------------------------------------------------------
 
 
@@ -150,7 +153,9 @@ class StockHub:
             chp=str(CHP),
             home_template=str(self.workdir / "homes" / "{username}"),
             singleuser=str(VENV_BIN / SERVER_SCRIPT),  # the same server as gpulease's
-            args=["--allow-root"] if os.getuid() == 0 else [],
+            # ... with jupyter-server's own kernel manager: stock has no kernel started
+            # with the server (gpulease.singleuser.kernel_pool)
+            args=[STOCK_KERNEL_MANAGER, *(["--allow-root"] if os.getuid() == 0 else [])],
             service_token=self.service_token,
         ))
         env = {**os.environ, "PATH": f"{CHP.parent}:{VENV_BIN}:{os.environ.get('PATH', '')}"}

@@ -79,8 +79,9 @@ from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.hub.user_names import outside_the_rule, rename_hint
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.inventory import InventoryError
-from gpulease.spawners.local import LocalGPUSpawner
+from gpulease.spawners.local import LocalGPUSpawner, prestart_warm_launcher
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures
+from gpulease.spawners.warm_start import close_all as close_warm_launchers
 
 gpulease_aliases = {
     **hub_aliases,
@@ -252,7 +253,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             cpu_only_memory_per_user=self.cpu_only_memory_per_user,
             isolation={} if self._isolation is None else {
                 **self._isolation.settings(), "homes": str(state.homes),
-                "server_env": self._server_env},
+                "server_env": self._server_env, "warm_start": self.warm_start},
             shape=self.shape, cluster_namespace=namespace,
             cluster_nodes=spawner_nodes(self.config) if self._cluster else {},
             kubeconfig=os.environ.get("KUBECONFIG", ""),
@@ -386,6 +387,9 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # hold at once is bounded too, each must arrive within a minute
         # (gpulease.hub.body_budget).
         HTTPServer.configure(BudgetedHTTPServer, max_body_size=HUB_MAX_BODY_BYTES)
+        self._warm_line = "" if self._cluster else prestart_warm_launcher(self.config)
+        if self._warm_line:
+            self.log.info(self._warm_line)
         await super().start()
         self._tasks = HubTasks(
             self, self._ctx, heartbeat_s=self.heartbeat_interval,
@@ -414,6 +418,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         if getattr(self, "_ctx", None):  # what waits in the queue stays, for the next hub
             self._ctx.queue.keep_rows()
         await super().cleanup()
+        close_warm_launchers()
         if meter is not None:
             await asyncio.to_thread(meter.release_lease)  # a write: may wait for the lock
 
@@ -427,7 +432,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
                      f"GPU inventory: {self._ctx.inventory.label}",
                      f"State folder: {self._state.root} (databases and secrets in private/, "
                      f"homes in {self._state.homes}/<user>)", self._server_env_line,
-                     *self._isolation.banner()]
+                     *self._isolation.banner(), self._warm_line]
         if self._first_admin_password:
             lines.append(
                 f"First-run admin: user '{self.admin_name}', password "

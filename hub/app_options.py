@@ -292,6 +292,15 @@ class GPULeaseOptions(Configurable):
     )
     unix_uid_min = Integer(61000, config=True, help="Lowest uid of a per-user Unix account.")
     unix_uid_max = Integer(64999, config=True, help="Highest uid of a per-user Unix account.")
+    warm_start = Bool(
+        True, config=True,
+        help="Fork each server from a launcher process that has already imported the "
+        "notebook server, and start a kernel with each server: a first cell about 1.5 s "
+        "sooner (docs/admin.md, 'Warm starts'). The launcher is a new program started "
+        "with a clean environment, never a fork of the hub. False: every server starts as "
+        "a new program; the hub says at start which it does. Not used with "
+        "resource_limits = systemd, nor for images whose server is not a Python script.",
+    )
     resource_limits = Unicode(
         "auto", config=True,
         help="How profiles' CPU and memory limits (and GPU device nodes) are enforced: auto "

@@ -400,7 +400,8 @@ def hub_config(s: HubSettings) -> Config:
     else:  # what only the embedded box has: its state folder, accounts, cgroups
         spawner.state_dir = str(s.state.root)
         for key in ("unix_accounts", "unix_prefix", "unix_uid_min", "unix_uid_max",
-                    "resource_limits", "device_control", "device_nodes", "server_env"):
+                    "resource_limits", "device_control", "device_nodes", "server_env",
+                    "warm_start"):
             if key in s.isolation:
                 setattr(spawner, key, s.isolation[key])
     # A queued spawn is still a pending start for JupyterHub: its start_timeout

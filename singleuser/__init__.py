@@ -7,7 +7,8 @@ its kernel and terminal state to the gpulease service with its own token for
 the idle culler, which never contacts a server (activity_push.py),
 accepts `?token=` on websocket handshakes from non-browser clients such as
 VS Code (ws_token.py),
-and the prebuilt JupyterLab extension
+starts a kernel with the server for the first notebook (kernel_pool.py; its
+kernel manager, set as the extension is linked), and the prebuilt JupyterLab extension
 `gpulease-notices` that shows those notices in JupyterLab.
 
 Importing this package must stay cheap and must not import the hub side.
@@ -32,6 +33,15 @@ def _jupyter_labextension_paths():
     return [{"src": "labextension/prebuilt", "dest": LABEXTENSION_NAME}]
 
 
+def _link_jupyter_server_extension(serverapp):
+    # Linked before the server makes its kernel manager: the one with a kernel
+    # started with the server (kernel_pool.py), unless a config chose another.
+    if "kernel_manager_class" not in serverapp.config.get("ServerApp", {}):
+        from .kernel_pool import PooledKernelManager
+
+        serverapp.kernel_manager_class = PooledKernelManager
+
+
 def _load_jupyter_server_extension(serverapp):
     from . import notices, ws_token
     from .activity import install
@@ -40,6 +50,9 @@ def _load_jupyter_server_extension(serverapp):
     install()  # activity = use, not an open tab's polling (see activity.py)
     ws_token.install(serverapp)  # ?token= on non-browser websockets: VS Code (see ws_token.py)
     notices.setup_handlers(serverapp)
+    fill_pool = getattr(serverapp.kernel_manager, "fill_pool", None)
+    if fill_pool is not None:  # a kernel ready before the first notebook asks (kernel_pool.py)
+        fill_pool()
     # kernels + terminals pushed to the gpulease service, for the culler
     serverapp.web_app.settings["gpulease_pusher"] = ActivityPusher(serverapp)
 
@@ -49,3 +62,4 @@ async def _start_jupyter_server_extension(serverapp):
     pusher = serverapp.web_app.settings.get("gpulease_pusher")
     if pusher is not None:
         pusher.start()
+

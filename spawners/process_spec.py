@@ -88,3 +88,32 @@ def filter_server_env(env: dict[str, str], secret_names: tuple[str, ...],
         k: v for k, v in env.items()
         if k not in secret_names and not any(secret in v for secret in secret_values)
     }
+
+
+def why_not_warm(*, enabled: bool, shell_cmd: list[str], cmd_prefix: tuple[str, ...],
+                 interpreter: str | None) -> str:
+    """Why a server must start as a new program rather than be forked warm; "" if it may be.
+
+    A fork runs the server's Python in-process, so the script must be a Python
+    script (not a container wrapper), run directly (not through a shell, not
+    through systemd-run, which makes its scope around a new process).
+    """
+    if not enabled:
+        return "warm starts are off (GPULeaseHub.warm_start)"
+    if shell_cmd:
+        return "the spawner runs servers through a shell (shell_cmd)"
+    if cmd_prefix:
+        return "systemd makes each server's scope around a new process (resource_limits)"
+    if not interpreter or not Path(interpreter).name.startswith("python"):
+        return "the server's command is not a Python script"
+    return ""
+
+
+def warm_request(*, argv: list[str], env: dict[str, str], cwd: str, uid: int | None,
+                 gid: int | None, groups: list[int] | None,
+                 cgroup_dirs: tuple[str, ...]) -> dict:
+    """What the warm launcher's child is asked to become (gpulease.singleuser.warm_child):
+    the same command, environment, folder, account and cgroups as a cold start's."""
+    return {"argv": list(argv), "env": dict(env), "cwd": cwd, "uid": uid, "gid": gid,
+            "groups": None if groups is None else list(groups),
+            "cgroup_dirs": list(cgroup_dirs)}

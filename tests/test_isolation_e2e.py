@@ -1,6 +1,7 @@
 """End to end: two researchers on one box cannot reach each other, the hub's secrets or foreign GPUs.
 
-A real `gpulease up` as root (CI runs as root) with two users, ada (CPU
+A real `gpulease up` as root (CI runs as root), once with servers forked by
+the warm launcher and once started cold, with two users, ada (CPU
 profile, 256 MiB) and bob (one declared H200). Their kernels are asked, in
 real JupyterLab servers, what they can read, signal, see in their
 environment and open. The declared GPUs stand on character device nodes
@@ -14,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -69,9 +71,10 @@ def nodes():
     return dict(zip(GPUS, paths, strict=True))
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory, nodes):
-    base = tmp_path_factory.mktemp("iso")
+@pytest.fixture(scope="module", params=["warm", "cold"])
+def hub(request, tmp_path_factory, nodes):
+    """Once with servers forked by the warm launcher (the default), once started cold."""
+    base = tmp_path_factory.mktemp(f"iso-{request.param}")
     (base / "profiles.yaml").write_text(PROFILES)
     (base / "inventory.yaml").write_text(INVENTORY)
     (base / "config.py").write_text(
@@ -81,7 +84,9 @@ def hub(tmp_path_factory, nodes):
         f"--config={base / 'config.py'}", f"--profiles={base / 'profiles.yaml'}",
         f"--inventory={base / 'inventory.yaml'}", "--GPULeaseHub.culler_enabled=False",
         "--GPULeaseHub.queue_max_wait=0",
+        f"--GPULeaseHub.warm_start={request.param == 'warm'}",
     ]).start()
+    h.start_kind = request.param
     yield h
     h.close()
 
@@ -136,6 +141,12 @@ print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups
                   "pid": os.getpid(), "server_pid": os.getppid(),
                   "cgroup": open("/proc/self/cgroup").read()}))
 """
+
+
+def test_servers_start_the_way_the_run_says(hub, ada, bob):
+    forked = re.findall(r"Spawning .*gpulease-singleuser.*\(forked by warm launcher \d+\)",
+                        hub.log())
+    assert len(forked) == (2 if hub.start_kind == "warm" else 0), hub.log()[-3000:]
 
 
 def test_each_researcher_runs_as_their_own_account(hub, ada, bob):

@@ -1,0 +1,133 @@
+"""A kernel started with the server, handed to the first request for one: a pool of one.
+
+A kernel takes ~0.4 s to start (ipykernel's own imports); started only when
+the researcher opens a notebook, the first cell waits for it. This kernel
+manager starts one kernel of the default kernel spec in the server's root
+folder as the server starts (the extension's load calls `fill_pool`),
+and gives it to the first request that would have started exactly that
+kernel: no explicit kernel id, the default kernel spec, the root folder, the
+server's own environment (a notebook session adds only JPY_SESSION_NAME,
+which the kernel is then given before the request is answered, as ipykernel
+would have read it at start: `os.environ` and `__session__`). Any other
+request starts a kernel as jupyter-server always does. The pool is not
+refilled: a second notebook starts its own kernel.
+
+Until it is handed out, the kernel is not listed (api/kernels, the state the
+server pushes for the idle culler): the researcher sees no kernel they did
+not ask for. It runs in the server's process tree, account and cgroup, like
+any kernel. `PooledKernelManager.pool_kernel = False` turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from typing import Any
+
+from jupyter_server._tz import utcnow
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from traitlets import Bool, Float
+
+
+class PooledKernelManager(AsyncMappingKernelManager):
+    pool_kernel = Bool(
+        True, config=True,
+        help="Start one kernel of the default kernel spec in the root folder as the server "
+        "starts, and give it to the first request for that kernel there.",
+    )
+    pool_ready_timeout = Float(
+        60.0, config=True,
+        help="Seconds a notebook session waits for the pooled kernel to answer before it is "
+        "given a new kernel instead.",
+    )
+
+    _pooled: str | None = None  # the kernel waiting to be handed out
+    _pool_start: asyncio.Task | None = None
+
+    def fill_pool(self) -> None:
+        """Start the pooled kernel. Called as the extension loads, before the server's
+        loop runs: the kernel's process is launched at once (~50 ms) and starts while the
+        server loads its other extensions and answers the hub; on a running loop (a
+        server embedded in another program), as a task."""
+        if not self.pool_kernel or self._pooled is not None or self._pool_start is not None:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            loop = asyncio.get_event_loop_policy().get_event_loop()  # the one tornado runs
+            self._pool_start = loop.create_task(self._start_pooled())
+            loop.run_until_complete(self._pool_start)
+        else:
+            self._pool_start = asyncio.ensure_future(self._start_pooled())
+
+    async def _start_pooled(self) -> None:
+        kernel_id = str(uuid.uuid4())
+        self._pooled = kernel_id  # hidden from the listings from its very start
+        try:
+            await super().start_kernel(kernel_id=kernel_id, path="")
+        except Exception:  # noqa: BLE001 - the first notebook starts its own, as without a pool
+            self.log.exception("gpulease: the pooled kernel did not start")
+            if self._pooled == kernel_id:
+                self._pooled = None
+
+    def list_kernels(self) -> list[dict]:
+        return [k for k in super().list_kernels() if k["id"] != self._pooled]
+
+    async def start_kernel(self, *, kernel_id: str | None = None, path: str | None = None,
+                           **kwargs: Any) -> str:
+        claimed = await self._claim(kernel_id, path, kwargs)
+        if claimed is not None:
+            return claimed
+        return await super().start_kernel(kernel_id=kernel_id, path=path, **kwargs)
+
+    async def _claim(self, kernel_id: str | None, path: str | None,
+                     kwargs: dict[str, Any]) -> str | None:
+        """The pooled kernel, made the requested one; None when it is not that kernel."""
+        pooled = self._pooled
+        env = kwargs.get("env")
+        if pooled is None or kernel_id is not None or set(kwargs) - {"kernel_name", "env"}:
+            return None
+        if kwargs.get("kernel_name") not in (None, "", self.default_kernel_name):
+            return None
+        if self.cwd_for_path(path or "") != self.cwd_for_path(""):
+            return None
+        session_name = (env or {}).get("JPY_SESSION_NAME")
+        if env and {k: v for k, v in env.items() if k != "JPY_SESSION_NAME"} != dict(os.environ):
+            return None
+        self._pooled = None  # one request gets it, even while the next line waits
+        if self._pool_start is not None:
+            await self._pool_start
+        if pooled not in self:
+            return None
+        kernel = self.get_kernel(pooled)
+        if not await kernel.is_alive() or (
+                session_name is not None and not await self._name_session(kernel, session_name)):
+            self.log.warning("gpulease: the pooled kernel %s is not usable; starting another",
+                             pooled)
+            await self.shutdown_kernel(pooled, now=True)
+            return None
+        kernel.last_activity = utcnow()  # it starts being used now
+        self.log.info("Kernel started: %s (started with the server)", pooled)
+        return pooled
+
+    async def _name_session(self, kernel: Any, session_name: str) -> bool:
+        """Give the kernel the notebook's JPY_SESSION_NAME, as if it had started with it."""
+        value = json.dumps(session_name)
+        code = (f"__import__('os').environ['JPY_SESSION_NAME'] = {value}\n"
+                f"get_ipython().user_ns['__session__'] = {value}\n")
+        client = kernel.client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=self.pool_ready_timeout)
+            msg_id = client.execute(code, silent=True, store_history=False)
+            while True:
+                reply = await client.get_shell_msg(timeout=self.pool_ready_timeout)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    return reply["content"].get("status") == "ok"
+        except Exception as e:  # noqa: BLE001 - a timeout, a kernel gone: not usable
+            self.log.warning("gpulease: cannot name the pooled kernel's session: %s", e)
+            return False
+        finally:
+            client.stop_channels()

@@ -1,0 +1,150 @@
+"""A server forked by the warm launcher: it becomes the researcher's, then runs the server.
+
+What a cold start gets from Popen and gpulease.spawners.isolation.preexec_for,
+in the same order, before anything of the researcher's can run (their
+~/.jupyter config, their user-site packages and the kernels come later):
+
+1. every descriptor of the launcher closed but stdio and its own request socket;
+2. its request read (JSON to EOF: argv, env, cwd, uid, gid, groups, cgroup folders);
+3. a new session (start_new_session), the server's cgroups joined while root,
+   groups set to the account's own (never the launcher's), gid, then uid;
+4. the server's folder as the working directory;
+5. its pid sent to the hub and the request socket closed: nothing is left to
+   talk to the hub or the launcher with;
+6. exactly the request's environment (the devices' CUDA_VISIBLE_DEVICES
+   among it), its argv, and the interpreter's path as the script would have it.
+
+Where the warm image could differ from a cold start — an environment variable
+read at import time that differs from the launcher's, a researcher's
+user-site package shadowing a module the launcher imported, a .pth file to
+run — the child execs the cold command instead, as the same process in the
+same cgroup and account: the researcher gets what a cold start gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import sys
+
+# Read by the interpreter or by modules the launcher imported, as they start or are
+# imported: a server whose request sets them otherwise is started cold.
+IMPORT_TIME_ENV = ("JUPYTERHUB_SINGLEUSER_APP", "JUPYTERHUB_SINGLEUSER_EXTENSION")
+
+
+class SetupError(Exception):
+    """The child could not become the server it was asked to be (told to the hub)."""
+
+
+def run_server(request_fd: int) -> int:
+    launcher_env = dict(os.environ)
+    try:
+        _close_other_descriptors(request_fd)
+        request = _read_request(request_fd)
+        _become(request)
+    except (SetupError, OSError, ValueError, KeyError, TypeError) as e:
+        _say(request_fd, {"error": str(e) or type(e).__name__})
+        os._exit(1)  # nothing of the server ran: no cleanup of the launcher's to do
+    _say(request_fd, {"pid": os.getpid()})
+    os.close(request_fd)
+    argv, env = list(request["argv"]), dict(request["env"])
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = argv
+    if sys.path:
+        sys.path[0] = os.path.dirname(argv[0])  # where a script's interpreter puts it
+    cold = _why_cold(env, launcher_env)
+    if cold:
+        print(f"[gpulease] starting cold: {cold}", file=sys.stderr, flush=True)
+        os.execve(argv[0], argv, env)
+    from gpulease.singleuser.launch import main
+
+    return main()
+
+
+def _close_other_descriptors(keep: int) -> None:
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def _read_request(fd: int) -> dict:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    request = json.loads(b"".join(chunks))
+    if not isinstance(request, dict) or not request.get("argv"):
+        raise SetupError("the request names no command")
+    return request
+
+
+def _become(request: dict) -> None:
+    os.setsid()
+    for folder in request.get("cgroup_dirs") or ():
+        try:
+            with open(f"{folder}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            raise SetupError(f"cannot join the server's cgroup {folder}: {e}") from None
+    uid, gid, groups = request.get("uid"), request.get("gid"), request.get("groups")
+    try:
+        if groups is not None:
+            os.setgroups([int(g) for g in groups])
+        if gid is not None:
+            os.setgid(int(gid))
+        if uid is not None:
+            os.setuid(int(uid))
+    except OSError as e:
+        raise SetupError(f"cannot become uid {uid} gid {gid} groups {groups}: "
+                         f"{e.strerror}") from None
+    if uid is not None and (os.getuid() != uid or os.geteuid() != uid
+                            or (0 in os.getgroups() and gid != 0)):
+        raise SetupError(f"could not drop to uid {uid}")
+    try:
+        os.chdir(request["cwd"])
+    except OSError as e:
+        raise SetupError(f"cannot enter the server's folder {request['cwd']}: "
+                         f"{e.strerror}") from None
+
+
+def _why_cold(env: dict[str, str], launcher_env: dict[str, str]) -> str:
+    """Why this server must start as a new program, or "" when the fork is exact."""
+    for name in sorted({*env, *launcher_env}):
+        if (name.startswith("PYTHON") or name in IMPORT_TIME_ENV) and \
+                env.get(name) != launcher_env.get(name):
+            return f"{name} differs from the warm launcher's"
+    return _user_site_differs()
+
+
+def _user_site_differs() -> str:
+    """Put the researcher's user site on sys.path as a cold start would; or say why not."""
+    if site.ENABLE_USER_SITE is False or sys.flags.no_user_site:
+        return ""  # a venv without system site packages: a cold start has none either
+    if not site.check_enableusersite():
+        return ""
+    site.USER_BASE = None  # computed from HOME, which is the researcher's now
+    site.USER_SITE = None
+    user_site = site.getusersitepackages()
+    try:
+        names = os.listdir(user_site)
+    except OSError:
+        return ""
+    loaded = {m.partition(".")[0] for m in sys.modules}
+    for name in names:
+        stem = name.removesuffix(".py").partition(".")[0] if not name.endswith(".pth") else ""
+        if name.endswith(".pth") or (stem in loaded and not name.endswith(".dist-info")):
+            return f"{os.path.join(user_site, name)} would take part in the server's start"
+    system = set(site.getsitepackages())
+    at = next((i for i, p in enumerate(sys.path) if p in system), len(sys.path))
+    sys.path.insert(at, user_site)
+    return ""
+
+
+def _say(fd: int, message: dict) -> None:
+    try:
+        os.write(fd, json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass
