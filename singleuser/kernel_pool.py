@@ -46,6 +46,10 @@ class PooledKernelManager(AsyncMappingKernelManager):
     _pooled: str | None = None  # the kernel waiting to be handed out
     _pool_start: asyncio.Task | None = None
 
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._unclaimed: set[str] = set()  # pooled kernels whose messages are not activity
+
     def fill_pool(self) -> None:
         """Start the pooled kernel. Called as the extension loads, before the server's
         loop runs: the kernel's process is launched at once (~50 ms) and starts while the
@@ -71,6 +75,36 @@ class PooledKernelManager(AsyncMappingKernelManager):
             self.log.exception("gpulease: the pooled kernel did not start")
             if self._pooled == kernel_id:
                 self._pooled = None
+
+    def start_watching_activity(self, kernel_id: str) -> None:
+        """As jupyter-server watches every kernel, except that the pooled kernel's
+        messages do not move the server's last activity until it is handed out: its
+        start, or what a startup file of the researcher's prints, is no one's use."""
+        if kernel_id != self._pooled:
+            return super().start_watching_activity(kernel_id)
+        kernel = self._kernels[kernel_id]
+        connect = kernel.connect_iopub
+
+        def connect_quietly(*args: Any, **kwargs: Any) -> Any:
+            stream = connect(*args, **kwargs)
+            on_recv = stream.on_recv
+
+            def on_recv_quietly(callback: Any, copy: bool = True) -> None:
+                def record(msg_list: Any) -> None:
+                    before = self.last_kernel_activity
+                    callback(msg_list)
+                    if kernel_id in self._unclaimed:
+                        self.last_kernel_activity = before
+                on_recv(record, copy)
+            stream.on_recv = on_recv_quietly
+            return stream
+
+        self._unclaimed.add(kernel_id)
+        kernel.connect_iopub = connect_quietly
+        try:
+            super().start_watching_activity(kernel_id)
+        finally:
+            del kernel.connect_iopub  # the class's own again
 
     def list_kernels(self) -> list[dict]:
         return [k for k in super().list_kernels() if k["id"] != self._pooled]
@@ -108,7 +142,8 @@ class PooledKernelManager(AsyncMappingKernelManager):
                              pooled)
             await self.shutdown_kernel(pooled, now=True)
             return None
-        kernel.last_activity = utcnow()  # it starts being used now
+        self._unclaimed.discard(pooled)
+        kernel.last_activity = self.last_kernel_activity = utcnow()  # it is being used now
         self.log.info("Kernel started: %s (started with the server)", pooled)
         return pooled
 

@@ -30,7 +30,8 @@ import sys
 
 # Read by the interpreter or by modules the launcher imported, as they start or are
 # imported: a server whose request sets them otherwise is started cold.
-IMPORT_TIME_ENV = ("JUPYTERHUB_SINGLEUSER_APP", "JUPYTERHUB_SINGLEUSER_EXTENSION")
+IMPORT_TIME_ENV = ("JUPYTERHUB_SINGLEUSER_APP", "JUPYTERHUB_SINGLEUSER_EXTENSION",
+                   "LANG", "LC_ALL", "LC_CTYPE")  # the locale: stdio's encoding
 
 
 class SetupError(Exception):
@@ -103,11 +104,25 @@ def _become(request: dict) -> None:
     if uid is not None and (os.getuid() != uid or os.geteuid() != uid
                             or (0 in os.getgroups() and gid != 0)):
         raise SetupError(f"could not drop to uid {uid}")
+    if uid is not None:
+        _dumpable_again()
     try:
         os.chdir(request["cwd"])
     except OSError as e:
         raise SetupError(f"cannot enter the server's folder {request['cwd']}: "
                          f"{e.strerror}") from None
+
+
+def _dumpable_again() -> None:
+    """Changing uid made the process undumpable, its /proc files root's: the researcher
+    could not look at their own server (py-spy, /proc/PID/fd) as after a cold start,
+    whose exec made it dumpable again. Nothing but the researcher's is in it by now."""
+    import ctypes
+
+    pr_set_dumpable = 4
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_dumpable, 1, 0, 0, 0) != 0:
+        raise SetupError(f"prctl(PR_SET_DUMPABLE): {os.strerror(ctypes.get_errno())}")
 
 
 def _why_cold(env: dict[str, str], launcher_env: dict[str, str]) -> str:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 LAUNCHER_MODULE = "gpulease.singleuser.warm_launcher"
 READY_TIMEOUT_S = 60.0  # the launcher's imports, on a slow disk and a busy box
 ANSWER_TIMEOUT_S = 30.0  # a forked child's pid, or why it failed
+RETRY_AFTER_S = 300.0  # a launcher that failed is started again after this long
 
 
 class WarmUnavailable(Exception):
@@ -123,6 +124,7 @@ class WarmLauncher:
         self.pid = 0
         self.missing: list[str] = []
         self.failure = ""  # why it is not usable, once it is not
+        self.failed_at = 0.0  # time.monotonic() of that
         self._ready = threading.Event()
         self._lock = threading.Lock()
         self._control: socket.socket | None = None
@@ -166,7 +168,7 @@ class WarmLauncher:
 
     def _fail(self, why: str) -> None:
         if not self.failure:
-            self.failure = why
+            self.failure, self.failed_at = why, time.monotonic()
             log.error("warm starts are unavailable for %s: %s; servers start cold",
                       self.python, why)
         self._ready.set()
@@ -227,9 +229,14 @@ _launchers: dict[str, WarmLauncher] = {}
 
 
 def launcher_for(python: str, env: dict[str, str]) -> tuple[WarmLauncher, bool]:
-    """The launcher of this interpreter, and whether it was there before this call."""
+    """The launcher of this interpreter, and whether it was there before this call.
+
+    One that failed is tried again (a new process) at most every RETRY_AFTER_S:
+    an environment whose imports fail must not cost a process at every start.
+    """
     launcher = _launchers.get(python)
-    if launcher is not None and not launcher.failure:
+    if launcher is not None and (
+            not launcher.failure or time.monotonic() - launcher.failed_at < RETRY_AFTER_S):
         return launcher, True
     launcher = _launchers[python] = WarmLauncher(python, env)
     launcher.start()

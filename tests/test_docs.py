@@ -9,6 +9,8 @@ from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.oauth import ProviderSignIn
 from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
 from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
+from gpulease.singleuser.activity_push import ActivityPusher
+from gpulease.singleuser.kernel_pool import PooledKernelManager
 from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.local import LocalGPUSpawner
 
@@ -23,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
     (ProviderSignIn, "ProviderSignIn"),
     (GPULeaseOIDCAuthenticator, "GPULeaseOIDCAuthenticator"),
     (GPULeaseGitHubAuthenticator, "GPULeaseGitHubAuthenticator"),
+    (PooledKernelManager, "PooledKernelManager"),
+    (ActivityPusher, "ActivityPusher"),
 ])
 def test_every_option_is_documented_with_help(cls, section_name):
     doc = (ROOT / "docs" / "config.md").read_text()

@@ -151,6 +151,16 @@ def test_a_warm_server_holds_no_hub_secret_in_memory_or_descriptors(hub, ada, bo
     assert not private_files
 
 
+def test_a_researcher_can_look_at_their_own_warm_server_as_at_a_cold_one(hub, ada):
+    """Dropping to the account without an exec leaves a process undumpable, its /proc
+    files root's: the forked server is made dumpable again, as an exec would."""
+    token, url = ada
+    seen = run_in_kernel(hub.url, url, token, (
+        "import os; p = os.getppid(); st = os.stat(f'/proc/{p}/status'); "
+        "print(st.st_uid == os.getuid(), len(os.listdir(f'/proc/{p}/fd')) > 3)"))
+    assert seen.split() == ["True", "True"]
+
+
 def test_the_kernel_started_with_the_server_is_unseen_until_asked_for(hub, admin):
     token, url = started(hub, admin, "cy")
     api = f"{hub.url}{url}api"

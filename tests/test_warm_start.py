@@ -142,3 +142,29 @@ def test_json_requests_roundtrip():
     request = warm_request(argv=["a"], env={"X": "1"}, cwd="/", uid=1, gid=2, groups=[2],
                            cgroup_dirs=("/c",))
     assert json.loads(json.dumps(request)) == request
+
+
+def test_a_failed_launcher_is_not_started_again_at_every_start(tmp_path, monkeypatch):
+    from gpulease.spawners import warm_start
+
+    monkeypatch.setattr(warm_start, "_launchers", {})
+    broken = str(tmp_path / "no-python")
+    first, known = warm_start.launcher_for(broken, {})
+    assert not known and first.failure.startswith("cannot run")
+    again, known = warm_start.launcher_for(broken, {})
+    assert again is first and known
+    with pytest.raises(warm_start.WarmUnavailable, match="cannot run"):
+        again.spawn({"argv": ["x"]}, wait_ready=1)
+    monkeypatch.setattr(warm_start, "RETRY_AFTER_S", 0.0)
+    retried, known = warm_start.launcher_for(broken, {})
+    assert retried is not first and not known
+
+
+def test_why_cold_names_an_import_time_difference():
+    from gpulease.singleuser.warm_child import _why_cold
+
+    base = {"PATH": "/usr/bin", "LANG": "C.UTF-8"}
+    assert "LANG" in _why_cold({**base, "LANG": "de_DE.UTF-8"}, base)
+    assert "PYTHONPATH" in _why_cold({**base, "PYTHONPATH": "/home/x"}, base)
+    assert "JUPYTERHUB_SINGLEUSER_APP" in _why_cold(
+        {**base, "JUPYTERHUB_SINGLEUSER_APP": "notebook"}, base)
