@@ -55,48 +55,55 @@ class WarmChild:
     def poll(self) -> int | None:
         with self._lock:
             if self.returncode is None:
-                self._read(wait=0.0)
+                self._consume()
             return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """As Popen.wait. The lock is held only to read what has arrived, never while
+        waiting: the hub's event loop polls the same child."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                if self.returncode is None:
-                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    self._read(wait=0.5 if left is None else min(left, 0.5))
-                if self.returncode is not None:
-                    return self.returncode
-            if deadline is not None and time.monotonic() >= deadline:
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            step = 0.5 if left is None else min(left, 0.5)
+            if self._orphaned:
+                time.sleep(min(step, 0.1))
+                continue
+            try:
+                ready = select.poll()
+                ready.register(self._sock, select.POLLIN)
+                ready.poll(step * 1000)
+            except (OSError, ValueError):  # closed meanwhile by a poll that saw the end
+                pass
+        return self.returncode  # type: ignore[return-value]
 
-    def _read(self, wait: float) -> None:
+    def _consume(self) -> None:
+        """Read what the launcher wrote, without waiting (the lock is held)."""
         if self._orphaned:
             self._check_pid()
-            if self.returncode is None and wait:
-                time.sleep(min(wait, 0.1))
-            return
-        ready = select.poll()
-        ready.register(self._sock, select.POLLIN)
-        if not ready.poll(wait * 1000):
             return
         try:
-            chunk = self._sock.recv(4096)
+            chunk = self._sock.recv(4096, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError:
             chunk = b""
         if not chunk:  # the launcher ended before this server: it was reparented
             self._orphaned = True
+            self._sock.close()
             self._check_pid()
             return
         self._buffer += chunk
         while b"\n" in self._buffer:
             line, self._buffer = self._buffer.split(b"\n", 1)
-            message = json.loads(line)
-            if "exit" in message:
-                self.returncode = int(message["exit"])
-                self._sock.close()
+            try:
+                message = json.loads(line)
+                code = int(message["exit"])
+            except (ValueError, KeyError, TypeError):
+                continue  # only the launcher writes here, and only that
+            self.returncode = code
+            self._sock.close()
 
     def _check_pid(self) -> None:
         """Gone, or a zombie nobody reaps (an init that does not): ended, status unknown
