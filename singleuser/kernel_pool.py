@@ -9,8 +9,10 @@ kernel: no explicit kernel id, the default kernel spec, the root folder, the
 server's own environment (a notebook session adds only JPY_SESSION_NAME,
 which the kernel is then given before the request is answered, as ipykernel
 would have read it at start: `os.environ` and `__session__`). Any other
-request starts a kernel as jupyter-server always does. The pool is not
-refilled: a second notebook starts its own kernel.
+request starts a kernel as jupyter-server always does, and shuts the pooled
+kernel down: the first kernel asked for was another, the pool's moment is
+past. The pool is not refilled; a pooled kernel nobody asks for is shut down
+after `pool_unclaimed_timeout`.
 
 Until it is handed out, the kernel is not listed (api/kernels, the state the
 server pushes for the idle culler): the researcher sees no kernel they did
@@ -37,6 +39,11 @@ class PooledKernelManager(AsyncMappingKernelManager):
         help="Start one kernel of the default kernel spec in the root folder as the server "
         "starts, and give it to the first request for that kernel there.",
     )
+    pool_unclaimed_timeout = Float(
+        600.0, config=True,
+        help="Seconds after which a pooled kernel nobody asked for is shut down (it is not "
+        "listed, so the researcher could not stop it, and it may run their startup files).",
+    )
     pool_ready_timeout = Float(
         60.0, config=True,
         help="Seconds a notebook session waits for the pooled kernel to answer before it is "
@@ -45,6 +52,7 @@ class PooledKernelManager(AsyncMappingKernelManager):
 
     _pooled: str | None = None  # the kernel waiting to be handed out
     _pool_start: asyncio.Task | None = None
+    _releasing: asyncio.Future | None = None
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -58,13 +66,14 @@ class PooledKernelManager(AsyncMappingKernelManager):
         if not self.pool_kernel or self._pooled is not None or self._pool_start is not None:
             return
         try:
-            asyncio.get_running_loop()
+            loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = asyncio.get_event_loop_policy().get_event_loop()  # the one tornado runs
             self._pool_start = loop.create_task(self._start_pooled())
             loop.run_until_complete(self._pool_start)
         else:
             self._pool_start = asyncio.ensure_future(self._start_pooled())
+        loop.call_later(self.pool_unclaimed_timeout, self._release, "nobody asked for it")
 
     async def _start_pooled(self) -> None:
         kernel_id = str(uuid.uuid4())
@@ -114,7 +123,24 @@ class PooledKernelManager(AsyncMappingKernelManager):
         claimed = await self._claim(kernel_id, path, kwargs)
         if claimed is not None:
             return claimed
+        self._release("the first kernel asked for is another")
         return await super().start_kernel(kernel_id=kernel_id, path=path, **kwargs)
+
+    def _release(self, why: str) -> None:
+        """Shut the pooled kernel down: its moment (the first kernel asked for) is past."""
+        pooled, self._pooled = self._pooled, None
+        if pooled is None:
+            return
+        self._unclaimed.discard(pooled)
+        self.log.info("gpulease: shutting down the kernel started with the server: %s", why)
+        task = asyncio.ensure_future(self._shutdown_pooled(pooled))
+        self._releasing = task  # the loop holds tasks only weakly
+
+    async def _shutdown_pooled(self, kernel_id: str) -> None:
+        if self._pool_start is not None:
+            await self._pool_start
+        if kernel_id in self:
+            await self.shutdown_kernel(kernel_id, now=True)
 
     async def _claim(self, kernel_id: str | None, path: str | None,
                      kwargs: dict[str, Any]) -> str | None:

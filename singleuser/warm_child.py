@@ -9,8 +9,11 @@ in the same order, before anything of the researcher's can run (their
 3. a new session (start_new_session), the server's cgroups joined while root,
    groups set to the account's own (never the launcher's), gid, then uid;
 4. the server's folder as the working directory;
-5. its pid sent to the hub and the request socket closed: nothing is left to
-   talk to the hub or the launcher with;
+5. "ready" sent to the hub and the request socket closed while the process is
+   still undumpable (a uid change makes it so): no process of the researcher's
+   can ptrace it and reach that socket. The hub knows the child's pid from the
+   launcher, not from the child. Only then is it made dumpable again, as an
+   exec would (the researcher may look at their own server);
 6. exactly the request's environment (the devices' CUDA_VISIBLE_DEVICES
    among it), its argv, and the interpreter's path as the script would have it.
 
@@ -23,6 +26,7 @@ same cgroup and account: the researcher gets what a cold start gives.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import site
@@ -38,6 +42,12 @@ class SetupError(Exception):
     """The child could not become the server it was asked to be (told to the hub)."""
 
 
+# Modules the launcher imports that keep, from their import, the account or home of
+# whoever imported them (root, HOME=/nonexistent): imported again once the child is
+# the researcher. tests/test_warm_start.py looks for any other such module.
+REIMPORT_AS_RESEARCHER = ("send2trash.plat_other",)
+
+
 def run_server(request_fd: int) -> int:
     launcher_env = dict(os.environ)
     try:
@@ -47,8 +57,13 @@ def run_server(request_fd: int) -> int:
     except (SetupError, OSError, ValueError, KeyError, TypeError) as e:
         _say(request_fd, {"error": str(e) or type(e).__name__})
         os._exit(1)  # nothing of the server ran: no cleanup of the launcher's to do
-    _say(request_fd, {"pid": os.getpid()})
+    # Told and closed while still undumpable (the uid change made it so): nothing of
+    # the researcher's can reach this socket, by ptrace or otherwise.
+    if not _say(request_fd, {"ready": True}):
+        os._exit(1)  # the hub gave up on this start: it is not to run
     os.close(request_fd)
+    if request.get("uid") is not None:
+        _dumpable_again()
     argv, env = list(request["argv"]), dict(request["env"])
     os.environ.clear()
     os.environ.update(env)
@@ -59,14 +74,30 @@ def run_server(request_fd: int) -> int:
     if cold:
         print(f"[gpulease] starting cold: {cold}", file=sys.stderr, flush=True)
         os.execve(argv[0], argv, env)
+    for name in REIMPORT_AS_RESEARCHER:
+        if name in sys.modules:
+            importlib.reload(sys.modules[name])
     from gpulease.singleuser.launch import main
 
     return main()
 
 
 def _close_other_descriptors(keep: int) -> None:
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    """Close every descriptor but stdio and `keep`: those open, as /proc lists them
+    (closing every possible number costs seconds where close_range is missing and
+    the limit is high); every number up to the limit where /proc cannot say."""
+    try:
+        open_now = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        return
+    for fd in open_now:
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed already
 
 
 def _read_request(fd: int) -> dict:
@@ -104,8 +135,6 @@ def _become(request: dict) -> None:
     if uid is not None and (os.getuid() != uid or os.geteuid() != uid
                             or (0 in os.getgroups() and gid != 0)):
         raise SetupError(f"could not drop to uid {uid}")
-    if uid is not None:
-        _dumpable_again()
     try:
         os.chdir(request["cwd"])
     except OSError as e:
@@ -121,8 +150,9 @@ def _dumpable_again() -> None:
 
     pr_set_dumpable = 4
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(pr_set_dumpable, 1, 0, 0, 0) != 0:
-        raise SetupError(f"prctl(PR_SET_DUMPABLE): {os.strerror(ctypes.get_errno())}")
+    if libc.prctl(pr_set_dumpable, 1, 0, 0, 0) != 0:  # the server runs on, undumpable
+        print(f"[gpulease] prctl(PR_SET_DUMPABLE): {os.strerror(ctypes.get_errno())}",
+              file=sys.stderr, flush=True)
 
 
 def _why_cold(env: dict[str, str], launcher_env: dict[str, str]) -> str:
@@ -149,6 +179,8 @@ def _user_site_differs() -> str:
         return ""
     loaded = {m.partition(".")[0] for m in sys.modules}
     for name in names:
+        if name.partition(".")[0] == "usercustomize":
+            return f"{os.path.join(user_site, name)} would run as the server starts"
         stem = name.removesuffix(".py").partition(".")[0] if not name.endswith(".pth") else ""
         if name.endswith(".pth") or (stem in loaded and not name.endswith(".dist-info")):
             return f"{os.path.join(user_site, name)} would take part in the server's start"
@@ -158,8 +190,10 @@ def _user_site_differs() -> str:
     return ""
 
 
-def _say(fd: int, message: dict) -> None:
+def _say(fd: int, message: dict) -> bool:
+    """Tell the hub; whether it could be told (a hub that gave up closed its end)."""
     try:
         os.write(fd, json.dumps(message).encode() + b"\n")
     except OSError:
-        pass
+        return False
+    return True

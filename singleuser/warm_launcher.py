@@ -12,8 +12,9 @@ For each server the hub sends, over the control socket, one end of a fresh
 socket pair. The launcher forks at once and never reads what comes on it: the
 child reads its own request (gpulease.singleuser.warm_child), so no server's
 token ever passes through the launcher's memory and no later server can
-inherit another's. The launcher keeps the descriptor only to write the child's
-exit status when it reaps it; the hub reads that as Popen's returncode.
+inherit another's. The launcher writes there the pid it forked (which the hub
+trusts, not anything the child says) and, when it reaps the child, its exit
+status, which the hub reads as Popen's returncode.
 
 Run as `python -m gpulease.singleuser.warm_launcher CONTROL_FD`; it ends when
 the hub closes the control socket (the servers it started run on).
@@ -66,39 +67,43 @@ def preimport() -> list[str]:
 
 
 def serve(control: socket.socket) -> int | None:
-    """Fork a server for each socket the hub sends; report each one's exit on it.
+    """Fork a server for each socket the hub sends; report each one's pid and exit on it.
 
     Returns None in the parent when the hub closes the control socket, and, in
     each forked child, the descriptor of its request socket (the caller runs
-    the server with it).
+    the server with it). The parent only ever writes to those sockets, and
+    never waits to: what a researcher does with their end cannot stop it.
     """
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
+    waiting = select.poll()  # not select(): the hub's descriptor number may be over 1024
+    waiting.register(control, select.POLLIN)
+    waiting.register(wake_r, select.POLLIN)
     children: dict[int, int] = {}  # pid -> the hub's request socket (kept to report exit)
     while True:
         try:
-            ready, _, _ = select.select([control, wake_r], [], [])
+            ready = {fd for fd, _ in waiting.poll()}
         except InterruptedError:
-            ready = []
+            ready = set()
         if wake_r in ready:
             os.read(wake_r, 512)
         _reap(children)
-        if control not in ready:
+        if control.fileno() not in ready:
             continue
         try:
-            _msg, fds, _flags, _addr = socket.recv_fds(control, 16, 4)
+            msg, fds, _flags, _addr = socket.recv_fds(control, 16, 4)
         except OSError:
-            fds, _msg = [], b""
-        if not _msg:
+            fds, msg = [], b""
+        if not msg:
             return None  # the hub is gone; the servers run on
         for extra in fds[1:]:
             os.close(extra)
         if not fds:
             continue
         if threading.active_count() != 1:  # a fork must copy one thread only
-            _send_error(fds[0], "the warm launcher has threads; start cold")
+            _send_nowait(fds[0], {"error": "the warm launcher has threads"})
             os.close(fds[0])
             continue
         pid = os.fork()
@@ -108,6 +113,8 @@ def serve(control: socket.socket) -> int | None:
             for fd in (wake_r, wake_w, control.detach(), *children.values()):
                 os.close(fd)
             return fds[0]
+        # The hub trusts this pid, the launcher's (root's) word, not the child's.
+        _send_nowait(fds[0], {"forked": pid})
         children[pid] = fds[0]
 
 
@@ -122,19 +129,20 @@ def _reap(children: dict[int, int]) -> None:
         fd = children.pop(pid, None)
         if fd is None:
             continue
-        code = os.waitstatus_to_exitcode(status)  # Popen's returncode: -N for signal N
-        try:
-            os.write(fd, json.dumps({"exit": code}).encode() + b"\n")
-        except OSError:
-            pass  # the hub stopped listening (it restarted): it polls the pid instead
+        # Popen's returncode: -N for signal N. Lost if the socket is full (the hub
+        # then knows the end from its pidfd) or gone (a hub restarted: it polls the pid).
+        _send_nowait(fd, {"exit": os.waitstatus_to_exitcode(status)})
         os.close(fd)
 
 
-def _send_error(fd: int, message: str) -> None:
+def _send_nowait(fd: int, message: dict) -> None:
+    sock = socket.socket(fileno=fd)
     try:
-        os.write(fd, json.dumps({"error": message}).encode() + b"\n")
+        sock.send(json.dumps(message).encode() + b"\n", socket.MSG_DONTWAIT)
     except OSError:
         pass
+    finally:
+        sock.detach()
 
 
 def main(argv: list[str] | None = None) -> int:

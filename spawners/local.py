@@ -47,6 +47,7 @@ from gpulease.spawners.warm_start import (
     WarmStartError,
     WarmUnavailable,
     launcher_for,
+    root_would_run_others_code,
 )
 
 
@@ -233,7 +234,8 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         interpreter = shebang_interpreter(Path(script))
         why = why_not_warm(enabled=self.warm_start, shell_cmd=self.shell_cmd,
                            cmd_prefix=self.gpulease_isolation.cmd_prefix,
-                           interpreter=interpreter)
+                           interpreter=interpreter,
+                           env_problem=root_would_run_others_code(interpreter or ""))
         if not why and interpreter:
             launcher, known = launcher_for(interpreter, self.launcher_env())
             if known:
@@ -328,7 +330,8 @@ def prestart_warm_launcher(config) -> str:
     interpreter = shebang_interpreter(Path(script))
     why = why_not_warm(enabled=probe.warm_start, shell_cmd=probe.shell_cmd,
                        cmd_prefix=("systemd-run",) if probe.resource_limits == "systemd" else (),
-                       interpreter=interpreter)
+                       interpreter=interpreter,
+                       env_problem=root_would_run_others_code(interpreter or ""))
     if why or not interpreter:
         return f"Warm starts: off, {why or 'no interpreter'}: servers start as new programs"
     launcher_for(interpreter, probe.launcher_env())

@@ -91,7 +91,7 @@ def filter_server_env(env: dict[str, str], secret_names: tuple[str, ...],
 
 
 def why_not_warm(*, enabled: bool, shell_cmd: list[str], cmd_prefix: tuple[str, ...],
-                 interpreter: str | None) -> str:
+                 interpreter: str | None, env_problem: str = "") -> str:
     """Why a server must start as a new program rather than be forked warm; "" if it may be.
 
     A fork runs the server's Python in-process, so the script must be a Python
@@ -106,7 +106,7 @@ def why_not_warm(*, enabled: bool, shell_cmd: list[str], cmd_prefix: tuple[str, 
         return "systemd makes each server's scope around a new process (resource_limits)"
     if not interpreter or not Path(interpreter).name.startswith("python"):
         return "the server's command is not a Python script"
-    return ""
+    return env_problem  # the environment's own files (warm_start.root_would_run_others_code)
 
 
 def warm_request(*, argv: list[str], env: dict[str, str], cwd: str, uid: int | None,

@@ -6,7 +6,7 @@ environment, stdin on /dev/null, and no descriptor but one end of a control
 socket pair. `spawn` sends it the other end of a fresh socket pair per
 server; the forked child reads its request there, answers with its pid or why
 it could not become the server, and the launcher later writes its exit status
-there. `WarmChild` reads that as Popen's `poll` and `wait` do, so
+there. `WarmChild` (spawners/warm_process.py) reads that as Popen's `poll` and `wait` do, so
 LocalGPUSpawner's stop, exit watch and billing treat both kinds of start alike.
 
 One launcher per interpreter, kept here for the hub's life: the default
@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import json
 import logging
-import select
+import os
 import socket
+import stat
 import subprocess
 import threading
 import time
+from pathlib import Path
+
+from gpulease.spawners.warm_process import WarmChild, launcher_child, read_answer
 
 log = logging.getLogger(__name__)
 
@@ -38,89 +42,6 @@ class WarmUnavailable(Exception):
 
 class WarmStartError(Exception):
     """The forked child could not become the server (a cgroup, an account): the start fails."""
-
-
-class WarmChild:
-    """A server forked by the launcher, seen as a subprocess.Popen of the hub's."""
-
-    def __init__(self, pid: int, sock: socket.socket, args: list[str]):
-        self.pid = pid
-        self.args = args
-        self.returncode: int | None = None
-        self._sock = sock
-        self._buffer = b""
-        self._orphaned = False  # the launcher went away: only the pid tells
-        self._lock = threading.Lock()
-
-    def poll(self) -> int | None:
-        with self._lock:
-            if self.returncode is None:
-                self._consume()
-            return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """As Popen.wait. The lock is held only to read what has arrived, never while
-        waiting: the hub's event loop polls the same child."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            step = 0.5 if left is None else min(left, 0.5)
-            if self._orphaned:
-                time.sleep(min(step, 0.1))
-                continue
-            try:
-                ready = select.poll()
-                ready.register(self._sock, select.POLLIN)
-                ready.poll(step * 1000)
-            except (OSError, ValueError):  # closed meanwhile by a poll that saw the end
-                pass
-        return self.returncode  # type: ignore[return-value]
-
-    def _consume(self) -> None:
-        """Read what the launcher wrote, without waiting (the lock is held)."""
-        if self._orphaned:
-            self._check_pid()
-            return
-        try:
-            chunk = self._sock.recv(4096, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:  # the launcher ended before this server: it was reparented
-            self._orphaned = True
-            self._sock.close()
-            self._check_pid()
-            return
-        self._buffer += chunk
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            try:
-                message = json.loads(line)
-                code = int(message["exit"])
-            except (ValueError, KeyError, TypeError):
-                continue  # only the launcher writes here, and only that
-            self.returncode = code
-            self._sock.close()
-
-    def _check_pid(self) -> None:
-        """Gone, or a zombie nobody reaps (an init that does not): ended, status unknown
-        (0, as JupyterHub's own pid check says of a process it lost)."""
-        try:
-            stat = open(f"/proc/{self.pid}/stat").read()  # noqa: SIM115 - read at once
-        except OSError:
-            stat = ""
-        if not stat or stat.rsplit(")", 1)[-1].split()[0] == "Z":
-            self.returncode = 0
-
-    def __enter__(self) -> WarmChild:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.returncode is not None:
-            self._sock.close()
 
 
 class WarmLauncher:
@@ -178,6 +99,9 @@ class WarmLauncher:
             self.failure, self.failed_at = why, time.monotonic()
             log.error("warm starts are unavailable for %s: %s; servers start cold",
                       self.python, why)
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()  # not ready in time, or stuck: not left running as root
+                self.proc.wait()
         self._ready.set()
 
     def ready(self, timeout: float) -> bool:
@@ -203,22 +127,29 @@ class WarmLauncher:
         try:
             ours.sendall(json.dumps(request).encode())
             ours.shutdown(socket.SHUT_WR)
-            ours.settimeout(ANSWER_TIMEOUT_S)
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = ours.recv(4096)
-                if not chunk:
-                    break
-                line += chunk
-            ours.settimeout(None)
-            answer = json.loads(line) if line else {}
+        except OSError:
+            pass  # the child ended at once: its answer, if any, says why
+        answer = read_answer(ours, ANSWER_TIMEOUT_S)
+        if "forked" not in answer:
+            ours.close()
+            self._fail(answer.get("error") or "the warm launcher did not fork within "
+                       f"{ANSWER_TIMEOUT_S:.0f} s")
+            raise WarmUnavailable(self.failure)
+        try:
+            pidfd = launcher_child(int(answer["forked"]), self.pid)
         except (OSError, ValueError) as e:
             ours.close()
-            raise WarmStartError(f"the forked server did not answer ({e})") from None
-        if "pid" not in answer:
-            ours.close()
-            raise WarmStartError(answer.get("error") or "the forked server ended at once")
-        return WarmChild(int(answer["pid"]), ours, list(request["argv"]))
+            raise WarmStartError(str(answer.get("error") or f"the forked server is gone ({e})")
+                                 ) from None
+        child = WarmChild(int(answer["forked"]), pidfd, ours, list(request["argv"]))
+        if "error" in answer:
+            child.kill()
+            raise WarmStartError(str(answer["error"]))
+        if "ready" not in answer:  # slow, or dead: never left running unknown to the hub
+            child.kill()
+            raise WarmUnavailable(f"the forked server was not ready within "
+                                  f"{ANSWER_TIMEOUT_S:.0f} s")
+        return child
 
     def close(self) -> None:
         """End the launcher (the servers it forked run on)."""
@@ -254,3 +185,26 @@ def close_all() -> None:
     for launcher in _launchers.values():
         launcher.close()
     _launchers.clear()
+
+
+def root_would_run_others_code(interpreter: str) -> str:
+    """Why a launcher (root, when the hub is) must not run this environment: a part of
+    it that an account other than root may change. Before warm starts an image's
+    environment only ever ran as researchers; the launcher imports from it as root.
+    Checked: the interpreter, the environment's folder, bin/ and lib/python*/
+    (site-packages with them). "" when all are root's and writable by no other."""
+    if os.geteuid() != 0:
+        return ""  # the launcher runs as the hub's own account: nothing to gain
+    prefix = Path(interpreter).parent.parent
+    paths = [Path(interpreter), Path(os.path.realpath(interpreter)), prefix, prefix / "bin",
+             *prefix.glob("lib/python3*"), *prefix.glob("lib/python3*/site-packages")]
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            return (f"{path} may be changed by an account other than root (owner uid "
+                    f"{st.st_uid}, mode {stat.filemode(st.st_mode)}), and the warm launcher "
+                    "runs its environment as root")
+    return ""

@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,38 @@ def test_warm_start_off_says_so_and_starts_cold(tmp_path):
         assert "forked by warm launcher" not in log and "warm launcher" not in log
     finally:
         h.close()
+
+
+def test_a_first_kernel_asked_for_elsewhere_shuts_the_pooled_one_down(hub, admin):
+    """Unlisted, the pooled kernel could not be stopped by the researcher: once the first
+    kernel asked for is another (here: in a sub-folder), it goes."""
+    token, url = started(hub, admin, "fay")
+    api = f"{hub.url}{url}api"
+    headers = {"Authorization": f"token {token}"}
+    r = requests.put(f"{api}/contents/sub", json={"type": "directory"}, headers=headers,
+                     timeout=30)
+    assert r.status_code in (200, 201), r.text
+    kernel = requests.post(f"{api}/kernels", json={"name": "python3", "path": "sub"},
+                           headers=headers, timeout=60).json()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(kernels_of("gl-fay")) != 1:
+        time.sleep(0.2)
+    assert len(kernels_of("gl-fay")) == 1, kernels_of("gl-fay")
+    assert "shutting down the kernel started with the server: the first kernel asked for " \
+        "is another" in hub.log()
+    ws = api.replace("http://", "ws://") + f"/kernels/{kernel['id']}/channels"
+    assert execute_over_websocket(ws, "import os; print(os.path.basename(os.getcwd()))",
+                                  headers).strip() == "sub"
+
+
+def kernels_of(account: str) -> list[int]:
+    uid = pwd.getpwnam(account).pw_uid
+    found = []
+    for p in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.stat(f"/proc/{p}").st_uid == uid and \
+                    b"ipykernel_launcher" in Path(f"/proc/{p}/cmdline").read_bytes():
+                found.append(int(p))
+        except OSError:
+            pass
+    return found

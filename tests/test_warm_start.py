@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -168,3 +169,159 @@ def test_why_cold_names_an_import_time_difference():
     assert "PYTHONPATH" in _why_cold({**base, "PYTHONPATH": "/home/x"}, base)
     assert "JUPYTERHUB_SINGLEUSER_APP" in _why_cold(
         {**base, "JUPYTERHUB_SINGLEUSER_APP": "notebook"}, base)
+
+
+# --- what the attack review found (each fixed; each test fails without its fix) --------
+
+
+def test_the_child_is_made_dumpable_only_once_its_socket_is_closed(tmp_path):
+    """While the child holds its socket to the hub it stays undumpable: no process of the
+    researcher's can ptrace it and write the hub a pid of its choosing."""
+    from gpulease.singleuser import warm_child
+
+    marker = tmp_path / "socket-at-dumpable"
+    ours, theirs = socket.socketpair()
+    ours.sendall(json.dumps(shell("exit 0", tmp_path, uid=os.getuid())).encode())
+    ours.shutdown(socket.SHUT_WR)
+    pid = os.fork()
+    if pid == 0:  # the child, as the launcher would run it
+        try:
+            request_fd = theirs.fileno()
+
+            def record() -> None:
+                try:
+                    os.fstat(request_fd)
+                    marker.write_text("open")
+                except OSError:
+                    marker.write_text("closed")
+
+            warm_child._dumpable_again = record
+            warm_child.run_server(request_fd)
+        finally:
+            os._exit(3)
+    theirs.close()
+    answer = ours.recv(4096)
+    _, status = os.waitpid(pid, 0)
+    assert json.loads(answer) == {"ready": True}
+    assert marker.read_text() == "closed"
+
+
+def test_the_hub_acts_on_the_launchers_pid_not_the_childs_word():
+    from gpulease.spawners.warm_process import launcher_child, read_answer
+
+    ours, theirs = socket.socketpair()
+    theirs.sendall(b'{"ready": true, "forked": 1}\n{"forked": 4242}\n')
+    assert read_answer(ours, 5)["forked"] == 1  # the first word on each key holds
+    with pytest.raises(OSError, match="not the warm launcher's child"):
+        launcher_child(1, os.getpid())  # init is nobody's forked server
+
+
+def test_a_child_that_is_not_ready_in_time_is_killed_and_the_server_starts_cold(
+        tmp_path, monkeypatch):
+    from gpulease.spawners import warm_start
+
+    stuck = tmp_path / "cgroup"
+    stuck.mkdir()
+    os.mkfifo(stuck / "cgroup.procs")  # joining it blocks: a child that never gets ready
+    launched = WarmLauncher(sys.executable, {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    launched.start()
+    try:
+        assert launched.ready(60), launched.failure
+        monkeypatch.setattr(warm_start, "ANSWER_TIMEOUT_S", 1.0)
+        before = set(_children(launched.pid))
+        with pytest.raises(warm_start.WarmUnavailable, match="not ready within"):
+            launched.spawn(shell("exit 0", tmp_path, cgroup_dirs=[str(stuck)]))
+        deadline = time.monotonic() + 10
+        while set(_children(launched.pid)) - before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not set(_children(launched.pid)) - before  # killed, and reaped
+        assert not launched.failure  # the launcher itself is fine
+    finally:
+        launched.close()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(p))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def test_a_launcher_that_never_gets_ready_is_killed(tmp_path, monkeypatch):
+    from gpulease.spawners import warm_start
+
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(warm_start, "READY_TIMEOUT_S", 1.0)
+    launched = WarmLauncher(str(fake), {"PATH": "/usr/bin:/bin"})
+    launched.start()
+    assert not launched.ready(10)
+    assert "did not start" in launched.failure
+    assert launched.proc.poll() is not None  # not left running (as root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the launcher runs as root only when the hub does")
+def test_an_environment_others_may_change_is_not_run_by_the_root_launcher(tmp_path):
+    from gpulease.spawners.warm_start import root_would_run_others_code
+
+    env = tmp_path / "env"
+    site = env / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (env / "bin").mkdir()
+    python = env / "bin" / "python3"
+    python.write_text("")
+    for path in (env, env / "bin", env / "lib", site.parent, site):
+        path.chmod(0o755)
+    assert root_would_run_others_code(str(python)) == ""
+    site.chmod(0o777)
+    assert "site-packages may be changed by an account other than root" in \
+        root_would_run_others_code(str(python))
+    site.chmod(0o755)
+    os.chown(env / "bin", 65534, 65534)
+    assert "owner uid 65534" in root_would_run_others_code(str(python))
+
+
+def test_no_preimported_module_keeps_the_launchers_account_or_home():
+    """What the launcher imports as root with HOME=/nonexistent must not keep either,
+    unless the child imports it again as the researcher (REIMPORT_AS_RESEARCHER)."""
+    from gpulease.singleuser.warm_child import REIMPORT_AS_RESEARCHER
+
+    scan = (
+        "import sys, json\n"
+        "from gpulease.singleuser.warm_launcher import preimport\n"
+        "preimport()\n"
+        "found = set()\n"
+        "for name, m in list(sys.modules.items()):\n"
+        "    for k, v in list(getattr(m, '__dict__', {}).items()):\n"
+        "        if isinstance(v, str) and v.startswith('/nonexistent') or \\\n"
+        "                k.lower() in ('uid', 'euid', '_uid') and v == 0:\n"
+        "            found.add(name)\n"
+        "print(json.dumps(sorted(found)))\n")
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", scan], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}, cwd="/",
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = set(json.loads(done.stdout.splitlines()[-1])) - {"site"}  # site: warm_child
+    assert found <= set(REIMPORT_AS_RESEARCHER), found
+
+
+def test_a_usercustomize_in_the_user_site_makes_the_start_cold(tmp_path, monkeypatch):
+    import site as site_module
+
+    from gpulease.singleuser import warm_child
+
+    user_site = tmp_path / "site-packages"
+    user_site.mkdir()
+    (user_site / "usercustomize.py").write_text("print('mine')\n")
+    monkeypatch.setattr(site_module, "ENABLE_USER_SITE", True)
+    monkeypatch.setattr(site_module, "check_enableusersite", lambda: True)
+    monkeypatch.setattr(site_module, "getusersitepackages", lambda: str(user_site))
+    monkeypatch.setattr(sys, "flags", type("F", (), {"no_user_site": 0})())
+    assert "usercustomize.py would run" in warm_child._user_site_differs()
