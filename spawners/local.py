@@ -24,7 +24,6 @@ from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Bool, Dict, Instance, Integer, Unicode, Union
 
-from gpulease.hub.isolation_check import shebang_interpreter
 from gpulease.hub.options import ServerChoice
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.state import StateDir, StateError, ensure_home
@@ -46,8 +45,8 @@ from gpulease.spawners.warm_start import (
     WarmLauncher,
     WarmStartError,
     WarmUnavailable,
+    check_script,
     launcher_for,
-    root_would_run_others_code,
 )
 
 
@@ -231,11 +230,10 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
 
     async def _launch(self, script: str) -> tuple[str, int]:
         """Fork the server from its environment's warm launcher, or start it cold."""
-        interpreter = shebang_interpreter(Path(script))
+        interpreter, env_problem = check_script(script)
         why = why_not_warm(enabled=self.warm_start, shell_cmd=self.shell_cmd,
                            cmd_prefix=self.gpulease_isolation.cmd_prefix,
-                           interpreter=interpreter,
-                           env_problem=root_would_run_others_code(interpreter or ""))
+                           interpreter=interpreter, env_problem=env_problem)
         if not why and interpreter:
             launcher, known = launcher_for(interpreter, self.launcher_env())
             if known:
@@ -327,11 +325,10 @@ def prestart_warm_launcher(config) -> str:
     script = build_process_spec(
         user="", home=Path("/"), device_uuids=(), local_env=probe.server_env or None,
         run_as_uid=0, profile_slug="", image_name="").cmd[0]
-    interpreter = shebang_interpreter(Path(script))
+    interpreter, env_problem = check_script(script)
     why = why_not_warm(enabled=probe.warm_start, shell_cmd=probe.shell_cmd,
                        cmd_prefix=("systemd-run",) if probe.resource_limits == "systemd" else (),
-                       interpreter=interpreter,
-                       env_problem=root_would_run_others_code(interpreter or ""))
+                       interpreter=interpreter, env_problem=env_problem)
     if why or not interpreter:
         return f"Warm starts: off, {why or 'no interpreter'}: servers start as new programs"
     launcher_for(interpreter, probe.launcher_env())

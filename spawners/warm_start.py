@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpulease.hub.isolation_check import shebang_interpreter
 from gpulease.spawners.warm_process import WarmChild, launcher_child, read_answer
 
 log = logging.getLogger(__name__)
@@ -208,3 +209,20 @@ def root_would_run_others_code(interpreter: str) -> str:
                     f"{st.st_uid}, mode {stat.filemode(st.st_mode)}), and the warm launcher "
                     "runs its environment as root")
     return ""
+
+
+SCRIPT_ENTRY = "from gpulease.singleuser.launch import main"  # what the forked child runs
+
+
+def check_script(script: str) -> tuple[str | None, str]:
+    """The interpreter a server's script runs with, and why a launcher may not fork it
+    ("" if it may): the child runs gpulease.singleuser.launch in-process, so the script
+    must be that console script, and its environment one only root may change."""
+    interpreter = shebang_interpreter(Path(script))
+    try:
+        ours = SCRIPT_ENTRY in Path(script).read_text(errors="replace")[:4096]
+    except OSError:
+        ours = False
+    if interpreter and not ours:
+        return interpreter, f"{script} is not gpulease's own server script"
+    return interpreter, root_would_run_others_code(interpreter or "")

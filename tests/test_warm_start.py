@@ -325,3 +325,17 @@ def test_a_usercustomize_in_the_user_site_makes_the_start_cold(tmp_path, monkeyp
     monkeypatch.setattr(site_module, "getusersitepackages", lambda: str(user_site))
     monkeypatch.setattr(sys, "flags", type("F", (), {"no_user_site": 0})())
     assert "usercustomize.py would run" in warm_child._user_site_differs()
+
+
+def test_only_gpulease_own_server_script_is_forked(tmp_path):
+    """The child runs gpulease.singleuser.launch in-process: an image whose script is
+    another Python program (a wrapper of its own) starts cold, as that program."""
+    from gpulease.singleuser import SERVER_SCRIPT
+    from gpulease.spawners.warm_start import check_script
+
+    ours = str(Path(sys.executable).parent / SERVER_SCRIPT)
+    assert check_script(ours) == (check_script(ours)[0], "")
+    other = tmp_path / SERVER_SCRIPT
+    other.write_text(f"#!{sys.executable}\nprint('my own server')\n")
+    interpreter, why = check_script(str(other))
+    assert interpreter == sys.executable and "is not gpulease's own server script" in why
