@@ -15,7 +15,8 @@ in the same order, before anything of the researcher's can run (their
    launcher, not from the child. Only then is it made dumpable again, as an
    exec would (the researcher may look at their own server);
 6. exactly the request's environment (the devices' CUDA_VISIBLE_DEVICES
-   among it), its argv, and the interpreter's path as the script would have it.
+   among it), its argv, and the interpreter's path as the script would have it;
+   /proc/PID/cmdline and environ show them too (proc_title.py).
 
 Where the warm image could differ from a cold start — an environment variable
 read at import time that differs from the launcher's, a researcher's
@@ -31,6 +32,8 @@ import json
 import os
 import site
 import sys
+
+from gpulease.singleuser import proc_title
 
 # Read by the interpreter or by modules the launcher imported, as they start or are
 # imported: a server whose request sets them otherwise is started cold.
@@ -67,6 +70,7 @@ def run_server(request_fd: int) -> int:
     argv, env = list(request["argv"]), dict(request["env"])
     os.environ.clear()
     os.environ.update(env)
+    proc_title.write(*proc_title.as_bytes([sys.executable, *argv], env))
     sys.argv = argv
     if sys.path:
         sys.path[0] = os.path.dirname(argv[0])  # where a script's interpreter puts it
@@ -121,6 +125,11 @@ def _become(request: dict) -> None:
                 f.write(str(os.getpid()))
         except OSError as e:
             raise SetupError(f"cannot join the server's cgroup {folder}: {e}") from None
+    try:  # while root: the ends of /proc/PID/cmdline and environ (proc_title.py)
+        proc_title.fit(*proc_title.as_bytes([sys.executable, *request["argv"]],
+                                            request["env"]))
+    except (OSError, ValueError, IndexError):
+        pass  # they then read as the launcher's room, padded
     uid, gid, groups = request.get("uid"), request.get("gid"), request.get("groups")
     try:
         if groups is not None:

@@ -35,6 +35,8 @@ LAUNCHER_MODULE = "gpulease.singleuser.warm_launcher"
 READY_TIMEOUT_S = 60.0  # the launcher's imports, on a slow disk and a busy box
 ANSWER_TIMEOUT_S = 30.0  # a forked child's pid, or why it failed
 RETRY_AFTER_S = 300.0  # a launcher that failed is started again after this long
+ARGV_ROOM = 16 * 1024  # bytes a forked server's command line may take in /proc
+ENV_ROOM = 120 * 1024  # ... and its environment (one string: under MAX_ARG_STRLEN)
 
 
 class WarmUnavailable(Exception):
@@ -61,10 +63,13 @@ class WarmLauncher:
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            # Room in its command line and environment that each forked server
+            # writes its own over (gpulease.singleuser.proc_title).
             self.proc = subprocess.Popen(
-                [self.python, "-m", LAUNCHER_MODULE, str(theirs.fileno())],
-                env=self.env, cwd="/", stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                close_fds=True, start_new_session=True)
+                [self.python, "-m", LAUNCHER_MODULE, str(theirs.fileno()), " " * ARGV_ROOM],
+                env={**self.env, "GPULEASE_WARM_ROOM": "-" * ENV_ROOM}, cwd="/",
+                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), close_fds=True,
+                start_new_session=True)
         except OSError as e:
             ours.close()
             self._fail(f"cannot run {self.python}: {e}")

@@ -162,6 +162,17 @@ def test_a_researcher_can_look_at_their_own_warm_server_as_at_a_cold_one(hub, ad
     assert seen.split() == ["True", "True"]
 
 
+def test_ps_shows_a_warm_server_as_a_cold_one(hub, ada):
+    """/proc/PID/cmdline and environ are the server's, not the launcher's."""
+    pid = server_pid(hub, ada)
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[1].endswith(b"/gpulease-singleuser"), cmdline
+    assert b"warm_launcher" not in b" ".join(cmdline)
+    env = environ(pid)
+    assert env["USER"] == "gl-ada" and env["JUPYTERHUB_USER"] == "ada"
+    assert "GPULEASE_WARM_ROOM" not in env and env["HOME"] != "/nonexistent"
+
+
 def test_the_kernel_started_with_the_server_is_unseen_until_asked_for(hub, admin):
     token, url = started(hub, admin, "cy")
     api = f"{hub.url}{url}api"
