@@ -23,8 +23,11 @@ any kernel. `PooledKernelManager.pool_kernel = False` turns it off.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
+import signal
+import subprocess
 import uuid
 from typing import Any
 
@@ -84,6 +87,28 @@ class PooledKernelManager(AsyncMappingKernelManager):
             self.log.exception("gpulease: the pooled kernel did not start")
             if self._pooled == kernel_id:
                 self._pooled = None
+            return
+        atexit.register(self._kill_unclaimed, kernel_id)
+
+    def _kill_unclaimed(self, kernel_id: str) -> None:
+        """At the server's exit, the pooled kernel if nobody had it: no one's to outlive
+        the server. (A server stopped by SIGINT without a terminal ends its loop without
+        shutting its kernels down; what it leaves is ended by the hub, and billed until
+        then: never for a kernel the researcher did not ask for.)"""
+        if self._pooled != kernel_id:
+            return
+        process = getattr(getattr(self._kernels.get(kernel_id), "provisioner", None),
+                          "process", None)
+        if process is None or process.poll() is not None:
+            return
+        try:  # jupyter-client starts each kernel in a session of its own
+            if os.getpgid(process.pid) == process.pid:
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.kill()
+            process.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
     def start_watching_activity(self, kernel_id: str) -> None:
         """As jupyter-server watches every kernel, except that the pooled kernel's

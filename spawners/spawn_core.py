@@ -310,7 +310,12 @@ class GPULeaseSpawnCore(AdmissionOptions):
     # --- what a waiting user sees ----------------------------------------------------
 
     async def progress(self):
+        # A stream opened as the start is asked for (a warm start is ready in half a
+        # second) comes before the options are resolved: wait for them, not end empty.
         choice = self.gpulease_choice
+        while choice is None and self._spawn_pending:
+            await asyncio.sleep(0.02)
+            choice = self.gpulease_choice
         if choice is None:
             return
         for event in start_events(choice, self.gpulease_balance):
