@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import os
 import signal
 import subprocess
@@ -56,6 +55,7 @@ class PooledKernelManager(AsyncMappingKernelManager):
     _pooled: str | None = None  # the kernel waiting to be handed out
     _pool_start: asyncio.Task | None = None
     _releasing: asyncio.Future | None = None
+    _pool_env: dict[str, str] | None = None
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -68,35 +68,36 @@ class PooledKernelManager(AsyncMappingKernelManager):
         server embedded in another program), as a task."""
         if not self.pool_kernel or self._pooled is not None or self._pool_start is not None:
             return
+        kernel_id = str(uuid.uuid4())
+        self._pooled = kernel_id  # hidden, and claimable, from this very moment
+        self._unclaimed.add(kernel_id)
+        self._pool_env = dict(os.environ)  # what the pooled kernel starts with
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = asyncio.get_event_loop_policy().get_event_loop()  # the one tornado runs
-            self._pool_start = loop.create_task(self._start_pooled())
+            self._pool_start = loop.create_task(self._start_pooled(kernel_id))
             loop.run_until_complete(self._pool_start)
         else:
-            self._pool_start = asyncio.ensure_future(self._start_pooled())
+            self._pool_start = asyncio.ensure_future(self._start_pooled(kernel_id))
         loop.call_later(self.pool_unclaimed_timeout, self._release, "nobody asked for it")
+        atexit.register(self._kill_unclaimed, kernel_id)
 
-    async def _start_pooled(self) -> None:
-        kernel_id = str(uuid.uuid4())
-        self._pooled = kernel_id  # hidden from the listings from its very start
+    async def _start_pooled(self, kernel_id: str) -> None:
         try:
             await super().start_kernel(kernel_id=kernel_id, path="")
         except Exception:  # noqa: BLE001 - the first notebook starts its own, as without a pool
             self.log.exception("gpulease: the pooled kernel did not start")
             if self._pooled == kernel_id:
                 self._pooled = None
-            return
-        atexit.register(self._kill_unclaimed, kernel_id)
 
     def _kill_unclaimed(self, kernel_id: str) -> None:
         """At the server's exit, the pooled kernel if nobody had it: no one's to outlive
         the server. (A server stopped by SIGINT without a terminal ends its loop without
         shutting its kernels down; what it leaves is ended by the hub, and billed until
         then: never for a kernel the researcher did not ask for.)"""
-        if self._pooled != kernel_id:
-            return
+        if kernel_id not in self._unclaimed:
+            return  # handed out: the researcher's kernel, ended as theirs are
         process = getattr(getattr(self._kernels.get(kernel_id), "provisioner", None),
                           "process", None)
         if process is None or process.poll() is not None:
@@ -114,7 +115,7 @@ class PooledKernelManager(AsyncMappingKernelManager):
         """As jupyter-server watches every kernel, except that the pooled kernel's
         messages do not move the server's last activity until it is handed out: its
         start, or what a startup file of the researcher's prints, is no one's use."""
-        if kernel_id != self._pooled:
+        if kernel_id not in self._unclaimed:
             return super().start_watching_activity(kernel_id)
         kernel = self._kernels[kernel_id]
         connect = kernel.connect_iopub
@@ -133,7 +134,6 @@ class PooledKernelManager(AsyncMappingKernelManager):
             stream.on_recv = on_recv_quietly
             return stream
 
-        self._unclaimed.add(kernel_id)
         kernel.connect_iopub = connect_quietly
         try:
             super().start_watching_activity(kernel_id)
@@ -156,7 +156,6 @@ class PooledKernelManager(AsyncMappingKernelManager):
         pooled, self._pooled = self._pooled, None
         if pooled is None:
             return
-        self._unclaimed.discard(pooled)
         self.log.info("gpulease: shutting down the kernel started with the server: %s", why)
         task = asyncio.ensure_future(self._shutdown_pooled(pooled))
         self._releasing = task  # the loop holds tasks only weakly
@@ -166,6 +165,7 @@ class PooledKernelManager(AsyncMappingKernelManager):
             await self._pool_start
         if kernel_id in self:
             await self.shutdown_kernel(kernel_id, now=True)
+        self._unclaimed.discard(kernel_id)
 
     async def _claim(self, kernel_id: str | None, path: str | None,
                      kwargs: dict[str, Any]) -> str | None:
@@ -179,7 +179,7 @@ class PooledKernelManager(AsyncMappingKernelManager):
         if self.cwd_for_path(path or "") != self.cwd_for_path(""):
             return None
         session_name = (env or {}).get("JPY_SESSION_NAME")
-        if env and {k: v for k, v in env.items() if k != "JPY_SESSION_NAME"} != dict(os.environ):
+        if env and {k: v for k, v in env.items() if k != "JPY_SESSION_NAME"} != self._pool_env:
             return None
         self._pooled = None  # one request gets it, even while the next line waits
         if self._pool_start is not None:
@@ -192,6 +192,7 @@ class PooledKernelManager(AsyncMappingKernelManager):
             self.log.warning("gpulease: the pooled kernel %s is not usable; starting another",
                              pooled)
             await self.shutdown_kernel(pooled, now=True)
+            self._unclaimed.discard(pooled)
             return None
         self._unclaimed.discard(pooled)
         kernel.last_activity = self.last_kernel_activity = utcnow()  # it is being used now
@@ -200,7 +201,7 @@ class PooledKernelManager(AsyncMappingKernelManager):
 
     async def _name_session(self, kernel: Any, session_name: str) -> bool:
         """Give the kernel the notebook's JPY_SESSION_NAME, as if it had started with it."""
-        value = json.dumps(session_name)
+        value = repr(session_name)  # a Python literal (JSON's \ud83d pairs are not one)
         code = (f"__import__('os').environ['JPY_SESSION_NAME'] = {value}\n"
                 f"get_ipython().user_ns['__session__'] = {value}\n")
         client = kernel.client()

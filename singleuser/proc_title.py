@@ -36,14 +36,24 @@ def as_bytes(argv: list[str], env: dict[str, str]) -> tuple[bytes, bytes]:
     return cmdline, environ
 
 
-def fit(cmdline: bytes, environ: bytes) -> None:
-    """As root (CAP_SYS_RESOURCE): end both areas where the new contents will end."""
+def fit(cmdline: bytes, environ: bytes) -> bool:
+    """As root (CAP_SYS_RESOURCE): end both areas where the new contents will end; only
+    if both fit (`write` writes both or neither). Whether the kernel let it."""
     arg_start, arg_end, env_start, env_end = areas()
+    if len(cmdline) > arg_end - arg_start or len(environ) > env_end - env_start:
+        return False
     libc = ctypes.CDLL(None, use_errno=True)
-    if len(cmdline) <= arg_end - arg_start:
-        libc.prctl(PR_SET_MM, PR_SET_MM_ARG_END, ctypes.c_ulong(arg_start + len(cmdline)), 0, 0)
-    if len(environ) <= env_end - env_start:
-        libc.prctl(PR_SET_MM, PR_SET_MM_ENV_END, ctypes.c_ulong(env_start + len(environ)), 0, 0)
+    return (libc.prctl(PR_SET_MM, PR_SET_MM_ARG_END, ctypes.c_ulong(arg_start + len(cmdline)),
+                       0, 0) == 0
+            and libc.prctl(PR_SET_MM, PR_SET_MM_ENV_END,
+                           ctypes.c_ulong(env_start + len(environ)), 0, 0) == 0)
+
+
+def name(program: str) -> None:
+    """/proc/PID/comm (ps -o comm, top, pgrep) as an exec of `program` sets it."""
+    PR_SET_NAME = 15  # noqa: N806 - the kernel's name
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_NAME, os.fsencode(os.path.basename(program))[:15], 0, 0, 0)
 
 
 def write(cmdline: bytes, environ: bytes) -> bool:

@@ -4,7 +4,8 @@ What a cold start gets from Popen and gpulease.spawners.isolation.preexec_for,
 in the same order, before anything of the researcher's can run (their
 ~/.jupyter config, their user-site packages and the kernels come later):
 
-1. every descriptor of the launcher closed but stdio and its own request socket;
+1. signals as a new program has them; every descriptor of the launcher closed but
+   stdio and its own request socket;
 2. its request read (JSON to EOF: argv, env, cwd, uid, gid, groups, cgroup folders);
 3. a new session (start_new_session), the server's cgroups joined while root,
    groups set to the account's own (never the launcher's), gid, then uid;
@@ -30,6 +31,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import site
 import sys
 
@@ -53,6 +55,7 @@ REIMPORT_AS_RESEARCHER = ("send2trash.plat_other",)
 
 def run_server(request_fd: int) -> int:
     launcher_env = dict(os.environ)
+    _fresh_signals()
     try:
         _close_other_descriptors(request_fd)
         request = _read_request(request_fd)
@@ -70,13 +73,17 @@ def run_server(request_fd: int) -> int:
     argv, env = list(request["argv"]), dict(request["env"])
     os.environ.clear()
     os.environ.update(env)
-    proc_title.write(*proc_title.as_bytes([sys.executable, *argv], env))
+    try:
+        proc_title.write(*proc_title.as_bytes([sys.executable, *argv], env))
+        proc_title.name(argv[0])
+    except (OSError, ValueError, IndexError):
+        pass  # /proc shows the launcher's: cosmetic, never a reason to fail the server
     sys.argv = argv
     if sys.path:
         sys.path[0] = os.path.dirname(argv[0])  # where a script's interpreter puts it
     cold = _why_cold(env, launcher_env)
     if cold:
-        print(f"[gpulease] starting cold: {cold}", file=sys.stderr, flush=True)
+        _note(f"starting cold: {cold}")
         os.execve(argv[0], argv, env)
     for name in REIMPORT_AS_RESEARCHER:
         if name in sys.modules:
@@ -84,6 +91,26 @@ def run_server(request_fd: int) -> int:
     from gpulease.singleuser.launch import main
 
     return main()
+
+
+def _fresh_signals() -> None:
+    """Signal dispositions and mask as a new Python program has them. The launcher's
+    are its starter's: a hub started in the background has SIGINT ignored until
+    JupyterHub handles it, and exec keeps an ignored signal ignored, so a server
+    forked from a launcher started then would ignore the hub's SIGINT (a cold
+    start, exec'd later, does not)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for number in range(1, signal.NSIG):
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # the real-time signals the C library keeps for itself
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for ignored in ("SIGPIPE", "SIGXFSZ"):  # as the interpreter sets them at start
+        if hasattr(signal, ignored):
+            signal.signal(getattr(signal, ignored), signal.SIG_IGN)
 
 
 def _close_other_descriptors(keep: int) -> None:
@@ -126,10 +153,13 @@ def _become(request: dict) -> None:
         except OSError as e:
             raise SetupError(f"cannot join the server's cgroup {folder}: {e}") from None
     try:  # while root: the ends of /proc/PID/cmdline and environ (proc_title.py)
-        proc_title.fit(*proc_title.as_bytes([sys.executable, *request["argv"]],
-                                            request["env"]))
+        fitted = proc_title.fit(*proc_title.as_bytes([sys.executable, *request["argv"]],
+                                                     request["env"]))
     except (OSError, ValueError, IndexError):
-        pass  # they then read as the launcher's room, padded
+        fitted = False
+    if not fitted:  # they then read as the launcher's room, padded with NULs
+        _note("/proc/PID/cmdline and environ of this server keep the warm launcher's "
+              "length (PR_SET_MM needs CAP_SYS_RESOURCE)")
     uid, gid, groups = request.get("uid"), request.get("gid"), request.get("groups")
     try:
         if groups is not None:
@@ -160,8 +190,7 @@ def _dumpable_again() -> None:
     pr_set_dumpable = 4
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(pr_set_dumpable, 1, 0, 0, 0) != 0:  # the server runs on, undumpable
-        print(f"[gpulease] prctl(PR_SET_DUMPABLE): {os.strerror(ctypes.get_errno())}",
-              file=sys.stderr, flush=True)
+        _note(f"prctl(PR_SET_DUMPABLE): {os.strerror(ctypes.get_errno())}")
 
 
 def _why_cold(env: dict[str, str], launcher_env: dict[str, str]) -> str:
@@ -206,3 +235,11 @@ def _say(fd: int, message: dict) -> bool:
     except OSError:
         return False
     return True
+
+
+def _note(message: str) -> None:
+    """A line for the hub's log, on the server's stderr (never a reason to fail)."""
+    try:
+        os.write(2, f"[gpulease] {message}\n".encode())
+    except OSError:
+        pass

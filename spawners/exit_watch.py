@@ -26,12 +26,14 @@ from gpulease.hub.db import utcnow
 from gpulease.spawners.own_thread import in_own_thread
 
 
-def watch_exit(pid: int, ended: Callable[[datetime], None]) -> Callable[[], None]:
-    """Call `ended(moment)` once, on the running loop, when process `pid` ends;
-    returns what stops watching (idempotent). Without pidfds (an old kernel) or
-    for a process already reaped nothing is watched: the heartbeat notices."""
+def watch_exit(pid: int, ended: Callable[[datetime], None],
+               pidfd: int | None = None) -> Callable[[], None]:
+    """Call `ended(moment)` once, on the running loop, when process `pid` ends (or the
+    process of `pidfd`, which this then owns); returns what stops watching
+    (idempotent). Without pidfds (an old kernel) or for a process already reaped
+    nothing is watched: the heartbeat notices."""
     try:
-        fd = os.pidfd_open(pid)
+        fd = os.pidfd_open(pid) if pidfd is None else pidfd
     except (AttributeError, OSError):
         return lambda: None
     loop = asyncio.get_running_loop()
@@ -76,7 +78,11 @@ def watch_server_exit(spawner) -> Callable[[], None]:
         _NOTIFYING.add(task)
         task.add_done_callback(_NOTIFYING.discard)
 
-    return watch_exit(proc.pid, ended)
+    own = getattr(proc, "pidfd", None)  # a WarmChild: the launcher reaped it, not us
+    if own is None:
+        return watch_exit(proc.pid, ended)
+    fd = own()
+    return (lambda: None) if fd is None else watch_exit(proc.pid, ended, fd)
 
 
 async def wait_for_exit(proc: subprocess.Popen, timeout: float) -> datetime | None:
@@ -92,10 +98,13 @@ def _exit_time(proc: subprocess.Popen, timeout: float) -> datetime | None:
     # to that late (bench/billing.py saw 20-60 ms); it is the fallback only.
     if proc.poll() is not None:  # reaped already (a poll got there first): it ended by now
         return utcnow()
-    try:  # not reaped, so its pid is still its own
-        fd = os.pidfd_open(proc.pid)
+    own = getattr(proc, "pidfd", None)  # a WarmChild holds a pidfd of its very process
+    try:  # not reaped (by us), so its pid is still its own
+        fd = os.pidfd_open(proc.pid) if own is None else own()
     except (AttributeError, OSError):  # an old kernel
         fd = None
+    if own is not None and fd is None:
+        return utcnow()  # it ended as we looked
     if fd is not None:
         try:  # poll, not select: select refuses descriptors from 1024 on
             waiting = select.poll()

@@ -269,10 +269,17 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             cgroup_dirs=prepared.plan.dirs if prepared.plan else ())
         self.log.info("Spawning %s (forked by warm launcher %d)", shlex.join(argv),
                       launcher.pid)
+        forking = asyncio.ensure_future(asyncio.to_thread(launcher.spawn, request))
         try:
-            self.proc = await asyncio.to_thread(launcher.spawn, request)
+            # Shielded: a start cancelled meanwhile (the researcher's DELETE, a timeout)
+            # must not leave a forked server running that no one knows of (Popen
+            # cannot be cancelled half way either).
+            self.proc = await asyncio.shield(forking)
         except WarmStartError as e:
             raise http_error(Refusal(f"Cannot start the server: {e}", status=500)) from None
+        except asyncio.CancelledError:
+            forking.add_done_callback(_end_unwanted_child)
+            raise
         self.pid = self.proc.pid
         return (self.ip or "127.0.0.1", self.port)
 
@@ -316,6 +323,14 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
     def clear_state(self):
         super().clear_state()
         self.gpulease_devices = ()
+
+
+def _end_unwanted_child(forking: asyncio.Future) -> None:
+    """The server a cancelled warm start forked: killed, as the start was abandoned."""
+    if not forking.cancelled() and forking.exception() is None:
+        child = forking.result()
+        child.kill()
+        child.close()
 
 
 def prestart_warm_launcher(config) -> str:

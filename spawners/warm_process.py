@@ -56,11 +56,26 @@ class WarmChild:
 
     def kill(self) -> None:
         """SIGKILL through the pidfd: never another process that took its pid."""
-        if self.returncode is None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            except OSError:
-                pass
+        with self._lock:
+            if self.returncode is None and self._pidfd >= 0:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def pidfd(self) -> int | None:
+        """A pidfd of this very process (the caller's to close), None once it ended: the
+        launcher reaps it at once, so its pid alone may soon name another process."""
+        with self._lock:
+            return os.dup(self._pidfd) if self._pidfd >= 0 else None
+
+    def close(self) -> None:
+        """Let go of the pidfd and the socket (a start that failed after the fork)."""
+        with self._lock:
+            self._close_sock()
+            if self._pidfd >= 0:
+                os.close(self._pidfd)
+                self._pidfd = -1
 
     def _look(self) -> None:
         """Whether it ended (the pidfd), and its status if the launcher wrote it."""

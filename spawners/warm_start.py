@@ -150,9 +150,11 @@ class WarmLauncher:
         child = WarmChild(int(answer["forked"]), pidfd, ours, list(request["argv"]))
         if "error" in answer:
             child.kill()
+            child.close()
             raise WarmStartError(str(answer["error"]))
         if "ready" not in answer:  # slow, or dead: never left running unknown to the hub
             child.kill()
+            child.close()
             raise WarmUnavailable(f"the forked server was not ready within "
                                   f"{ANSWER_TIMEOUT_S:.0f} s")
         return child
@@ -225,9 +227,12 @@ def check_script(script: str) -> tuple[str | None, str]:
     must be that console script, and its environment one only root may change."""
     interpreter = shebang_interpreter(Path(script))
     try:
-        ours = SCRIPT_ENTRY in Path(script).read_text(errors="replace")[:4096]
+        with open(script, "rb") as f:
+            head = f.read(4096).decode(errors="replace")
     except OSError:
-        ours = False
-    if interpreter and not ours:
+        head = ""
+    if interpreter and SCRIPT_ENTRY not in head:
         return interpreter, f"{script} is not gpulease's own server script"
+    if interpreter and len(head.partition("\n")[0].split()) > 1:
+        return interpreter, f"{script} passes its interpreter options (#!... -s): a fork has none"
     return interpreter, root_would_run_others_code(interpreter or "")

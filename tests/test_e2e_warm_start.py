@@ -168,6 +168,7 @@ def test_ps_shows_a_warm_server_as_a_cold_one(hub, ada):
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     assert cmdline[1].endswith(b"/gpulease-singleuser"), cmdline
     assert b"warm_launcher" not in b" ".join(cmdline)
+    assert Path(f"/proc/{pid}/comm").read_text().strip() == "gpulease-single"  # as exec'd
     env = environ(pid)
     assert env["USER"] == "gl-ada" and env["JUPYTERHUB_USER"] == "ada"
     assert "GPULEASE_WARM_ROOM" not in env and env["HOME"] != "/nonexistent"
@@ -196,8 +197,9 @@ def test_a_notebook_gets_the_pooled_kernel_named_for_it(hub, admin):
     token, url = started(hub, admin, "dee")
     api = f"{hub.url}{url}api"
     headers = {"Authorization": f"token {token}"}
+    notebook = "analysis-\U0001f600.ipynb"  # a name beyond the BMP: a literal, not JSON
     r = requests.post(f"{api}/sessions", headers=headers, timeout=60, json={
-        "path": "analysis.ipynb", "name": "analysis.ipynb", "type": "notebook",
+        "path": notebook, "name": notebook, "type": "notebook",
         "kernel": {"name": "python3"}})
     assert r.status_code == 201, r.text
     kernel_id = r.json()["kernel"]["id"]
@@ -207,7 +209,7 @@ def test_a_notebook_gets_the_pooled_kernel_named_for_it(hub, admin):
         ws, "import os, json; print(json.dumps([os.environ.get('JPY_SESSION_NAME'), "
             "__session__, os.getcwd()]))", headers))
     home = str(hub.state / "homes" / "dee")
-    assert seen == [f"{home}/analysis.ipynb", f"{home}/analysis.ipynb", home]
+    assert seen == [f"{home}/{notebook}", f"{home}/{notebook}", home]
 
 
 def test_warm_start_off_says_so_and_starts_cold(tmp_path):

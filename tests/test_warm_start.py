@@ -339,3 +339,77 @@ def test_only_gpulease_own_server_script_is_forked(tmp_path):
     other.write_text(f"#!{sys.executable}\nprint('my own server')\n")
     interpreter, why = check_script(str(other))
     assert interpreter == sys.executable and "is not gpulease's own server script" in why
+
+
+def test_a_cancelled_warm_start_kills_the_server_it_forked(monkeypatch):
+    """The researcher's DELETE or a timeout cancels a pending start: the fork in flight
+    must not leave a server running that the hub no longer knows of."""
+    import asyncio
+
+    from gpulease.spawners import isolation
+    from gpulease.spawners.local import LocalGPUSpawner
+
+    class Child:
+        pid = 4242
+        killed = closed = False
+
+        def kill(self) -> None:
+            self.killed = True
+
+        def close(self) -> None:
+            self.closed = True
+
+    child = Child()
+
+    class SlowLauncher:
+        pid = 1
+
+        def spawn(self, request: dict) -> Child:
+            time.sleep(0.5)  # the fork in flight when the start is cancelled
+            return child
+
+    spawner = LocalGPUSpawner()
+    spawner.gpulease_isolation = isolation.Prepared(None, None, "", ())
+    spawner.popen_kwargs = {"cwd": "/"}
+    spawner.cmd = ["gpulease-singleuser"]
+    monkeypatch.setattr(spawner, "get_env", lambda: {})
+    monkeypatch.setattr(spawner, "get_args", lambda: [])
+
+    async def cancel_midway() -> None:
+        start = asyncio.ensure_future(spawner._start_warm(SlowLauncher()))
+        await asyncio.sleep(0.1)
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        await asyncio.sleep(0.8)
+
+    asyncio.run(cancel_midway())
+    assert child.killed and child.closed
+    assert spawner.proc is None
+
+
+def test_a_server_forked_from_a_launcher_started_with_sigint_ignored_still_gets_it(tmp_path):
+    """A hub started in the background has SIGINT ignored until JupyterHub handles it;
+    a launcher started then inherits that, and a forked server ignored the hub's
+    SIGINT stop for the whole interrupt timeout (caught by the culler e2e test)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        launched = WarmLauncher(sys.executable, {"PATH": "/usr/bin:/bin",
+                                                 "HOME": "/nonexistent"})
+        launched.start()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        assert launched.ready(60), launched.failure
+        child = launched.spawn(shell("exec sleep 30", tmp_path))
+        deadline = time.monotonic() + 10
+        while not os.readlink(f"/proc/{child.pid}/exe").endswith("sleep") and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        ignored = int(Path(f"/proc/{child.pid}/status").read_text()
+                      .split("SigIgn:")[1].split()[0], 16)
+        assert not ignored & (1 << (signal.SIGINT - 1))
+        os.kill(child.pid, signal.SIGINT)
+        assert child.wait(10) == -signal.SIGINT
+    finally:
+        launched.close()
