@@ -59,7 +59,9 @@ def run_server(request_fd: int) -> int:
     try:
         _close_other_descriptors(request_fd)
         request = _read_request(request_fd)
-        _become(request)
+        # what /proc/PID/cmdline and environ are to show: as exec'ing the script gives
+        title = proc_title.as_bytes([sys.executable, *request["argv"]], request["env"])
+        _become(request, title)
     except (SetupError, OSError, ValueError, KeyError, TypeError) as e:
         _say(request_fd, {"error": str(e) or type(e).__name__})
         os._exit(1)  # nothing of the server ran: no cleanup of the launcher's to do
@@ -74,7 +76,7 @@ def run_server(request_fd: int) -> int:
     os.environ.clear()
     os.environ.update(env)
     try:
-        proc_title.write(*proc_title.as_bytes([sys.executable, *argv], env))
+        proc_title.write(*title)
         proc_title.name(argv[0])
     except (OSError, ValueError, IndexError):
         pass  # /proc shows the launcher's: cosmetic, never a reason to fail the server
@@ -144,7 +146,7 @@ def _read_request(fd: int) -> dict:
     return request
 
 
-def _become(request: dict) -> None:
+def _become(request: dict, title: tuple[bytes, bytes]) -> None:
     os.setsid()
     for folder in request.get("cgroup_dirs") or ():
         try:
@@ -153,8 +155,7 @@ def _become(request: dict) -> None:
         except OSError as e:
             raise SetupError(f"cannot join the server's cgroup {folder}: {e}") from None
     try:  # while root: the ends of /proc/PID/cmdline and environ (proc_title.py)
-        fitted = proc_title.fit(*proc_title.as_bytes([sys.executable, *request["argv"]],
-                                                     request["env"]))
+        fitted = proc_title.fit(*title)
     except (OSError, ValueError, IndexError):
         fitted = False
     if not fitted:  # they then read as the launcher's room, padded with NULs

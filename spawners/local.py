@@ -235,7 +235,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
                            cmd_prefix=self.gpulease_isolation.cmd_prefix,
                            interpreter=interpreter, env_problem=env_problem)
         if not why and interpreter:
-            launcher, known = launcher_for(interpreter, self.launcher_env())
+            launcher, known = launcher_for(interpreter, self.launcher_env)
             if known:
                 try:
                     return await self._start_warm(launcher)
@@ -346,6 +346,6 @@ def prestart_warm_launcher(config) -> str:
                        interpreter=interpreter, env_problem=env_problem)
     if why or not interpreter:
         return f"Warm starts: off, {why or 'no interpreter'}: servers start as new programs"
-    launcher_for(interpreter, probe.launcher_env())
+    launcher_for(interpreter, probe.launcher_env)
     return ("Warm starts: on (servers are forked from a launcher that has imported them; "
             "GPULeaseHub.warm_start = False turns this off)")

@@ -19,6 +19,8 @@ import subprocess
 import threading
 import time
 
+import psutil
+
 ANSWER_LIMIT = 64 * 1024  # what the hub reads, at most, before a server is running
 
 
@@ -165,9 +167,8 @@ def launcher_child(pid: int, launcher_pid: int) -> int:
     """A pidfd of `pid`, once it is checked to be the launcher's child; OSError if not."""
     pidfd = os.pidfd_open(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            parent = int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
+        parent = psutil.Process(pid).ppid()
+    except psutil.Error:
         parent = -1
     if parent != launcher_pid:
         os.close(pidfd)

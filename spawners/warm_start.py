@@ -24,6 +24,7 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gpulease.hub.isolation_check import shebang_interpreter
@@ -174,8 +175,11 @@ class WarmLauncher:
 _launchers: dict[str, WarmLauncher] = {}
 
 
-def launcher_for(python: str, env: dict[str, str]) -> tuple[WarmLauncher, bool]:
-    """The launcher of this interpreter, and whether it was there before this call.
+def launcher_for(python: str, make_env: Callable[[], dict[str, str]]
+                 ) -> tuple[WarmLauncher, bool]:
+    """The launcher of this interpreter, and whether it was there before this call;
+    `make_env` (its environment, read from the hub's secrets to leave them out) is
+    called only when a launcher is started, not at every server's start.
 
     One that failed is tried again (a new process) at most every RETRY_AFTER_S:
     an environment whose imports fail must not cost a process at every start.
@@ -184,7 +188,7 @@ def launcher_for(python: str, env: dict[str, str]) -> tuple[WarmLauncher, bool]:
     if launcher is not None and (
             not launcher.failure or time.monotonic() - launcher.failed_at < RETRY_AFTER_S):
         return launcher, True
-    launcher = _launchers[python] = WarmLauncher(python, env)
+    launcher = _launchers[python] = WarmLauncher(python, make_env())
     launcher.start()
     return launcher, False
 

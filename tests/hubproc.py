@@ -237,6 +237,17 @@ class HubProcess:
         s.login_status = r.status_code  # 302 on success, 403 on a refused login
         return s
 
+    def secrets(self) -> dict[str, str]:
+        """What no server may ever hold, by name: the hub's secret files, the admin's
+        password."""
+        private = self.state / "private"
+        return {
+            "cookie secret": (private / "jupyterhub_cookie_secret").read_text().strip(),
+            "proxy token": (private / "proxy_token").read_text().strip(),
+            "CLI token": (private / "cli_token").read_text().strip(),
+            "admin password": self.admin_password,
+        }
+
     def token_for(self, username: str, password: str) -> str:
         """Mint a token with the password, through the token endpoint's `auth` body."""
         r = requests.post(

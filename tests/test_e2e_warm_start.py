@@ -19,6 +19,7 @@ import re
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -72,21 +73,12 @@ def launcher_pid(hub) -> int:
 
 
 def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+    return psutil.Process(pid).environ()
 
 
 def tree(pid: int) -> set[int]:
     """pid and every process below it."""
-    children = {int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == pid}
-    return {pid}.union(*(tree(c) for c in children)) if children else {pid}
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
+    return {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
 
 
 def open_files(pid: int) -> dict[int, str]:
@@ -112,19 +104,14 @@ def test_a_warm_server_holds_no_hub_secret_in_memory_or_descriptors(hub, ada, bo
     assert pwd.getpwuid(int(uid)).pw_name == "gl-ada"
     mine = tree(pid)
     private = hub.state / "private"
-    secrets = {
-        "cookie secret": (private / "jupyterhub_cookie_secret").read_text().strip(),
-        "proxy token": (private / "proxy_token").read_text().strip(),
-        "CLI token": (private / "cli_token").read_text().strip(),
-        "admin password": ADMIN_PW,
-    }
+    secrets = hub.secrets()
     # Every API token of another process: bob's server, the gpulease services, the hub.
     for other in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         if other in mine:
             continue
         try:
             env = environ(other)
-        except OSError:
+        except psutil.Error:
             continue
         for key in ("JUPYTERHUB_API_TOKEN", "CONFIGPROXY_AUTH_TOKEN", "GPULEASE_TOKEN"):
             if len(env.get(key, "")) >= 16:
@@ -249,13 +236,6 @@ def test_a_first_kernel_asked_for_elsewhere_shuts_the_pooled_one_down(hub, admin
 
 
 def kernels_of(account: str) -> list[int]:
-    uid = pwd.getpwnam(account).pw_uid
-    found = []
-    for p in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            if os.stat(f"/proc/{p}").st_uid == uid and \
-                    b"ipykernel_launcher" in Path(f"/proc/{p}/cmdline").read_bytes():
-                found.append(int(p))
-        except OSError:
-            pass
-    return found
+    return [p.pid for p in psutil.process_iter(["username", "cmdline"])
+            if p.info["username"] == account
+            and any("ipykernel_launcher" in arg for arg in p.info["cmdline"] or ())]

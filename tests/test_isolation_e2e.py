@@ -217,13 +217,7 @@ print(json.dumps(out))
 
 def test_server_environment_holds_no_hub_secret(hub, ada):
     env = kernel(hub, ada, "import json, os; print(json.dumps(dict(os.environ)))")
-    private = hub.state / "private"
-    secrets = {
-        "cookie secret": (private / "jupyterhub_cookie_secret").read_text().strip(),
-        "proxy token": (private / "proxy_token").read_text().strip(),
-        "CLI token": (private / "cli_token").read_text().strip(),
-        "admin password": ADMIN_PW,
-    }
+    secrets = hub.secrets()
     leaks = [f"{what} in ${key}" for key, value in env.items()
              for what, secret in secrets.items() if secret in value]
     assert not leaks

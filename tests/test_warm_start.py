@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpulease.spawners.process_spec import warm_request, why_not_warm
@@ -150,14 +151,14 @@ def test_a_failed_launcher_is_not_started_again_at_every_start(tmp_path, monkeyp
 
     monkeypatch.setattr(warm_start, "_launchers", {})
     broken = str(tmp_path / "no-python")
-    first, known = warm_start.launcher_for(broken, {})
+    first, known = warm_start.launcher_for(broken, dict)
     assert not known and first.failure.startswith("cannot run")
-    again, known = warm_start.launcher_for(broken, {})
+    again, known = warm_start.launcher_for(broken, dict)
     assert again is first and known
     with pytest.raises(warm_start.WarmUnavailable, match="cannot run"):
         again.spawn({"argv": ["x"]}, wait_ready=1)
     monkeypatch.setattr(warm_start, "RETRY_AFTER_S", 0.0)
-    retried, known = warm_start.launcher_for(broken, {})
+    retried, known = warm_start.launcher_for(broken, dict)
     assert retried is not first and not known
 
 
@@ -241,14 +242,7 @@ def test_a_child_that_is_not_ready_in_time_is_killed_and_the_server_starts_cold(
 
 
 def _children(pid: int) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        try:
-            if p.isdigit() and int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(p))
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
+    return [p.pid for p in psutil.Process(pid).children()]
 
 
 def test_a_launcher_that_never_gets_ready_is_killed(tmp_path, monkeypatch):
