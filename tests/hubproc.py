@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -340,6 +341,46 @@ class HubProcess:
                 if len(ready) < len(options):
                     time.sleep(0.3)
         return ready
+
+    def start_with_progress(self, user: str, token: str, server: str = "",
+                            body: Any = None, timeout: float = 60) -> list[str]:
+        """Start a server and return the messages of its start's progress stream.
+
+        A warm start is ready within half a second: a stream opened after the POST may
+        find it ready already (one "Server ready" event). So streams are opened from
+        before the POST, again and again, and the first that saw the start pending is
+        the one returned ([] if none did within `timeout`)."""
+        path = (f"users/{user}/servers/{server}" if server else f"users/{user}/server")
+        found: list[str] = []
+        posted = threading.Event()
+
+        def watch() -> None:
+            deadline = time.monotonic() + timeout
+            while not found and time.monotonic() < deadline:
+                with requests.get(f"{self.url}/hub/api/{path}/progress", stream=True,
+                                  timeout=timeout,
+                                  headers={"Authorization": f"token {token}"}) as stream:
+                    seen, pending = [], False
+                    for line in stream.iter_lines(decode_unicode=True):
+                        if line and line.startswith("data:"):
+                            event = json.loads(line[5:])
+                            seen.append(event.get("message", ""))
+                            if event.get("ready") or event.get("failed"):
+                                break
+                            pending = True
+                    if pending:
+                        found.extend(seen)
+                    elif posted.is_set() and seen and stream.status_code == 200:
+                        return  # ready before any stream saw it pending
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        time.sleep(0.1)
+        self.api("POST", path, token, body)
+        posted.set()
+        watcher.join()
+        return found
 
     def wait_server_stopped(self, user: str, token: str, server: str = "", timeout: float = 60):
         deadline = time.monotonic() + timeout

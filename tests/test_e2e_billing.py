@@ -7,7 +7,6 @@ heartbeat" can be checked in seconds.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import os
 import select
@@ -197,32 +196,8 @@ def test_low_balance_is_told_in_progress_banner_and_api(hub, admin):
     assert "gpulease-banner" in page.text and "Low balance" in page.text
     assert hub.api("DELETE", "users/cy/server", token).status_code in (202, 204)
     hub.wait_server_stopped("cy", token)
-    # the next start's progress says so too: watched from before the start is asked
-    # for (a warm start is ready within half a second), taking the first stream that
-    # shows the start's events
-    events: list[str] = []
-
-    def watch() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not events:
-            with requests.get(f"{hub.url}/hub/api/users/cy/server/progress", stream=True,
-                              timeout=60, headers={"Authorization": f"token {token}"}) as stream:
-                seen = []
-                for line in stream.iter_lines(decode_unicode=True):
-                    if line.startswith("data:"):
-                        event = json.loads(line[5:])
-                        seen.append(event.get("message", ""))
-                        if event.get("ready") or event.get("failed"):
-                            break
-                if any("credits/h" in m for m in seen):
-                    events.extend(seen)
-            time.sleep(0.01)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    time.sleep(0.2)
-    hub.api("POST", "users/cy/server", token, {"user_options": {"profile": "minute"}})
-    watcher.join()
+    # the next start's progress says so too
+    events = hub.start_with_progress("cy", token, body={"user_options": {"profile": "minute"}})
     assert any("credits/h" in m for m in events), events
     assert any("Low balance" in m for m in events), events
     hub.api("DELETE", "users/cy/server", token)

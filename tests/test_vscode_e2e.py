@@ -16,9 +16,6 @@ only. No queue (`queue_max_wait=0`): a start without capacity is refused at once
 
 from __future__ import annotations
 
-import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -251,28 +248,10 @@ def test_a_users_token_reaches_only_its_users_servers(hub, tokens, vera_server, 
     assert ws_refusal(bo_server["url"], bo_server["kernel"], tokens["bo"]) == 0
 
 
-def progress_messages(hub, user: str, token: str, server: str = "") -> list[str]:
-    path = f"users/{user}/servers/{server}/progress" if server else f"users/{user}/server/progress"
-    seen = []
-    with requests.get(f"{hub.url}/hub/api/{path}", headers=auth(token), stream=True,
-                      timeout=90) as r:
-        for line in r.iter_lines(decode_unicode=True):
-            if line and line.startswith("data:"):
-                event = json.loads(line[5:])
-                seen.append(event.get("message", ""))
-                if event.get("ready") or event.get("failed"):
-                    break
-    return seen
-
-
 def test_empty_body_first_start_gets_the_cheapest_cpu_profile_and_says_so(hub, admin, tokens):
     token = tokens["vera"]
     assert hub.service("GET", "api/me/default-profile", token).json()["profile"] is None
-    start = threading.Thread(target=hub.api, args=("POST", "users/vera/servers/first", token))
-    start.start()
-    time.sleep(0.5)
-    messages = progress_messages(hub, "vera", token, "first")
-    start.join()
+    messages = hub.start_with_progress("vera", token, "first")
     assert any("Starting CPU only" in m and "0.100000 credits/h" in m
                and "cheapest CPU-only profile (cpu)" in m for m in messages), messages
     hub.wait_server_ready("vera", token, "first")
