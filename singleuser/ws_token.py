@@ -82,12 +82,15 @@ def accepts_url_token(method: str, headers: Mapping[str, str], websocket_handler
 
 
 @functools.cache
-def _hub_oauth_class() -> type:
-    from jupyterhub.services.auth import HubOAuth
+def _hub_oauth_class(base: type) -> type:
+    """`base` (JupyterHub's HubOAuth or a subclass of it) that also reads `?token=` on
+    non-browser websocket handshakes."""
     from tornado.websocket import WebSocketHandler
 
-    class WebsocketTokenHubOAuth(HubOAuth):
+    class WebsocketTokenHubOAuth(base):  # type: ignore[misc, valid-type]
         """HubOAuth that also reads `?token=` on non-browser websocket handshakes."""
+
+        reads_websocket_url_token = True
 
         def _get_token_url(self, handler: Any) -> str:
             token = super()._get_token_url(handler)
@@ -99,11 +102,12 @@ def _hub_oauth_class() -> type:
                 return handler.get_argument("token", "")
             return ""
 
+    WebsocketTokenHubOAuth.__qualname__ = f"WebsocketToken{base.__name__}"
     return WebsocketTokenHubOAuth
 
 
 def install(serverapp: Any) -> bool:
-    """Give a JupyterHub single-user server's identity provider the HubOAuth above.
+    """Give a JupyterHub single-user server's HubOAuth the websocket rule above.
 
     A no-op (False) in a Jupyter server not run by JupyterHub, or when this
     JupyterHub has no `_get_token_url` to extend (a version this was not
@@ -121,12 +125,16 @@ def install(serverapp: Any) -> bool:
         log.warning("gpulease: this JupyterHub has no HubOAuth._get_token_url; websocket "
                     "token-in-URL for non-browser clients (VS Code) is not enabled")
         return False
-    cls = _hub_oauth_class()
-    if isinstance(provider.hub_auth, cls):
+    hub_auth = provider.hub_auth
+    if getattr(hub_auth, "reads_websocket_url_token", False):
         return True
-    # A fresh instance with the same parent reads the same configuration and
-    # environment as JupyterHub's default one (HubOAuth(parent=provider)); the
-    # OAuth callback handler keeps the first instance, which is equivalent
-    # (all its state is in cookies and the environment).
-    provider.hub_auth = cls(parent=provider)
+    # The instance's class changes in place; the instance is never replaced.
+    # jupyter-server bound `/oauth_callback` to this very object before any
+    # extension loads, and since JupyterHub 6.0 it keeps each pending browser
+    # login's PKCE code verifier and next URL in its own memory (`_oauth_states`,
+    # keyed by the state cookie). A second instance would take the login redirect
+    # while the callback looked in the first: every browser login would end on a
+    # 500 at oauth_callback ("Code verifier required"). The subclass adds no state,
+    # so the object keeps all of its own.
+    hub_auth.__class__ = _hub_oauth_class(type(hub_auth))
     return True
