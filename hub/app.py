@@ -112,7 +112,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
     """The embedded gpulease hub (its own options: gpulease.hub.app_options)."""
 
     name = "gpulease"
-    description = "gpulease: GPU notebooks on JupyterHub, billed per second."
+    description = "gpulease: GPU notebooks on JupyterHub, billed by the millisecond."
     aliases = Dict(gpulease_aliases)
 
     @default("ip")

@@ -210,7 +210,7 @@ sessions = Table(
     # (kept so that a hub restart keeps the deadline its user was told).
     Column("preempted_until", DateTime, nullable=True),
     Column("preempt_why", String(500), nullable=True),
-    # tier reserved: the reservation whose unit it ran on (not billed per second)
+    # tier reserved: the reservation whose unit it ran on (not billed by the millisecond)
     Column("reservation_id", Integer, nullable=True),
 )
 Index(

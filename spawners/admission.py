@@ -109,7 +109,7 @@ async def apply_gpulease_options(spawner: LocalGPUSpawner, user_options: Any) ->
             group_accounts={a.partition(":")[2] for a in ctx.ledger.group_accounts()},
             deleted_profiles=ctx.profiles.deleted_slugs() if gone else frozenset(),
         )
-        # A holder's start takes a free unit of their reservation (not billed per second);
+        # A holder's start takes a free unit of their reservation (not billed by the millisecond);
         # the options saved stay the on-demand choice, for a resume after the period.
         run_as = on_reservation(choice, user, server, holding, in_use) or choice
         admit_for_credit(ctx, (user, server), run_as, {p.slug: p.min_run_s for p in profiles},
@@ -258,8 +258,8 @@ def start_events(choice: ServerChoice, balance_ucr: int) -> list[dict]:
     spot = (" on the spot tier (it may be interrupted for an on-demand start, with notice "
             "to save; the home is kept)") if choice.tier == SPOT else ""
     if choice.tier == RESERVED:
-        spot = (f" on a unit of reservation {choice.reservation_id} (paid for by it, not per "
-                "second)")
+        spot = (f" on a unit of reservation {choice.reservation_id} (paid for by it, not by "
+                "the millisecond)")
     events = [{"progress": 10,
                "message": f"Starting {profile.display_name} ({choice.image.name}) at "
                           f"{format_credits(choice.rate_per_hour_ucr)} credits/h{spot}, charged "

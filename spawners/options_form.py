@@ -183,7 +183,7 @@ def _card(profile: Profile, data: FormData, checked: bool) -> str:
     <span class="gl-name">{escape(profile.display_name)}</span>
     <span class="gl-price"><strong>{escape(price_text(rate))} credits/h</strong><br>
       <small class="gl-per-second">{escape(per_second_text(rate))} credits/s,
-        billed per second</small></span>
+        billed by the millisecond</small></span>
   </div>
   {description}
   <div class="gl-specs">{"".join(specs)}</div>
@@ -228,7 +228,7 @@ def render_options_form(data: FormData) -> str:
     if data.balance_ucr is not None:
         balance = (f'<div class="gl-balance">Your balance: <strong class="gpulease-balance">'
                    f"{escape(format_credits(data.balance_ucr))}</strong> credits. "
-                   "Billing is per second while the server runs; an idle server is "
+                   "Billing is by the millisecond while the server runs; an idle server is "
                    "suspended and stops costing.</div>")
     cards = "".join(_card(p, data, p.slug == selected) for p in data.profiles)
     return f'{STYLE}\n<div class="gpulease-form">{balance}{cards}{_accounts(data)}</div>'

@@ -7,7 +7,7 @@ Three 1g.18gb slices; lee's reservation holds one of them for the period:
 - a stranger's on-demand starts get only the two others; a spot server may use
   the reserved slice while lee does not, and is preempted, with notice, when
   lee starts; lee's server then runs on the reservation (tier reserved), not
-  billed per second, and the stranger's waiting start does not get the slice;
+  billed by the millisecond, and the stranger's waiting start does not get the slice;
 - at the end (notice ahead), lee's server goes on on demand from that moment;
   a reservation whose holder chose `suspend` suspends its server; a
   cancellation refunds the hours not begun (a `refund` row).
@@ -207,7 +207,7 @@ def test_a_reservation_holds_capacity_lends_it_to_spot_and_ends_on_demand(hub):
     (lee,) = _sessions(hub, tokens["lee"])
     assert lee["tier"] == "reserved" and lee["reservation"] == booked["id"]
     assert lee["cost"] == "0.000000" and lee["billed_ms"] > 2000
-    assert _balance(hub, tokens["lee"]) == "96.400000"  # nothing per second
+    assert _balance(hub, tokens["lee"]) == "96.400000"  # nothing by the millisecond
     csv = hub.service("GET", "api/usage?format=csv", tokens["lee"]).text
     assert ",reserved,user:lee," in csv and csv.strip().endswith(f",{booked['id']}")
 
@@ -241,7 +241,7 @@ def test_suspend_at_the_end_and_a_cancellation_refunds_the_hours_not_begun(hub):
     assert _balance(hub, tokens["lee"]) == f"{float(before) - 5.4:.6f}"
     assert _start(hub, "lee", tokens["lee"], {"profile": "slice"}, "b").status_code in (201, 202)
     hub.wait_server_ready("lee", tokens["lee"], "b")
-    # a start beyond the reservation's units is on demand, billed per second
+    # a start beyond the reservation's units is on demand, billed by the millisecond
     assert _start(hub, "lee", tokens["lee"], {"profile": "slice"}, "c").status_code in (201, 202)
     hub.wait_server_ready("lee", tokens["lee"], "c")
     holders = _holders(hub, admin)

@@ -52,8 +52,12 @@ def test_one_card_per_profile_with_gpu_cpu_memory_and_images():
 def test_price_per_hour_and_per_second():
     s = card(form(), "h200-1g")
     assert "1.20 credits/h" in s
-    # 1.20 / 3600 = 0.000333… credits per second, billed per second
+    # 1.20 / 3600 = 0.000333… credits per second, billed by the millisecond
     assert "≈ 0.000333 credits/s" in s
+    assert "billed by the millisecond" in s
+    page = " ".join(form(balance_ucr=5_000_000).split())
+    assert "per second" not in page.replace("credits per second", "")  # billing is by the ms
+    assert "Billing is by the millisecond" in page
     assert per_second_text(3_600_000) == "0.001"  # exact: no ≈
     assert per_second_text(8_000_000) == "≈ 0.002222"
 

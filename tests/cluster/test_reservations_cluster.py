@@ -6,7 +6,7 @@ start gets the other; ann's on-demand start then waits in gpulease's queue altho
 slice is free (it is reserved); sam's spot start may use that idle reserved slice.
 lee then starts: the start takes the reservation's unit (its pod is labelled with the
 reservation, at on-demand priority), kube-scheduler preempts sam's spot pod (sam is
-told), lee's server runs on the reservation, not billed per second, and ann's start
+told), lee's server runs on the reservation, not billed by the millisecond, and ann's start
 still waits.
 
 Units of two cards stay whole per node: two nodes of two cards, someone else's pod on
