@@ -49,8 +49,13 @@ class SetupError(Exception):
 
 # Modules the launcher imports that keep, from their import, the account or home of
 # whoever imported them (root, HOME=/nonexistent): imported again once the child is
-# the researcher. tests/test_warm_start.py looks for any other such module.
-REIMPORT_AS_RESEARCHER = ("send2trash.plat_other",)
+# the researcher. send2trash keeps the importer's uid and home; JupyterLab's LabApp
+# computes its user_settings_dir and workspaces_dir defaults from HOME as the class
+# is defined (kept, a warm server's JupyterLab could save no setting or workspace:
+# 500, "Permission denied: '/nonexistent'"). jupyterlab's extension point imports
+# LabApp from jupyterlab.labapp when the server starts, so it gets the new class.
+# tests/test_warm_start.py looks for any other such module or class default.
+REIMPORT_AS_RESEARCHER = ("send2trash.plat_other", "jupyterlab.labapp")
 
 
 def run_server(request_fd: int) -> int:

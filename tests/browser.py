@@ -5,6 +5,13 @@ through `executable_path`. Under CI=true a missing browser fails the test
 (`.ci/run` installs it); elsewhere the test skips, naming what to install.
 A failing browser test leaves a screenshot of every page it opened in
 `test-artifacts/` (see `pytest_runtest_makereport` in conftest.py).
+
+Every context records the 4xx and 5xx answers its pages receive
+(`context.http_errors`); a test that walks a researcher's path calls
+`check()` on it, and any answer outside ALLOWED_ERRORS (each with its reason)
+fails it. `open_jupyterlab_cell` is what a person does in JupyterLab: wait
+for its shell, open a notebook from the launcher, type a cell, Shift+Enter,
+and read the output in the page.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +28,51 @@ import pytest
 IN_CI = os.environ.get("CI", "").lower() == "true"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
+
+
+@dataclass(frozen=True)
+class AllowedError:
+    """A 4xx/5xx answer a page may receive on a path that works, and why."""
+
+    status: int
+    path: str  # a regular expression matched against the URL's path
+    reason: str
+
+    def allows(self, status: int, path: str) -> bool:
+        return status == self.status and re.search(self.path, path) is not None
+
+
+# The one allow-list of the browser tests: answers that are not failures.
+ALLOWED_ERRORS: tuple[AllowedError, ...] = (
+    AllowedError(404, r"/lab/api/workspaces/",
+                 "JupyterLab asks for a saved workspace before it has one; 404 means "
+                 "'none yet' and it starts with the default layout"),
+    AllowedError(404, r"/favicon\.ico$",
+                 "Chromium asks every origin for /favicon.ico; pages name their icon in "
+                 "<link rel=icon>"),
+)
+
+
+class HttpErrors:
+    """The 4xx and 5xx answers one browser context received, less ALLOWED_ERRORS."""
+
+    def __init__(self, context) -> None:
+        self.unexpected: list[str] = []
+        context.on("response", self._record)
+
+    def _record(self, response) -> None:
+        if response.status < 400:
+            return
+        path = re.sub(r"^[a-z]+://[^/]+", "", response.url).split("?")[0]
+        if not any(a.allows(response.status, path) for a in ALLOWED_ERRORS):
+            self.unexpected.append(
+                f"{response.status} {response.request.method} {response.url.split('?')[0]}")
+
+    def check(self) -> None:
+        """Fail with every unexpected error answer so far."""
+        assert not self.unexpected, (
+            "error answers on the way (tests/browser.py ALLOWED_ERRORS lists the allowed "
+            f"ones): {self.unexpected}")
 
 
 def chromium_path() -> str | None:
@@ -69,8 +122,7 @@ def chromium() -> Iterator[object]:
 @pytest.fixture
 def browser_context(chromium, request) -> Iterator[object]:
     """A fresh browser profile (cookies) per test, at a laptop's screen size."""
-    context = chromium.new_context(viewport={"width": 1366, "height": 768})
-    context.set_default_timeout(20_000)
+    context = _context(chromium)
     request.node._gpulease_browser_contexts = [context]
     try:
         yield context
@@ -78,10 +130,16 @@ def browser_context(chromium, request) -> Iterator[object]:
         context.close()
 
 
-def new_context(chromium, request) -> object:
-    """Another profile in the same test (a second person), screenshotted on failure too."""
+def _context(chromium) -> object:
     context = chromium.new_context(viewport={"width": 1366, "height": 768})
     context.set_default_timeout(20_000)
+    context.http_errors = HttpErrors(context)
+    return context
+
+
+def new_context(chromium, request) -> object:
+    """Another profile in the same test (a second person), screenshotted on failure too."""
+    context = _context(chromium)
     request.node.__dict__.setdefault("_gpulease_browser_contexts", []).append(context)
     return context
 
@@ -100,3 +158,51 @@ def save_screenshots(item) -> list[Path]:
             except Exception:  # a closed page cannot be shot; the others still are
                 continue
     return saved
+
+
+# --- JupyterLab, as a person uses it ---------------------------------------------------------------
+
+LAB_TIMEOUT_MS = 120_000  # a cold JupyterLab on two busy cores
+
+
+def wait_for_jupyterlab(page) -> None:
+    """JupyterLab's own shell on screen: its main area and its file browser."""
+    page.locator("#jp-main-dock-panel").wait_for(state="visible", timeout=LAB_TIMEOUT_MS)
+    page.locator(".jp-DirListing").first.wait_for(state="visible", timeout=LAB_TIMEOUT_MS)
+
+
+def run_cell_in_new_notebook(page, code: str) -> str:
+    """Open a notebook from the launcher, type `code` in its cell, Shift+Enter; its output.
+
+    The launcher is opened from the File menu when another tab hides it."""
+    wait_for_jupyterlab(page)
+    card = page.locator('.jp-LauncherCard[data-category="Notebook"]').first
+    if not card.is_visible():
+        page.keyboard.press("Control+Shift+L")  # JupyterLab's "New Launcher"
+    card.wait_for(state="visible", timeout=LAB_TIMEOUT_MS)
+    card.click()
+    notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").last
+    editor = notebook.locator(".jp-Cell .cm-content").first
+    editor.wait_for(state="visible", timeout=LAB_TIMEOUT_MS)
+    # as a person waits for the status bar's "Python 3 (ipykernel) | Idle": the
+    # notebook's kernel connected (a cell run before that is not sent)
+    page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle$")).wait_for(
+        timeout=LAB_TIMEOUT_MS)
+    editor.click()
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+    output = notebook.locator(".jp-OutputArea-output").first
+    output.wait_for(state="visible", timeout=LAB_TIMEOUT_MS)
+    return output.inner_text().strip()
+
+
+DEVICES_CELL = "import os; print('devices=' + os.environ.get('CUDA_VISIBLE_DEVICES', '-'))"
+
+
+def devices_seen_in_lab(page) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES a notebook of this server prints, read in the page."""
+    text = run_cell_in_new_notebook(page, DEVICES_CELL)
+    match = re.fullmatch(r"devices=(\S*)", text)
+    assert match, f"the cell printed {text!r}"
+    value = match.group(1)
+    return [] if value in ("", "-") else value.split(",")

@@ -382,6 +382,16 @@ class HubProcess:
         watcher.join()
         return found
 
+    def assigned_devices(self, admin_token: str, user: str, server: str = "") -> list[str]:
+        """The device UUIDs the hub's inventory says `user`'s `server` holds (admin API)."""
+        r = self.service("GET", "api/inventory", admin_token)
+        r.raise_for_status()
+        return sorted(
+            device["uuid"]
+            for node in r.json()["nodes"] for gpu in node.get("gpus", [])
+            for device in gpu.get("devices", [])
+            if (device.get("holder") or {}) == {"user": user, "server": server})
+
     def wait_server_stopped(self, user: str, token: str, server: str = "", timeout: float = 60):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

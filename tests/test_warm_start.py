@@ -290,11 +290,19 @@ def test_no_preimported_module_keeps_the_launchers_account_or_home():
         "from gpulease.singleuser.warm_launcher import preimport\n"
         "preimport()\n"
         "found = set()\n"
+        "def home(v):\n"
+        "    return isinstance(v, str) and v.startswith('/nonexistent')\n"
         "for name, m in list(sys.modules.items()):\n"
         "    for k, v in list(getattr(m, '__dict__', {}).items()):\n"
-        "        if isinstance(v, str) and v.startswith('/nonexistent') or \\\n"
-        "                k.lower() in ('uid', 'euid', '_uid') and v == 0:\n"
+        "        if home(v) or k.lower() in ('uid', 'euid', '_uid') and v == 0:\n"
         "            found.add(name)\n"
+        "        # a class's traitlets defaults, computed as the class was defined\n"
+        "        # (JupyterLab's LabApp.workspaces_dir is one)\n"
+        "        if isinstance(v, type) and v.__module__ == name:\n"
+        "            for attr in list(vars(v).values()):\n"
+        "                if type(attr).__module__ == 'traitlets.traitlets' and \\\n"
+        "                        home(getattr(attr, 'default_value', None)):\n"
+        "                    found.add(name)\n"
         "print(json.dumps(sorted(found)))\n")
     import subprocess
 
