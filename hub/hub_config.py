@@ -240,6 +240,7 @@ def service_direct_url(s: HubSettings) -> str:
 
 
 def hub_config(s: HubSettings) -> Config:
+    from gpulease.hub.error_text import error_text
     from gpulease.hub.home_page import home_template_var
 
     c = Config()
@@ -262,6 +263,9 @@ def hub_config(s: HubSettings) -> Config:
         "gpulease_banner": low_balance_banner(s),
         # the home page's servers, profiles and default profile (hub/home_page.py)
         "gpulease_home": home_template_var(_context_of(s)),
+        # error.html's wording per status; JupyterHub calls a callable value with
+        # the page's user, so this one returns the function itself
+        "gpulease_error_text": lambda _user: error_text,
     }
     hub.services = [
         {

@@ -7,6 +7,8 @@ its kernel and terminal state to the gpulease service with its own token for
 the idle culler, which never contacts a server (activity_push.py),
 accepts `?token=` on websocket handshakes from non-browser clients such as
 VS Code (ws_token.py),
+answers a failed sign-in (`oauth_callback`) or logout with a page that says what to
+do and links to the hub's home page (error_page.py),
 starts a kernel with the server for the first notebook (kernel_pool.py; its
 kernel manager, set as the extension is linked), and the prebuilt JupyterLab extension
 `gpulease-notices` that shows those notices in JupyterLab.
@@ -43,12 +45,13 @@ def _link_jupyter_server_extension(serverapp):
 
 
 def _load_jupyter_server_extension(serverapp):
-    from . import notices, ws_token
+    from . import error_page, notices, ws_token
     from .activity import install
     from .activity_push import ActivityPusher
 
     install()  # activity = use, not an open tab's polling (see activity.py)
     ws_token.install(serverapp)  # ?token= on non-browser websockets: VS Code (see ws_token.py)
+    error_page.install(serverapp)  # a failed sign-in or logout: a page, not tornado's bare text
     notices.setup_handlers(serverapp)
     fill_pool = getattr(serverapp.kernel_manager, "fill_pool", None)
     if fill_pool is not None:  # a kernel ready before the first notebook asks (kernel_pool.py)

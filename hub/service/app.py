@@ -10,7 +10,6 @@ import signal
 from datetime import UTC, datetime
 from pathlib import Path
 
-from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.routing import Rule
@@ -76,10 +75,13 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
     handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]
     handlers += [(url_path_join(prefix, path), cls, args) for path, cls in routes]
     handlers += n.notice_routes(prefix, args, env)
-    handlers.append((url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler))
+    handlers.append((url_path_join(prefix, "oauth_callback"), pages.OAuthCallbackPage, args))
     handlers.append((url_path_join(prefix, "api/.*"), h.NotFoundHandler, args))
     return web.Application(
         handlers,
+        # an address no route serves: a page saying so, not tornado's bare "404: Not Found"
+        default_handler_class=pages.PageNotFound,
+        default_handler_args=args,
         cookie_secret=os.urandom(32),
         xsrf_cookies=False,
         template_path=str(TEMPLATES),

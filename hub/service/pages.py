@@ -1,4 +1,4 @@
-"""Browser pages of the gpulease service: a user's usage, and the admins' report.
+"""Browser pages of the gpulease service: a user's usage, the admins' report, and errors.
 
 Pages log in through the hub's OAuth (an anonymous browser is sent to the
 hub's login); every text shown is escaped by the templates' autoescape.
@@ -7,12 +7,15 @@ hub's login); every text shown is escaped by the templates' autoescape.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from urllib.parse import urlencode
 
+from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 
 from gpulease.hub import billing_reports
 from gpulease.hub.db import utcnow
+from gpulease.hub.error_text import ErrorText, error_text
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
@@ -58,12 +61,51 @@ class PageHandler(BillingHandler):
             # the one field it names, on a page that has no form to show it beside
             one = exc.errors[0] if len(exc.errors) == 1 else None
             message = str(one) if one and one.message == exc.message else exc.message
-        elif status_code >= 500:
-            message = "Internal error in the gpulease service; see its log"
         else:
-            message = self._reason
+            message = self.error_message(status_code, exc)
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(self.render_string("error.html", status=status_code, message=message))
+        self.finish(self.render_string("error.html", status=status_code, message=message,
+                                       text=self.page_text(status_code)))
+
+    def page_text(self, status_code: int) -> ErrorText:
+        """The page's title and advice."""
+        return error_text(status_code)
+
+    def error_message(self, status_code: int, exc: BaseException | None) -> str:
+        """The page's detail for an error that is not a Refusal (those say their own)."""
+        if status_code >= 500:
+            return "The gpulease service failed to answer this page; its log has the details."
+        if isinstance(exc, web.HTTPError) and exc.log_message:  # "Missing argument since"
+            return exc.log_message % exc.args if exc.args else exc.log_message
+        return ""  # the status's plain title says it
+
+
+class PageNotFound(PageHandler):
+    """Any address of the service no route serves (the JSON API has its own 404)."""
+
+    def prepare(self) -> None:
+        raise web.HTTPError(404)
+
+    def error_message(self, status_code: int, exc: BaseException | None) -> str:
+        return "gpulease has no page at this address."
+
+
+class OAuthCallbackPage(HubOAuthCallbackHandler, PageHandler):
+    """The end of a browser's sign-in to the service's pages (JupyterHub's handler), whose
+    failures (a stale or replayed state, a code the hub refuses) are a page too."""
+
+    def page_text(self, status_code: int) -> ErrorText:
+        return replace(error_text(status_code), title="Your sign-in did not complete",
+                       advice="Open the page again from the home page. If this keeps "
+                              "happening, log out of the hub and log in again.")
+
+    def error_message(self, status_code: int, exc: BaseException | None) -> str:
+        # never the exception's text: it can name the hub's API URL or echo the
+        # callback's error_description
+        if status_code >= 500:
+            return "The hub did not confirm your sign-in to the gpulease pages."
+        return ("The sign-in link was out of date, already used, or opened in another "
+                "browser.")
 
 
 class UsagePage(PageHandler):

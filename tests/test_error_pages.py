@@ -1,0 +1,202 @@
+"""An error a researcher's browser meets is a page that helps, never tornado's bare text.
+
+Each surface a browser can reach (the hub's pages, the proxy's error target,
+the gpulease service's pages and its sign-in, a server's `oauth_callback` and
+`logout`) answers with the status kept, what went wrong in plain words, what
+to do, and a link to the hub's home page; the JSON APIs stay JSON. The server's
+pages never show the sign-in's `code` or `state`.
+
+In-process: the server's two routes get the page, its links built from what
+JupyterHub gives the server (a hub on another host, under a base URL). End to
+end: one real hub, proxy, gpulease service and server, asked as a browser asks.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import requests
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+
+from gpulease.hub.error_text import error_text
+from gpulease.singleuser import error_page
+from tests.hubproc import HubProcess, free_port
+
+ADMIN_PW = "admin-secret-pw"
+HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+BARE = re.compile(r"<title>\d{3}: [^<]*</title><body>\d{3}: ")  # tornado's own error page
+
+
+def assert_helpful(r: requests.Response, status: int, home: str = "/hub/home") -> str:
+    """A page (not tornado's bare one) with `status`, advice and a link to `home`."""
+    assert r.status_code == status, (r.status_code, r.text[:2000])
+    assert r.headers["Content-Type"].startswith("text/html"), r.headers
+    text = r.text
+    assert not BARE.search(text), text[:2000]
+    assert f'href="{home}"' in text and "Go to the home page" in text, text[:4000]
+    assert re.search(r"Error \d{3}: \w", text), text[:4000]  # a title in words, beside the code
+    return text
+
+
+# --- wording and escaping (no processes) ---------------------------------------------------------
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 409, 429, 500, 502, 503, 504, 599])
+def test_every_status_has_a_title_and_advice(status):
+    text = error_text(status)
+    assert text.title and text.advice.endswith(".")
+
+
+def test_the_servers_page_escapes_what_it_shows():
+    page = error_page.render(403, ("<b>x</b>", "a & b", "c"), 'https://h/"><script>', "/l")
+    assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page and "a &amp; b" in page
+    assert "<script>" not in page and 'href="https://h/&quot;&gt;&lt;script&gt;"' in page
+
+
+# --- the server's routes, in-process --------------------------------------------------------------
+
+async def test_the_servers_sign_in_and_logout_errors_lead_to_the_hubs_home(tmp_path, monkeypatch):
+    from jupyter_server.serverapp import ServerApp
+    from jupyterhub.singleuser.extension import JupyterHubIdentityProvider
+
+    for name, value in {
+        "JUPYTERHUB_API_TOKEN": "t" * 32, "JUPYTERHUB_API_URL": "http://127.0.0.1:9/base/hub/api",
+        "JUPYTERHUB_CLIENT_ID": "jupyterhub-user-ada", "JUPYTERHUB_USER": "ada",
+        "JUPYTERHUB_SERVICE_PREFIX": "/base/user/ada/", "JUPYTERHUB_BASE_URL": "/base/",
+        "JUPYTERHUB_OAUTH_CALLBACK_URL": "/base/user/ada/oauth_callback",
+        "JUPYTERHUB_HOST": "https://hub.example",  # the hub on a host of its own
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    app = ServerApp(identity_provider_class=JupyterHubIdentityProvider, base_url="/base/user/ada/",
+                    jpserver_extensions={"gpulease.singleuser": True}, root_dir=str(tmp_path))
+    app.config.ServerApp.kernel_manager_class = (  # no pooled kernel: no process started
+        "jupyter_server.services.kernels.kernelmanager.AsyncMappingKernelManager")
+    app.initialize(argv=[], find_extensions=False, new_httpserver=False)
+    sock, port = bind_unused_port()
+    server = HTTPServer(app.web_app)
+    server.add_sockets([sock])
+    client = AsyncHTTPClient()
+    base = f"http://127.0.0.1:{port}/base/user/ada"
+    try:
+        callback = await client.fetch(f"{base}/oauth_callback?code=the-code&state=the-state",
+                                      headers=HTML, raise_error=False)
+        logout = await client.fetch(f"{base}/logout", method="POST", body="", headers=HTML,
+                                    raise_error=False)
+        api = await client.fetch(f"{base}/api/contents/nothing-here", headers=HTML,
+                                 raise_error=False)
+    finally:
+        server.stop()
+    home = "https://hub.example/base/hub/home"
+    for answer, words in ((callback, "sign-in to this server did not complete"),
+                          (logout, "Logging out of this server did not complete")):
+        assert answer.code in (403, 405), (answer.code, answer.body[:2000])
+        page = answer.body.decode()
+        assert words in page and f'href="{home}"' in page, page
+        assert 'href="https://hub.example/base/hub/logout"' in page, page
+        assert not BARE.search(page), page
+    assert "the-code" not in callback.body.decode() and "the-state" not in callback.body.decode()
+    # the API stays JSON
+    assert api.code in (403, 404) and api.headers["Content-Type"].startswith("application/json")
+
+
+# --- one real hub, proxy, service and server -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = HubProcess(state=tmp_path_factory.mktemp("error_pages") / "state",
+                   admin_password=ADMIN_PW).start()
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def ada(hub) -> requests.Session:
+    """ada, with a running server, and her browser: logged in to the hub, not yet to it."""
+    admin = hub.token_for("admin", ADMIN_PW)
+    token = hub.add_user(admin, "ada")
+    r = hub.api("POST", "users/ada/server", token, {"user_options": {"profile": "cpu"}})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready("ada", token)
+    browser = hub.login_form("ada", "ada-pw-12345")
+    assert browser.login_status == 302
+    browser.headers.update(HTML)
+    return browser
+
+
+@pytest.mark.e2e
+def test_a_sign_in_with_a_stale_state_is_a_page_that_leads_home(hub, ada):
+    r = ada.get(f"{hub.url}/user/ada/oauth_callback?code=bogus-code&state=bogus-state",
+                timeout=30)
+    page = assert_helpful(r, 403)
+    assert "did not complete" in page and "open your server again" in page.lower()
+    assert "bogus-code" not in page and "bogus-state" not in page
+
+
+@pytest.mark.e2e
+def test_a_sign_in_whose_code_the_hub_refuses_is_a_page_that_leads_home(hub, ada):
+    # the server's own redirect to the hub sets the state cookie, as in a real login
+    r = ada.get(f"{hub.url}/user/ada/lab", allow_redirects=False, timeout=30)
+    assert r.status_code == 302, r.text[:2000]
+    state = parse_qs(urlsplit(r.headers["Location"]).query)["state"][0]
+    r = ada.get(f"{hub.url}/user/ada/oauth_callback",
+                params={"code": "a-code-the-hub-never-issued", "state": state}, timeout=30)
+    page = assert_helpful(r, 500)  # JupyterHub's HubOAuth makes the hub's 400 its 500
+    assert "did not complete" in page and "log in again" in page
+    assert state not in page and "a-code-the-hub-never-issued" not in page
+
+
+@pytest.mark.e2e
+def test_a_logout_the_server_refuses_is_a_page_that_leads_home(hub, ada):
+    r = ada.post(f"{hub.url}/user/ada/logout", timeout=30)  # no _xsrf: refused
+    page = assert_helpful(r, 403)
+    assert "Logging out of this server did not complete" in page
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("path", ["/hub/no-such-page", "/user/nobody-here/"])
+def test_the_hubs_404_is_a_page_that_leads_home(hub, ada, path):
+    page = assert_helpful(ada.get(f"{hub.url}{path}", timeout=30), 404)
+    assert error_text(404).advice in page and "lots of moons" not in page
+
+
+@pytest.mark.e2e
+def test_the_proxys_error_target_for_a_server_that_does_not_answer(hub, ada):
+    # a route to a server whose process is gone: nothing listens on its port
+    api = f"http://127.0.0.1:{hub.api_port}/api/routes/user/ghost"
+    auth = {"Authorization": f"token {hub.secrets()['proxy token']}"}
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert requests.post(api, json={"target": dead}, headers=auth, timeout=10).status_code == 201
+    try:
+        r = ada.get(f"{hub.url}/user/ghost/lab", timeout=30)
+    finally:
+        requests.delete(api, headers=auth, timeout=10)
+    page = assert_helpful(r, 503)  # the proxy keeps the status; the hub wrote the page
+    assert "start or resume it from the home page" in page
+
+
+@pytest.mark.e2e
+def test_the_services_errors_are_pages_that_lead_home(hub, ada):
+    forbidden = ada.get(f"{hub.url}/services/gpulease/admin/profiles", timeout=30)
+    page = assert_helpful(forbidden, 403)
+    assert "needs a gpulease admin or auditor" in page and error_text(403).advice in page.replace(
+        "&#x27;", "'")
+    missing = ada.get(f"{hub.url}/services/gpulease/no-such-page", timeout=30)
+    assert "gpulease has no page at this address" in assert_helpful(missing, 404)
+    # a sign-in to the service's pages that does not match (another browser's link)
+    stranger = requests.get(f"{hub.url}/services/gpulease/oauth_callback",
+                            params={"code": "c0de", "state": "st4te"}, headers=HTML, timeout=30)
+    page = assert_helpful(stranger, 403)
+    assert "did not complete" in page and "c0de" not in page and "st4te" not in page
+
+
+@pytest.mark.e2e
+def test_the_apis_still_answer_json(hub, ada):
+    for path in ("/hub/api/no-such-thing", "/services/gpulease/api/no-such-thing"):
+        r = ada.get(f"{hub.url}{path}", timeout=30)
+        assert r.status_code == 404 and r.headers["Content-Type"].startswith(
+            "application/json"), (path, r.text[:500])
+        assert r.json()["status"] == 404
