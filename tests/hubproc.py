@@ -390,7 +390,8 @@ class HubProcess:
             device["uuid"]
             for node in r.json()["nodes"] for gpu in node.get("gpus", [])
             for device in gpu.get("devices", [])
-            if (device.get("holder") or {}) == {"user": user, "server": server})
+            if (device.get("holder") or {}).get("user") == user
+            and device["holder"].get("server") == server)
 
     def wait_server_stopped(self, user: str, token: str, server: str = "", timeout: float = 60):
         deadline = time.monotonic() + timeout

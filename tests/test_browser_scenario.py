@@ -2,8 +2,9 @@
 
 An admin creates a profile in the editor (its display name is an XSS probe);
 a researcher sees it on the spawn page with its price and availability,
-starts it, sees the running cost on the home page, stops it and resumes on
-another profile; the admin sees the server in the inventory, the session in
+starts it, lands in JupyterLab, where a notebook's cell prints the slice the hub assigned,
+sees the running cost on the home page, stops it and resumes on another
+profile (CPU only: the cell prints no device); the admin sees the server in the inventory, the session in
 the usage report and the creation in the audit log. No script from the probe
 ever runs (a dialog would be recorded), and its text shows as text.
 """
@@ -14,6 +15,7 @@ import re
 
 import pytest
 
+from tests.browser import devices_seen_in_lab
 from tests.hubproc import HubProcess
 
 ADMIN_PW = "admin-secret-pw"
@@ -46,6 +48,9 @@ def log_in(page, hub, user: str, password: str) -> None:
 
 def watch_dialogs(page, dialogs: list[str]) -> None:
     def record(dialog) -> None:
+        if dialog.type == "beforeunload":  # JupyterLab's "leave the page?": a person leaves
+            dialog.accept()
+            return
         dialogs.append(dialog.message)
         dialog.dismiss()
 
@@ -96,7 +101,10 @@ def test_admin_and_researcher_in_chromium(hub, chromium, browser_context, reques
     # ... starts it, and sees the running cost on the home page
     card.locator(f'input[value="{SLUG}"]').check()
     ada.locator('form#spawn_form [type="submit"]').click()
-    ada.wait_for_url(re.compile(r".*/user/ada/.*"), timeout=120_000)
+    # JupyterLab, and in a notebook's cell the slice the hub assigned
+    admin_token = hub.token_for("admin", ADMIN_PW)
+    seen = devices_seen_in_lab(ada)
+    assert seen == hub.assigned_devices(admin_token, "ada") and seen[0].startswith("MIG-")
     row = home_row(ada, hub)
     assert row.get_attribute("data-state") == "running"
     assert SLUG in row.inner_text()
@@ -117,7 +125,7 @@ def test_admin_and_researcher_in_chromium(hub, chromium, browser_context, reques
     row.get_by_role("link", name=re.compile("other profile", re.I)).click()
     ada.locator('input[name="profile"][value="cpu"]').check()
     ada.locator('form#spawn_form [type="submit"]').click()
-    ada.wait_for_url(re.compile(r".*/user/ada/.*"), timeout=120_000)
+    assert devices_seen_in_lab(ada) == [] == hub.assigned_devices(admin_token, "ada")
     row = home_row(ada, hub)
     assert row.get_attribute("data-state") == "running"
     assert row.locator(".gpulease-profile").inner_text() == "cpu"
@@ -136,5 +144,7 @@ def test_admin_and_researcher_in_chromium(hub, chromium, browser_context, reques
     ada.wait_for_url(re.compile(r".*/services/gpulease/usage.*"))
     assert SLUG in ada.inner_text("main")
 
-    # the probe never ran anywhere
+    # the probe never ran anywhere, and no page answered an error on the way
     assert dialogs == []
+    browser_context.http_errors.check()
+    ada.context.http_errors.check()
