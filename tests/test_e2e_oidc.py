@@ -47,6 +47,8 @@ ACCOUNTS = {
     "s-frank": dict(login="frank", password="frank-pw", preferred_username="frank",
                     groups=["researchers", "auditors"]),
     "s-eve": dict(login="eve", password="eve-pw", preferred_username="eve", groups=["visitors"]),
+    "s-gwen": dict(login="gwen", password="gwen-pw", preferred_username="gwen",
+                   groups=["researchers"]),
 }
 
 
@@ -298,6 +300,30 @@ def test_logout_ends_the_hub_session_and_the_providers(site):
     assert out.status_code == 302
     assert out.headers["location"].startswith(f"{provider.issuer}/session/end")
     assert browser.get(f"{hub.url}/hub/api/user", timeout=10).status_code == 403
+
+
+def test_signed_in_through_the_provider_a_browser_reaches_jupyterlab(site, browser_context):
+    """In Chromium: the provider's own sign-in form, the spawn page, Start, and JupyterLab,
+    where a notebook's cell prints the slice the hub assigned."""
+    from tests.browser import devices_seen_in_lab
+
+    hub, _ = site
+    page = browser_context.new_page()
+    page.goto(f"{hub.url}/hub/login")
+    page.locator('a[href*="oauth_login"]').first.click()
+    page.fill('input[name="login"]', "gwen")
+    page.fill('input[name="password"]', "gwen-pw")
+    page.get_by_role("button", name="Sign in").click()
+    page.locator("tr.gpulease-server, form#spawn_form").first.wait_for()
+    hub.grant(hub.admin_token, "user:gwen")
+    page.goto(f"{hub.url}/hub/spawn")
+    page.locator('input[name="profile"][value="h200-1g"]').check()
+    page.locator('form#spawn_form [type="submit"]').click()
+    seen = devices_seen_in_lab(page)
+    assert seen == hub.assigned_devices(hub.admin_token, "gwen") and seen[0].startswith("MIG-")
+    browser_context.http_errors.check()
+    hub.api("DELETE", "users/gwen/server", hub.admin_token)
+    hub.wait_server_stopped("gwen", hub.admin_token)
 
 
 def test_a_provider_that_is_down(site):
