@@ -64,8 +64,20 @@ class PageHandler(BillingHandler):
         else:
             message = self.error_message(status_code, exc)
         self.set_header("Content-Type", "text/html; charset=utf-8")
+        self._caller_or_no_one()
         self.finish(self.render_string("error.html", status=status_code, message=message,
                                        text=self.page_text(status_code)))
+
+    def _caller_or_no_one(self) -> None:
+        """Who the page's header names: asked of the hub now if nobody asked before the
+        error, and no one where the hub cannot say (it is down or restarting). An error
+        page renders all the same, never an empty body with its status."""
+        if hasattr(self, "_current_user"):
+            return
+        try:
+            self._current_user = self.get_current_user()
+        except Exception:  # noqa: BLE001 - HubAuth logged why; the page names no one
+            self._current_user = self._hub_auth_user_cache = None
 
     def page_text(self, status_code: int) -> ErrorText:
         """The page's title and advice."""
