@@ -102,7 +102,8 @@ def _hub_oauth_class(base: type) -> type:
                 return handler.get_argument("token", "")
             return ""
 
-    WebsocketTokenHubOAuth.__qualname__ = f"WebsocketToken{base.__name__}"
+    WebsocketTokenHubOAuth.__name__ = WebsocketTokenHubOAuth.__qualname__ = (
+        f"WebsocketToken{base.__name__}")
     return WebsocketTokenHubOAuth
 
 

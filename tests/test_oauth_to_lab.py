@@ -113,3 +113,20 @@ def test_a_logged_in_researcher_follows_a_deep_link_into_jupyterlab(hub):
     assert config, landed.text[:2000]
     assert '"hubUser": "ada"' in config.group(1) and '"appName": "JupyterLab"' in config.group(1)
     assert "Code verifier required" not in hub.log()
+
+
+def test_the_browser_tests_allow_list_applies_only_where_named():
+    """A 424 of a stopped server's tab passes only a test that stops it on purpose."""
+    from tests.browser import HttpErrors
+
+    class Context:
+        def on(self, event, handler):
+            pass
+
+    errors = HttpErrors(Context())
+    errors.answers.append((424, "GET", "http://127.0.0.1:1/hub/user/cy/api/kernels/k"))
+    assert errors.unexpected() == ["424 GET http://127.0.0.1:1/hub/user/cy/api/kernels/k"]
+    assert errors.unexpected("server stopped") == []
+    errors.answers.append((500, "PUT", "http://127.0.0.1:1/user/cy/lab/api/workspaces/default"))
+    assert errors.unexpected("server stopped") == [
+        "500 PUT http://127.0.0.1:1/user/cy/lab/api/workspaces/default"]
