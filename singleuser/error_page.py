@@ -21,22 +21,11 @@ import functools
 import html
 from typing import Any
 
+from gpulease.sign_in_failure import sign_in_failure
+
 HOME_SETTING = "gpulease_hub_home"
 LOGOUT_SETTING = "gpulease_hub_logout"
 
-_SIGN_IN_FAILED = "Your sign-in to this server did not complete"
-_SIGN_IN_REFUSED = (
-    _SIGN_IN_FAILED,
-    "The sign-in link was out of date, already used, or opened in another browser.",
-    "Open your server again from the home page. If this keeps happening, log out of "
-    "the hub and log in again.",
-)
-_SIGN_IN_UNCONFIRMED = (
-    _SIGN_IN_FAILED,
-    "The hub did not confirm it: it refused the sign-in's code, or did not answer.",
-    "Wait a moment, then open your server again from the home page. If this keeps "
-    "happening, log out of the hub and log in again, or tell your hub's admins.",
-)
 _LOGOUT_FAILED = (
     "Logging out of this server did not complete",
     "The logout request was not one this server accepts (an out-of-date page, say).",
@@ -46,7 +35,8 @@ _LOGOUT_FAILED = (
 
 def sign_in_text(status: int) -> tuple[str, str, str]:
     """At `/oauth_callback`: what went wrong (a headline and its cause), and what to do."""
-    return _SIGN_IN_UNCONFIRMED if status >= 500 else _SIGN_IN_REFUSED
+    failure = sign_in_failure(status, to=" to this server", reopen="your server")
+    return failure.headline, failure.cause, failure.advice
 
 
 def logout_text(status: int) -> tuple[str, str, str]:

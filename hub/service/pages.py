@@ -20,6 +20,7 @@ from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
 from gpulease.hub.units import seconds_text
+from gpulease.sign_in_failure import sign_in_failure
 
 CHART_DAYS = 30
 
@@ -107,17 +108,11 @@ class OAuthCallbackPage(HubOAuthCallbackHandler, PageHandler):
     failures (a stale or replayed state, a code the hub refuses) are a page too."""
 
     def page_text(self, status_code: int) -> ErrorText:
-        return replace(error_text(status_code), title="Your sign-in did not complete",
-                       advice="Open the page again from the home page. If this keeps "
-                              "happening, log out of the hub and log in again.")
+        failure = sign_in_failure(status_code)
+        return replace(error_text(status_code), title=failure.headline, advice=failure.advice)
 
     def error_message(self, status_code: int, exc: BaseException | None) -> str:
-        # never the exception's text: it can name the hub's API URL or echo the
-        # callback's error_description
-        if status_code >= 500:
-            return "The hub did not confirm your sign-in to the gpulease pages."
-        return ("The sign-in link was out of date, already used, or opened in another "
-                "browser.")
+        return sign_in_failure(status_code).cause  # never the exception's text
 
 
 class UsagePage(PageHandler):
