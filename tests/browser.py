@@ -211,7 +211,7 @@ def run_cell_in_new_notebook(page, code: str) -> str:
     # notebook's kernel connected (a cell run before that is not sent)
     idle = page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle$"))
     deadline = time.monotonic() + LAB_TIMEOUT_MS / 1000
-    while not (idle.is_visible() and not _accept_kernel_choice(page)):
+    while _accept_kernel_choice(page) or not idle.is_visible():
         assert time.monotonic() < deadline, "the notebook's kernel never became idle"
         page.wait_for_timeout(200)
     editor.click()

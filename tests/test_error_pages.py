@@ -25,6 +25,7 @@ from tornado.testing import bind_unused_port
 from gpulease.hub.error_text import error_text
 from gpulease.singleuser import error_page
 from tests.hubproc import HubProcess, free_port
+from tests.singleuser_app import hub_server_app
 
 ADMIN_PW = "admin-secret-pw"
 HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
@@ -59,23 +60,8 @@ def test_the_servers_page_escapes_what_it_shows():
 # --- the server's routes, in-process --------------------------------------------------------------
 
 async def test_the_servers_sign_in_and_logout_errors_lead_to_the_hubs_home(tmp_path, monkeypatch):
-    from jupyter_server.serverapp import ServerApp
-    from jupyterhub.singleuser.extension import JupyterHubIdentityProvider
-
-    for name, value in {
-        "JUPYTERHUB_API_TOKEN": "t" * 32, "JUPYTERHUB_API_URL": "http://127.0.0.1:9/base/hub/api",
-        "JUPYTERHUB_CLIENT_ID": "jupyterhub-user-ada", "JUPYTERHUB_USER": "ada",
-        "JUPYTERHUB_SERVICE_PREFIX": "/base/user/ada/", "JUPYTERHUB_BASE_URL": "/base/",
-        "JUPYTERHUB_OAUTH_CALLBACK_URL": "/base/user/ada/oauth_callback",
-        "JUPYTERHUB_HOST": "https://hub.example",  # the hub on a host of its own
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-    }.items():
-        monkeypatch.setenv(name, value)
-    app = ServerApp(identity_provider_class=JupyterHubIdentityProvider, base_url="/base/user/ada/",
-                    jpserver_extensions={"gpulease.singleuser": True}, root_dir=str(tmp_path))
-    app.config.ServerApp.kernel_manager_class = (  # no pooled kernel: no process started
-        "jupyter_server.services.kernels.kernelmanager.AsyncMappingKernelManager")
-    app.initialize(argv=[], find_extensions=False, new_httpserver=False)
+    # the hub on a host of its own, under a base URL: links come from what it gives
+    app = hub_server_app(tmp_path, monkeypatch, base="/base/", hub_host="https://hub.example")
     sock, port = bind_unused_port()
     server = HTTPServer(app.web_app)
     server.add_sockets([sock])

@@ -23,6 +23,7 @@ import pytest
 import requests
 
 from tests.hubproc import HubProcess
+from tests.singleuser_app import hub_server_app
 
 ADMIN_PW = "admin-secret-pw"
 
@@ -30,23 +31,7 @@ ADMIN_PW = "admin-secret-pw"
 # --- the instance the callback route holds (in-process) ------------------------------------------
 
 def test_the_callback_route_holds_the_providers_hub_auth(tmp_path, monkeypatch):
-    from jupyter_server.serverapp import ServerApp
-    from jupyterhub.singleuser.extension import JupyterHubIdentityProvider
-
-    for name, value in {
-        "JUPYTERHUB_API_TOKEN": "t" * 32, "JUPYTERHUB_API_URL": "http://127.0.0.1:9/hub/api",
-        "JUPYTERHUB_CLIENT_ID": "jupyterhub-user-ada", "JUPYTERHUB_USER": "ada",
-        "JUPYTERHUB_SERVICE_PREFIX": "/user/ada/", "JUPYTERHUB_BASE_URL": "/",
-        "JUPYTERHUB_OAUTH_CALLBACK_URL": "/user/ada/oauth_callback", "JUPYTERHUB_HOST": "",
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-    }.items():
-        monkeypatch.setenv(name, value)
-    app = ServerApp(identity_provider_class=JupyterHubIdentityProvider,
-                    jpserver_extensions={"gpulease.singleuser": True}, root_dir=str(tmp_path))
-    # no pooled kernel: this test starts no process
-    app.config.ServerApp.kernel_manager_class = (
-        "jupyter_server.services.kernels.kernelmanager.AsyncMappingKernelManager")
-    app.initialize(argv=[], find_extensions=False, new_httpserver=False)
+    app = hub_server_app(tmp_path, monkeypatch)
     assert "gpulease.singleuser" in app.extension_manager.extensions
     callbacks = [rule for rule in app.web_app.wildcard_router.rules
                  if rule.matcher.regex.pattern.endswith("/oauth_callback$")]

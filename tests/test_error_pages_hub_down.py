@@ -1,12 +1,11 @@
-"""Review of the error pages (ffdbd6b): a service page about an error renders when the hub
-cannot say who is asking.
+"""A gpulease service page about an error renders when the hub cannot say who is asking.
 
 The gpulease service's pages show who is logged in, so rendering any of them asks
 the hub who the browser's cookie belongs to. When the hub does not answer (it is
-restarting, or unreachable from the service), that question raised inside
-`write_error`: tornado logged "Uncaught exception in write_error" and the
-browser got the error's status with an empty body, instead of the page that says
-what went wrong and links home. A logged-in researcher meets this exactly when
+restarting, or unreachable from the service), that question must not be asked
+inside `write_error` unguarded: tornado would log "Uncaught exception in
+write_error" and send the error's status with an empty body, instead of the page
+that says what went wrong and links home. A logged-in researcher meets this exactly when
 error pages matter most. In-process: the service's app, a hub API nothing listens
 on, and a browser's signed login cookie.
 """
