@@ -32,6 +32,7 @@ from typing import Any
 
 from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from tornado import web
 from traitlets import Bool, Float
 
 
@@ -141,7 +142,20 @@ class PooledKernelManager(AsyncMappingKernelManager):
             del kernel.connect_iopub  # the class's own again
 
     def list_kernels(self) -> list[dict]:
-        return [k for k in super().list_kernels() if k["id"] != self._pooled]
+        """As jupyter-server lists kernels, less the pooled one, and less a kernel still
+        being registered: jupyter-client adds it to the table one loop turn before
+        jupyter-server gives it `last_activity` and `execution_state`, and a listing in
+        that turn (JupyterLab polls api/kernels while the pooled kernel starts with the
+        server) raised AttributeError, answered 500."""
+        kernels = []
+        for kernel_id in self.pinned_superclass.list_kernel_ids(self):
+            if kernel_id == self._pooled:
+                continue
+            try:
+                kernels.append(self.kernel_model(kernel_id))
+            except (web.HTTPError, KeyError, AttributeError):
+                pass  # gone, or not yet fully there: listed on the next poll
+        return kernels
 
     async def start_kernel(self, *, kernel_id: str | None = None, path: str | None = None,
                            **kwargs: Any) -> str:
