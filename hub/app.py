@@ -24,6 +24,7 @@ from jupyterhub.app import aliases as hub_aliases
 from tornado.httpserver import HTTPServer
 from traitlets import Dict, default
 
+from gpulease.hub import canonical_host
 from gpulease.hub.accounts import AccountError, ensure_first_admin
 from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.audit import RetentionError, parse_retention
@@ -62,6 +63,7 @@ from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.oauth import ProviderSignIn
 from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
 from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
+from gpulease.hub.origins import OriginError, plan_origins
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.queue_resume import resume_then_serve
 from gpulease.hub.server_env import ServerEnvError
@@ -91,6 +93,7 @@ gpulease_aliases = {
     "catalog": "GPULeaseHub.catalog_file",
     "admin": "GPULeaseHub.admin_name",
     "config": "GPULeaseHub.config_file",
+    "subdomain-host": "JupyterHub.subdomain_host",
     "f": "GPULeaseHub.config_file",
 }
 
@@ -160,7 +163,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         try:
             self._prepare()
         except (StateError, ProfileError, InventoryError, CatalogError, BillingError,
-                RetentionError, UnixAccountError, AccountError, OSError) as e:
+                RetentionError, UnixAccountError, AccountError, OriginError, OSError) as e:
             problems = str(e).strip().replace("\n", "\n  ")
             print(f"gpulease: cannot start:\n  {problems}", file=sys.stderr)
             self.exit(1)
@@ -170,6 +173,12 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     def _prepare(self) -> None:
         self._audit_retention = parse_retention(self.audit_retention)
+        # First: a hub that would serve users' servers unsafely starts nothing.
+        self._origins = plan_origins(
+            scheme="https" if self.ssl_cert else "http", ip=self.ip, port=self.port,
+            base_url=self.base_url, subdomain_host=self.subdomain_host,
+            public_url=self.public_url, allow_shared_origin=self.allow_shared_origin,
+            cluster=self._cluster)
         namespace = ""
         if self._cluster:
             require_kubespawner()
@@ -231,7 +240,6 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             service_port=service_port,
             service_host=service_host,
             service_listen="127.0.0.1" if service_host == "127.0.0.1" else "",
-            servers_proxy_url=self.servers_proxy_url,
             cli_token=cli_token,
             proxy_token=read_or_create_secret(state.private / "proxy_token"),
             chp_command=project_chp(),
@@ -240,7 +248,9 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             notify_webhook_url=self.notify_webhook_url, smtp_host=self.smtp_host,
             smtp_port=self.smtp_port, smtp_from=self.smtp_from,
             smtp_starttls=self.smtp_starttls, smtp_username=self.smtp_username,
-            public_url=self._public_url(),
+            public_url=self._origins.public_url or self._public_url(),
+            subdomain_host=self._origins.subdomain_host,
+            cookie_host_prefix=self._origins.cookie_host_prefix,
             culler=self._culler_settings("cluster" if self._cluster else ctx.inventory.source),
             queue_max_wait_s=parse_duration(self.queue_max_wait, "queue_max_wait"),
             queue_max_length=self.queue_max_length,
@@ -330,6 +340,12 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         settings["named_server_limit_per_user"] = refusing_limit(
             settings.get("named_server_limit_per_user", 0))
 
+    def init_tornado_application(self):
+        super().init_tornado_application()
+        if self.subdomain_host:  # page requests on another host name go to the hub's
+            canonical_host.install(self.tornado_application, self.public_url,
+                                   self.hub.base_url)
+
     def init_handlers(self):
         super().init_handlers()
         # First, ahead of JupyterHub's catch-all 404 (a subclass's own routes,
@@ -397,9 +413,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             audit_retention=self._audit_retention, embedded=not self._cluster, log=self.log)
         self._tasks.start()
         self._resume_queue()
-        url = self.bind_url.rstrip("/") + "/"
-        write_cli_file(self._state, url.rsplit("/hub/", 1)[0], self._settings.cli_token)
-        self._announce(url)
+        urls = self._settings.urls
+        write_cli_file(self._state, urls.hub_public, self._settings.cli_token,
+                       service_url=urls.service())
+        self._announce(urls.hub_public)
 
     def _resume_queue(self) -> None:
         """Start again what the previous hub left queued, now that the hub, its proxy and
@@ -433,6 +450,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
                      f"State folder: {self._state.root} (databases and secrets in private/, "
                      f"homes in {self._state.homes}/<user>)", self._server_env_line,
                      *self._isolation.banner(), self._warm_line]
+        if self._origins.warning:
+            lines.append(self._origins.warning)
         if self._first_admin_password:
             lines.append(
                 f"First-run admin: user '{self.admin_name}', password "

@@ -84,12 +84,14 @@ class GPULeaseOptions(Configurable):
         "name and a fixed port, e.g. gpulease-hub:8090; the service then listens on every "
         "address of the hub's pod, at that port.",
     )
-    servers_proxy_url = Unicode(
-        "",
+    allow_shared_origin = Bool(
+        False,
         config=True,
-        help="The proxy's URL as a server's pod reaches it (the cluster shape), for the "
-        "gpulease service's notices and kernel state: e.g. http://gpulease-proxy-public/ "
-        "inside the cluster. Empty: the hub's own address (--ip, --port, base URL).",
+        help="Serve every user's servers on the hub's own origin (/user/NAME/) although "
+        "the hub is reachable beyond this machine and no subdomain host is set. A page one "
+        "user's server serves can then act as anyone who opens it, an admin included: only "
+        "for a hub whose users all trust each other. Without it such a hub refuses to start "
+        "and asks for --subdomain-host (JupyterHub.subdomain_host; docs/admin.md).",
     )
     admin_groups = List(
         Unicode(), config=True, help="Hub groups whose members administer gpulease."

@@ -9,6 +9,7 @@ import requests
 
 from gpulease.hub.client import ClientError, HubClient, _describe_error
 from gpulease.hub.units import seconds_text
+from gpulease.site_urls import loopback_session
 
 
 def add_billing_parsers(sub: argparse._SubParsersAction) -> None:
@@ -77,9 +78,9 @@ def format_usage_table(data: dict) -> str:
 
 def _get_text(client: HubClient, path: str, params: dict) -> str:
     try:
-        response = requests.get(client.service_url + path, params=params,
-                                headers={"Authorization": f"token {client.token}"},
-                                timeout=client.timeout, allow_redirects=False)
+        response = loopback_session().get(client.service_url + path, params=params,
+                                          headers={"Authorization": f"token {client.token}"},
+                                          timeout=client.timeout, allow_redirects=False)
     except requests.RequestException as e:
         raise ClientError(f"cannot reach the hub at {client.url}: {e}") from None
     if response.status_code >= 300:

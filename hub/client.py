@@ -10,6 +10,7 @@ from typing import Any
 import requests
 
 from gpulease.hub.state import StateDir, default_state_root, read_cli_file
+from gpulease.site_urls import SiteURLs, loopback_session
 
 
 class ClientError(RuntimeError):
@@ -18,17 +19,33 @@ class ClientError(RuntimeError):
 
 @dataclass(frozen=True)
 class HubClient:
-    url: str
+    url: str  # the hub's public URL, with its base URL
     token: str
     timeout: float = 30.0
+    # where the gpulease service is (its own origin under a subdomain host); "": asked of
+    # the hub on first use (GET hub/gpulease/site)
+    service: str = ""
 
     @property
     def service_url(self) -> str:
-        return self.url.rstrip("/") + "/services/gpulease/"
+        if not self.service:
+            object.__setattr__(self, "service", self._discover_service())
+        return self.service
+
+    def _discover_service(self) -> str:
+        hub = self.url if self.url.endswith("/") else self.url + "/"
+        try:
+            r = loopback_session().get(SiteURLs(hub).hub("gpulease/site"), timeout=self.timeout,
+                                       allow_redirects=False)
+            if r.status_code == 200:
+                return r.json()["service"]
+        except (requests.RequestException, ValueError, KeyError):
+            pass
+        return SiteURLs(hub).service()  # a hub that does not say: under its own origin
 
     def call(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
         try:
-            response = requests.request(
+            response = loopback_session().request(
                 method,
                 self.service_url + path,
                 json=body,
@@ -72,5 +89,7 @@ def client_from(url: str | None, token: str | None, state_dir: str | None) -> Hu
                 f"no hub to talk to: {where} not found (is `gpulease up` "
                 "running with this state folder?); or pass --url and --token"
             )
+        service = found.get("service_url", "") if not url or url == found["url"] else ""
         url, token = url or found["url"], token or found["token"]
+        return HubClient(url, token, service=service)
     return HubClient(url, token)

@@ -12,13 +12,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from traitlets.config import Config
 
 from gpulease.hub.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
 from gpulease.hub.named_servers import NAMED_SERVER_LIMIT
 from gpulease.hub.state import StateDir
+from gpulease.site_urls import SiteURLs
 from gpulease.spawners.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S
@@ -112,9 +113,11 @@ def hub_page_handlers(s: HubSettings) -> list[tuple]:
     and _xsrf: a hub page has no OAuth cookie of the gpulease service.
     """
     from gpulease.hub.home_page import DefaultProfileFormHandler
+    from gpulease.hub.site_handler import SiteHandler
 
     return [(r"/gpulease/default-profile", DefaultProfileFormHandler,
-             {"get_ctx": _context_of(s)})]
+             {"get_ctx": _context_of(s)}),
+            (r"/gpulease/site", SiteHandler, {"urls": s.urls})]
 
 
 def _smtp_password(_spawner) -> str:
@@ -161,13 +164,15 @@ class HubSettings:
     chp_command: str | None
     admin_groups: tuple[str, ...] = ()
     auditor_groups: tuple[str, ...] = ()
+    # Where browsers reach the hub (JupyterHub.public_url, with the base URL), and the
+    # host users' servers get subdomains of (gpulease.hub.origins; "": the hub's origin).
     public_url: str = "http://127.0.0.1:8000/"
+    subdomain_host: str = ""
+    cookie_host_prefix: bool = False  # JupyterHub.cookie_host_prefix_enabled (https)
     # Where the proxy reaches the gpulease service, and the address it listens on
     # (GPULeaseHub.service_address): loopback unless the proxy runs in a pod of its own.
     service_host: str = "127.0.0.1"
     service_listen: str = "127.0.0.1"
-    # The proxy as a server's pod reaches it (GPULeaseHub.servers_proxy_url; "": public_url).
-    servers_proxy_url: str = ""
     culler: dict[str, str] | None = None  # GPULEASE_CULLER_* settings; None: no culler
     # Notifications (GPULeaseHub.notify_webhook_url, smtp_*).
     notify_webhook_url: str = ""
@@ -197,6 +202,19 @@ class HubSettings:
     # The spawner's node selector and GPU tolerations (cluster_shape.spawner_nodes): the
     # service's availability counts the nodes the spawner admits to.
     cluster_nodes: dict = field(default_factory=dict)
+
+    @property
+    def urls(self) -> SiteURLs:
+        """The hub's, the service's and the servers' public URLs (absolute)."""
+        return SiteURLs(self.public_url, self.subdomain_host)
+
+    @property
+    def page_urls(self) -> SiteURLs:
+        """The URLs the hub's pages link to: absolute across origins; on one shared
+        origin relative to it, as the hub's address beyond loopback is not known."""
+        if self.subdomain_host:
+            return self.urls
+        return SiteURLs(urlsplit(self.public_url).path or "/")
 
 
 # What a kubernetes_asyncio client in a hub service needs of the hub's environment:
@@ -234,9 +252,14 @@ def parse_service_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def service_direct_url(s: HubSettings) -> str:
+def service_direct_base(s: HubSettings, host: str = "127.0.0.1") -> str:
     """The gpulease service's own address with the hub's base URL, bypassing the proxy."""
-    return f"http://127.0.0.1:{s.service_port}{urlsplit(s.public_url).path}"
+    return f"http://{host}:{s.service_port}{urlsplit(s.public_url).path}"
+
+
+def service_direct_url(s: HubSettings, host: str = "127.0.0.1") -> str:
+    """The gpulease service's own address and prefix, bypassing the proxy."""
+    return f"{service_direct_base(s, host)}services/{SERVICE_NAME}/"
 
 
 def hub_config(s: HubSettings) -> Config:
@@ -246,6 +269,10 @@ def hub_config(s: HubSettings) -> Config:
     c = Config()
     hub = c.JupyterHub
     hub.db_url = s.state.hub_db_url
+    # Each user's servers on an origin of their own (gpulease.hub.origins).
+    hub.subdomain_host = s.subdomain_host
+    hub.public_url = s.public_url if s.subdomain_host else ""
+    hub.cookie_host_prefix_enabled = s.cookie_host_prefix
     hub.cookie_secret_file = str(s.state.cookie_secret_file)
     hub.pid_file = ""
     cluster = s.shape == "cluster"
@@ -266,6 +293,8 @@ def hub_config(s: HubSettings) -> Config:
         # error.html's wording per status; JupyterHub calls a callable value with
         # the page's user, so this one returns the function itself
         "gpulease_error_text": lambda _user: error_text,
+        # the hub's, the service's and servers' URLs (gpulease.site_urls), for links
+        "gpulease_urls": lambda _user: s.page_urls,
     }
     hub.services = [
         {
@@ -280,6 +309,9 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_NODE_NAME": s.node_name,
                 "GPULEASE_SERVICE_PORT": str(s.service_port),
                 "GPULEASE_SERVICE_LISTEN": s.service_listen,
+                # links from the service's pages to the hub's (gpulease.site_urls)
+                "GPULEASE_PUBLIC_URL": s.page_urls.hub_public,
+                "GPULEASE_SUBDOMAIN_HOST": s.subdomain_host,
                 # api/inventory shows it; `users add` makes the Unix account with it
                 "GPULEASE_ISOLATION": json.dumps(s.isolation),
                 "GPULEASE_RESERVATIONS_BY_RESEARCHERS": "1" if s.reservations_by_researchers
@@ -347,7 +379,7 @@ def hub_config(s: HubSettings) -> Config:
                 # The gpulease service at its own port, not through the proxy:
                 # under --ssl-cert the proxy's certificate names the public host,
                 # not 127.0.0.1, so the culler could not verify it and read nothing.
-                "GPULEASE_CULLER_HUB_URL": service_direct_url(s),
+                "GPULEASE_CULLER_HUB_URL": service_direct_base(s),
                 **{f"GPULEASE_CULLER_{k.upper()}": v for k, v in s.culler.items()},
                 # The cluster shape's CPU reading asks the API server (metrics.k8s.io).
                 **(kube_client_environment(s.kubeconfig) if cluster else {}),
@@ -384,10 +416,10 @@ def hub_config(s: HubSettings) -> Config:
     spawner = c.GPUKubeSpawner if cluster else c.LocalGPUSpawner
     # Every server's extension asks the gpulease service for its notices, and
     # pushes its kernel state there for the culler, with the server's own
-    # token, which therefore may reach that service. A pod's 127.0.0.1 is its
-    # own: it reaches the service through the proxy.
-    service_url = (urljoin(s.servers_proxy_url or s.public_url, "services/gpulease/") if cluster
-                   else f"http://127.0.0.1:{s.service_port}/services/gpulease/")
+    # token, which therefore may reach that service: directly, not through the
+    # proxy, which routes the service by its subdomain (a name a pod cannot
+    # resolve). A pod's 127.0.0.1 is its own: it reaches the hub's Service.
+    service_url = service_direct_url(s, s.service_host if cluster else "127.0.0.1")
     spawner.environment = {
         "GPULEASE_SERVICE_URL": service_url,
         "JUPYTERHUB_ACTIVITY_INTERVAL": "60",  # the culler's user-activity signal, per minute

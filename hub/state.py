@@ -163,9 +163,10 @@ def write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def write_cli_file(state: StateDir, url: str, token: str) -> None:
-    """Where the CLI finds the embedded hub and its admin token."""
-    write_private(state.cli_file, json.dumps({"url": url, "token": token}) + "\n")
+def write_cli_file(state: StateDir, url: str, token: str, service_url: str = "") -> None:
+    """Where the CLI finds the embedded hub, its gpulease service and its admin token."""
+    write_private(state.cli_file, json.dumps(
+        {"url": url, "token": token, "service_url": service_url}) + "\n")
 
 
 def read_cli_file(state: StateDir) -> dict[str, str] | None:

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
@@ -34,32 +33,20 @@ NOTICE_FIELDS = ("server", "kind", "message", "deadline", "created")
 
 
 def notices_url(env: Mapping[str, str]) -> str | None:
-    """Where the gpulease service's notices endpoint is, from the server's environment.
-
-    In order: `GPULEASE_NOTICES_URL` (the endpoint itself); `GPULEASE_SERVICE_URL`
-    (the service's base URL including its prefix, e.g.
-    `http://127.0.0.1:10101/services/gpulease/`, set by the spawner: the direct
-    route, not through the proxy); else the hub's public URL
-    (`JUPYTERHUB_PUBLIC_HUB_URL`) or, failing that, the origin of
-    `JUPYTERHUB_API_URL`, with `{JUPYTERHUB_BASE_URL}services/gpulease/api/notices`.
-    """
+    """Where the gpulease service's notices endpoint is, from the server's environment:
+    `GPULEASE_NOTICES_URL` (the endpoint itself), else under `GPULEASE_SERVICE_URL`."""
     if env.get("GPULEASE_NOTICES_URL"):
         return env["GPULEASE_NOTICES_URL"]
     return service_url(env, "api/notices")
 
 
 def service_url(env: Mapping[str, str], path: str) -> str | None:
-    """`path` of the gpulease service: under `GPULEASE_SERVICE_URL`, else the hub's URLs."""
+    """`path` of the gpulease service, under `GPULEASE_SERVICE_URL`: the service's own
+    address, set by the spawner (gpulease.hub.hub_config). Never guessed from the hub's
+    URLs: under a subdomain host the service has an origin of its own."""
     if env.get("GPULEASE_SERVICE_URL"):
         return url_path_join(env["GPULEASE_SERVICE_URL"], path)
-    origin_from = env.get("JUPYTERHUB_PUBLIC_HUB_URL") or env.get("JUPYTERHUB_API_URL")
-    if not origin_from:
-        return None
-    parts = urlsplit(origin_from)
-    if not parts.scheme or not parts.netloc:
-        return None
-    full = url_path_join(env.get("JUPYTERHUB_BASE_URL") or "/", "services", SERVICE_NAME, path)
-    return urlunsplit((parts.scheme, parts.netloc, full, "", ""))
+    return None
 
 
 def ssl_options(env: Mapping[str, str]) -> dict[str, str]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import requests
 
+from gpulease.site_urls import SiteURLs, loopback_session
 from tests.isolation_env import hub_python, relocate_state
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +137,18 @@ class HubProcess:
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}"
+        """The hub's address; API calls with a token work on any host name it listens on,
+        a browser's pages are sent to its public URL (hub.canonical_host)."""
+        return f"{self.scheme}://localhost:{self.port}"
+
+    @property
+    def urls(self) -> SiteURLs:
+        """The hub's, the service's and servers' public URLs, as the hub says them
+        (GET /hub/gpulease/site): servers and the service on subdomains by default."""
+        return self._urls
+
+    def server_url(self, user: str, server: str = "", path: str = "") -> str:
+        return self.urls.server(user, server, path)
 
     def start(self, timeout: float = 60) -> HubProcess:
         require_chp()
@@ -163,7 +175,8 @@ class HubProcess:
             f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{self.api_port}",
             *(["--GPULeaseHub.per_user_accounts=False"] if no_accounts and os.geteuid() == 0
               else []),
-            *self.extra_args,
+            # "{port}": the hub's port, known here (e.g. --subdomain-host=http://x.test:{port})
+            *(arg.replace("{port}", str(self.port)) for arg in self.extra_args),
         ]
         env = {**os.environ, "GPULEASE_ADMIN_PASSWORD": self.admin_password, **self.env}
         env["PATH"] = f"{CHP.parent}:{env.get('PATH', '')}"
@@ -185,9 +198,14 @@ class HubProcess:
             try:
                 # readiness only: a test of TLS checks the certificate itself
                 r = requests.get(f"{self.url}/hub/api", timeout=2, verify=False)
-                svc = requests.get(f"{self.url}/services/gpulease/api/profiles", timeout=2,
-                                   verify=False)
-                if r.status_code == 200 and svc.status_code in (401, 403):
+                site = requests.get(f"{self.url}/hub/gpulease/site", timeout=2, verify=False)
+                if r.status_code != 200 or site.status_code != 200:
+                    raise requests.RequestException(f"hub: {r.status_code} {site.status_code}")
+                self._urls = SiteURLs(site.json()["hub"].removesuffix("hub/"),
+                                      site.json()["subdomain_host"])
+                svc = loopback_session().get(self.urls.service("api/profiles"), timeout=2,
+                                             verify=False)
+                if svc.status_code in (401, 403):
                     return
             except requests.RequestException:
                 pass
@@ -267,9 +285,9 @@ class HubProcess:
         )
 
     def service(self, method: str, path: str, token: str, body: Any = None) -> requests.Response:
-        return requests.request(
-            method, f"{self.url}/services/gpulease/{path.lstrip('/')}", json=body,
-            headers={"Authorization": f"token {token}"}, timeout=60,
+        return loopback_session().request(
+            method, self.urls.service(path.lstrip("/")), json=body,
+            headers={"Authorization": f"token {token}"}, timeout=60, verify=False,
         )
 
     def grant(self, admin_token: str, account: str, amount: str = "100") -> None:

@@ -115,6 +115,8 @@ def hub_env(tmp_path: Path, hub_api_url: str) -> dict[str, str]:
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
         "JUPYTER_PLATFORM_DIRS": "1",
         "JUPYTERHUB_API_URL": hub_api_url,
+        # as hub_config sets it: the service's own address (this stand-in serves both)
+        "GPULEASE_SERVICE_URL": hub_api_url.rsplit("/hub/api", 1)[0] + "/services/gpulease/",
         "JUPYTERHUB_API_TOKEN": SERVER_TOKEN,
         "JUPYTERHUB_BASE_URL": "/",
         "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
@@ -196,7 +198,7 @@ def test_notices_of_this_server_only(server, service):
     assert "error" not in body, body
     assert body["notices"] == [HUB_NOTICES["notices"][0]]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", body["now"])
-    # Asked with the server's own token, at the service's route derived from JUPYTERHUB_API_URL.
+    # Asked with the server's own token, at the service's URL the spawner gave.
     assert ("/services/gpulease/api/notices", f"token {SERVER_TOKEN}") in service.requests
 
 
@@ -262,11 +264,12 @@ def test_notices_url_prefers_the_explicit_service_url():
         "http://127.0.0.1:10101/services/gpulease/api/notices"
 
 
-def test_notices_url_from_the_hub_urls():
-    env = {"JUPYTERHUB_API_URL": "http://hub:8081/lab/hub/api", "JUPYTERHUB_BASE_URL": "/lab/"}
-    assert notices_url(env) == "http://hub:8081/lab/services/gpulease/api/notices"
-    env["JUPYTERHUB_PUBLIC_HUB_URL"] = "https://gpus.example.org/lab/hub/"
-    assert notices_url(env) == "https://gpus.example.org/lab/services/gpulease/api/notices"
+def test_no_service_url_no_guess_at_the_hubs_origin():
+    # Under a subdomain host the service is not under the hub's origin: a server the
+    # spawner gave no GPULEASE_SERVICE_URL asks nobody rather than a wrong address.
+    env = {"JUPYTERHUB_API_URL": "http://hub:8081/lab/hub/api", "JUPYTERHUB_BASE_URL": "/lab/",
+           "JUPYTERHUB_PUBLIC_HUB_URL": "https://gpus.example.org/lab/hub/"}
+    assert notices_url(env) is None
     assert notices_url({}) is None
 
 

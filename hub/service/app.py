@@ -34,9 +34,17 @@ from gpulease.hub.service import handlers as h
 from gpulease.hub.service import notice_handlers as n
 from gpulease.hub.service.cluster_source import source_from_env
 from gpulease.process_exit import end_process
+from gpulease.site_urls import SiteURLs
 
 log = logging.getLogger("gpulease.service")
 TEMPLATES = Path(__file__).parent / "templates"
+
+
+def site_urls_from_env(env: dict[str, str]) -> SiteURLs:
+    """The hub's public URLs as the hub gave them (hub_config: GPULEASE_PUBLIC_URL,
+    GPULEASE_SUBDOMAIN_HOST); relative to the one origin when it gave none."""
+    public = env.get("GPULEASE_PUBLIC_URL") or env.get("JUPYTERHUB_BASE_URL") or "/"
+    return SiteURLs(public, env.get("GPULEASE_SUBDOMAIN_HOST", ""))
 
 
 def make_app(env: dict[str, str] | None = None) -> web.Application:
@@ -86,7 +94,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         xsrf_cookies=False,
         template_path=str(TEMPLATES),
         gpulease_prefix=prefix,
-        gpulease_hub_home=url_path_join(env.get("JUPYTERHUB_BASE_URL", "/"), "hub/home"),
+        # the hub's, this service's and servers' URLs (links across origins)
+        gpulease_urls=site_urls_from_env(env),
         # how users are kept apart on this host (gpulease.hub.isolation_check)
         gpulease_isolation=json.loads(env.get("GPULEASE_ISOLATION") or "{}"),
         # what servers pushed of their kernels and terminals, for the culler

@@ -3,8 +3,9 @@
 Public on purpose: it says nothing the source does not, and tools (schemathesis,
 client generators) load it without a token. The package carries the document
 as `rest-api.yml` beside this module (a link to docs/rest-api.yml in the
-source tree); `servers` is rewritten to this hub's own prefix, which a hub
-with a base URL other than / moves.
+source tree); `servers` is rewritten to where this hub serves the service: its
+own origin under a subdomain host (gpulease.site_urls), else its prefix, which a
+hub with a base URL other than / moves.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def _document(prefix: str) -> bytes:
 
 class OpenAPIHandler(BaseAPIHandler):
     def get(self) -> None:
-        prefix = self.settings.get("gpulease_prefix", "/services/gpulease/")
+        urls = self.settings.get("gpulease_urls")
+        where = urls.service() if urls is not None and urls.subdomain_host else (
+            self.settings.get("gpulease_prefix", "/services/gpulease/"))
         self.set_header("Content-Type", "application/yaml; charset=utf-8")
-        self.finish(_document(prefix))
+        self.finish(_document(where))
 
 
 # (path relative to the service prefix, handler class); app.make_app mounts them.

@@ -21,6 +21,7 @@ from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
 from gpulease.hub.units import seconds_text
 from gpulease.sign_in_failure import sign_in_failure
+from gpulease.site_urls import SiteURLs
 
 CHART_DAYS = 30
 
@@ -30,9 +31,9 @@ class PageHandler(BillingHandler):
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        # frame-ancestors 'none', not 'self': researchers' servers share the
-        # hub's origin (/user/NAME/), so a page one of them serves could frame
-        # an admin's forms and trick clicks on them.
+        # frame-ancestors 'none', not 'self': where researchers' servers share the
+        # hub's origin (GPULeaseHub.allow_shared_origin), a page one of them serves
+        # could frame an admin's forms and trick clicks on them.
         self.set_header("Content-Security-Policy",
                         "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
                         "form-action 'self'; frame-ancestors 'none'")
@@ -42,8 +43,8 @@ class PageHandler(BillingHandler):
         ns = super().get_template_namespace()
         prefix = self.settings.get("gpulease_prefix", "/services/gpulease/")
         name = self._user_name()
-        ns.update(prefix=prefix, user_name=name,
-                  hub_home=self.settings.get("gpulease_hub_home", "/hub/home"),
+        urls = self.settings.get("gpulease_urls") or SiteURLs("/")
+        ns.update(prefix=prefix, user_name=name, urls=urls, hub_home=urls.hub("home"),
                   can_report=bool(name) and self.is_auditor(),
                   seconds_text=seconds_text)
         return ns
