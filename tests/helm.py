@@ -35,22 +35,37 @@ def helm(*args: str, env: dict | None = None, check: bool = True
     return run
 
 
+# The one value an install of the defaults must add: the domain of the users' servers
+# (USER.gpu.example.org), which nothing in the defaults can say; the chart refuses an
+# install without it (or hub.allowSharedOrigin).
+A_DOMAIN = "hub.subdomainHost=https://gpu.example.org"
+
+
 def values_args(values: Path | None, sets: tuple[str, ...] = ()) -> list[str]:
+    """helm's arguments for a values file and --set overrides; None: the defaults, with
+    A_DOMAIN unless the overrides say how the users' servers are served."""
+    if values is None and not any(s.startswith(("hub.subdomainHost=", "hub.allowSharedOrigin="))
+                                  for s in sets):
+        sets = (A_DOMAIN, *sets)
     return [*(["-f", str(values)] if values else []), *(f"--set={s}" for s in sets)]
 
 
 def render(values: Path | None = None, *sets: str) -> list[dict]:
-    """The chart's objects for `values` (None: the defaults) and --set overrides."""
+    """The chart's objects for `values` (None: the defaults and A_DOMAIN) and --set
+    overrides."""
     out = helm("template", RELEASE, str(CHART), "-n", NAMESPACE,
                *values_args(values, sets)).stdout
     return [o for o in yaml.safe_load_all(out) if o]
 
 
 def values_of(values: Path | None) -> dict:
-    """The values the chart sees: its defaults, with the file laid over (maps merged)."""
+    """The values the chart sees: its defaults, with the file laid over (maps merged);
+    None: the defaults with A_DOMAIN, as render(None) has them."""
     merged = yaml.safe_load((CHART / "values.yaml").read_text())
     if values is not None:
         _merge(merged, yaml.safe_load(values.read_text()))
+    else:
+        merged["hub"]["subdomainHost"] = A_DOMAIN.split("=", 1)[1]
     return merged
 
 

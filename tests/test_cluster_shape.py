@@ -43,8 +43,9 @@ def test_cluster_shape_runs_gpu_kube_spawner_with_gpuleases_options(tmp_path):
     assert (kube.queue_max_wait, kube.queue_max_length, kube.queue_places_per_user,
             kube.cpu_only_cpu_per_user) == (600.0, 40, 2, "8")
     assert kube.start_timeout == 660 and c.JupyterHub.concurrent_spawn_limit == 140
-    # a pod's 127.0.0.1 is its own: it reaches the service through the proxy
-    assert kube.environment["GPULEASE_SERVICE_URL"] == "http://hub.example:8000/services/gpulease/"
+    # the service at its own address (service_address; the chart's is the hub's Service),
+    # never through the proxy, which routes it by its subdomain
+    assert kube.environment["GPULEASE_SERVICE_URL"] == "http://127.0.0.1:9999/services/gpulease/"
     # nothing of the embedded box's own
     assert "state_dir" not in kube and "unix_accounts" not in kube
     assert "LocalGPUSpawner" not in c
@@ -119,25 +120,45 @@ main()
 def test_cluster_shape_without_kubespawner_stops_with_how_to_install(tmp_path):
     r = subprocess.run(
         [sys.executable, "-c", WITHOUT_KUBESPAWNER, f"--state={tmp_path / 's'}",
-         "--GPULeaseHub.shape=cluster"],
+         "--GPULeaseHub.shape=cluster", "--subdomain-host=https://gpu.example.org"],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "GPULEASE_ADMIN_PASSWORD": "x" * 12})
     assert r.returncode != 0
     assert "needs kubespawner" in r.stderr and "[cluster]" in r.stderr, r.stderr
 
 
+def test_cluster_shape_without_a_domain_for_the_servers_stops_naming_it(tmp_path):
+    """The cluster's proxy is always reachable beyond a loopback: each user's servers need
+    a domain of their own (--subdomain-host; the Helm chart's hub.subdomainHost or Ingress
+    host), asked for before anything else is checked or started."""
+    r = subprocess.run(
+        [sys.executable, "-c", WITHOUT_KUBESPAWNER, f"--state={tmp_path / 's'}",
+         "--GPULeaseHub.shape=cluster"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "GPULEASE_ADMIN_PASSWORD": "x" * 12})
+    assert r.returncode != 0
+    assert "--subdomain-host" in r.stderr and "allow_shared_origin" in r.stderr, r.stderr
+
+
 def test_with_the_proxy_in_its_own_pod_the_service_listens_on_every_address(tmp_path):
-    """The Helm chart's proxy runs in a pod of its own: it reaches the gpulease service at
-    the hub's Service (GPULeaseHub.service_address), and servers' pods reach the service
-    through the proxy's in-cluster URL (GPULeaseHub.servers_proxy_url)."""
-    c = hub_config(settings(tmp_path, shape="cluster", cluster_namespace="gpu-users",
-                            service_host="gpulease-hub", service_listen="",
-                            servers_proxy_url="http://gpulease-proxy-public/"))
+    """The Helm chart's proxy runs in a pod of its own: it and the servers' pods reach the
+    gpulease service at the hub's Service (GPULeaseHub.service_address); the servers not
+    through the proxy, which routes the service by its subdomain (gpulease--service.<host>,
+    a name a pod cannot resolve)."""
+    hub_service = "gpulease-hub.gpulease.svc"  # the chart's: resolved from another namespace
+    pod_shape = settings(tmp_path, shape="cluster", cluster_namespace="gpu-users",
+                         service_host=hub_service, service_listen="")
+    c = hub_config(pod_shape)
     (service,) = [s for s in c.JupyterHub.services if s["name"] == SERVICE_NAME]
-    assert service["url"] == "http://gpulease-hub:9999"
+    assert service["url"] == f"http://{hub_service}:9999"
     assert service_env(c)["GPULEASE_SERVICE_LISTEN"] == ""
     assert (c.GPUKubeSpawner.environment["GPULEASE_SERVICE_URL"]
-            == "http://gpulease-proxy-public/services/gpulease/")
+            == f"http://{hub_service}:9999/services/gpulease/")
+    # under a base URL the service's prefix carries it
+    based = hub_config(replace(pod_shape, public_url="https://gpu.example.org/gpu/",
+                               subdomain_host="https://gpu.example.org"))
+    assert (based.GPUKubeSpawner.environment["GPULEASE_SERVICE_URL"]
+            == f"http://{hub_service}:9999/gpu/services/gpulease/")
     embedded = hub_config(settings(tmp_path))
     assert service_env(embedded)["GPULEASE_SERVICE_LISTEN"] == "127.0.0.1"
 

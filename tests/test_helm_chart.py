@@ -33,7 +33,19 @@ from gpulease.spawners.scheduler_config import (
     profiles_mig,
     scheduler_configuration,
 )
-from tests.helm import CHART, NAMESPACE, RELEASE, VALUES_FILES, find, helm, one, render, values_of
+from tests.helm import (
+    A_DOMAIN,
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    VALUES_FILES,
+    find,
+    helm,
+    one,
+    render,
+    values_args,
+    values_of,
+)
 
 CASES = [None, *VALUES_FILES]
 IDS = ["defaults", *(p.stem for p in VALUES_FILES)]
@@ -64,7 +76,7 @@ def containers(objects: list[dict]) -> list[tuple[str, dict, dict]]:
 
 def test_helm_lint_passes_strictly(case):
     values, _objects = case
-    helm("lint", "--strict", str(CHART), *(["-f", str(values)] if values else []))
+    helm("lint", "--strict", str(CHART), *values_args(values))
 
 
 def test_the_hubs_rights_are_the_ones_spawners_kube_rbac_proves(case):
@@ -121,7 +133,7 @@ def test_the_users_namespace_enforces_podsecurity_restricted(case):
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
-def test_the_servers_network_policy_blocks_metadata_and_allows_dns_hub_and_proxy(case):
+def test_the_servers_network_policy_blocks_metadata_and_allows_dns_and_the_hub(case):
     values, objects = case
     policies = find(objects, "NetworkPolicy")
     if not values_of(values)["singleuser"]["networkPolicy"]["enabled"]:
@@ -133,9 +145,11 @@ def test_the_servers_network_policy_blocks_metadata_and_allows_dns_hub_and_proxy
     egress = spec["egress"]
     dns = [r for r in egress if "to" not in r]
     assert dns == [{"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]
-    ports = {r["ports"][0]["port"]: r["to"][0]["podSelector"]["matchLabels"]
-             ["app.kubernetes.io/component"] for r in egress if "to" in r and "ports" in r}
-    assert ports == {8081: "hub", 8000: "proxy"}
+    # the hub's API and the gpulease service (a server's notices and kernel state, at the
+    # hub's Service since the proxy routes the service by its subdomain); not the proxy
+    ports = {(p["port"], r["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"])
+             for r in egress if "to" in r and "ports" in r for p in r["ports"]}
+    assert ports == {(8081, "hub"), (values_of(values)["hub"]["servicePort"], "hub")}
     (internet,) = [r for r in egress if "to" in r and "ports" not in r]
     blocks = {b["ipBlock"]["cidr"]: b["ipBlock"].get("except", []) for b in internet["to"]}
     assert "169.254.169.254/32" in blocks["0.0.0.0/0"]
@@ -179,10 +193,21 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
          {"get_config": lambda: c})
     assert c.GPULeaseHub.shape == "cluster"
     assert c.GPULeaseHub.cluster_namespace == users_namespace(v)
-    assert c.GPULeaseHub.service_address == f"{HUB}:{v['hub']['servicePort']}"
+    # the hub's Service by a name the servers' pods resolve from their own namespace
+    assert c.GPULeaseHub.service_address == f"{HUB}.{NAMESPACE}.svc:{v['hub']['servicePort']}"
+    assert "servers_proxy_url" not in c.GPULeaseHub  # servers reach the service directly
     assert c.ConfigurableHTTPProxy.should_start is False
     assert c.ConfigurableHTTPProxy.api_url == f"http://{RELEASE}-proxy-api:8001"
-    assert c.JupyterHub.hub_connect_url == f"http://{HUB}:8081"
+    assert c.JupyterHub.hub_connect_url == f"http://{HUB}.{NAMESPACE}.svc:8081"
+    # each user's servers on an origin of their own (the subdomain host), unless shared
+    ingress = v["ingress"]
+    scheme = "https" if ingress.get("tlsSecret") else "http"
+    expected = v["hub"]["subdomainHost"] or (
+        "" if v["hub"]["allowSharedOrigin"] else f"{scheme}://{ingress['hosts'][0]}")
+    assert c.JupyterHub.subdomain_host == expected
+    assert c.GPULeaseHub.allow_shared_origin is v["hub"]["allowSharedOrigin"]
+    proxy = one(objects, "Deployment", f"{RELEASE}-proxy")["spec"]["template"]["spec"]
+    assert ("--host-routing" in proxy["containers"][0]["command"]) is bool(expected)
     assert c.JupyterHub.base_url == v["hub"]["baseUrl"]
     assert c.GPUKubeSpawner.mig_strategy == v["gpu"]["migStrategy"]
     assert c.GPUKubeSpawner.packing_scheduler == (v["scheduler"]["name"]
@@ -281,7 +306,7 @@ def test_hub_config_and_extra_config_pass_through(tmp_path):
 
 def test_a_provider_without_an_ingress_needs_its_callback_url():
     sets = ("auth.type=github", "auth.clientId=hub", "auth.clientSecret.existingSecret=s")
-    run = helm("template", RELEASE, str(CHART), *(f"--set={s}" for s in sets), check=False)
+    run = helm("template", RELEASE, str(CHART), *values_args(None, sets), check=False)
     assert run.returncode != 0
     assert "auth.callbackUrl is needed when no Ingress host says where the hub is" in run.stderr
     objects = render(None, *sets, "auth.callbackUrl=http://10.0.0.5/hub/oauth_callback")
@@ -290,18 +315,83 @@ def test_a_provider_without_an_ingress_needs_its_callback_url():
     assert "clientSecret" not in chart["auth"]  # only its Secret's name, and not here
 
 
-def test_ingress_with_tls_routes_to_the_proxy_at_the_base_url():
+def chart_json(objects: list[dict]) -> dict:
+    return json.loads(one(objects, "ConfigMap", HUB)["data"]["chart.json"])
+
+
+def test_ingress_with_tls_routes_the_host_and_its_wildcard_to_the_proxy_at_the_base_url():
+    """The hub at gpu.lab.example.org, each user's servers at USER.gpu.lab.example.org:
+    the Ingress routes both to the proxy, under the admin's wildcard certificate."""
     values = next(p for p in VALUES_FILES if "ingress" in p.stem)
     objects = render(values)
     (ingress,) = find(objects, "Ingress")
-    (rule,) = ingress["spec"]["rules"]
-    assert rule["host"] == "gpu.lab.example.org"
-    (path,) = rule["http"]["paths"]
-    assert path["path"] == "/gpu/"
-    assert path["backend"]["service"]["name"] == f"{RELEASE}-proxy-public"
-    assert ingress["spec"]["tls"] == [{"secretName": "gpu-lab-tls",
-                                      "hosts": ["gpu.lab.example.org"]}]
+    rules = ingress["spec"]["rules"]
+    assert [r["host"] for r in rules] == ["gpu.lab.example.org", "*.gpu.lab.example.org"]
+    for rule in rules:
+        (path,) = rule["http"]["paths"]
+        assert path["path"] == "/gpu/" and path["pathType"] == "Prefix"
+        assert path["backend"]["service"]["name"] == f"{RELEASE}-proxy-public"
+    assert ingress["spec"]["tls"] == [{
+        "secretName": "gpu-lab-tls", "hosts": ["gpu.lab.example.org", "*.gpu.lab.example.org"]}]
+    chart = chart_json(objects)
+    assert chart["subdomainHost"] == "https://gpu.lab.example.org"
+    assert chart["publicUrl"] == "https://gpu.lab.example.org/gpu/"
     assert not find(render(None), "Ingress")
+
+    # without TLS: http, no TLS block; a subdomain host of the admin's own gets the wildcard
+    plain = render(None, "ingress.enabled=true", "ingress.hosts[0]=gpu.lab.example.org",
+                   "hub.subdomainHost=")
+    (ingress,) = find(plain, "Ingress")
+    assert "tls" not in ingress["spec"]
+    assert chart_json(plain)["subdomainHost"] == "http://gpu.lab.example.org"
+    own = render(None, "ingress.enabled=true", "ingress.hosts[0]=hub.lab.example.org",
+                 "ingress.tlsSecret=lab-tls", "hub.subdomainHost=https://nb.lab.example.org")
+    (ingress,) = find(own, "Ingress")
+    assert [r["host"] for r in ingress["spec"]["rules"]] == [
+        "hub.lab.example.org", "*.nb.lab.example.org"]
+    assert ingress["spec"]["tls"][0]["hosts"] == ["hub.lab.example.org", "*.nb.lab.example.org"]
+    assert chart_json(own)["subdomainHost"] == "https://nb.lab.example.org"
+
+
+def template(*sets: str) -> tuple[int, str]:
+    """`helm template` with exactly these values (no A_DOMAIN): its exit status and stderr."""
+    run = helm("template", RELEASE, str(CHART), *(f"--set={s}" for s in sets), check=False)
+    return run.returncode, run.stderr
+
+
+def test_an_install_that_cannot_know_the_domain_of_the_users_servers_is_refused():
+    """Each user's servers get an origin of their own, USER.<domain>: with no Ingress host
+    and no hub.subdomainHost nothing says the domain, and the install is refused naming
+    what to set, rather than a hub that crash-loops (gpulease.hub.origins refuses to start
+    the cluster shape without one)."""
+    status, stderr = template()
+    assert status != 0
+    assert "no domain for the users' servers" in stderr, stderr
+    for value in ("ingress.hosts", "ingress.tlsSecret", "hub.subdomainHost",
+                  "hub.allowSharedOrigin"):
+        assert value in stderr, (value, stderr)
+    # an Ingress without hosts is the schema's refusal, before it
+    status, stderr = template("ingress.enabled=true")
+    assert status != 0 and "at '/ingress/hosts': minItems" in stderr, stderr
+
+    # the opt-out, for a group whose members all trust each other: no subdomains
+    shared = render(None, "hub.allowSharedOrigin=true")
+    assert chart_json(shared)["subdomainHost"] == ""
+    assert chart_json(shared)["allowSharedOrigin"] is True
+    proxy = one(shared, "Deployment", f"{RELEASE}-proxy")["spec"]["template"]["spec"]
+    assert "--host-routing" not in proxy["containers"][0]["command"]
+    # both at once say two different things
+    status, stderr = template("hub.subdomainHost=https://gpu.example.org",
+                              "hub.allowSharedOrigin=true")
+    assert status != 0 and "hub.subdomainHost (https://gpu.example.org) and " \
+        "hub.allowSharedOrigin: set one" in stderr, stderr
+    # the list of TLS blocks of before: the wildcard certificate's Secret is named now
+    status, stderr = template("ingress.enabled=true", "ingress.hosts[0]=gpu.example.org",
+                              "ingress.tls[0].secretName=gpu-tls")
+    assert status != 0 and "ingress.tls is replaced by ingress.tlsSecret" in stderr, stderr
+    # a loopback trial through kubectl port-forward
+    trial = render(None, "hub.subdomainHost=http://localhost:8000")
+    assert chart_json(trial)["subdomainHost"] == "http://localhost:8000"
 
 
 def test_secrets_are_generated_in_the_right_form():
@@ -353,6 +443,10 @@ def test_the_proxy_has_a_disruption_budget_and_both_services():
      "at '/auth/oidc/issuer': minLength"),
     (("auth.type=github",), "at '/auth/clientId': minLength"),
     (("auth.callbackUrl=https://gpu.example/callback",), "at '/auth/callbackUrl'"),
+    (("hub.subdomainHost=https://gpu.example.org/hub/",), "at '/hub/subdomainHost'"),
+    (("hub.subdomainHost=http://10.0.0.5:8000",), "at '/hub/subdomainHost'"),
+    (("hub.subdomainHost=gpu.example.org",), "at '/hub/subdomainHost'"),
+    (("ingress.enabled=true", "ingress.hosts[0]=*.gpu.example.org"), "at '/ingress/hosts/0'"),
 ])
 def test_a_wrong_value_is_refused_by_the_schema_naming_it(sets, says):
     run = helm("template", RELEASE, str(CHART), *(f"--set={s}" for s in sets), check=False)
@@ -375,9 +469,17 @@ def test_core_manifests_validate_strictly(case, version):
 
 
 def test_notes_say_how_to_log_in():
-    out = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client").stdout
+    out = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client",
+               *values_args(None, ("hub.subdomainHost=http://localhost:8000",))).stdout
     notes = out.split("NOTES:", 1)[1]
     assert "port-forward service/gp-proxy-public 8000:80" in notes
+    assert "then http://localhost:8000/" in notes
+    values = next(p for p in VALUES_FILES if "ingress" in p.stem)
+    out = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client",
+               *values_args(values)).stdout
+    notes = out.split("NOTES:", 1)[1]
+    assert "https://gpu.lab.example.org/gpu/" in notes
+    assert "wildcard record *.gpu.lab.example.org" in notes and "gpu-lab-tls" in notes
     assert f"get secret {HUB} -o jsonpath='{{.data.admin-password}}'" in notes
     assert os.path.exists(CHART / "values.schema.json")
 
@@ -439,20 +541,21 @@ def test_a_wrong_profile_is_refused_by_the_schema_not_by_a_crashing_hub(profile,
     bad = {k: v for k, v in {**good, **profile}.items() if v is not None}
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"profiles": [bad]}))
-    run = helm("template", RELEASE, str(CHART), "-f", str(values), check=False)
+    run = helm("template", RELEASE, str(CHART), "-f", str(values), f"--set={A_DOMAIN}",
+               check=False)
     assert run.returncode != 0, f"{bad} installed"
     assert "values don't meet the specifications of the schema" in run.stderr, run.stderr
     assert says in run.stderr, run.stderr
     values.write_text(yaml.safe_dump({"profiles": [good, {**good, "slug": "b", "cpu": "0.5",
                                                           "groups": ["lab"], "min_run": "5m"}]}))
-    helm("template", RELEASE, str(CHART), "-f", str(values))  # the good ones pass
+    helm("template", RELEASE, str(CHART), "-f", str(values), f"--set={A_DOMAIN}")  # pass
 
 
 @pytest.mark.parametrize("release", ["1lab", "gp.lab"])
 def test_a_release_name_that_cannot_name_a_service_is_refused_readably(release):
     """Helm takes release names with dots or a leading digit; Services (<release>-hub) and
     the users' Namespace cannot have them, and the API server refused them mid-install."""
-    run = helm("template", release, str(CHART), check=False)
+    run = helm("template", release, str(CHART), *values_args(None), check=False)
     assert run.returncode != 0
     assert "release name" in run.stderr and release in run.stderr, run.stderr
 
@@ -469,7 +572,14 @@ def test_the_hub_and_the_proxy_take_only_what_they_serve():
     components = {port: sorted(f["podSelector"]["matchLabels"].get(
         "app.kubernetes.io/component", f["podSelector"]["matchLabels"].get("component"))
         for f in froms) for port, froms in by_port.items()}
-    assert components == {8081: ["proxy", "singleuser-server"], 8090: ["proxy"]}
+    # the servers reach the gpulease service directly (GPULEASE_SERVICE_URL), on its port
+    assert components == {8081: ["proxy", "singleuser-server"],
+                          8090: ["proxy", "singleuser-server"]}
+    # its port, whatever it is, and no other to the servers
+    moved = one(render(None, "hub.servicePort=9100"), "NetworkPolicy", HUB)["spec"]
+    (servers,) = [r for r in moved["ingress"]
+                  if r["from"][0]["podSelector"]["matchLabels"].get("component")]
+    assert [p["port"] for p in servers["ports"]] == [8081, 9100]
     proxy = one(objects, "NetworkPolicy", f"{RELEASE}-proxy")["spec"]["ingress"]
     assert {"ports": [{"protocol": "TCP", "port": 8000}]} in proxy  # public: no `from`
     (api,) = [r for r in proxy if r["ports"][0]["port"] == 8001]
@@ -483,7 +593,7 @@ def test_long_release_names_in_two_namespaces_never_share_a_cluster_wide_object(
     release = "lab-notebooks-production-" + "x" * 28  # 53 characters, as helm allows
     names = []
     for namespace in ("research-gpu-cluster-team-one", "research-gpu-cluster-team-two"):
-        out = helm("template", release, str(CHART), "-n", namespace).stdout
+        out = helm("template", release, str(CHART), "-n", namespace, *values_args(None)).stdout
         cluster_wide = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(out)
                         if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding",
                                                "PriorityClass")]
@@ -494,12 +604,15 @@ def test_long_release_names_in_two_namespaces_never_share_a_cluster_wide_object(
 
 
 def test_spot_pods_must_rank_below_on_demand_ones():
-    run = helm("template", RELEASE, str(CHART), "--set=spot.priorityClasses.spotValue=1000",
+    run = helm("template", RELEASE, str(CHART), f"--set={A_DOMAIN}",
+               "--set=spot.priorityClasses.spotValue=1000",
                check=False)
     assert run.returncode != 0
     assert "spotValue (1000) must be below onDemandValue (1000)" in run.stderr, run.stderr
-    run = helm("template", RELEASE, str(CHART), "--set=spot.priorityClasses.coreValue=1000",
+    run = helm("template", RELEASE, str(CHART), f"--set={A_DOMAIN}",
+               "--set=spot.priorityClasses.coreValue=1000",
                check=False)
     assert run.returncode != 0 and "coreValue (1000) must be above onDemandValue" in run.stderr
-    off = helm("template", RELEASE, str(CHART), "--set=spot.priorityClasses.create=false").stdout
+    off = helm("template", RELEASE, str(CHART), f"--set={A_DOMAIN}",
+               "--set=spot.priorityClasses.create=false").stdout
     assert "kind: PriorityClass" not in off and "priorityClassName" not in off

@@ -18,13 +18,13 @@ c.GPULeaseHub.profiles_file = str(here / "profiles.yaml")
 if (here / "catalog.yaml").exists():  # the values' catalog; else the one the image ships
     c.GPULeaseHub.catalog_file = str(here / "catalog.yaml")
 c.GPULeaseHub.admin_name = chart["adminName"]
-# The proxy runs in a pod of its own: it reaches the hub and the gpulease service at the
-# hub's Service, servers reach the service through the proxy's Service.
-c.GPULeaseHub.service_address = f"{chart['hubService']}:{chart['servicePort']}"
-c.GPULeaseHub.servers_proxy_url = chart["proxyPublic"] + chart["baseUrl"]
+# The proxy runs in a pod of its own: it and the servers (in the users' namespace, hence
+# the Service's name with its namespace) reach the hub's API and the gpulease service at
+# the hub's Service.
+c.GPULeaseHub.service_address = f"{chart['hubHost']}:{chart['servicePort']}"
 c.JupyterHub.base_url = chart["baseUrl"]
 c.JupyterHub.hub_bind_url = "http://:8081"
-c.JupyterHub.hub_connect_url = f"http://{chart['hubService']}:8081"
+c.JupyterHub.hub_connect_url = f"http://{chart['hubHost']}:8081"
 c.ConfigurableHTTPProxy.should_start = False
 c.ConfigurableHTTPProxy.api_url = f"http://{chart['proxyApi']}:8001"
 c.ConfigurableHTTPProxy.auth_token = os.environ["CONFIGPROXY_AUTH_TOKEN"]
@@ -57,6 +57,10 @@ c.LocalAccountsAuthenticator.trusted_proxies = chart["trustedProxies"]
 # Where researchers reach the hub (the Ingress): links, and secure cookies behind TLS.
 if chart["publicUrl"]:
     c.JupyterHub.public_url = chart["publicUrl"]
+# Each user's servers on an origin of their own, USER.<domain> (hub.subdomainHost, else
+# the Ingress's host; gpulease.hub.origins), or all on the hub's (hub.allowSharedOrigin).
+c.JupyterHub.subdomain_host = chart["subdomainHost"]
+c.GPULeaseHub.allow_shared_origin = chart["allowSharedOrigin"]
 
 # Sign-in (auth.*; docs/auth.md): the provider's client secret is in the environment.
 auth = chart["auth"]

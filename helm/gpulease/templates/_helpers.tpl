@@ -76,3 +76,44 @@ seccompProfile:
 {{- $hub := include "gpulease.name" (dict "root" .root "part" "hub") -}}
 {{- include "gpulease.clusterName" (dict "name" (printf "%s-%s-%s" $hub .root.Release.Namespace .tier) "max" 63) -}}
 {{- end -}}
+
+{{/* Where researchers reach the hub: the first Ingress host (https with
+     ingress.tlsSecret) and the base URL; "" without an Ingress. */}}
+{{- define "gpulease.publicUrl" -}}
+{{- if .Values.ingress.tls -}}
+{{- fail "ingress.tls is replaced by ingress.tlsSecret: the name of the Secret of a certificate for the hosts and their wildcard (gpu.lab.example.org and *.gpu.lab.example.org), which the chart puts in the Ingress's TLS block for both" -}}
+{{- end -}}
+{{- if and .Values.ingress.enabled .Values.ingress.hosts -}}
+{{- printf "%s://%s%s" (ternary "https" "http" (ne .Values.ingress.tlsSecret "")) (first .Values.ingress.hosts) .Values.hub.baseUrl -}}
+{{- end -}}
+{{- end -}}
+
+{{/* JupyterHub.subdomain_host: each user's servers at USER.<domain>, the gpulease
+     service at gpulease--service.<domain> (gpulease.hub.origins). hub.subdomainHost, else
+     the first Ingress host's origin; "" only with hub.allowSharedOrigin; else refused. */}}
+{{- define "gpulease.subdomainHost" -}}
+{{- $hub := .Values.hub -}}
+{{- if and $hub.subdomainHost $hub.allowSharedOrigin -}}
+{{- fail (printf "hub.subdomainHost (%s) and hub.allowSharedOrigin: set one. The first serves each user's servers on an origin of their own, the second on the hub's origin shared by all" $hub.subdomainHost) -}}
+{{- else if $hub.subdomainHost -}}
+{{- trimSuffix "/" $hub.subdomainHost -}}
+{{- else if not $hub.allowSharedOrigin -}}
+{{- $public := include "gpulease.publicUrl" . -}}
+{{- if not $public -}}
+{{- fail "no domain for the users' servers: gpulease serves each user's servers on an origin of their own, USER.<domain>, and nothing says the domain. Set ingress.enabled with ingress.hosts (e.g. [gpu.lab.example.org], and ingress.tlsSecret: a certificate for it and *.gpu.lab.example.org), or hub.subdomainHost (e.g. https://gpu.lab.example.org, with a wildcard DNS record *.gpu.lab.example.org; http://localhost:8000 to try the hub through kubectl port-forward); or, only for users who all trust each other, hub.allowSharedOrigin: true (docs/cluster.md, \"Origins\")" -}}
+{{- end -}}
+{{- $parts := urlParse $public -}}
+{{- printf "%s://%s" $parts.scheme $parts.host -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Ingress's hosts as a JSON list: ingress.hosts and the wildcard of the subdomain
+     host, where the users' servers and the gpulease service are. */}}
+{{- define "gpulease.ingressHosts" -}}
+{{- $hosts := .Values.ingress.hosts -}}
+{{- $subdomainHost := include "gpulease.subdomainHost" . -}}
+{{- if $subdomainHost -}}
+{{- $hosts = append $hosts (printf "*.%s" (regexReplaceAll ":[0-9]+$" (urlParse $subdomainHost).host "")) -}}
+{{- end -}}
+{{- $hosts | uniq | toJson -}}
+{{- end -}}
