@@ -111,3 +111,23 @@ def test_loopback_detection(ip, warned):
     from gpulease.hub.app import _is_loopback
 
     assert _is_loopback(ip) is not warned
+
+
+def test_a_hub_beyond_loopback_without_a_subdomain_host_refuses_to_start(tmp_path):
+    # Its users' servers would share the hub's origin: a page one of them serves could
+    # act as an admin who opens it (hub/origins.py). The message names both ways out.
+    result = run_up(f"--state={tmp_path / 's'}", "--ip=0.0.0.0", "--port=1")
+    assert result.returncode == 1, result.stderr[-2000:]
+    err = result.stderr
+    assert "cannot start" in err and "--ip 0.0.0.0" in err
+    assert "--subdomain-host https://gpu.example.org" in err
+    assert "GPULeaseHub.allow_shared_origin = True" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "s" / "private" / "gpulease.sqlite").exists()  # nothing written
+
+
+def test_a_bad_subdomain_host_is_refused_naming_what_is_allowed(tmp_path):
+    result = run_up(f"--state={tmp_path / 's'}", "--subdomain-host=https://10.0.0.5:8000")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "is an IP address, which has no subdomains" in result.stderr
+    assert "expected https://DOMAIN or http://localhost:PORT" in result.stderr
