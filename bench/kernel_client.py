@@ -15,11 +15,15 @@ Each is seconds from the POST being sent (time.perf_counter), polled every `poll
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import requests
+
+from gpulease.site_urls import is_loopback_name
 
 PHASES = ("posted", "answered", "kernel", "channels", "result")
 
@@ -34,8 +38,11 @@ class Phases:
 
 
 def click_to_kernel(session: requests.Session, url: str, user: str, token: str,
-                    start_body: dict, poll_s: float, timeout_s: float) -> Phases:
-    """Start user's default server, then run `1+1` on a new kernel (module doc)."""
+                    start_body: dict, poll_s: float, timeout_s: float,
+                    server_url: str = "") -> Phases:
+    """Start user's default server, then run `1+1` on a new kernel (module doc).
+    `server_url`: where the server is (its own origin under a subdomain host); "": the
+    hub's `{url}/user/{user}/`. `session` must reach it (gpulease.site_urls)."""
     from websockets.sync.client import connect
 
     headers = {"Authorization": f"token {token}"}
@@ -46,7 +53,7 @@ def click_to_kernel(session: requests.Session, url: str, user: str, token: str,
     if r.status_code not in (201, 202):
         raise RuntimeError(f"start answered {r.status_code} {r.text}")
     phases.at["posted"] = time.perf_counter() - t0
-    base = f"{url}/user/{user}/"
+    base = server_url or f"{url}/user/{user}/"
     deadline = t0 + timeout_s
     while True:
         try:
@@ -75,7 +82,8 @@ def click_to_kernel(session: requests.Session, url: str, user: str, token: str,
         "content": {"code": "1+1", "silent": False, "store_history": False,
                     "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
     }
-    with connect(ws_url, additional_headers=headers, open_timeout=timeout_s) as ws:
+    with connect(ws_url, additional_headers=headers, open_timeout=timeout_s,
+                 sock=loopback_socket(ws_url, timeout_s)) as ws:
         phases.at["channels"] = time.perf_counter() - t0
         ws.send(json.dumps(request))
         while True:
@@ -94,3 +102,12 @@ def click_to_kernel(session: requests.Session, url: str, user: str, token: str,
                     raise RuntimeError(f"1+1 gave {text!r}")
                 phases.at["result"] = time.perf_counter() - t0
                 return phases
+
+
+def loopback_socket(url: str, timeout_s: float) -> socket.socket | None:
+    """A connection to 127.0.0.1 for a `*.localhost` URL (the resolver may not know the
+    name; the URL's Host header keeps it for the proxy); None: connect as usual."""
+    parts = urlsplit(url)
+    if not is_loopback_name(parts.hostname):
+        return None
+    return socket.create_connection(("127.0.0.1", parts.port or 80), timeout=timeout_s)

@@ -13,7 +13,8 @@ venv (JupyterHub's single-user server, started without a grammar build that
 costs ~1.5 s: giving only gpulease that saving would hide the hub's own cost
 in the ratio). Each spawn is
 timed from the REST start (`POST /hub/api/users/{name}/server`) until
-`GET /user/{name}/api/status` answers 200 through the proxy (spawn-to-ready), and
+`GET /user/{name}/api/status` answers 200 through the proxy (spawn-to-ready; gpulease
+serves it on the user's own origin, `{name}.localhost`, as it does by default), and
 on until a new kernel on it returned `1+1` over its websocket through the proxy
 (click-to-kernel, bench/kernel_client.py). Spawns alternate
 (stock, gpulease, stock, ...) so that drift on a shared machine hits both alike;
@@ -52,6 +53,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.hub
 from bench.kernel_client import PHASES, Phases, click_to_kernel  # noqa: E402
 from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
+from gpulease.site_urls import loopback_session  # noqa: E402
 from gpulease.spawners.inventory import DEMO_INVENTORY  # noqa: E402
 from tests.hubproc import CHP, HubProcess, free_port  # noqa: E402
 
@@ -81,7 +83,9 @@ class Subject:
     start_body: dict[str, Any]
     log_path: Path
     wait_released: Callable[[], None] = lambda: None
-    session: requests.Session = field(default_factory=requests.Session)
+    # the user's server: on the hub's origin (stock), on its own (gpulease's subdomains)
+    server_url: str = ""
+    session: requests.Session = field(default_factory=loopback_session)
 
     def api(self, method: str, path: str, body: Any = None) -> requests.Response:
         return self.session.request(
@@ -249,7 +253,7 @@ def setup_gpulease(stack: ExitStack, tmp: Path) -> Subject:
 
     return Subject(
         "gpulease", hub.url, token, {"user_options": {"profile": GPULEASE_PROFILE}},
-        hub.log_path, wait_released=slice_released,
+        hub.log_path, wait_released=slice_released, server_url=hub.server_url(USER),
     )
 
 
@@ -264,7 +268,7 @@ def timed_start(s: Subject) -> Phases:
     """One start, to the result of a first cell (bench/kernel_client.py)."""
     try:
         return click_to_kernel(s.session, s.url, USER, s.token, s.start_body, POLL_S,
-                               SPAWN_TIMEOUT_S)
+                               SPAWN_TIMEOUT_S, server_url=s.server_url)
     except (RuntimeError, TimeoutError) as e:
         raise RuntimeError(f"{s.label}: {e}\n{log_tail(s)}") from None
 

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import requests
 
@@ -124,6 +125,19 @@ def require_chp() -> None:
         pytest.skip("configurable-http-proxy not installed (run `npm install` or `make test`)")
 
 
+def require_localhost_names() -> None:
+    """The tests' own HTTP clients (requests) reach users' servers and the service at
+    `*.localhost` names through the system's resolver (gpulease's clients need not)."""
+    try:
+        socket.getaddrinfo("gpulease--service.localhost", 80, type=socket.SOCK_STREAM)
+    except OSError:
+        import pytest
+
+        pytest.fail("*.localhost does not resolve here (`hosts: files dns`): the end-to-end "
+                    "tests need glibc's myhostname module: `apt install libnss-myhostname` "
+                    "(.ci/run does), which adds it to /etc/nsswitch.conf")
+
+
 @dataclass
 class HubProcess:
     state: Path
@@ -152,6 +166,7 @@ class HubProcess:
 
     def start(self, timeout: float = 60) -> HubProcess:
         require_chp()
+        require_localhost_names()
         if not self.port:
             self.port = free_port()
             self.hub_port = free_port()
@@ -448,7 +463,8 @@ def run_in_kernel(base_url: str, server_path: str, token: str, code: str, timeou
     unless `keep_kernel` (then it stays, idle, with what the code started).
     """
     headers = {"Authorization": f"token {token}"}
-    api = f"{base_url}{server_path}api"
+    # `server_path`: the server's URL as the hub gives it, absolute under a subdomain host
+    api = urljoin(f"{base_url}/", server_path) + "api"
     r = requests.post(f"{api}/kernels", json={"name": "python3"}, headers=headers, timeout=60)
     r.raise_for_status()
     kernel_id = r.json()["id"]

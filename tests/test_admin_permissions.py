@@ -83,7 +83,7 @@ def tokens(hub) -> dict[str, str | None]:
 
 def call(hub, token: str | None, method: str, path: str, body=None) -> requests.Response:
     headers = {"Authorization": f"token {token}"} if token else {}
-    return requests.request(method, f"{hub.url}/services/gpulease/{path}", json=body,
+    return requests.request(method, f"{hub.urls.service()}{path}", json=body,
                             headers=headers, allow_redirects=False, timeout=60)
 
 

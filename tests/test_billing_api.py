@@ -67,7 +67,7 @@ def test_anonymous_is_refused_everywhere(hub):
     for method, path in [("GET", "api/balance"), ("GET", "api/usage"), ("POST", "api/credits"),
                          ("POST", "api/adjustments"), ("POST", "api/stop"),
                          ("PUT", "api/accounts/group:lab/caps/alice")]:
-        r = requests.request(method, f"{hub.url}/services/gpulease/{path}", json={}, timeout=10)
+        r = requests.request(method, f"{hub.urls.service()}{path}", json={}, timeout=10)
         assert r.status_code == 403, (path, r.text)
         assert r.json()["status"] == 403 and r.json()["message"]
 
@@ -107,7 +107,7 @@ def test_grants_and_adjustments(hub, tokens):
 
 
 def _raw(hub, token, path: str, body: str) -> requests.Response:
-    return requests.post(f"{hub.url}/services/gpulease/{path}", data=body, timeout=30,
+    return requests.post(f"{hub.urls.service()}{path}", data=body, timeout=30,
                          headers={"Authorization": f"token {token}",
                                   "Content-Type": "application/json"})
 
@@ -340,9 +340,9 @@ def _browser(hub, user: str, password: str) -> requests.Session:
 def test_usage_page(hub, tokens, carol_sessions):
     r = hub.service("POST", "api/credits", tokens["admin"], {"user": "carol", "amount": "3", "note": XSS})
     assert r.status_code == 201
-    anonymous = requests.get(f"{hub.url}/services/gpulease/usage", timeout=30)
+    anonymous = requests.get(f"{hub.urls.service()}usage", timeout=30)
     assert anonymous.url.startswith(f"{hub.url}/hub/login")  # sent to the hub's login
-    page = _browser(hub, "carol", PW["carol"]).get(f"{hub.url}/services/gpulease/usage", timeout=30)
+    page = _browser(hub, "carol", PW["carol"]).get(f"{hub.urls.service()}usage", timeout=30)
     assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
     html = page.text
     assert "Usage and balance: carol" in html and "1.200167" in html and "h200-1g" in html
@@ -358,23 +358,23 @@ def test_usage_page(hub, tokens, carol_sessions):
 
 def test_report_page(hub, carol_sessions):
     admin = _browser(hub, "admin", ADMIN_PW)
-    page = admin.get(f"{hub.url}/services/gpulease/admin/report?since=2000-01-01&until=2100-01-01&by=user", timeout=30)
+    page = admin.get(f"{hub.urls.service()}admin/report?since=2000-01-01&until=2100-01-01&by=user", timeout=30)
     assert page.status_code == 200, page.text[:500]
     assert re.search(r"<td>carol</td><td class=\"num\">3</td>", page.text)
     assert "format=csv" in page.text
-    by_account = admin.get(f"{hub.url}/services/gpulease/admin/report?since=2000-01-01&until=2100-01-01&by=account", timeout=30)
+    by_account = admin.get(f"{hub.urls.service()}admin/report?since=2000-01-01&until=2100-01-01&by=account", timeout=30)
     assert "group:lab" in by_account.text and "user:carol" in by_account.text
-    data = admin.get(f"{hub.url}/services/gpulease/admin/report?since=2000-01-01&until=2100-01-01&by=profile&format=csv", timeout=30)
+    data = admin.get(f"{hub.urls.service()}admin/report?since=2000-01-01&until=2100-01-01&by=profile&format=csv", timeout=30)
     assert data.headers["Content-Type"].startswith("text/csv")
     rows = {r["key"]: r for r in csv.DictReader(io.StringIO(data.text))}
     assert rows["h200-1g"]["cost"] == "1.200167" and rows["h200-full"]["billed_seconds"] == "10"
     assert rows["h200-1g"]["billed_ms"] == "3600500"
-    by_profile = admin.get(f"{hub.url}/services/gpulease/admin/report?since=2000-01-01&until=2100-01-01&by=profile", timeout=30)
+    by_profile = admin.get(f"{hub.urls.service()}admin/report?since=2000-01-01&until=2100-01-01&by=profile", timeout=30)
     assert '<td class="num">3600.500</td>' in by_profile.text
-    month = admin.get(f"{hub.url}/services/gpulease/admin/report", timeout=30)
+    month = admin.get(f"{hub.urls.service()}admin/report", timeout=30)
     assert month.status_code == 200 and utcnow().strftime("%Y-%m-01") in month.text
-    assert admin.get(f"{hub.url}/services/gpulease/admin/report?by=colour", timeout=30).status_code == 400
+    assert admin.get(f"{hub.urls.service()}admin/report?by=colour", timeout=30).status_code == 400
     audrey = _browser(hub, "audrey", PW["audrey"])
-    assert audrey.get(f"{hub.url}/services/gpulease/admin/report", timeout=30).status_code == 200
-    bob = _browser(hub, "bob", PW["bob"]).get(f"{hub.url}/services/gpulease/admin/report", timeout=30)
+    assert audrey.get(f"{hub.urls.service()}admin/report", timeout=30).status_code == 200
+    bob = _browser(hub, "bob", PW["bob"]).get(f"{hub.urls.service()}admin/report", timeout=30)
     assert bob.status_code == 403 and "Error 403" in bob.text

@@ -60,7 +60,7 @@ def test_database_outage(tmp_path, proxied_postgres):
         r = hub.service("GET", "api/usage", admin)
         assert r.status_code == 503 and "database" in r.json()["message"], r.text
         # running servers keep running and answer through the proxy
-        status = requests.get(f"{hub.url}/user/admin/long/api/status",
+        status = requests.get(hub.server_url("admin", "long", "api/status"),
                               headers={"Authorization": f"token {admin}"}, timeout=10)
         assert status.status_code == 200
         # a server stopped during the outage is billed up to its stop

@@ -25,6 +25,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urljoin
 
 import pytest
 import requests
@@ -161,7 +162,7 @@ def test_a_idle_server_is_suspended_and_resumes(hub, admin):
 def start_busy_kernel_and_leave(hub, srv, token) -> None:
     """A long cell is run, then the client leaves: no client stays attached."""
     headers = {"Authorization": f"token {token}"}
-    api = f"{hub.url}{srv['url']}api"
+    api = urljoin(f"{hub.url}/", srv["url"]) + "api"
     kernel = requests.post(f"{api}/kernels", json={"name": "python3"}, headers=headers,
                            timeout=60).json()["id"]
     from websockets.sync.client import connect
@@ -315,7 +316,7 @@ def test_g_an_open_but_idle_tab_does_not_keep_a_server(hub, admin):
     while is_running(hub, name, token):
         assert time.monotonic() < deadline, "an open tab's polling kept the server alive"
         for path in ("api/kernels", "api/sessions", "api/terminals", "api/contents"):
-            requests.get(f"{hub.url}{srv['url']}{path}", headers=headers, timeout=10)
+            requests.get(urljoin(f"{hub.url}/", srv["url"]) + path, headers=headers, timeout=10)
         polls += 1
         time.sleep(1)
     # it polled all along, every second, until the server was suspended
@@ -373,7 +374,7 @@ def test_h_nothing_privileged_reaches_a_users_server(hub, admin):
     _plant_config(home, HEADER_LOGGER)
     srv = start(hub, eve, eve_token, "slow")  # 20 s idle timeout: time for what follows
     # She uses her server once with her own token (so the log shows tokens are seen).
-    r = requests.get(f"{hub.url}{srv['url']}api/status",
+    r = requests.get(urljoin(f"{hub.url}/", srv["url"]) + "api/status",
                      headers={"Authorization": f"token {eve_token}"}, timeout=10)
     assert r.status_code == 200, r.text
     start(hub, bob, bob_token, "slow")

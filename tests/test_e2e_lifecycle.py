@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 import shutil
 import time
 
@@ -92,16 +93,31 @@ def _self_signed(tmp_path):
 
 def test_exposed_without_tls_warns_and_with_tls_serves_https(tmp_path):
     cert, key = _self_signed(tmp_path)
-    plain = HubProcess(state=tmp_path / "plain", admin_password=PW, extra_args=["--ip=0.0.0.0"])
+    # Beyond loopback a hub names its users' domain, or shares one origin on purpose.
+    plain = HubProcess(state=tmp_path / "plain", admin_password=PW,
+                       extra_args=["--ip=0.0.0.0", "--GPULeaseHub.allow_shared_origin=True"])
     tls = HubProcess(state=tmp_path / "tls", admin_password=PW,
-                     extra_args=["--ip=0.0.0.0", f"--ssl-cert={cert}", f"--ssl-key={key}"])
+                     extra_args=["--ip=0.0.0.0", f"--ssl-cert={cert}", f"--ssl-key={key}",
+                                 "--subdomain-host=https://localhost:{port}"])
     tls.scheme = "https"
     start_together(plain, tls)
     try:
         assert "without TLS" in plain.log()
+        assert "every user's servers share the hub's origin" in plain.log()
         r = requests.get(f"https://127.0.0.1:{tls.port}/hub/api", verify=str(cert), timeout=10)
         assert r.status_code == 200 and "version" in r.json()
         assert "without TLS" not in tls.log()
+        # with https the hub's login cookie is __Host- prefixed: no subdomain can toss one
+        browser = requests.Session()
+        form = browser.get(f"https://127.0.0.1:{tls.port}/hub/login", verify=str(cert),
+                           timeout=30)
+        xsrf = re.search(r'name="_xsrf" value="([^"]+)"', form.text).group(1)
+        login = browser.post(f"https://127.0.0.1:{tls.port}/hub/login", verify=str(cert),
+                             data={"username": "admin", "password": PW, "_xsrf": xsrf},
+                             allow_redirects=False, timeout=30)
+        assert login.status_code == 302, login.text[:1000]
+        assert any(c.name == "__Host-jupyterhub-hub-login" and c.secure and c.path == "/"
+                   for c in login.cookies), login.headers.get("Set-Cookie")
         # The idle culler still reads the profiles (it reaches the service at
         # its own port, not through the proxy whose certificate it cannot check):
         # unable to, it would stop no idle server, and they would bill forever.

@@ -229,9 +229,9 @@ def people(hub, admin):
 
 def test_limits_api_permissions(hub, admin, people):
     body = {"max_gpus": 2}
-    r = requests.put(f"{hub.url}/services/gpulease/api/limits/user:uma", json=body, timeout=10)
+    r = requests.put(f"{hub.urls.service()}api/limits/user:uma", json=body, timeout=10)
     assert r.status_code == 403 and r.json()["message"]
-    assert requests.get(f"{hub.url}/services/gpulease/api/limits", timeout=10).status_code == 403
+    assert requests.get(f"{hub.urls.service()}api/limits", timeout=10).status_code == 403
     for who in ("audrey", "uma"):
         r = hub.service("PUT", "api/limits/user:uma", people[who], body)
         assert r.status_code == 403, (who, r.text)

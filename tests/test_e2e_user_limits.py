@@ -238,7 +238,7 @@ def test_a_body_over_one_mib_is_refused_413_before_it_is_read(hub, admin):
     slugs = {p["slug"] for p in hub.service("GET", "api/profiles", admin).json()["profiles"]}
     assert "big" not in slugs
     # a body under the bound is read as before
-    r = requests.put(f"{hub.url}/services/gpulease/api/profiles/big", data=_profile_body(100),
+    r = requests.put(f"{hub.urls.service()}api/profiles/big", data=_profile_body(100),
                      headers=headers, timeout=60)
     assert r.status_code == 201, r.text
     assert hub.service("DELETE", "api/profiles/big", admin).status_code == 200
@@ -259,5 +259,5 @@ def test_usage_queries_default_to_the_month_and_span_at_most_366_days(hub, admin
     assert hub.service("GET", "api/usage", token).json() == {
         "sessions": [], "totals": {"billed_seconds": 0, "billed_ms": 0, "cost": "0.000000"}}
     page = hub.login_form("ugo", "ugo-pw-12345").get(
-        f"{hub.url}/services/gpulease/usage?since=2000-01-01", timeout=30)
+        f"{hub.urls.service()}usage?since=2000-01-01", timeout=30)
     assert page.status_code == 400 and re.search(r"at most 366 days", page.text)

@@ -18,6 +18,7 @@ import pwd
 import re
 import time
 from pathlib import Path
+from urllib.parse import urljoin
 
 import psutil
 import pytest
@@ -163,7 +164,7 @@ def test_ps_shows_a_warm_server_as_a_cold_one(hub, ada):
 
 def test_the_kernel_started_with_the_server_is_unseen_until_asked_for(hub, admin):
     token, url = started(hub, admin, "cy")
-    api = f"{hub.url}{url}api"
+    api = urljoin(f"{hub.url}/", url) + "api"
     headers = {"Authorization": f"token {token}"}
     assert requests.get(f"{api}/kernels", headers=headers, timeout=30).json() == []
     handed_out = hub.log().count("(started with the server)")
@@ -182,7 +183,7 @@ def test_the_kernel_started_with_the_server_is_unseen_until_asked_for(hub, admin
 
 def test_a_notebook_gets_the_pooled_kernel_named_for_it(hub, admin):
     token, url = started(hub, admin, "dee")
-    api = f"{hub.url}{url}api"
+    api = urljoin(f"{hub.url}/", url) + "api"
     headers = {"Authorization": f"token {token}"}
     notebook = "analysis-\U0001f600.ipynb"  # a name beyond the BMP: a literal, not JSON
     r = requests.post(f"{api}/sessions", headers=headers, timeout=60, json={
@@ -217,7 +218,7 @@ def test_a_first_kernel_asked_for_elsewhere_shuts_the_pooled_one_down(hub, admin
     """Unlisted, the pooled kernel could not be stopped by the researcher: once the first
     kernel asked for is another (here: in a sub-folder), it goes."""
     token, url = started(hub, admin, "fay")
-    api = f"{hub.url}{url}api"
+    api = urljoin(f"{hub.url}/", url) + "api"
     headers = {"Authorization": f"token {token}"}
     r = requests.put(f"{api}/contents/sub", json={"type": "directory"}, headers=headers,
                      timeout=30)

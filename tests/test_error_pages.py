@@ -115,7 +115,7 @@ def ada(hub) -> requests.Session:
 
 @pytest.mark.e2e
 def test_a_sign_in_with_a_stale_state_is_a_page_that_leads_home(hub, ada):
-    r = ada.get(f"{hub.url}/user/ada/oauth_callback?code=bogus-code&state=bogus-state",
+    r = ada.get(hub.server_url("ada", "", "oauth_callback?code=bogus-code&state=bogus-state"),
                 timeout=30)
     page = assert_helpful(r, 403)
     assert "did not complete" in page and "open your server again" in page.lower()
@@ -125,10 +125,10 @@ def test_a_sign_in_with_a_stale_state_is_a_page_that_leads_home(hub, ada):
 @pytest.mark.e2e
 def test_a_sign_in_whose_code_the_hub_refuses_is_a_page_that_leads_home(hub, ada):
     # the server's own redirect to the hub sets the state cookie, as in a real login
-    r = ada.get(f"{hub.url}/user/ada/lab", allow_redirects=False, timeout=30)
+    r = ada.get(hub.server_url("ada", "", "lab"), allow_redirects=False, timeout=30)
     assert r.status_code == 302, r.text[:2000]
     state = parse_qs(urlsplit(r.headers["Location"]).query)["state"][0]
-    r = ada.get(f"{hub.url}/user/ada/oauth_callback",
+    r = ada.get(hub.server_url("ada", "", "oauth_callback"),
                 params={"code": "a-code-the-hub-never-issued", "state": state}, timeout=30)
     page = assert_helpful(r, 500)  # JupyterHub's HubOAuth makes the hub's 400 its 500
     assert "did not complete" in page and "log in again" in page
@@ -137,7 +137,7 @@ def test_a_sign_in_whose_code_the_hub_refuses_is_a_page_that_leads_home(hub, ada
 
 @pytest.mark.e2e
 def test_a_logout_the_server_refuses_is_a_page_that_leads_home(hub, ada):
-    r = ada.post(f"{hub.url}/user/ada/logout", timeout=30)  # no _xsrf: refused
+    r = ada.post(hub.server_url("ada", "", "logout"), timeout=30)  # no _xsrf: refused
     page = assert_helpful(r, 403)
     assert "Logging out of this server did not complete" in page
 
@@ -152,12 +152,13 @@ def test_the_hubs_404_is_a_page_that_leads_home(hub, ada, path):
 @pytest.mark.e2e
 def test_the_proxys_error_target_for_a_server_that_does_not_answer(hub, ada):
     # a route to a server whose process is gone: nothing listens on its port
-    api = f"http://127.0.0.1:{hub.api_port}/api/routes/user/ghost"
+    ghost = urlsplit(hub.server_url("ghost"))  # routed by its host, as JupyterHub routes it
+    api = f"http://127.0.0.1:{hub.api_port}/api/routes/{ghost.hostname}{ghost.path}"
     auth = {"Authorization": f"token {hub.secrets()['proxy token']}"}
     dead = f"http://127.0.0.1:{free_port()}"
     assert requests.post(api, json={"target": dead}, headers=auth, timeout=10).status_code == 201
     try:
-        r = ada.get(f"{hub.url}/user/ghost/lab", timeout=30)
+        r = ada.get(hub.server_url("ghost", "", "lab"), timeout=30)
     finally:
         requests.delete(api, headers=auth, timeout=10)
     page = assert_helpful(r, 503)  # the proxy keeps the status; the hub wrote the page
@@ -166,14 +167,14 @@ def test_the_proxys_error_target_for_a_server_that_does_not_answer(hub, ada):
 
 @pytest.mark.e2e
 def test_the_services_errors_are_pages_that_lead_home(hub, ada):
-    forbidden = ada.get(f"{hub.url}/services/gpulease/admin/profiles", timeout=30)
+    forbidden = ada.get(f"{hub.urls.service()}admin/profiles", timeout=30)
     page = assert_helpful(forbidden, 403)
     assert "needs a gpulease admin or auditor" in page and error_text(403).advice in page.replace(
         "&#x27;", "'")
-    missing = ada.get(f"{hub.url}/services/gpulease/no-such-page", timeout=30)
+    missing = ada.get(f"{hub.urls.service()}no-such-page", timeout=30)
     assert "gpulease has no page at this address" in assert_helpful(missing, 404)
     # a sign-in to the service's pages that does not match (another browser's link)
-    stranger = requests.get(f"{hub.url}/services/gpulease/oauth_callback",
+    stranger = requests.get(f"{hub.urls.service()}oauth_callback",
                             params={"code": "c0de", "state": "st4te"}, headers=HTML, timeout=30)
     page = assert_helpful(stranger, 403)
     assert "did not complete" in page and "c0de" not in page and "st4te" not in page
@@ -181,8 +182,8 @@ def test_the_services_errors_are_pages_that_lead_home(hub, ada):
 
 @pytest.mark.e2e
 def test_the_apis_still_answer_json(hub, ada):
-    for path in ("/hub/api/no-such-thing", "/services/gpulease/api/no-such-thing"):
-        r = ada.get(f"{hub.url}{path}", timeout=30)
+    for url in (f"{hub.url}/hub/api/no-such-thing", hub.urls.service("api/no-such-thing")):
+        r = ada.get(url, timeout=30)
         assert r.status_code == 404 and r.headers["Content-Type"].startswith(
-            "application/json"), (path, r.text[:500])
+            "application/json"), (url, r.text[:500])
         assert r.json()["status"] == 404

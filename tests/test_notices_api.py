@@ -76,7 +76,7 @@ def test_anonymous_is_refused(hub):
     for method, path in [("GET", "api/notices"), ("POST", "api/notices"),
                          ("DELETE", "api/notices?user=alice&server=train"),
                          ("GET", "api/me/notifications"), ("PUT", "api/me/notifications")]:
-        r = requests.request(method, f"{hub.url}/services/gpulease/{path}", json={}, timeout=10)
+        r = requests.request(method, f"{hub.urls.service()}{path}", json={}, timeout=10)
         assert r.status_code == 403, (path, r.text)
         assert r.json()["status"] == 403 and r.json()["message"]
 

@@ -74,7 +74,7 @@ def test_a_logged_in_researcher_follows_a_deep_link_into_jupyterlab(hub):
     r = hub.api("POST", "users/ada/server", token, {"user_options": {"profile": "cpu"}})
     assert r.status_code in (201, 202), r.text
     hub.wait_server_ready("ada", token)
-    r = requests.put(f"{hub.url}/user/ada/api/contents/x.ipynb", timeout=30,
+    r = requests.put(hub.server_url("ada", "", "api/contents/x.ipynb"), timeout=30,
                      headers={"Authorization": f"token {token}"},
                      json={"type": "notebook", "format": "json", "content": {
                          "cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}})
@@ -82,7 +82,7 @@ def test_a_logged_in_researcher_follows_a_deep_link_into_jupyterlab(hub):
 
     browser = hub.login_form("ada", "ada-pw-12345")  # a cookie jar, as a browser has
     assert browser.login_status == 302
-    answers = follow(browser, f"{hub.url}/user/ada/lab/tree/x.ipynb")
+    answers = follow(browser, hub.server_url("ada", "", "lab/tree/x.ipynb"))
     trail = [f"{a.status_code} {urlsplit(a.url).path}" for a in answers]
     assert all(a.status_code < 400 for a in answers), (trail, answers[-1].text[:2000])
     # through the hub's authorization and the server's own callback, and back

@@ -191,7 +191,7 @@ def fuzz(op, callers: list[list[str]], mode: GenerationMode, run: Run,
 
 
 def test_fuzz_the_api(hub, tokens, server_tokens, capsys, record_property):
-    url = f"{hub.url}{SERVICE}"
+    url = f"{hub.urls.service().rstrip('/')}"
     schema = schemathesis.openapi.from_url(f"{url}/api/openapi.yml", timeout=30)
     ops = [r.ok() for r in schema.get_all_operations() if isinstance(r, Ok)]
     ops = [op for op in ops if fuzzed(op)]
@@ -265,11 +265,11 @@ def test_a_push_refused_before_its_body_is_read_leaves_the_service_answering(
     body = {"kernels": [{"id": f"k{i}", "execution_state": "idle"} for i in range(50)]}
     refused, answers = [], []
     for token in [server_tokens[0]] * 30 + [tokens["alice"]] * 10:
-        push = session.put(f"{hub.url}{SERVICE}/api/server-activity", json=body, timeout=30,
+        push = session.put(f"{hub.urls.service().rstrip('/')}/api/server-activity", json=body, timeout=30,
                            headers={"Authorization": f"token {token}"})
         if push.status_code in (403, 429):
             refused.append(push.headers.get("Connection"))
-        answers.append(session.get(f"{hub.url}{SERVICE}/", timeout=30).status_code)
+        answers.append(session.get(f"{hub.urls.service().rstrip('/')}/", timeout=30).status_code)
     assert set(answers) == {200}, answers
     assert len(refused) >= 30 and set(refused) == {"close"}, refused
 
@@ -277,21 +277,21 @@ def test_a_push_refused_before_its_body_is_read_leaves_the_service_answering(
 def test_a_deeply_nested_body_is_a_400(hub, tokens):
     """json's recursion limit was a 500."""
     deep = "[" * 100_000 + "]" * 100_000
-    r = requests.put(f"{hub.url}{SERVICE}/api/limits/user:alice", data=deep,
+    r = requests.put(f"{hub.urls.service().rstrip('/')}/api/limits/user:alice", data=deep,
                      headers={"Authorization": f"token {tokens['admin']}"}, timeout=30)
     assert r.status_code == 400, r.text
     assert "nests arrays or objects deeper" in r.json()["message"]
 
 
 def test_undocumented_methods_are_405_in_the_error_shape(hub, tokens):
-    doc = yaml.safe_load(requests.get(f"{hub.url}{SERVICE}/api/openapi.yml", timeout=30).text)
+    doc = yaml.safe_load(requests.get(f"{hub.urls.service().rstrip('/')}/api/openapi.yml", timeout=30).text)
     admin = {"Authorization": f"token {tokens['admin']}"}
     for path, item in doc["paths"].items():
         if not path.startswith("/api/"):
             continue
         concrete = re.sub(r"\{[^}]+\}", "x", path).replace("group:x", "group:lab")
         for method in {"GET", "PUT", "POST", "DELETE", "PATCH"} - {m.upper() for m in item}:
-            r = requests.request(method, f"{hub.url}{SERVICE}{concrete}", headers=admin,
+            r = requests.request(method, f"{hub.urls.service().rstrip('/')}{concrete}", headers=admin,
                                  timeout=30)
             assert r.status_code == 405, f"{method} {concrete}: {r.status_code} {r.text}"
             assert error_shape(None, r, SimpleNamespace(path=path)) is True

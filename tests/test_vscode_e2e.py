@@ -17,6 +17,7 @@ only. No queue (`queue_max_wait=0`): a start without capacity is refused at once
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urljoin
 
 import pytest
 import requests
@@ -110,7 +111,7 @@ def bo_server(hub, admin, tokens):
     r = hub.api("POST", "users/bo/server", tokens["bo"], {"user_options": {"profile": "h200-full"}})
     assert r.status_code in (201, 202), r.text
     srv = hub.wait_server_ready("bo", tokens["bo"])
-    base = f"{hub.url}{srv['url']}"
+    base = urljoin(f"{hub.url}/", srv["url"])  # its own origin
     r = requests.post(f"{base}api/kernels", json={"name": "python3"},
                       headers={"Authorization": f"token {tokens['bo']}"}, timeout=60)
     assert r.status_code == 201, r.text
@@ -174,7 +175,7 @@ def vera_server(hub, tokens):
                     {"name": "vscode", "user_options": {"profile": "h200-1g"}})
         hub.api("POST", "users/vera/servers/vscode", token)
     srv = hub.wait_server_ready("vera", token, "vscode")
-    url = f"{hub.url}{srv['url']}"
+    url = urljoin(f"{hub.url}/", srv["url"])  # its own origin
     r = requests.post(f"{url}api/kernels", json={"name": "python3"}, headers=auth(token),
                       timeout=60)
     assert r.status_code == 201, r.text

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import quote
+from urllib.parse import quote, urljoin
 
 import requests
 
@@ -75,7 +75,9 @@ def extension_sequence(hub: HubProcess, user: str, password: str, server: str,
     assert r.status_code in (201, 202), r.text
     assert not r.request.body
     srv = hub.wait_server_ready(user, token, server, timeout=ready_timeout)
-    url = f"{base}{srv['url']}"
+    # the extension's appendUrlPath is `new URL(path, base + "/")`: the server's URL as the
+    # hub gives it, absolute under a subdomain host (its own origin), else a path
+    url = urljoin(f"{base}/", srv["url"])
     # 5. kernelspecs, a kernel, sessions
     r = requests.get(f"{url}api/kernelspecs", headers=auth(token), timeout=30)
     assert r.status_code == 200 and "python3" in r.json()["kernelspecs"], r.text

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import uuid
-from urllib.parse import quote
+from urllib.parse import quote, urljoin
 
 import requests
 from websockets.sync.client import connect
@@ -39,7 +39,7 @@ def fail(response: requests.Response) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default=os.environ.get("GPULEASE_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--url", default=os.environ.get("GPULEASE_URL", "http://localhost:8000"))
     parser.add_argument("--server", default="script", help="name of the named server")
     parser.add_argument("--profile", default="h200-1g", help="profile slug (GET api/profiles)")
     parser.add_argument("--code", default="import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
@@ -52,13 +52,17 @@ def main() -> None:
     r.ok or fail(r)
     user = quote(r.json()["name"], safe="")
     server = f"{hub}/hub/api/users/{user}/servers/{args.server}"
+    # Users' servers and the gpulease service have origins of their own
+    # (https://alice.gpu.example.org/, https://gpulease--service.gpu.example.org/): the hub
+    # says where the service is, and each server's URL comes with the server.
+    service = requests.get(f"{hub}/hub/gpulease/site").json()["service"]
 
     # 1. Create the named server with its profile (validated, not started). If it
     #    exists already (and is stopped), replace its saved options.
     body = {"name": args.server, "user_options": {"profile": args.profile}}
-    r = api.post(f"{hub}/services/gpulease/api/servers", json=body)
+    r = api.post(f"{service}api/servers", json=body)
     if r.status_code == 409 and "already has" in r.json()["message"]:
-        r = api.post(f"{hub}/services/gpulease/api/servers", json={**body, "replace": True})
+        r = api.post(f"{service}api/servers", json={**body, "replace": True})
     r.ok or fail(r)
 
     # 2. Start it with an empty body: the saved profile is used. Refusals (no
@@ -77,7 +81,8 @@ def main() -> None:
                 sys.exit("the server failed to start")
             if event.get("ready"):
                 break
-    url = hub + api.get(f"{hub}/hub/api/users/{user}").json()["servers"][args.server]["url"]
+    model = api.get(f"{hub}/hub/api/users/{user}").json()["servers"][args.server]
+    url = urljoin(hub + "/", model["url"])  # absolute under subdomains, else a path
 
     # 4. A kernel, and the code run on it through the kernel websocket.
     r = api.post(f"{url}api/kernels", json={"name": "python3"})
@@ -112,7 +117,7 @@ def main() -> None:
     r.status_code in (202, 204) or fail(r)
     while args.server in api.get(f"{hub}/hub/api/users/{user}").json()["servers"]:
         time.sleep(0.5)  # stopping (202): wait until it is gone from the running servers
-    sessions = api.get(f"{hub}/services/gpulease/api/usage").json()["sessions"]
+    sessions = api.get(f"{service}api/usage").json()["sessions"]
     last = [s for s in sessions if s["server"] == args.server][-1]
     print(f"stopped {args.server}: {last['profile']}, {last['billed_ms'] / 1000:.3f} s billed, "
           f"{last['cost']} credits")
