@@ -18,14 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 
+from gpulease.site_urls import loopback_session
 from gpulease.spawners.cluster_watch import CLUSTER_RULES
 from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode
 from tests.cluster.rbac import RBAC, grant_cluster, service_account_token
+from tests.cluster.test_gpulease_up_cluster import SUBDOMAIN_HOST
 from tests.hubproc import HubProcess
 
 PW = "admin-secret-pw"
@@ -54,7 +55,7 @@ def hub(control_plane: ControlPlane, kube: Kube, namespace: str,
     kubeconfig = inventory_kubeconfig(kube, control_plane, namespace, tmp_path)
     hub = HubProcess(state=tmp_path / "state", admin_password=PW,
                      env={"KUBECONFIG": str(kubeconfig)}, extra_args=[
-                         "--GPULeaseHub.shape=cluster",
+                         "--GPULeaseHub.shape=cluster", SUBDOMAIN_HOST,
                          f"--GPULeaseHub.cluster_namespace={namespace}",
                          '--GPULeaseHub.auditor_groups=["auditors"]'])
     hub.start(timeout=120)
@@ -151,7 +152,7 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
     assert seen.status_code == 200 and ours(seen.json(), namespace)["full8"] == nodes["full8"]
     refused = hub.service("GET", "api/inventory", bob)
     assert refused.status_code == 403 and "gpulease admin or auditor" in refused.json()["message"]
-    anonymous = requests.get(f"{hub.url}/services/gpulease/api/inventory", timeout=30)
+    anonymous = loopback_session().get(hub.urls.service("api/inventory"), timeout=30)
     assert anonymous.status_code == 403
 
     # cordoned: unschedulable, within the listing's few seconds
@@ -167,7 +168,7 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
     page.fill("#password_input", PW)
     page.click("#login_submit")
     page.wait_for_url(re.compile(r".*/hub/.*"))
-    page.goto(f"{hub.url}/services/gpulease/admin/inventory")
+    page.goto(hub.urls.service("admin/inventory"))
     mixed = page.locator(f'section.node[data-node="{node["mixed"]}"]')
     assert "H200, MIG strategy mixed" in mixed.inner_text()
     row = mixed.locator('tr[data-resource="nvidia.com/mig-1g.18gb"]')
@@ -190,7 +191,7 @@ def test_the_cluster_form_counts_holders_follows_a_cordon_and_refuses_when_forbi
     assert answer.status_code == 502 and set(body) == {"status", "message", "errors"}
     assert "forbids gpulease to list nodes (403" in body["message"]
     assert "needs list on nodes and pods cluster-wide" in body["message"]
-    shown = page.goto(f"{hub.url}/services/gpulease/admin/inventory")
+    shown = page.goto(hub.urls.service("admin/inventory"))
     assert shown.status == 502 and "forbids gpulease to list nodes" in page.inner_text("main")
 
     # api/profiles still lists, its availability unknown: the API server's own words

@@ -44,6 +44,10 @@ PROFILES = {"profiles": [
      "gpu": {"model": "H200", "mig": "1g.18gb"}, "cpu": 1, "memory": "2Gi",
      "images": ["pytorch"], "price_per_hour": "3600", "min_run": "1s"},
 ]}
+# The cluster's proxy is reachable beyond a loopback, so `up` in the cluster shape needs a
+# domain for the users' servers (gpulease.hub.origins): here the test box's own,
+# USER.localhost:PORT, which browsers and the tests' clients reach on loopback.
+SUBDOMAIN_HOST = "--subdomain-host=http://localhost:{port}"
 # The admin's own config: what only they know of their cluster (KubeSpawner's options).
 ADMIN_CONFIG = """
 c.GPUKubeSpawner.node_selector = {{{pool!r}: {namespace!r}}}
@@ -62,7 +66,8 @@ def cluster_hub_at(control_plane: ControlPlane, kube: Kube, namespace: str, fold
     labelled `POOL_LABEL=pool` (default: the namespace's own, as gpu_nodes labels them), a
     home volume, the token of a ServiceAccount with z2jh's hub Role and CLUSTER_RULES, and
     `profiles` (default PROFILES); `config` is added to the admin's config file, `extra_args`
-    go to `gpulease up`. Also used by bench/kube_spawn.py."""
+    go to `gpulease up`; users' servers at USER.localhost:PORT (SUBDOMAIN_HOST). Also used
+    by bench/kube_spawn.py."""
     storage_class, _home = home_volume(kube, control_plane, namespace)
     kubeconfig = hub_kubeconfig(kube, control_plane, namespace, folder)
     grant_cluster(kube, namespace, "hub", CLUSTER_RULES)  # the inventory's and admission's
@@ -73,7 +78,7 @@ def cluster_hub_at(control_plane: ControlPlane, kube: Kube, namespace: str, fold
                                                storage_class=storage_class) + config)
     hub = HubProcess(state=folder / "state", admin_password=PW,
                      env={"KUBECONFIG": str(kubeconfig)}, extra_args=[
-                         "--GPULeaseHub.shape=cluster",
+                         "--GPULeaseHub.shape=cluster", SUBDOMAIN_HOST,
                          f"--GPULeaseHub.cluster_namespace={namespace}",
                          f"--config={config_file}", f"--profiles={profiles_file}", *extra_args])
     try:

@@ -22,10 +22,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 from kubernetes_asyncio.config import kube_config
 
 from gpulease.hub.profiles import GpuSpec
+from gpulease.site_urls import loopback_session
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
@@ -88,7 +90,8 @@ def rendered_hub(plane: ControlPlane, kube: Kube, namespace: str, release: str,
                  tmp_path: Path, env: dict[str, str] | None = None,
                  port: int = 0) -> tuple[HubProcess, dict[str, str]]:
     """A hub (not started) from the release's ConfigMap and Secrets, as its pod runs it,
-    with the Services' names mapped to this host and the proxy started here."""
+    with the Services' names mapped to this host and the proxy started here; its users'
+    servers at USER.localhost:PORT instead of the release's domain."""
     config = tmp_path / "etc-gpulease"  # the ConfigMap's files, as the pod mounts them
     config.mkdir()
     for name, text in kube.get(f"/api/v1/namespaces/{namespace}/configmaps/"
@@ -116,9 +119,24 @@ def rendered_hub(plane: ControlPlane, kube: Kube, namespace: str, release: str,
         "--ConfigurableHTTPProxy.should_start=True",
         f"--JupyterHub.hub_bind_url=http://127.0.0.1:{hub.hub_port}",
         f"--JupyterHub.hub_connect_url=http://127.0.0.1:{hub.hub_port}",
+        # the servers' pods (here on loopback) reach the service at this address
         f"--GPULeaseHub.service_address=127.0.0.1:{service}",
-        f"--GPULeaseHub.servers_proxy_url=http://127.0.0.1:{hub.port}/"]
+        # served here, not at the release's domain (the chart's JupyterHub.subdomain_host)
+        f"--subdomain-host=http://localhost:{hub.port}",
+        f"--JupyterHub.public_url=http://localhost:{hub.port}/"]
     return hub, secrets
+
+
+def as_a_browser_keeps_it(session: requests.Session) -> requests.Session:
+    """Under a subdomain host JupyterHub sets its session id cookie for the hub's domain
+    (`Domain=localhost`, which its users' subdomains share) and ties the xsrf token to it.
+    A browser sends it back to localhost; Python's cookie jar files it under `.localhost`
+    and, matching a dotless host as `localhost.local`, never does, so the hub would refuse
+    the session's POSTs (XSRF). Kept for the host itself, as a browser has it."""
+    for cookie in list(session.cookies):
+        if cookie.domain == ".localhost":
+            session.cookies.set(cookie.name, cookie.value, path=cookie.path)
+    return session
 
 
 @pytest.fixture(autouse=True)
@@ -176,7 +194,12 @@ def test_a_hub_from_the_rendered_configuration_spawns_a_slice_server(
                    f"singleuser.nodeSelector.{POOL_LABEL.replace('.', chr(92) + '.')}="
                    f"{namespace}") as release:
         users = f"{release}-users"
+        chart = json.loads(kube.get(f"/api/v1/namespaces/{namespace}/configmaps/"
+                                    f"{release}-hub")["data"]["chart.json"])
+        assert chart["subdomainHost"] == "https://gpu.example.org"  # A_DOMAIN, as installed
         hub, secrets = rendered_hub(control_plane, kube, namespace, release, tmp_path)
+        service = next(a.split("=", 1)[1] for a in hub.extra_args
+                       if a.startswith("--GPULeaseHub.service_address="))
         hub.start(timeout=120)
         try:
             admin = hub.token_for("admin", secrets["admin-password"])
@@ -190,6 +213,15 @@ def test_a_hub_from_the_rendered_configuration_spawns_a_slice_server(
             assert limits["nvidia.com/mig-1g.18gb"] == "1"
             assert server_pod["spec"]["nodeName"] == f"{namespace}-h200"
             assert server_pod["spec"]["automountServiceAccountToken"] is False
+            # its own origin (USER.<domain>, the chart's subdomain host mapped here), and the
+            # gpulease service reached at the hub's address, not through the proxy
+            assert hub.urls.subdomain_host == f"http://localhost:{hub.port}"
+            env = {e["name"]: e.get("value") for e in server_pod["spec"]["containers"][0]["env"]}
+            assert env["GPULEASE_SERVICE_URL"] == f"http://{service}/services/gpulease/"
+            status = loopback_session().get(hub.server_url("alice", path="api/status"),
+                                            headers={"Authorization": f"token {token}"},
+                                            timeout=30)
+            assert status.status_code == 200, status.text
             sessions = hub.service("GET", "api/usage", token).json()["sessions"]
             assert [s["profile"] for s in sessions] == ["h200-1g"]
             assert hub.api("DELETE", "users/alice/server", token).status_code in (202, 204)
@@ -240,7 +272,7 @@ def test_a_hub_from_the_rendered_oidc_configuration_signs_in_through_the_provide
     hub it renders signs researchers in through the suite's OpenID Connect provider, and
     the provider's groups decide who may enter and rent the vision group's profile."""
     port = free_port()
-    callback = f"http://127.0.0.1:{port}/hub/oauth_callback"
+    callback = f"http://localhost:{port}/hub/oauth_callback"
     provider = OIDCProvider(tmp_path / "provider", [callback]).start()
     provider.set_account("s-ada", login="ada", password="ada-pw", email="Ada.L@uni.example",
                          groups=["researchers", "vision"])
@@ -259,14 +291,12 @@ def test_a_hub_from_the_rendered_oidc_configuration_signs_in_through_the_provide
             hub, _ = rendered_hub(control_plane, kube, namespace, release, tmp_path, env={
                 "GPULEASE_OAUTH_CLIENT_SECRET":
                     base64.b64decode(client["data"]["client-secret"]).decode()}, port=port)
-            # served here over http, not at the Ingress's https host
-            hub.extra_args.append(f"--JupyterHub.public_url=http://127.0.0.1:{port}/")
-            hub.start(timeout=120)
+            hub.start(timeout=120)  # served here over http, not at the Ingress's https host
             try:
                 ada = signed_in_session(hub.url, "ada", "ada-pw")
                 me = ada.get(f"{hub.url}/hub/api/user", timeout=10).json()
                 assert me["name"] == "ada-l" and set(me["groups"]) == {"researchers", "vision"}
-                ben = signed_in_session(hub.url, "ben", "ben-pw")
+                ben = as_a_browser_keeps_it(signed_in_session(hub.url, "ben", "ben-pw"))
                 r = ben.post(f"{hub.url}/hub/api/users/ben/servers/big",
                              headers=xsrf_headers(ben), timeout=60,
                              json={"user_options": {"profile": "h200-full"}})
