@@ -29,6 +29,8 @@ import pytest
 IN_CI = os.environ.get("CI", "").lower() == "true"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
+# As root Chromium needs --no-sandbox; /dev/shm is small in containers.
+CHROMIUM_ARGS = ("--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu")
 
 
 @dataclass(frozen=True)
@@ -116,11 +118,7 @@ def chromium() -> Iterator[object]:
     except ImportError:
         _missing("Playwright for Python is not installed")
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=path,
-            # As root Chromium needs --no-sandbox; /dev/shm is small in containers.
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
-        )
+        browser = pw.chromium.launch(executable_path=path, args=list(CHROMIUM_ARGS))
         try:
             yield browser
         finally:
@@ -138,18 +136,28 @@ def browser_context(chromium, request) -> Iterator[object]:
         context.close()
 
 
-def _context(chromium) -> object:
-    context = chromium.new_context(viewport={"width": 1366, "height": 768})
+def _context(chromium, **options) -> object:
+    context = chromium.new_context(viewport={"width": 1366, "height": 768}, **options)
     context.set_default_timeout(20_000)
     context.http_errors = HttpErrors(context)
     return context
 
 
-def new_context(chromium, request) -> object:
-    """Another profile in the same test (a second person), screenshotted on failure too."""
-    context = _context(chromium)
+def new_context(chromium, request, **options) -> object:
+    """Another profile in the same test (a second person), screenshotted on failure too.
+    `options`: Playwright's new_context options (e.g. ignore_https_errors=True)."""
+    context = _context(chromium, **options)
     request.node.__dict__.setdefault("_gpulease_browser_contexts", []).append(context)
     return context
+
+
+def launch_another(chromium, *switches: str) -> object:
+    """A second Chromium, from the module's Playwright, with more command-line switches
+    (e.g. `--host-resolver-rules=MAP *.gpu.test 127.0.0.1`, which only a launch takes):
+    a second sync_playwright cannot run beside the one the `chromium` fixture holds.
+    The caller closes it."""
+    return chromium.browser_type.launch(executable_path=chromium_path(),
+                                        args=[*CHROMIUM_ARGS, *switches])
 
 
 def save_screenshots(item) -> list[Path]:
