@@ -265,6 +265,7 @@ def service_direct_url(s: HubSettings, host: str = "127.0.0.1") -> str:
 def hub_config(s: HubSettings) -> Config:
     from gpulease.hub.error_text import error_text
     from gpulease.hub.home_page import home_template_var
+    from gpulease.hub.site_nav import SiteNav
 
     c = Config()
     hub = c.JupyterHub
@@ -295,6 +296,8 @@ def hub_config(s: HubSettings) -> Config:
         "gpulease_error_text": lambda _user: error_text,
         # the hub's, the service's and servers' URLs (gpulease.site_urls), for links
         "gpulease_urls": lambda _user: s.page_urls,
+        # the one navigation bar of the hub's and the service's pages (hub/site_nav.py)
+        "gpulease_nav": lambda _user: SiteNav(s.page_urls),
     }
     hub.services = [
         {

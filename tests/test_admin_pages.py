@@ -143,7 +143,7 @@ def test_every_page_renders_for_an_admin_with_the_nav(hub, admin):
         assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
         assert page.headers["X-Frame-Options"] == "DENY"
         for link in PAGES:
-            assert f'href="/services/gpulease/{link}"' in page.text
+            assert f'href="{hub.urls.service(link)}"' in page.text
     for path in ("admin/profiles/new", "admin/profiles/edit/cpu-small",
                  "admin/profiles/delete/cpu-small"):
         page = get(admin, hub, path)

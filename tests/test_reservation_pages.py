@@ -204,7 +204,7 @@ def test_the_page_lists_a_reservation_with_the_prices(hub, admin):
     assert "reserved price per unit-hour × units × hours" in text
     # the nav of every admin page links it
     for path in ("admin/credits", "admin/limits", "admin/profiles", PAGE):
-        assert f'href="/services/gpulease/{PAGE}"' in get(admin, hub, path).text, path
+        assert f'href="{hub.urls.service(PAGE)}"' in get(admin, hub, path).text, path
 
 
 @e2e
@@ -336,7 +336,7 @@ def test_an_auditor_reads_the_page_without_any_form_and_cannot_post(hub, audrey)
 
 @e2e
 def test_a_plain_user_gets_403(hub, bob):
-    assert f'href="/services/gpulease/{PAGE}"' not in get(bob, hub, "usage").text
+    assert f'href="{hub.urls.service(PAGE)}"' not in get(bob, hub, "usage").text
     page = get(bob, hub)
     assert page.status_code == 403 and "Error 403" in page.text
     before = written(hub)

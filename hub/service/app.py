@@ -22,6 +22,7 @@ from gpulease.hub.service import (
     admin_pages,
     audit_handlers,
     body_limit,
+    hub_static,
     inventory_handlers,
     limit_handlers,
     openapi,
@@ -84,6 +85,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
     handlers += [(url_path_join(prefix, path), cls, args) for path, cls in routes]
     handlers += n.notice_routes(prefix, args, env)
     handlers.append((url_path_join(prefix, "oauth_callback"), pages.OAuthCallbackPage, args))
+    # JupyterHub's stylesheet for the pages, as the hub serves it (hub_static.py)
+    handlers.append((url_path_join(prefix, hub_static.ROUTE), hub_static.HubStaticFile))
     handlers.append((url_path_join(prefix, "api/.*"), h.NotFoundHandler, args))
     return web.Application(
         handlers,

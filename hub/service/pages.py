@@ -11,6 +11,7 @@ from dataclasses import replace
 from urllib.parse import urlencode
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
+from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulease.hub import billing_reports
@@ -18,7 +19,9 @@ from gpulease.hub.db import utcnow
 from gpulease.hub.error_text import ErrorText, error_text
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
+from gpulease.hub.service import hub_static
 from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
+from gpulease.hub.site_nav import SiteNav
 from gpulease.hub.units import seconds_text
 from gpulease.sign_in_failure import sign_in_failure
 from gpulease.site_urls import SiteURLs
@@ -34,8 +37,11 @@ class PageHandler(BillingHandler):
         # frame-ancestors 'none', not 'self': where researchers' servers share the
         # hub's origin (GPULeaseHub.allow_shared_origin), a page one of them serves
         # could frame an admin's forms and trick clicks on them.
+        # 'self' for styles and fonts: JupyterHub's own stylesheet, which this service
+        # serves (hub_static.py), so that its pages look like the hub's.
         self.set_header("Content-Security-Policy",
-                        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+                        "default-src 'none'; style-src 'self' 'unsafe-inline'; "
+                        "font-src 'self'; img-src data:; "
                         "form-action 'self'; frame-ancestors 'none'")
         self.set_header("X-Frame-Options", "DENY")
 
@@ -44,10 +50,19 @@ class PageHandler(BillingHandler):
         prefix = self.settings.get("gpulease_prefix", "/services/gpulease/")
         name = self._user_name()
         urls = self.settings.get("gpulease_urls") or SiteURLs("/")
+        nav = SiteNav(urls)
         ns.update(prefix=prefix, user_name=name, urls=urls, hub_home=urls.hub("home"),
-                  can_report=bool(name) and self.is_auditor(),
+                  nav=nav, nav_items=self._nav_items(nav),
+                  hub_stylesheet=url_path_join(prefix, hub_static.STYLESHEET_LINK),
                   seconds_text=seconds_text)
         return ns
+
+    def _nav_items(self, nav: SiteNav) -> list:
+        """The bar's items for the caller (hub/site_nav.py), none for no one signed in."""
+        model = self.current_user
+        if not isinstance(model, dict) or not model.get("name"):
+            return []
+        return nav.items(bool(model.get("admin")), model.get("scopes") or ())
 
     def _user_name(self) -> str | None:
         model = self.current_user
