@@ -1,6 +1,7 @@
 # gpulease: two set-up commands.
 #   make run   install into .venv and node_modules, then run the embedded hub
 #   make test  the same install, then lint and the whole test suite
+#   make screenshots  the pages' pictures in docs/images/ (README and docs show them)
 
 # As root, the per-user accounts must be able to run the environment's
 # interpreter: scripts/pick-python explains the choice.
@@ -10,7 +11,7 @@ BIN     = $(VENV)/bin
 # The official configurable-http-proxy is installed with npm inside the project.
 export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: install run test lint bench clean labextension cluster-tools
+.PHONY: install run test lint bench clean labextension cluster-tools screenshots
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -49,6 +50,13 @@ bench: install
 	$(BIN)/python bench/culler.py
 	$(BIN)/python bench/pages.py
 	$(BIN)/python bench/login_flood.py
+
+# Screenshots of the hub's and the gpulease service's pages for the README and docs
+# (docs/images/*.png, 1280x800), from a throwaway hub with a demo admin and researcher:
+# scripts/screenshots.py (needs Chromium, as the browser tests do). ARGS="--out DIR"
+# writes them elsewhere, ARGS="--only usage,lab" takes just those.
+screenshots: install
+	$(BIN)/python scripts/screenshots.py $(ARGS)
 
 # Rebuild the committed prebuilt labextension after editing singleuser/labextension/src
 # (needs Node and npm; installs never need it).
