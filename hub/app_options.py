@@ -78,11 +78,13 @@ class GPULeaseOptions(Configurable):
     service_address = Unicode(
         "",
         config=True,
-        help="host:port where the proxy reaches the gpulease service. Empty: a free port on "
-        "127.0.0.1, for a proxy on this host (the embedded box, `gpulease up` starting its "
-        "own proxy). With the proxy in a pod of its own (the Helm chart): the hub's Service "
-        "name and a fixed port, e.g. gpulease-hub:8090; the service then listens on every "
-        "address of the hub's pod, at that port.",
+        help="host:port where the proxy and the servers reach the gpulease service (servers "
+        "get it as GPULEASE_SERVICE_URL: the service's own address, not through the proxy, "
+        "which routes the service by its subdomain). Empty: a free port on 127.0.0.1, for a "
+        "proxy and servers on this host (the embedded box). In the cluster shape: a name the "
+        "proxy's and the servers' pods resolve and a fixed port, e.g. the Helm chart's "
+        "<release>-hub.<namespace>.svc:8090; the service then listens on every address of "
+        "the hub's pod, at that port.",
     )
     allow_shared_origin = Bool(
         False,

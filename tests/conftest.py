@@ -17,7 +17,10 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from gpulease.hub.db import open_database
+from tests import browser_cookies
 from tests.databases import PostgresCopies, SqliteTemplate
+
+browser_cookies.install()  # Domain=localhost cookies kept as browsers keep them
 
 POSTGRES_URL = os.environ.get("GPULEASE_TEST_POSTGRES_URL", "")
 IN_CI = os.environ.get("CI", "").lower() == "true"
