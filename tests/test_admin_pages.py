@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html as htmllib
 import re
+from urllib.parse import urljoin
 
 import pytest
 import requests
@@ -63,7 +64,7 @@ def hub(tmp_path_factory):
 
 
 def url(hub, path: str) -> str:
-    return f"{hub.url}/services/gpulease/{path}"
+    return f"{hub.urls.service()}{path}"
 
 
 def browser(hub, user: str, password: str) -> requests.Session:
@@ -217,7 +218,7 @@ def test_creating_a_profile_through_the_form(hub, admin):
     page = get(admin, hub, "admin/profiles/new")
     r = post(admin, hub, "admin/profiles/new", profile_form(), token=xsrf(page))
     assert r.status_code == 303, r.text[:1000]
-    listing = admin.get(hub.url + r.headers["Location"], timeout=30)
+    listing = admin.get(urljoin(hub.urls.service(), r.headers["Location"]), timeout=30)
     assert "Profile h200-slice created." in listing.text
     assert 'data-slug="h200-slice"' in listing.text
     made = api_profiles(hub)["h200-slice"]
@@ -310,7 +311,7 @@ def test_granting_and_adjusting_credits_through_the_forms(hub, admin):
     r = post(admin, hub, "admin/credits", {"kind": "grant", "account": "user:bob",
                                            "amount": "12.5", "note": XSS}, token=xsrf(page))
     assert r.status_code == 303, r.text[:1000]
-    done = admin.get(hub.url + r.headers["Location"], timeout=30).text
+    done = admin.get(urljoin(hub.urls.service(), r.headers["Location"]), timeout=30).text
     assert "Grant of 12.500000 credits to user:bob recorded" in done
     assert balance(hub, "bob") == format_credits(parse_credits(start) + 12_500_000)
     entry = audit(hub, "user:bob")[0]

@@ -102,12 +102,12 @@ def test_named_server_other_profile_open_and_deep_link(hub, browser_context):
     assert row.get_attribute("data-state") == "running"
     row.get_by_role("link", name="Open").click()
     wait_for_jupyterlab(page)
-    r = requests.put(f"{hub.url}/user/bea/train/api/contents/deep.ipynb", timeout=30,
+    r = requests.put(hub.server_url("bea", "train", "api/contents/deep.ipynb"), timeout=30,
                      headers={"Authorization": f"token {token}"},
                      json={"type": "notebook", "format": "json", "content": {
                          "cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}})
     assert r.status_code in (200, 201), r.text
-    page.goto(f"{hub.url}/user/bea/train/lab/tree/deep.ipynb")
+    page.goto(hub.server_url("bea", "train", "lab/tree/deep.ipynb"))
     wait_for_jupyterlab(page)
     tab = page.locator(".lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel",
                        has_text="deep.ipynb")

@@ -71,7 +71,7 @@ def test_admin_and_researcher_in_chromium(hub, chromium, browser_context, reques
     log_in(admin, hub, "admin", ADMIN_PW)
 
     # 1. the admin creates a profile in the editor
-    admin.goto(f"{hub.url}/services/gpulease/admin/profiles")
+    admin.goto(f"{hub.urls.service()}admin/profiles")
     admin.get_by_role("link", name="New profile").click()
     admin.get_by_label("slug").fill(SLUG)
     admin.get_by_label("display name").fill(f"{PROBE} Lab slice")
@@ -111,7 +111,7 @@ def test_admin_and_researcher_in_chromium(hub, chromium, browser_context, reques
     assert re.fullmatch(r"\d+\.\d{6}", row.locator(".gpulease-cost").inner_text())
 
     # 3. the admin sees it held in the inventory
-    admin.goto(f"{hub.url}/services/gpulease/admin/inventory")
+    admin.goto(f"{hub.urls.service()}admin/inventory")
     inventory = admin.inner_text("main")
     assert "ada" in inventory and "1g.18gb" in inventory
 
@@ -131,9 +131,9 @@ def test_admin_and_researcher_in_chromium(hub, chromium, browser_context, reques
     assert row.locator(".gpulease-profile").inner_text() == "cpu"
 
     # 5. the admin sees the session in the usage report and the profile in the audit log
-    admin.goto(f"{hub.url}/services/gpulease/admin/report")
+    admin.goto(f"{hub.urls.service()}admin/report")
     assert "ada" in admin.inner_text("main")
-    admin.goto(f"{hub.url}/services/gpulease/admin/audit")
+    admin.goto(f"{hub.urls.service()}admin/audit")
     audit = admin.inner_text("main")
     assert "profile.create" in audit and f"profile:{SLUG}" in audit and "admin" in audit
     assert PROBE in audit or "&lt;script&gt;" not in audit

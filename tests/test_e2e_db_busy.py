@@ -31,6 +31,7 @@ from tests.isolation_env import mock_server_catalog
 pytestmark = pytest.mark.e2e
 
 ADMIN_PW = "admin-secret-pw"
+SERVICE = "/services/gpulease/"
 BEA_PW = "bea-pw-12345"
 ANSWERS_WITHIN_S = 0.1
 TRIES = 3  # the fastest of three: a loaded test machine may delay one answer, never all
@@ -102,7 +103,9 @@ class Front:
         assert self.browser.login_status == 302
 
     def get(self, path: str, token: str | None = None) -> Callable[[float], requests.Response]:
-        url = f"{self.hub.url}{path}"
+        # the service has an origin of its own (gpulease.site_urls)
+        url = (self.hub.urls.service(path.removeprefix(SERVICE)) if path.startswith(SERVICE)
+               else f"{self.hub.url}{path}")
         if token is None:
             return lambda timeout: self.browser.get(url, timeout=timeout)
         return lambda timeout: requests.get(
@@ -118,7 +121,7 @@ class Front:
                 "/hub/token": self.get("/hub/token")}
 
     def service_reads(self) -> dict[str, Callable[[float], requests.Response]]:
-        svc = "/services/gpulease/"
+        svc = SERVICE
         return {
             **{f"{svc}{p}": self.get(f"{svc}{p}", self.bea) for p in (
                 "api/profiles", "api/balance", "api/usage", "api/me/servers", "api/notices",

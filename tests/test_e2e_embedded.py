@@ -345,7 +345,7 @@ def test_spawn_page_offers_profiles_and_starts_the_chosen_one(hub, admin_token, 
 
 
 def test_service_permissions(hub, admin_token, alice):
-    anonymous = requests.get(f"{hub.url}/services/gpulease/api/inventory", timeout=10)
+    anonymous = requests.get(f"{hub.urls.service()}api/inventory", timeout=10)
     assert anonymous.status_code == 403 and anonymous.json()["status"] == 403
     assert hub.service("GET", "api/inventory", alice).status_code == 403
     r = hub.service("POST", "api/users", alice, {"name": "mallory", "password": "x" * 12})

@@ -45,7 +45,7 @@ def site(tmp_path_factory):
         'c.GPULeaseGitHubAuthenticator.client_id = "gh-client"',
         'c.GPULeaseGitHubAuthenticator.client_secret = "gh-secret"',
         f"c.GPULeaseGitHubAuthenticator.oauth_callback_url = "
-        f"'http://127.0.0.1:{port}/hub/oauth_callback'",
+        f"'http://localhost:{port}/hub/oauth_callback'",
         'c.GPULeaseGitHubAuthenticator.allowed_organizations = {"uni-lab"}',
     ]) + "\n")
     hub = HubProcess(state=base / "state", extra_args=[

@@ -56,7 +56,7 @@ ACCOUNTS = {
 def site(tmp_path_factory):
     base = tmp_path_factory.mktemp("oidc")
     port = free_port()
-    hub_url = f"http://127.0.0.1:{port}"
+    hub_url = f"http://localhost:{port}"  # its public URL (the subdomain host)
     provider = OIDCProvider(base / "provider", [f"{hub_url}/hub/oauth_callback"],
                             [f"{hub_url}/hub/login"]).start()
     for sub, claims in ACCOUNTS.items():
@@ -199,7 +199,7 @@ def test_admin_groups_make_hub_and_gpulease_admins(site):
     erin_token = _token(erin, hub, "erin")
     assert hub.service("GET", "api/audit", erin_token).status_code == 403
     # the admin's credits page names who each provider's user signed in as
-    page = browser.get(f"{hub.url}/services/gpulease/admin/credits", timeout=30)
+    page = browser.get(f"{hub.urls.service()}admin/credits", timeout=30)
     assert page.status_code == 200, page.text
     assert f"carol@uni.example via {provider.issuer}" in page.text
 

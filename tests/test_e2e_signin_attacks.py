@@ -143,7 +143,7 @@ def _write_config(base: Path, provider, hub_url: str, **extra) -> Path:
 def site(tmp_path_factory):
     base = tmp_path_factory.mktemp("attack-oidc")
     port = free_port()
-    hub_url = f"http://127.0.0.1:{port}"
+    hub_url = f"http://localhost:{port}"  # its public URL (the subdomain host)
     provider = TwoClientProvider(base / "provider", [f"{hub_url}/hub/oauth_callback"],
                                  [f"{hub_url}/hub/login"]).start()
     for sub, claims in ACCOUNTS.items():
@@ -242,7 +242,7 @@ def test_a_replayed_callback(site):
     assert again.status_code in (302, 400)
     # an attacker who captured both the URL and the state cookie
     thief = requests.Session()
-    thief.cookies.set("oauthenticator-state", state_cookie, domain="127.0.0.1", path="/hub/")
+    thief.cookies.set("oauthenticator-state", state_cookie, domain="localhost.local", path="/hub/")  # host-only
     stolen = thief.get(callback, timeout=30)
     print("replay with the cookie:", stolen.status_code, stolen.text[:300])
     assert stolen.status_code in (400, 403)
@@ -271,7 +271,7 @@ def test_next_never_leaves_the_hub(site, nxt):
         loc = requests.compat.urljoin(r.url, r.headers["location"])
         hops.append(r.headers["location"])
         host = urlsplit(loc).netloc
-        if host not in (f"127.0.0.1:{hub.port}", urlsplit(site[1].issuer).netloc):
+        if host not in (f"localhost:{hub.port}", urlsplit(site[1].issuer).netloc):
             pytest.fail(f"next={nxt!r} sent the browser to {loc!r} (hops {hops})")
         if urlsplit(loc).scheme not in ("http", "https"):
             pytest.fail(f"next={nxt!r}: {loc!r}")
@@ -290,7 +290,7 @@ def test_login_page_next_for_a_signed_in_user(site, nxt):
                   timeout=30)
         if r.is_redirect:
             loc = requests.compat.urljoin(r.url, r.headers["location"])
-            assert urlsplit(loc).netloc in (f"127.0.0.1:{hub.port}",
+            assert urlsplit(loc).netloc in (f"localhost:{hub.port}",
                                             urlsplit(site[1].issuer).netloc), (path, loc)
 
 
@@ -551,7 +551,7 @@ def test_admin_users_by_provider_name_and_a_lookalike_hub_name(site):
 def short_lived(tmp_path_factory):
     base = tmp_path_factory.mktemp("attack-ttl")
     port = free_port()
-    hub_url = f"http://127.0.0.1:{port}"
+    hub_url = f"http://localhost:{port}"  # its public URL (the subdomain host)
     os.environ["OIDC_ACCESS_TOKEN_TTL"] = "8"
     try:
         provider = OIDCProvider(base / "provider", [f"{hub_url}/hub/oauth_callback"],
@@ -597,7 +597,7 @@ def test_an_api_token_after_the_providers_access_token_expired(short_lived):
 def id_token_site(tmp_path_factory):
     base = tmp_path_factory.mktemp("attack-idtoken")
     port = free_port()
-    hub_url = f"http://127.0.0.1:{port}"
+    hub_url = f"http://localhost:{port}"  # its public URL (the subdomain host)
     os.environ["OIDC_ID_TOKEN_TTL"] = "8"
     try:
         provider = OIDCProvider(base / "provider", [f"{hub_url}/hub/oauth_callback"],

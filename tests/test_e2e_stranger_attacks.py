@@ -201,7 +201,7 @@ def test_held_back_bodies_share_a_budget(hub, path):
     ("GET", "api/limits/zz", None),
 ])
 def test_a_stranger_is_refused_before_the_body_is_read(hub, method, path, body):
-    r = requests.request(method, f"{hub.url}/services/gpulease/{path}", data=body,
+    r = requests.request(method, f"{hub.urls.service()}{path}", data=body,
                          headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 403, r.text
     assert r.json()["message"].startswith("Authentication required")

@@ -212,10 +212,10 @@ def test_a_body_over_one_mib_is_refused_413_before_it_is_read(hub, admin):
     huge = _profile_body(2 * MIB)
     headers = {"Authorization": f"token {admin}", "Content-Type": "application/json"}
     # To the service directly (as servers reach it) and through the proxy (as everyone else)
-    for base in (service_url, hub.url):
-        r = requests.put(f"{base}/services/gpulease/api/profiles/big", data=huge,
-                         headers=headers, timeout=60)
-        assert r.status_code == 413, (base, r.status_code, r.text[:300])
+    for url in (f"{service_url}/services/gpulease/api/profiles/big",
+                hub.urls.service("api/profiles/big")):
+        r = requests.put(url, data=huge, headers=headers, timeout=60)
+        assert r.status_code == 413, (url, r.status_code, r.text[:300])
         assert r.json()["status"] == 413 and "at most 1048576 bytes (1 MiB)" in r.json()["message"]
         assert f"has {len(huge)} bytes" in r.json()["message"]
     # without a length (chunked): the connection is cut once past 1 MiB

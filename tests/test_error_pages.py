@@ -32,13 +32,16 @@ HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0
 BARE = re.compile(r"<title>\d{3}: [^<]*</title><body>\d{3}: ")  # tornado's own error page
 
 
-def assert_helpful(r: requests.Response, status: int, home: str = "/hub/home") -> str:
-    """A page (not tornado's bare one) with `status`, advice and a link to `home`."""
+def assert_helpful(r: requests.Response, status: int, home: str = "") -> str:
+    """A page (not tornado's bare one) with `status`, advice and a link to `home`: by
+    default the hub's home, relative on the hub's origin and absolute from a server's or
+    the service's (origins of their own)."""
     assert r.status_code == status, (r.status_code, r.text[:2000])
     assert r.headers["Content-Type"].startswith("text/html"), r.headers
     text = r.text
     assert not BARE.search(text), text[:2000]
-    assert f'href="{home}"' in text and "Go to the home page" in text, text[:4000]
+    link = re.escape(home) if home else r"(http://localhost:\d+)?/hub/home"
+    assert re.search(f'href="{link}"', text) and "Go to the home page" in text, text[:4000]
     assert re.search(r"Error \d{3}: \w", text), text[:4000]  # a title in words, beside the code
     return text
 

@@ -171,7 +171,7 @@ def test_make_run_as_root_from_a_clone_in_a_0700_folder(tmp_path):
         server_env = _banner(hub, "Server environment")
         assert server_env.startswith(f"{state}/server-env, a copy of {clone}/.venv"), server_env
         assert "Users: each runs as their own Unix account (gl-NAME" in hub.log()
-        assert f"gpulease is running at http://127.0.0.1:{hub.port}/" in hub.log()
+        assert f"gpulease is running at http://localhost:{hub.port}/" in hub.log()
 
         # the CLI, run in the clone, finds the hub where `up` put its state
         cli = subprocess.run([str(clone / ".venv" / "bin" / "gpulease"), "inventory"], cwd=clone,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import html as htmllib
 import re
+from urllib.parse import urljoin
 
 import pytest
 import requests
@@ -71,7 +72,7 @@ def hub(tmp_path_factory):
 
 
 def url(hub, path: str) -> str:
-    return f"{hub.url}/services/gpulease/{path}"
+    return f"{hub.urls.service()}{path}"
 
 
 def browser(hub, user: str, password: str) -> requests.Session:
@@ -116,7 +117,7 @@ def post(session: requests.Session, hub, data: dict, token: str | None = None):
 
 def follow(session: requests.Session, hub, r: requests.Response) -> str:
     assert r.status_code == 303, r.text[:1500]
-    return session.get(hub.url + r.headers["Location"], timeout=30).text
+    return session.get(urljoin(hub.urls.service(), r.headers["Location"]), timeout=30).text
 
 
 def hour(offset: int = 0) -> str:
