@@ -1,3 +1,4 @@
+from dataclasses import replace
 from pathlib import Path
 
 from gpulease.hub.hub_config import (
@@ -106,3 +107,29 @@ def test_the_cluster_shapes_culler_reads_pods_through_prometheus_and_the_metrics
     in_pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
     assert kube_client_environment("", in_pod) == in_pod
     assert "culler_prometheus_url" in GPULeaseHub.class_get_help()
+
+
+def test_users_servers_and_the_service_on_origins_of_their_own(tmp_path):
+    s = replace(settings(tmp_path), public_url="http://localhost:8000/",
+                subdomain_host="http://localhost:8000")
+    c = hub_config(s)
+    assert c.JupyterHub.subdomain_host == "http://localhost:8000"
+    assert c.JupyterHub.public_url == "http://localhost:8000/"
+    assert c.JupyterHub.cookie_host_prefix_enabled is False  # http: no __Host- cookies
+    # servers reach the service at its own loopback address: no *.localhost name to resolve
+    assert c.LocalGPUSpawner.environment["GPULEASE_SERVICE_URL"] == (
+        f"http://127.0.0.1:{s.service_port}/services/gpulease/")
+    service = next(x for x in c.JupyterHub.services if x["name"] == "gpulease")
+    assert service["environment"]["GPULEASE_PUBLIC_URL"] == "http://localhost:8000/"
+    assert service["environment"]["GPULEASE_SUBDOMAIN_HOST"] == "http://localhost:8000"
+    https = hub_config(replace(s, public_url="https://gpu.example.org/",
+                               subdomain_host="https://gpu.example.org", cookie_host_prefix=True))
+    assert https.JupyterHub.cookie_host_prefix_enabled is True
+
+
+def test_one_shared_origin_links_relatively(tmp_path):
+    s = replace(settings(tmp_path), public_url="http://127.0.0.1:8000/", subdomain_host="")
+    c = hub_config(s)
+    assert c.JupyterHub.subdomain_host == "" and c.JupyterHub.public_url == ""
+    assert s.page_urls.service("usage") == "/services/gpulease/usage"
+    assert s.urls.service() == "http://127.0.0.1:8000/services/gpulease/"  # the CLI's
