@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -33,15 +34,22 @@ class HubClient:
         return self.service
 
     def _discover_service(self) -> str:
+        """Where the hub says its service is, trusted only on the hub's own host or a
+        subdomain of it (the token goes there); else the path it names, on the hub's host."""
         hub = self.url if self.url.endswith("/") else self.url + "/"
+        said = SiteURLs(hub).service()  # a hub that does not say: under its own origin
         try:
             r = loopback_session().get(SiteURLs(hub).hub("gpulease/site"), timeout=self.timeout,
                                        allow_redirects=False)
             if r.status_code == 200:
-                return r.json()["service"]
-        except (requests.RequestException, ValueError, KeyError):
+                said = urljoin(hub, r.json()["service"])
+        except (requests.RequestException, ValueError, KeyError, TypeError):
             pass
-        return SiteURLs(hub).service()  # a hub that does not say: under its own origin
+        ours, theirs = urlsplit(hub), urlsplit(said)
+        host, name = (ours.hostname or "").lower(), (theirs.hostname or "").lower()
+        if theirs.scheme == ours.scheme and (name == host or name.endswith("." + host)):
+            return said
+        return urljoin(hub, theirs.path)
 
     def call(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
         try:

@@ -315,6 +315,9 @@ def hub_config(s: HubSettings) -> Config:
                 # links from the service's pages to the hub's (gpulease.site_urls)
                 "GPULEASE_PUBLIC_URL": s.page_urls.hub_public,
                 "GPULEASE_SUBDOMAIN_HOST": s.subdomain_host,
+                # its login cookie __Host- prefixed as the hub's are (JupyterHub tells only
+                # spawners): else a user's subdomain could toss hers onto the service
+                "JUPYTERHUB_COOKIE_HOST_PREFIX_ENABLED": "1" if s.cookie_host_prefix else "0",
                 # api/inventory shows it; `users add` makes the Unix account with it
                 "GPULEASE_ISOLATION": json.dumps(s.isolation),
                 "GPULEASE_RESERVATIONS_BY_RESEARCHERS": "1" if s.reservations_by_researchers

@@ -31,6 +31,12 @@ SHARED_ORIGIN_WARNING = (
     "all trust each other.")
 
 
+PLAIN_HTTP_WARNING = (
+    "WARNING: users' servers are on subdomains of a plain-http host: without https the "
+    "hub's cookies cannot carry the __Host- prefix, so a user's subdomain can set cookies "
+    "for the hub (log a visitor in as herself). Use an https subdomain host.")
+
+
 class OriginError(ValueError):
     """The origins asked for cannot be served safely; the message says what to set."""
 
@@ -52,6 +58,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+LOOPBACK_HUB_IPS = ("127.0.0.1", "localhost")  # where http://localhost:PORT reaches the proxy
+
+
+def origin(scheme: str, host: str, port: int | None) -> str:
+    """`scheme://host[:port]`, the port left out when it is the scheme's default, as
+    browsers send it in Host (a hub that kept `:80` would redirect to itself forever)."""
+    shown = f":{port}" if port and port != DEFAULT_PORTS.get(scheme) else ""
+    return f"{scheme}://{host}{shown}"
+
+
 def check_subdomain_host(url: str) -> str:
     """A subdomain host as JupyterHub needs it (`scheme://name[:port]`), or OriginError."""
     parts = urlsplit(url if "://" in url else f"https://{url}")
@@ -71,7 +88,12 @@ def check_subdomain_host(url: str) -> str:
     else:
         raise OriginError(f"subdomain host {url!r} is an IP address, which has no subdomains: "
                           f"{allowed}")
-    return f"{parts.scheme}://{parts.netloc.lower()}"
+    try:
+        port = parts.port
+    except ValueError:
+        raise OriginError(f"subdomain host {url!r}: the port is not a number 1-65535: "
+                          f"{allowed}") from None
+    return origin(parts.scheme, host.lower().rstrip("."), port)
 
 
 def plan_origins(*, scheme: str, ip: str, port: int, base_url: str, subdomain_host: str,
@@ -81,14 +103,24 @@ def plan_origins(*, scheme: str, ip: str, port: int, base_url: str, subdomain_ho
     which is always reachable beyond a loopback)."""
     if subdomain_host:
         host = check_subdomain_host(subdomain_host)
-        return OriginPlan(host, public_url or host + base_url,
-                          cookie_host_prefix=host.startswith("https://"))
+        https = host.startswith("https://")
+        local = (urlsplit(host).hostname or "") == "localhost"
+        return OriginPlan(host, public_url or host + base_url, cookie_host_prefix=https,
+                          warning="" if https or local else PLAIN_HTTP_WARNING)
     if allow_shared_origin:
         return OriginPlan("", public_url, cookie_host_prefix=False,
                           warning=SHARED_ORIGIN_WARNING)
-    if not cluster and is_loopback(ip):
-        host = f"{scheme}://localhost:{port}"
+    if not cluster and ip in LOOPBACK_HUB_IPS:
+        host = origin(scheme, "localhost", port)
         return OriginPlan(host, public_url or host + base_url, cookie_host_prefix=False)
+    if not cluster and is_loopback(ip):
+        # browsers, and gpulease's own clients, reach *.localhost at 127.0.0.1 (and ::1)
+        raise OriginError(
+            f"the hub listens on {ip}, where http://USER.localhost:{port}/ (each user's "
+            "servers on an origin of their own) does not reach it: use --ip 127.0.0.1, or "
+            "name a domain that resolves to it: --subdomain-host http://gpu.test:"
+            f"{port} (and GPULeaseHub.allow_shared_origin = True only for users who all "
+            "trust each other)")
     where = "the cluster's proxy" if cluster else f"--ip {ip or '0.0.0.0'}"
     raise OriginError(
         f"the hub is reachable beyond this machine ({where}) and would serve every user's "

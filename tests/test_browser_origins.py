@@ -698,3 +698,53 @@ def test_without_host_prefixed_cookies_the_toss_logs_the_visitor_in_as_mallory(
         # both login cookies are sent, hers last (same path, set later), and the hub reads
         # the last one of a name: the admin now browses the hub as mallory
         assert who_is_logged_in(admin, origin) == "mallory"
+
+
+SERVICE_TOSS_JS = r"""
+document.cookie = `${T.name}=${T.value}; Domain=${T.domain}; Path=/services/gpulease/; Secure`;
+const pre = document.getElementById("results");
+pre.textContent = JSON.stringify({seen: document.cookie});
+pre.dataset.done = "1";
+"""
+
+
+def test_the_services_login_cookie_cannot_be_tossed_either(gpu_test_hub, gpu_test_browser,
+                                                           request):
+    """The gpulease service's own login cookie is __Host- prefixed too (JupyterHub tells
+    only spawners; hub_config tells the service): mallory's page tosses hers for the
+    parent domain, and the admin's usage and admin pages stay the admin's (without the
+    prefix they became mallory's, and the admin's Credits page a 403)."""
+    h = gpu_test_hub
+    origin = f"https://{DOMAIN}:{h.port}"
+    usage = h.urls.service("usage")
+    mallory = new_context(gpu_test_browser, request, ignore_https_errors=True).new_page()
+    log_in(mallory, origin, "mallory", "mallory-pw-12345")
+    mallory.goto(usage)
+    assert mallory.title() == "gpulease: usage of mallory"
+    (login,) = [c for c in mallory.context.cookies(usage) if c["name"].endswith("-gpulease")]
+    assert login["name"].startswith("__Host-"), login
+    url = put_page(h, "servicetoss", page_html(SERVICE_TOSS_JS, {
+        "domain": DOMAIN, "name": login["name"].removeprefix("__Host-"),
+        "value": login["value"]}))
+
+    admin = new_context(gpu_test_browser, request, ignore_https_errors=True).new_page()
+    log_in(admin, origin, "admin", ADMIN_PW)
+    admin.goto(usage)
+    assert admin.title() == "gpulease: usage of admin"
+    open_and_read(admin, url)
+    # the toss happened (an unprefixed cookie for the parent domain)...
+    tossed = [c for c in admin.context.cookies(usage)
+              if c["name"] == login["name"].removeprefix("__Host-")]
+    assert [c["domain"] for c in tossed] == [f".{DOMAIN}"], tossed
+    # ...and changed nothing: the service still knows the admin by the prefixed one
+    admin.goto(usage)
+    assert admin.title() == "gpulease: usage of admin"
+    response = admin.goto(h.urls.service("admin/credits"))
+    assert response is not None and response.status == 200, response and response.status
+
+    # a visitor who was not logged in is not logged in to the service as mallory
+    visitor = new_context(gpu_test_browser, request, ignore_https_errors=True).new_page()
+    open_and_read(visitor, url)
+    visitor.goto(usage)
+    assert "mallory" not in visitor.title()
+    assert urlsplit(visitor.url).path == "/hub/login", visitor.url

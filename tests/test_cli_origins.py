@@ -65,3 +65,49 @@ def test_the_resolver_stand_in_does_refuse_localhost_names(hub):
              + "socket.getaddrinfo('gpulease--service.localhost', 80)\n")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "Name or service not known" in r.stderr
+
+
+@pytest.fixture
+def site_says():
+    """A stand-in hub whose GET /hub/gpulease/site names the service `said`."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    said = {"service": ""}
+
+    class Site(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps(said).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Site)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], said
+    server.shutdown()
+
+
+@pytest.mark.parametrize("service, expected", [
+    # a subdomain of the hub's host: where the token may go
+    ("http://gpulease--service.localhost:{port}/services/gpulease/",
+     "http://gpulease--service.localhost:{port}/services/gpulease/"),
+    # anywhere else (a shared-origin hub's guess at 127.0.0.1, a hostile answer): only the
+    # path is taken, on the hub the admin named
+    ("http://127.0.0.1:{port}/services/gpulease/", "http://localhost:{port}/services/gpulease/"),
+    ("http://evil.example/steal/", "http://localhost:{port}/steal/"),
+    ("https://localhost.evil.example/x/", "http://localhost:{port}/x/"),
+    ("/jupyter/services/gpulease/", "http://localhost:{port}/jupyter/services/gpulease/"),
+])
+def test_the_token_goes_only_to_the_hubs_host_or_its_subdomains(site_says, service, expected):
+    from gpulease.hub.client import HubClient
+
+    port, said = site_says
+    said["service"] = service.format(port=port)
+    client = HubClient(f"http://localhost:{port}", "t0ken")
+    assert client.service_url == expected.format(port=port)

@@ -61,3 +61,31 @@ def test_the_opt_out_shares_the_origin_and_says_so():
 def test_a_bad_subdomain_host_names_what_is_allowed(bad, why):
     with pytest.raises(OriginError, match=why):
         plan(subdomain_host=bad)
+
+
+@pytest.mark.parametrize("given, kept", [
+    ("http://gpu.test:80", "http://gpu.test"), ("https://gpu.example.org:443",
+                                                "https://gpu.example.org"),
+    ("https://gpu.example.org:8443", "https://gpu.example.org:8443"),
+    ("https://GPU.Example.org.", "https://gpu.example.org")])
+def test_a_host_is_written_as_browsers_send_it(given, kept):
+    # a kept ":443" would never equal a browser's Host, and the hub would redirect to itself
+    assert plan(subdomain_host=given).subdomain_host == kept
+
+
+def test_the_default_port_on_one_box():
+    assert plan(port=80).subdomain_host == "http://localhost"
+    assert plan(port=443, scheme="https").subdomain_host == "https://localhost"
+
+
+@pytest.mark.parametrize("ip", ["127.0.0.2", "::1"])
+def test_other_loopback_addresses_are_refused_naming_the_way_out(ip):
+    # browsers and gpulease's clients reach *.localhost at 127.0.0.1: nothing listens there
+    with pytest.raises(OriginError, match="use --ip 127.0.0.1"):
+        plan(ip=ip)
+
+
+def test_a_plain_http_domain_is_warned_about():
+    assert "__Host-" in plan(subdomain_host="http://gpu.test").warning
+    assert plan(subdomain_host="http://localhost:8000").warning == ""
+    assert plan(subdomain_host="https://gpu.test").warning == ""
