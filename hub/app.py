@@ -10,7 +10,6 @@ servers, reconciles the recorded device assignments with what still runs.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import socket
 import subprocess
@@ -63,7 +62,7 @@ from gpulease.hub.notifier import announce, backends_from_env
 from gpulease.hub.oauth import ProviderSignIn
 from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
 from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
-from gpulease.hub.origins import OriginError, plan_origins
+from gpulease.hub.origins import OriginError, is_loopback, plan_origins
 from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.queue_resume import resume_then_serve
 from gpulease.hub.server_env import ServerEnvError
@@ -457,7 +456,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
                 f"First-run admin: user '{self.admin_name}', password "
                 f"'{self._first_admin_password}' (shown once; change it or keep it safe)"
             )
-        if not self.ssl_cert and not _is_loopback(self.ip):
+        if not self.ssl_cert and not is_loopback(self.ip):
             lines.append(
                 f"WARNING: listening on {self.ip or 'all interfaces'} without TLS: passwords and "
                 "tokens cross the network in clear text. Use --ssl-cert/--ssl-key or a TLS proxy."
@@ -465,15 +464,6 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         banner = "\n".join(lines)
         print(banner, flush=True)
         self._first_admin_password = None
-
-
-def _is_loopback(ip: str) -> bool:
-    if ip in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return False
 
 
 main = GPULeaseHub.launch_instance

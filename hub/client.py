@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -27,11 +28,9 @@ class HubClient:
     # the hub on first use (GET hub/gpulease/site)
     service: str = ""
 
-    @property
+    @cached_property
     def service_url(self) -> str:
-        if not self.service:
-            object.__setattr__(self, "service", self._discover_service())
-        return self.service
+        return self.service or self._discover_service()
 
     def _discover_service(self) -> str:
         """Where the hub says its service is, trusted only on the hub's own host or a

@@ -108,9 +108,9 @@ def test_user_config_file_wins_over_gpulease_defaults(tmp_path):
 
 @pytest.mark.parametrize("ip,warned", [("127.0.0.1", False), ("0.0.0.0", True), ("::", True)])
 def test_loopback_detection(ip, warned):
-    from gpulease.hub.app import _is_loopback
+    from gpulease.hub.origins import is_loopback
 
-    assert _is_loopback(ip) is not warned
+    assert is_loopback(ip) is not warned
 
 
 def test_a_hub_beyond_loopback_without_a_subdomain_host_refuses_to_start(tmp_path):
