@@ -322,6 +322,13 @@ class HubProcess:
             self.grant(admin_token, f"user:{name}", credit)
         return self.token_for(name, password)
 
+    def join_group(self, admin_token: str, group: str, users: list[str]) -> None:
+        """Put `users` in hub group `group`, made first if it is not there yet."""
+        self.api("POST", f"groups/{group}", admin_token)  # 409 when it exists: fine
+        r = self.api("POST", f"groups/{group}/users", admin_token, {"users": users})
+        if r.status_code != 200:
+            raise RuntimeError(f"group {group}: {r.status_code} {r.text}")
+
     def cli(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "gpulease.hub.cli", *args],

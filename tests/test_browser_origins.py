@@ -58,7 +58,6 @@ page (`<pre id="results">`), which the tests read.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -71,6 +70,7 @@ import pytest
 import requests
 
 from tests.browser import LAB_TIMEOUT_MS, launch_another, new_context, wait_for_jupyterlab
+from tests.certificates import self_signed
 from tests.hubproc import HubProcess
 
 pytestmark = pytest.mark.e2e
@@ -537,43 +537,16 @@ def test_on_a_shared_origin_the_same_page_takes_an_admin_token(tmp_path, chromiu
 # --- a hub with a domain of its own, on https: gpu.test -----------------------------------------------
 
 
-def _certificate(folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for gpu.test, *.gpu.test and localhost (the tests' own
-    API calls go to https://localhost:PORT)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, DOMAIN)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName(DOMAIN), x509.DNSName(f"*.{DOMAIN}"), x509.DNSName("localhost")]),
-            critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "gpu.test.crt", folder / "gpu.test.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 @pytest.fixture(scope="module")
 def gpu_test(tmp_path_factory):
     """gpu.test's certificate (key beside it), and, for this module, this process
     resolving gpu.test and its subdomains to 127.0.0.1 as Chromium's
     --host-resolver-rules does for the browser (the harness reaches the service at
     gpulease--service.gpu.test), and checking https with that certificate."""
-    cert, key = _certificate(tmp_path_factory.mktemp("gpu_test"))
+    # for gpu.test, *.gpu.test and localhost (the tests' own API calls go to
+    # https://localhost:PORT)
+    cert, key = self_signed(tmp_path_factory.mktemp("gpu_test"), DOMAIN,
+                            [DOMAIN, f"*.{DOMAIN}", "localhost"])
     real = socket.getaddrinfo
 
     def getaddrinfo(host, *args, **kwargs):

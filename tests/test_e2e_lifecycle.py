@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import re
 import shutil
 import time
@@ -12,6 +10,7 @@ import pytest
 import requests
 
 from gpulease.spawners.inventory import DEMO_INVENTORY
+from tests.certificates import self_signed
 from tests.hubproc import HubProcess, close_together, start_together
 
 pytestmark = pytest.mark.e2e
@@ -63,36 +62,8 @@ def test_restart_on_a_changed_mig_layout_reports_the_vanished_slice(tmp_path):
         hub.close()
 
 
-def _self_signed(tmp_path):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "hub.crt", tmp_path / "hub.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 def test_exposed_without_tls_warns_and_with_tls_serves_https(tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path, "hub", ["localhost"], ["127.0.0.1"])
     # Beyond loopback a hub names its users' domain, or shares one origin on purpose.
     plain = HubProcess(state=tmp_path / "plain", admin_password=PW,
                        extra_args=["--ip=0.0.0.0", "--GPULeaseHub.allow_shared_origin=True"])

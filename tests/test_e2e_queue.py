@@ -218,9 +218,7 @@ def test_a_start_over_the_users_limit_is_409_and_keeps_its_options(hub, admin):
 @pytest.fixture(scope="module")
 def people(hub, admin):
     tokens = {n: hub.add_user(admin, n) for n in ("audrey", "uma")}
-    hub.api("POST", "groups/auditors", admin)
-    r = hub.api("POST", "groups/auditors/users", admin, {"users": ["audrey"]})
-    assert r.status_code == 200, r.text
+    hub.join_group(admin, "auditors", ["audrey"])
     hub.api("POST", "groups/lab", admin)
     r = hub.api("POST", "groups/lab/users", admin, {"users": ["uma"]})
     assert r.status_code == 200, r.text

@@ -61,9 +61,7 @@ def hub(tmp_path_factory):
     for name, pw in PW.items():
         r = h.service("POST", "api/users", admin, {"name": name, "password": pw})
         assert r.status_code == 201, r.text
-    h.api("POST", "groups/auditors", admin)
-    r = h.api("POST", "groups/auditors/users", admin, {"users": ["audrey"]})
-    assert r.status_code == 200, r.text
+    h.join_group(admin, "auditors", ["audrey"])
     h.admin_token = admin
     h.engine = open_database(sqlite_url(h.state / "private" / "gpulease.sqlite"))
     yield h
