@@ -294,8 +294,6 @@ def hub_config(s: HubSettings) -> Config:
         # error.html's wording per status; JupyterHub calls a callable value with
         # the page's user, so this one returns the function itself
         "gpulease_error_text": lambda _user: error_text,
-        # the hub's, the service's and servers' URLs (gpulease.site_urls), for links
-        "gpulease_urls": lambda _user: s.page_urls,
         # the one navigation bar of the hub's and the service's pages (hub/site_nav.py)
         "gpulease_nav": lambda _user: SiteNav(s.page_urls),
     }

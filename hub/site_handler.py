@@ -16,9 +16,6 @@ class SiteHandler(BaseHandler):
     def initialize(self, urls: SiteURLs) -> None:
         self.urls = urls
 
-    def check_xsrf_cookie(self) -> None:  # a GET of public facts
-        return None
-
     async def get(self) -> None:
         self.set_header("Content-Type", "application/json")
         self.finish(self.urls.origins())

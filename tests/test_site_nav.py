@@ -107,7 +107,7 @@ def render_hub_page(urls: SiteURLs, admin: bool, scopes: set[str]) -> str:
         base_url="/hub/", prefix="/", user=user, static_url=lambda path, **_kw: path,
         login_url="/hub/login", logout_url="/hub/logout", services=[],
         parsed_scopes={s: {} for s in scopes}, expanded_scopes=scopes, xsrf_token="x",
-        gpulease_banner=None, gpulease_nav=SiteNav(urls), gpulease_urls=urls)
+        gpulease_banner=None, gpulease_nav=SiteNav(urls))
 
 
 def render_service_page(urls: SiteURLs, admin: bool, scopes: set[str]) -> str:
