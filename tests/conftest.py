@@ -128,7 +128,7 @@ def pytest_runtest_makereport(item, call):
 
         tracebacks = hub_tracebacks(getattr(item, "_gpulease_started", call.start) - 1)
         if tracebacks:
-            report.sections.append(("tracebacks in the hub's log", tracebacks))
+            report.sections.append(("tracebacks and 5xx answers in the hub's log", tracebacks))
 
 
 @pytest.fixture

@@ -48,7 +48,8 @@ HUB_LOGS: list[Path] = []
 
 
 def hub_tracebacks(since: float, limit: int = 3, lines_each: int = 60) -> str:
-    """The last `limit` tracebacks in hub logs written since `since` (epoch seconds)."""
+    """The last `limit` tracebacks, or 5xx answers with the lines before them, in hub logs
+    written since `since` (epoch seconds)."""
     found: list[str] = []
     for path in HUB_LOGS:
         try:
@@ -61,7 +62,15 @@ def hub_tracebacks(since: float, limit: int = 3, lines_each: int = 60) -> str:
             if line.startswith("Traceback (most recent call last)"):
                 start = max(0, i - 2)
                 found.append(f"--- {path.name}\n" + "\n".join(lines[start:i + lines_each]))
+            elif SERVER_ERROR_LINE.search(line):
+                # a 5xx without a traceback (an HTTPError raised on purpose, such as
+                # HubAuth's "Failed to check authorization"): the lines that led to it
+                found.append(f"--- {path.name}\n" + "\n".join(lines[max(0, i - 12):i + 1]))
     return "\n".join(found[-limit:])
+
+
+# A server's or the hub's log line of a 5xx answer ("] 500 GET /user/cy/api/kernels")
+SERVER_ERROR_LINE = re.compile(r"\] 5\d\d (GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS) /")
 
 
 def free_port() -> int:
