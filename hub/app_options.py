@@ -10,6 +10,7 @@ from __future__ import annotations
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
+from gpulease.hub.failed_starts import DEFAULT_LIMIT as DEFAULT_FAILED_START_LIMIT
 from gpulease.hub.notifier import WebhookURL
 from gpulease.hub.units import parse_duration
 from gpulease.spawners.cpu_totals import (
@@ -164,6 +165,22 @@ class GPULeaseOptions(Configurable):
         help="Most places one user holds in the queue at once (GPU starts waiting for a "
         "device); one more start that would wait is refused (409). 0: no limit.",
     )
+    failed_start_limit = Integer(
+        DEFAULT_FAILED_START_LIMIT,
+        config=True,
+        help="Failed starts (the server's own code exited before it answered, or did not "
+        "answer within the spawner's http_timeout and was killed) of one user on one "
+        "profile within failed_start_window after which further starts of that profile "
+        "are refused (429 with Retry-After) until the oldest leaves the window. Each was "
+        "billed for what it ran. 0: never refused. `gpulease limits clear-failed-starts` "
+        "forgives a user.",
+    )
+    failed_start_window = Unicode(
+        "10m",
+        config=True,
+        help="The window over which failed starts count for failed_start_limit (90s, 10m, "
+        "1h).",
+    )
     cpu_only_cpu_per_user = CoresCap(
         CPU_ONLY_CPU_PER_USER,
         config=True,
@@ -195,6 +212,21 @@ class GPULeaseOptions(Configurable):
     def _valid_reservation_end_notice(self, proposal):
         try:
             parse_duration(proposal["value"], "reservation_end_notice")
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
+
+    @validate("failed_start_limit")
+    def _valid_failed_start_limit(self, proposal):
+        if proposal["value"] < 0:
+            raise TraitError(f"failed_start_limit must be 0 (never refuse) or more, not "
+                             f"{proposal['value']}")
+        return proposal["value"]
+
+    @validate("failed_start_window")
+    def _valid_failed_start_window(self, proposal):
+        try:
+            parse_duration(proposal["value"], "failed_start_window")
         except ValueError as e:
             raise TraitError(str(e)) from None
         return proposal["value"]

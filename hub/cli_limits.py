@@ -1,9 +1,11 @@
-"""`gpulease limits set|list`: per-user and per-group GPU limits, through the service's API."""
+"""`gpulease limits set|list`: per-user and per-group GPU limits; `limits failed-starts` and
+`limits clear-failed-starts`: the rationing of failed starts. Through the service's API."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from urllib.parse import quote
 
 from gpulease.hub.client import HubClient
 
@@ -32,6 +34,14 @@ def add_limits_parsers(sub: argparse._SubParsersAction) -> None:
     put.add_argument("--max-slices", type=_count, default=argparse.SUPPRESS,
                      help="most MIG slices held at once ('none': no limit)")
     limits_sub.add_parser("list", help="every limit set")
+    failed = limits_sub.add_parser(
+        "failed-starts", help="a user's failed starts still counted, and what they pause")
+    failed.add_argument("user", nargs="?", help="the user (default: you)")
+    clear = limits_sub.add_parser(
+        "clear-failed-starts", help="forgive a user's failed starts: their starts of the "
+        "profile are no longer refused (audit log)")
+    clear.add_argument("user", help="the user")
+    clear.add_argument("--profile", help="only this profile's (default: every profile's)")
 
 
 def _show(limit: dict) -> str:
@@ -43,6 +53,23 @@ def _show(limit: dict) -> str:
 
 
 def cmd_limits(client: HubClient, args) -> int:
+    if args.action == "failed-starts":
+        query = f"?user={quote(args.user)}" if args.user else ""
+        data = client.call("GET", f"api/failed-starts{query}")
+        for f in data["failed_starts"]:
+            print(f"{f['at']} {f['profile']} ({f['server'] or 'default server'}): {f['why']}")
+        for p in data["paused"]:
+            print(f"starts of {p['profile']} refused until {p['until']}")
+        if not data["failed_starts"]:
+            print(f"no failed starts of {data['user']} counted (limit {data['limit']} within "
+                  f"{data['window_seconds']} s)")
+        return 0
+    if args.action == "clear-failed-starts":
+        query = f"?profile={quote(args.profile)}" if args.profile else ""
+        data = client.call("DELETE", f"api/failed-starts/{quote(args.user)}{query}")
+        print(f"cleared {data['cleared']} failed start(s) of {data['user']}"
+              f"{' on ' + data['profile'] if data['profile'] else ''}")
+        return 0
     if args.action == "list":
         data = client.call("GET", "api/limits")
         for limit in data["limits"]:

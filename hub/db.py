@@ -349,6 +349,26 @@ spawn_queue = Table(
 Index("uq_spawn_queue_server", spawn_queue.c.user_name, spawn_queue.c.server_name, unique=True)
 
 
+# Starts that the server's own code failed (it exited before it answered, or did
+# not answer within http_timeout), counted to ration repeated ones per user and
+# profile (gpulease.hub.failed_starts). Rows are only appended; an admin's clear
+# stamps `cleared_at` on the ones it forgives, so the history stays.
+failed_starts = Table(
+    "failed_starts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False),
+    Column("profile", String(63), nullable=False),
+    Column("at", DateTime, nullable=False),
+    Column("why", Text, nullable=False),
+    Column("cleared_at", DateTime, nullable=True),
+    Column("cleared_by", String(255), nullable=True),
+)
+Index("ix_failed_starts_user_profile_at", failed_starts.c.user_name, failed_starts.c.profile,
+      failed_starts.c.at)
+
+
 def utcnow() -> dt.datetime:
     """Naive UTC now, as stored in every DateTime column."""
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)

@@ -48,9 +48,9 @@ class RunningServer:
     profile: str
     account: str
     rate_per_hour_ucr: int
-    # When it first answered HTTP, if this hub saw it (None: not known here,
-    # e.g. it was started before a hub restart).
-    answered_at: dt.datetime | None = None
+    # When it was launched (its code could first run), if this hub saw it (None:
+    # not known here, e.g. it was started before a hub restart).
+    launched_at: dt.datetime | None = None
     # When the hub started it (JupyterHub's `started`), for the log of the gap.
     started_at: dt.datetime | None = None
     tier: str = "on-demand"
@@ -104,7 +104,7 @@ def missing_sessions(running: Iterable[RunningServer], metered: Collection[Key],
                      now: dt.datetime) -> list[Repair]:
     """Running servers with no open session, and from when to bill each.
 
-    Billed from its first HTTP answer when this hub saw it; otherwise from
+    Billed from its launch when this hub saw it; otherwise from
     now — the time before is not known to have been the server's (its start
     may have waited in the queue), so it is logged as a gap, not invented.
     """
@@ -112,8 +112,8 @@ def missing_sessions(running: Iterable[RunningServer], metered: Collection[Key],
     for server in running:
         if server.key in metered:
             continue
-        since = min(server.answered_at, now) if server.answered_at else now
-        began = server.answered_at or server.started_at or now
+        since = min(server.launched_at, now) if server.launched_at else now
+        began = server.launched_at or server.started_at or now
         repairs.append(Repair(server, since, max(0.0, (now - began).total_seconds())))
     return repairs
 

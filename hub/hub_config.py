@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 from traitlets.config import Config
 
 from gpulease.hub.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
+from gpulease.hub.failed_starts import DEFAULT_LIMIT as FAILED_START_LIMIT
+from gpulease.hub.failed_starts import DEFAULT_WINDOW_S as FAILED_START_WINDOW_S
 from gpulease.hub.named_servers import NAMED_SERVER_LIMIT
 from gpulease.hub.state import StateDir
 from gpulease.site_urls import SiteURLs
@@ -189,6 +191,9 @@ class HubSettings:
     reservation_lead_s: int = 24 * 3600  # GPULeaseHub.reservation_lead_time
     # Per-user limits (GPULeaseHub.queue_places_per_user, cpu_only_*_per_user).
     queue_places_per_user: int = QUEUE_PLACES_PER_USER
+    # Rationing of failed starts (GPULeaseHub.failed_start_limit, failed_start_window).
+    failed_start_limit: int = FAILED_START_LIMIT
+    failed_start_window_s: int = FAILED_START_WINDOW_S
     cpu_only_cpu_per_user: str = CPU_ONLY_CPU_PER_USER
     cpu_only_memory_per_user: str = CPU_ONLY_MEMORY_PER_USER
     # Isolation between users (gpulease.hub.isolation_check.IsolationPlan.settings()):
@@ -321,6 +326,8 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_RESERVATIONS_BY_RESEARCHERS": "1" if s.reservations_by_researchers
                 else "",
                 "GPULEASE_RESERVATION_LEAD_S": str(s.reservation_lead_s),
+                "GPULEASE_FAILED_START_LIMIT": str(s.failed_start_limit),
+                "GPULEASE_FAILED_START_WINDOW_S": str(s.failed_start_window_s),
                 # The cluster shape's inventory reads the cluster (JupyterHub passes
                 # no KUBECONFIG, nor the in-cluster variables, to services).
                 "GPULEASE_CLUSTER_NAMESPACE": s.cluster_namespace if cluster else "",
@@ -449,6 +456,8 @@ def hub_config(s: HubSettings) -> Config:
     spawner.queue_max_wait = float(s.queue_max_wait_s)
     spawner.queue_max_length = s.queue_max_length
     spawner.queue_places_per_user = s.queue_places_per_user
+    spawner.failed_start_limit = s.failed_start_limit
+    spawner.failed_start_window = s.failed_start_window_s
     spawner.spot_grace_period = s.spot_grace_s
     spawner.cpu_only_cpu_per_user = s.cpu_only_cpu_per_user
     spawner.cpu_only_memory_per_user = s.cpu_only_memory_per_user

@@ -4,15 +4,17 @@ The pure rules (what a session costs, what a balance is) live in
 `gpulease.hub.ledger` and `gpulease.hub.sessions`; this module is the hub-side
 loop around them:
 
-- a session opens when a server first answers HTTP and closes when its devices
-  are released, with the reason the stop carried;
+- a session opens when a server's code can first run (its launch: the process
+  started with its devices, or its container started) and closes when the last
+  of it has ended, with the reason the stop carried (`start_failed` for a start
+  that never answered);
 - every `heartbeat` seconds the sessions of servers that still run are
   confirmed in one write, so a crashed hub loses or over-bills at most one
   interval; when the database cannot be reached, servers keep running and
   what could not be written (confirmations, closes) is written when it returns;
-- a server the hub counts as running with no open session (it answered after
-  its start returned and its session could not be written, or it was started
-  before a restart without one) gets one, logged as a warning with the gap;
+- a server the hub counts as running with no open session (its session could
+  not be written at its launch, or it was started before a restart without
+  one) gets one, logged as a warning with the gap;
 - accounts at or below zero have their servers stopped (`out_of_credit`), so
   do members whose monthly cap on a group account is spent (`account_cap`):
   a stop is asked on every heartbeat until the server is gone, pending or
@@ -294,7 +296,7 @@ class Meter:
         metrics.METERING_GAPS.inc()
         log.warning("%s/%s runs on %s with no open billing session (gap of %.0f s, since %s); "
                     "opened session %d from %s", user, server or "(default)", s.profile,
-                    repair.gap_s, _iso(s.answered_at or s.started_at), session.id,
+                    repair.gap_s, _iso(s.launched_at or s.started_at), session.id,
                     _iso(repair.since))
 
     def _write_heartbeat(self, now: datetime) -> bool:

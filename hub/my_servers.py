@@ -78,6 +78,8 @@ class ServerState:
             out["position"] = self.queue_position
         elif self.state == "pending":
             out["pending"] = self.pending
+            if self.started is not None:  # launched: billed from then, ready or not
+                out.update(billed_since=iso_z(self.started), billed_ms=self.billed_ms)
         elif self.state == "suspended":
             out.update(reason=self.reason, reason_text=self.reason_text)
         return out
@@ -141,6 +143,13 @@ def server_states(
             if f.pending == "spawn" and position is not None:
                 out.append(ServerState(name, "queued", profile, pending=f.pending,
                                        queue_position=position))
+            elif f.pending == "spawn" and open_session is not None:
+                # launched, not answering yet: its code runs, and is billed, from its launch
+                out.append(ServerState(
+                    name, "pending", open_session.profile, pending=f.pending,
+                    started=open_session.started, billed_ms=open_session.billed_ms(now),
+                    cost_ucr=open_session.cost(now),
+                    rate_per_hour_ucr=open_session.rate_per_hour_ucr))
             else:
                 out.append(ServerState(name, "pending", profile, pending=f.pending))
         elif name in suspended:

@@ -101,4 +101,6 @@ def http_error(refusal: Refusal) -> Exception:
 
     error = web.HTTPError(refusal.status, "%s", refusal.message)
     error.gpulease_refusal = refusal  # type: ignore[attr-defined]
+    if refusal.headers:  # JupyterHub's API answers set them (Retry-After on a 429)
+        error.headers = dict(refusal.headers)  # type: ignore[attr-defined]
     return error

@@ -87,7 +87,7 @@ class HubServerControl:
         for user in list(self.app.users.values()):
             for spawner in list(user.spawners.values()):
                 # Ready: JupyterHub counts it as running. A session being opened
-                # right now (its first answer was just seen) is not a gap.
+                # right now (at its launch) is not a gap.
                 if not spawner.ready or getattr(spawner, "_gpulease_opening", False):
                     continue
                 key = (user.name, spawner.name)
@@ -98,11 +98,11 @@ class HubServerControl:
                 if key not in metered and await spawner.poll_and_notify() is not None:
                     continue
                 choice = getattr(spawner, "gpulease_choice", None)
-                answered = getattr(spawner, "gpulease_answered_at", None)
+                launched = getattr(spawner, "gpulease_launched_at", None)
                 started = spawner.orm_spawner.started if spawner.orm_spawner else None
                 if choice is not None:
                     out.append(RunningServer(key, choice.profile.slug, choice.account,
-                                             choice.rate_per_hour_ucr, answered,
+                                             choice.rate_per_hour_ucr, launched,
                                              started, choice.tier, choice.reservation_id))
                 else:
                     unknown.append((spawner, dict(spawner.orm_spawner.user_options or {})))
@@ -120,7 +120,7 @@ class HubServerControl:
                 continue
             slug, account, rate, tier, reservation = facts
             out.append(RunningServer(key, slug, account, rate,
-                                     getattr(spawner, "gpulease_answered_at", None),
+                                     getattr(spawner, "gpulease_launched_at", None),
                                      spawner.orm_spawner.started, tier, reservation))
         return out
 

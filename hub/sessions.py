@@ -1,6 +1,6 @@
 """Metering sessions: one row per run of a server, and the lease on metering.
 
-A session opens when the server first answers HTTP, is confirmed on every
+A session opens when the server's code can first run (its launch), is confirmed on every
 heartbeat, and closes when its devices are released: the close and its one
 charge row are written in the same transaction, so a crash can never leave a
 closed session unbilled or bill it twice (`ledger_entries.session_id` is
@@ -38,7 +38,8 @@ __all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_aliv
            "session_from_row"]
 
 END_REASONS = ("user", "idle", "out_of_credit", "account_cap", "max_runtime", "admin",
-               "server_died", "hub_shutdown", "hub_lost", "preempted", "reservation_ended")
+               "server_died", "hub_shutdown", "hub_lost", "preempted", "reservation_ended",
+               "start_failed")
 TIERS = ("on-demand", "spot", "reserved")  # gpulease.hub.options names them for a start
 _LEASE_ID = 1
 _open = sessions.c.ended_at.is_(None)

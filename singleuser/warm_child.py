@@ -7,8 +7,9 @@ in the same order, before anything of the researcher's can run (their
 1. signals as a new program has them; every descriptor of the launcher closed but
    stdio and its own request socket;
 2. its request read (JSON to EOF: argv, env, cwd, uid, gid, groups, cgroup folders);
-3. a new session (start_new_session), the server's cgroups joined while root,
-   groups set to the account's own (never the launcher's), gid, then uid;
+3. a new session (start_new_session), the server's cgroups joined while root
+   (and the moment told to the hub: its billing starts there), groups set to
+   the account's own (never the launcher's), gid, then uid;
 4. the server's folder as the working directory;
 5. "ready" sent to the hub and the request socket closed while the process is
    still undumpable (a uid change makes it so): no process of the researcher's
@@ -34,6 +35,7 @@ import os
 import signal
 import site
 import sys
+import time
 
 from gpulease.singleuser import proc_title
 
@@ -66,7 +68,7 @@ def run_server(request_fd: int) -> int:
         request = _read_request(request_fd)
         # what /proc/PID/cmdline and environ are to show: as exec'ing the script gives
         title = proc_title.as_bytes([sys.executable, *request["argv"]], request["env"])
-        _become(request, title)
+        _become(request, title, request_fd)
     except (SetupError, OSError, ValueError, KeyError, TypeError) as e:
         _say(request_fd, {"error": str(e) or type(e).__name__})
         os._exit(1)  # nothing of the server ran: no cleanup of the launcher's to do
@@ -151,7 +153,7 @@ def _read_request(fd: int) -> dict:
     return request
 
 
-def _become(request: dict, title: tuple[bytes, bytes]) -> None:
+def _become(request: dict, title: tuple[bytes, bytes], request_fd: int) -> None:
     os.setsid()
     for folder in request.get("cgroup_dirs") or ():
         try:
@@ -159,6 +161,9 @@ def _become(request: dict, title: tuple[bytes, bytes]) -> None:
                 f.write(str(os.getpid()))
         except OSError as e:
             raise SetupError(f"cannot join the server's cgroup {folder}: {e}") from None
+    # In its cgroup, with its devices, still root: the researcher's code may run from
+    # here on, and so the server is billed from here (the hub takes this moment).
+    _say(request_fd, {"in_cgroup": time.time()})
     try:  # while root: the ends of /proc/PID/cmdline and environ (proc_title.py)
         fitted = proc_title.fit(*title)
     except (OSError, ValueError, IndexError):

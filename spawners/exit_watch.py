@@ -57,7 +57,7 @@ _NOTIFYING: set[asyncio.Task] = set()  # the loop holds tasks only weakly
 
 
 def watch_server_exit(spawner) -> Callable[[], None]:
-    """Watch a LocalGPUSpawner's process from its first answer: ended on its own
+    """Watch a LocalGPUSpawner's process from its launch: ended on its own
     (not by a stop), it is billed up to that moment, and JupyterHub is told now
     (`poll_and_notify`: the poll releases its devices and closes its session)
     rather than at its next poll, so that no heartbeat finds it "ready" but
@@ -74,6 +74,11 @@ def watch_server_exit(spawner) -> Callable[[], None]:
         meter = spawner.gpulease.meter
         if meter is not None:
             meter.mark_alive(spawner.user.name, spawner.name, moment)
+        if getattr(spawner, "_gpulease_starting", False):
+            # ended before it answered: its start fails, and closes its session at this
+            # moment (or when what it left in its cgroup was ended)
+            spawner._gpulease_exited_at = moment
+            return
         task = asyncio.ensure_future(spawner.poll_and_notify())
         _NOTIFYING.add(task)
         task.add_done_callback(_NOTIFYING.discard)

@@ -17,20 +17,23 @@ import asyncio
 import os
 import shlex
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from subprocess import Popen
 
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
+from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Bool, Dict, Instance, Integer, Unicode, Union
 
+from gpulease.hub.db import utcnow
 from gpulease.hub.options import ServerChoice
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.state import StateDir, StateError, ensure_home
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
 from gpulease.spawners.cgroups import CgroupError
-from gpulease.spawners.exit_watch import watch_server_exit
+from gpulease.spawners.exit_watch import wait_for_exit, watch_server_exit
 from gpulease.spawners.process_spec import (
     build_process_spec,
     filter_server_env,
@@ -39,7 +42,7 @@ from gpulease.spawners.process_spec import (
 )
 from gpulease.spawners.process_tree import kill_tree
 from gpulease.spawners.run_end import RunEnd
-from gpulease.spawners.spawn_core import GPULeaseSpawnCore
+from gpulease.spawners.spawn_core import GPULeaseSpawnCore, StartFailed
 from gpulease.spawners.warm_start import (
     WarmChild,
     WarmLauncher,
@@ -182,7 +185,9 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             self.refuse(Refusal(f"Cannot start the server: {e}", status=500))
         self._gpulease_admitted = False
         self.gpulease_answered_at = None
+        self.gpulease_launched_at = None
         self.gpulease_admitted_at = None  # set by _admit (pending_spawns)
+        await self._refuse_if_rationed(choice)
         admitted = None
         if choice.profile.gpu is not None:
             try:
@@ -201,35 +206,72 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         self.log.info(
             "%s placed on %s", self._log_name, ", ".join(self.gpulease_devices) or "no GPU"
         )
+        self._gpulease_exited_at = None
         try:
             await self._isolate(choice, home)
             spec = self._spec()
             self.cmd = [*self.gpulease_isolation.cmd_prefix, *spec.cmd]
             try:
-                ip, port = await self._launch(spec.cmd[0])
+                ip, port, launched_at = await self._launch(spec.cmd[0])
             except PermissionError:
                 raise http_error(Refusal(
                     f"Cannot start the server: {self.cmd[0]} cannot be run as "
                     f"{self._spec().env['USER']} (permission denied on its way or its "
                     "interpreter); see docs/security.md", status=500)) from None
-            answered = await self._wait_until_answering(ip, port, self.http_timeout)
-            if answered:
-                await self._first_answer(choice, admitted)
-            elif answered is None:
-                # Still starting (a slow config in the home, a slow image):
-                # JupyterHub keeps waiting for it after start returns, and so
-                # does billing, which must open at its first answer.
-                self._watch_first_answer(ip, port, choice, admitted)
+            # From here the researcher's code runs (their config, .pth files, kernels'
+            # startup files): billed from the launch, until the last of it has ended.
+            self._gpulease_starting = True
+            await self._bill_from_launch(choice, launched_at)
+            await self._await_first_answer(ip, port, choice, admitted)
             return ip, port
+        except StartFailed as failed:
+            # Killed (or exited) before it answered: nothing of it runs on after its
+            # session closes, at the moment the last of it ended.
+            await self._release("start_failed", self._gpulease_exited_at)
+            raise await self._count_failed_start(
+                choice, failed, await self._billed_ms_of_failed_start()) from None
         except BaseException:
             await self._release("server_died")
             await self._remove_cgroup()
             raise
+        finally:
+            self._gpulease_starting = False
+
+    async def _kill_unanswered(self) -> str:
+        """SIGKILL the server and its process tree now (its cgroup is emptied by the
+        release that follows: what escaped the tree too), and time its exit."""
+        proc = self.proc
+        sent = await asyncio.to_thread(kill_tree, self.pid)
+        if proc is not None:
+            exited = await wait_for_exit(proc, 10)
+            if exited is not None:
+                self._gpulease_exited_at = self._gpulease_exited_at or exited
+        return f"{sent} process{'es' if sent != 1 else ''}"
+
+    def _exit_description(self) -> str:
+        status = self.proc.poll() if self.proc is not None else None
+        if status is None:
+            return "it is no longer running"
+        return f"signal {-status}" if status < 0 else f"exit status {status}"
+
+    async def _billed_ms_of_failed_start(self) -> int | None:
+        """What the failed start's closed session was billed (None: not metered)."""
+        meter = self.gpulease.meter
+        if meter is None or self.gpulease_launched_at is None:
+            return None
+        try:
+            latest = await asyncio.to_thread(meter.sessions.latest_by_server, self.user.name)
+        except SQLAlchemyError:
+            return None
+        session = latest.get(self.name)
+        return session.billed_ms() if session is not None and session.ended else None
 
     # --- warm starts (spawners/warm_start.py, singleuser/warm_launcher.py) ---------------
 
-    async def _launch(self, script: str) -> tuple[str, int]:
-        """Fork the server from its environment's warm launcher, or start it cold."""
+    async def _launch(self, script: str) -> tuple[str, int, datetime]:
+        """Fork the server from its environment's warm launcher, or start it cold; where
+        it listens, and the moment its code could first run (UTC): a warm child's
+        report from its cgroup, or a cold start's return from Popen (after its exec)."""
         interpreter, env_problem = check_script(script)
         why = why_not_warm(enabled=self.warm_start, shell_cmd=self.shell_cmd,
                            cmd_prefix=self.gpulease_isolation.cmd_prefix,
@@ -245,7 +287,8 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
                 why = "its environment's warm launcher is only starting now"
         if self.warm_start:
             self.log.info("%s starts cold: %s", self._log_name, why)
-        return await super().start()
+        ip, port = await super().start()  # Popen has returned: exec'd, in its cgroup
+        return ip, port, utcnow()
 
     def launcher_env(self) -> dict[str, str]:
         """The launcher's environment: what every server gets from the hub's (env_keep),
@@ -255,7 +298,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         return {**filter_server_env(kept, isolation.SECRET_ENV, isolation.hub_secrets(state)),
                 "HOME": "/nonexistent"}
 
-    async def _start_warm(self, launcher: WarmLauncher) -> tuple[str, int]:
+    async def _start_warm(self, launcher: WarmLauncher) -> tuple[str, int, datetime]:
         """LocalProcessSpawner.start, with the launcher's fork in place of Popen."""
         if self.port == 0:
             self.port = random_port()
@@ -281,7 +324,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             forking.add_done_callback(_end_unwanted_child)
             raise
         self.pid = self.proc.pid
-        return (self.ip or "127.0.0.1", self.port)
+        return self.ip or "127.0.0.1", self.port, self.proc.launched_at or utcnow()
 
     def _run_still_ours(self) -> Callable[[], bool]:
         proc = self.proc

@@ -37,6 +37,8 @@ class RunEnd:
     _end_billing: Callable[[str, datetime | None], Awaitable[None]]
 
     _gpulease_exited_at: datetime | None = None  # when a stop saw its process end (UTC)
+    # launched, not answered yet: the start itself ends (and bills) a run that dies now
+    _gpulease_starting: bool = False
     _gpulease_releasing: asyncio.Lock | None = None  # held while a release runs
 
     async def stop(self, now=False):
@@ -91,11 +93,11 @@ class RunEnd:
         if status is None:
             if meter is not None:
                 meter.mark_alive(self.user.name, self.name)
-        elif self._stopping:
-            pass
+        elif self._stopping or self._gpulease_starting:
+            pass  # the stop, or the start that fails now, ends it
         elif held or (meter is not None and (self.user.name, self.name) in meter.live):
             await self._release("server_died")
-        if status is not None and not self._stopping:
+        if status is not None and not self._stopping and not self._gpulease_starting:
             await self._remove_cgroup()  # died: JupyterHub does not call stop()
         return status
 

@@ -9,13 +9,19 @@ of the spawn path that is the same in both shapes:
   credit, CPU-only totals);
 - one way to refuse a start (`refuse`, a gpulease.hub.refusal.Refusal);
 - the progress a waiting user sees (the choice, the balance, the queue);
-- the first answer of the server, where its billing session opens, and the
-  notices that go with a start.
+- billing from the server's launch (`_bill_from_launch`: the moment its code
+  can first run on the devices), the wait for its first answer (which marks it
+  ready and no longer opens billing), and a start its own code failed: it
+  exited before answering, or did not answer within `http_timeout` and was
+  killed (`StartFailed`, end reason `start_failed`, counted for the rationing
+  of gpulease.hub.failed_starts, which `_refuse_if_rationed` applies);
+- the notices that go with a start.
 
 A subclass adds what differs: where the server runs and how it is admitted
 to capacity (`start`), whether this run is still the one being started
-(`_run_still_ours`) and how its end is watched (`_watch_exit`). The core
-imports the model and billing core and no spawner.
+(`_run_still_ours`), how its end is watched (`_watch_exit`) and how a start
+that does not answer is killed (`_kill_unanswered`). The core imports the
+model and billing core and no spawner.
 """
 
 from __future__ import annotations
@@ -27,10 +33,15 @@ from datetime import datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
-from traitlets import Unicode, default
+from traitlets import Integer, Unicode, default
 
 from gpulease.hub.context import GPULeaseContext, get_context
-from gpulease.hub.db import utcnow
+from gpulease.hub.failed_starts import (
+    DEFAULT_LIMIT,
+    DEFAULT_WINDOW_S,
+    FailedStarts,
+    Rationing,
+)
 from gpulease.hub.options import SPOT, ServerChoice, withdrawn_after_waiting
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
@@ -46,6 +57,17 @@ from gpulease.spawners.pending_spawns import register, register_collector
 from gpulease.spawners.queue_base import QueueBase, Refused, queue_progress, tell_started
 from gpulease.spawners.queue_runner import runner_for
 from gpulease.spawners.spawn_form import AvailabilityOf, spawn_form_data
+
+
+class StartFailed(Exception):
+    """The server's own code failed its start: `why` is what the researcher is told;
+    `status` what the start answers: 504 it did not answer in time, 502 it exited (the
+    server behind the hub failed, not the hub)."""
+
+    def __init__(self, why: str, status: int = 502):
+        super().__init__(why)
+        self.why = why
+        self.status = status
 
 
 class GPULeaseSpawnCore(AdmissionOptions):
@@ -66,6 +88,18 @@ class GPULeaseSpawnCore(AdmissionOptions):
         "", config=True, help="Image catalog (YAML); empty: the catalog shipped with gpulease."
     )
     node_name = Unicode("local", config=True, help="Name of this host in the inventory.")
+    failed_start_limit = Integer(
+        DEFAULT_LIMIT, config=True,
+        help="Failed starts (the server exited before it answered, or did not answer within "
+        "http_timeout) of one user on one profile within failed_start_window after which "
+        "further starts of that profile are refused (429) until the oldest leaves the "
+        "window; 0: never. Set by `gpulease up` from GPULeaseHub.failed_start_limit.",
+    )
+    failed_start_window = Integer(
+        DEFAULT_WINDOW_S, config=True,
+        help="Seconds over which failed starts are counted for failed_start_limit. Set by "
+        "`gpulease up` from GPULeaseHub.failed_start_window.",
+    )
 
     gpulease_choice: ServerChoice | None = None
     gpulease_balance: int = 0  # the account's balance when this start was admitted
@@ -73,9 +107,9 @@ class GPULeaseSpawnCore(AdmissionOptions):
     _stopping: bool = False
     _gpulease_admitted: bool = False  # this start is past the limits and the queue
     gpulease_answered_at: datetime | None = None  # this run's first HTTP answer (UTC)
+    gpulease_launched_at: datetime | None = None  # this run's launch (UTC): billed from here
     gpulease_admitted_at: float | None = None  # monotonic; this start's admission
     _gpulease_opening: bool = False  # its billing session is being written now
-    _gpulease_watch: asyncio.Task | None = None  # waits for a late first answer
     _gpulease_unwatch = staticmethod(lambda: None)  # stops watching for its exit
 
     def __init__(self, *args, **kwargs):
@@ -219,7 +253,7 @@ class GPULeaseSpawnCore(AdmissionOptions):
         Without a watch the heartbeat's polls see the end."""
         return lambda: None
 
-    # --- the first answer -----------------------------------------------------------
+    # --- billing from the launch, and the first answer ---------------------------------
 
     async def _wait_until_answering(self, ip: str, port: int, timeout: float | None,
                                     still_ours: Callable[[], bool] | None = None
@@ -228,10 +262,10 @@ class GPULeaseSpawnCore(AdmissionOptions):
         says when), False once its run ended or is being stopped, None after
         `timeout` seconds without an answer (None: no limit).
 
-        Billing starts at that answer. It also saves time: JupyterHub's own
+        Returning only when the server answers saves time: JupyterHub's own
         readiness check tries once at once, then backs off with growing random
-        delays while JupyterLab starts; returning only when the server answers
-        lets its first try succeed (about a second per spawn, bench/spawn.py).
+        delays while JupyterLab starts; this lets its first try succeed (about a
+        second per spawn, bench/spawn.py).
         """
         url = f"http://{ip}:{port}{self.server.base_url}api"
         answered = await first_answer(url, still_ours or self._run_still_ours(), timeout)
@@ -240,40 +274,86 @@ class GPULeaseSpawnCore(AdmissionOptions):
             return True
         return answered
 
-    async def _first_answer(self, choice: ServerChoice, admitted) -> None:
-        """The server answered: bill it from now on, and tell a queued user it started."""
-        await self._open_session(choice)
+    def _failed_starts(self) -> FailedStarts:
+        return FailedStarts(self.gpulease.engine,
+                            Rationing(self.failed_start_limit, self.failed_start_window))
+
+    async def _refuse_if_rationed(self, choice: ServerChoice) -> None:
+        """Refuse (429, Retry-After) a start of a profile whose recent starts this user's
+        own code failed too often (gpulease.hub.failed_starts)."""
+        try:
+            refusal = await asyncio.to_thread(self._failed_starts().refusal, self.user.name,
+                                              choice.profile.slug)
+        except SQLAlchemyError as e:
+            self.log.error("gpulease database error checking the failed starts of %s: %s",
+                           self._log_name, e)
+            self.refuse(Refusal(DATABASE_DOWN, status=503))
+        if refusal is not None:
+            self.refuse(refusal)
+
+    async def _bill_from_launch(self, choice: ServerChoice, launched_at: datetime) -> None:
+        """The server's code can run on its devices from `launched_at` (UTC): its billing
+        session opens there, whatever happens next (its first answer only marks it
+        ready), and its exit is watched from now on."""
+        self.gpulease_launched_at = launched_at
+        self.log.info("%s launched at %s UTC: billed from then", self._log_name,
+                      f"{launched_at:%H:%M:%S.%f}"[:-3])
+        await self._open_session(choice, launched_at)
         self._gpulease_unwatch = self._watch_exit()  # billed to the very end
-        if admitted is not None and admitted.queued:
-            await tell_started(self.gpulease, self.user.name, self.name, choice.profile.slug,
-                               admitted.waited_s)
 
-    def _watch_first_answer(self, ip: str, port: int, choice: ServerChoice, admitted) -> None:
-        """After start returned unanswered: open the session at the first answer, if any.
+    async def _await_first_answer(self, ip: str, port: int, choice: ServerChoice,
+                                  admitted) -> None:
+        """Wait up to `http_timeout` for the launched server's first answer. Answered:
+        tell a queued user it started. Not answered in time: killed at once, whole
+        (`_kill_unanswered`), and StartFailed; exited first: StartFailed too. A stop
+        meanwhile fails the start as JupyterHub's own check would."""
+        answered = await self._wait_until_answering(ip, port, self.http_timeout)
+        if answered:
+            if admitted is not None and admitted.queued:
+                await tell_started(self.gpulease, self.user.name, self.name,
+                                   choice.profile.slug, admitted.waited_s)
+            return
+        if answered is None:
+            killed = await self._kill_unanswered()
+            raise StartFailed(f"it did not answer within {self.http_timeout:g} s of its "
+                              f"launch and was killed ({killed})", status=504)
+        if self._stopping:
+            raise http_error(Refusal("The server was stopped before it was ready", status=409))
+        raise StartFailed(f"it exited before it answered ({self._exit_description()})")
 
-        A slow start (a slow config in the home, a slow image): JupyterHub keeps
-        waiting for it after start returns, and so does billing."""
-        still_ours = self._run_still_ours()
-        returned = utcnow()
+    async def _kill_unanswered(self) -> str:
+        """Kill the whole server at once, no grace (what it started included); a few
+        words on what was killed."""
+        raise NotImplementedError
 
-        async def watch() -> None:
-            try:
-                if not await self._wait_until_answering(ip, port, None, still_ours):
-                    return  # ended or stopped before it ever answered
-                if not still_ours():
-                    return
-                late = (self.gpulease_answered_at - returned).total_seconds()
-                self.log.warning("%s first answered %.1f s after its start returned (a slow "
-                                 "start); its billing session opens now", self._log_name, late)
-                await self._first_answer(choice, admitted)
-            except Exception as e:
-                if getattr(e, "status_code", None) == 503:
-                    return  # the database is away: the heartbeat opens it from the answer
-                self.log.exception("watching for the first answer of %s", self._log_name)
+    def _exit_description(self) -> str:
+        """How the server's process ended ("exit status 1"), for the start's failure."""
+        return "it is no longer running"
 
-        self._gpulease_watch = asyncio.ensure_future(watch())  # a reference keeps it alive
+    async def _count_failed_start(self, choice: ServerChoice, failed: StartFailed,
+                                  billed_ms: int | None) -> Exception:
+        """A start the server's own code failed: counted for the rationing and logged;
+        returns the error JupyterHub shows the researcher. Its session is closed as
+        start_failed by the subclass, billed `billed_ms` (None: not billed)."""
+        self.log.warning("%s: start failed: %s", self._log_name, failed.why)
+        try:
+            if await asyncio.to_thread(self._failed_starts().record, self.user.name, self.name,
+                                       choice.profile.slug, failed.why):
+                self.log.warning("%s: starts of %s are paused: %d failed within %d s",
+                                 self._log_name, choice.profile.slug, self.failed_start_limit,
+                                 self.failed_start_window)
+        except SQLAlchemyError as e:
+            self.log.error("could not count the failed start of %s: %s", self._log_name, e)
+        billed = ""
+        if billed_ms is not None and choice.rate_per_hour_ucr > 0:
+            billed = (f" It was billed for the {billed_ms / 1000:.1f} s it ran "
+                      "(end reason start_failed).")
+        return http_error(Refusal(
+            f"Your server could not start: {failed.why}.{billed} Look at what runs as it "
+            "starts: your ~/.jupyter config, startup files, packages in your home.",
+            status=failed.status))
 
-    async def _open_session(self, choice: ServerChoice) -> None:
+    async def _open_session(self, choice: ServerChoice, started: datetime) -> None:
         try:  # a suspended notice lasts until the server runs again
             await asyncio.to_thread(self.gpulease.notices.server_started, self.user.name, self.name)
         except SQLAlchemyError as e:
@@ -286,7 +366,7 @@ class GPULeaseSpawnCore(AdmissionOptions):
         try:
             await asyncio.to_thread(
                 meter.open, self.user.name, self.name, profile.slug, choice.account,
-                choice.rate_per_hour_ucr, self.gpulease_answered_at or utcnow(), choice.tier,
+                choice.rate_per_hour_ucr, started, choice.tier,
                 choice.reservation_id,
             )
         except SQLAlchemyError as e:
@@ -328,3 +408,9 @@ class GPULeaseSpawnCore(AdmissionOptions):
                 lambda: self._spawn_pending and not self._gpulease_admitted,
             ):
                 yield event
+        while self._spawn_pending and self.gpulease_launched_at is None:
+            await asyncio.sleep(0.05)
+        launched = self.gpulease_launched_at
+        if self._spawn_pending and launched is not None:
+            yield {"progress": 80, "message": f"Starting — billed since "
+                   f"{launched:%H:%M:%S} UTC (your server's code runs from its launch)"}

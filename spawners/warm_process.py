@@ -18,6 +18,7 @@ import socket
 import subprocess
 import threading
 import time
+from datetime import datetime
 
 import psutil
 
@@ -29,6 +30,7 @@ class WarmChild:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
+        self.launched_at: datetime | None = None  # joined its cgroup (UTC): billed from here
         self._pidfd = pidfd
         self._sock: socket.socket | None = sock
         self._buffer = b""

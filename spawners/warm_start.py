@@ -25,8 +25,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
+from gpulease.hub.db import utcnow
 from gpulease.hub.isolation_check import shebang_interpreter
 from gpulease.spawners.warm_process import WarmChild, launcher_child, read_answer
 
@@ -119,6 +121,7 @@ class WarmLauncher:
         if not self.ready(wait_ready):
             raise WarmUnavailable(self.failure or "the warm launcher is still starting")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        asked = utcnow()
         try:
             with self._lock:
                 if self.proc is None or self.proc.poll() is not None or self._control is None:
@@ -149,6 +152,7 @@ class WarmLauncher:
             raise WarmStartError(str(answer.get("error") or f"the forked server is gone ({e})")
                                  ) from None
         child = WarmChild(int(answer["forked"]), pidfd, ours, list(request["argv"]))
+        child.launched_at = in_cgroup_moment(answer.get("in_cgroup"), asked)
         if "error" in answer:
             child.kill()
             child.close()
@@ -173,6 +177,20 @@ class WarmLauncher:
 
 
 _launchers: dict[str, WarmLauncher] = {}
+
+
+def in_cgroup_moment(reported: object, asked: datetime) -> datetime:
+    """When the forked server joined its cgroup (UTC): the time the child reported as it
+    did (still root, nothing of the researcher's run yet), within [the fork's request,
+    now]; now when it said nothing usable (a launcher of an older gpulease)."""
+    now = utcnow()
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool):
+        try:
+            moment = datetime.fromtimestamp(float(reported), UTC).replace(tzinfo=None)
+        except (OverflowError, OSError, ValueError):
+            return now
+        return min(max(moment, asked), now)
+    return now
 
 
 def launcher_for(python: str, make_env: Callable[[], dict[str, str]]

@@ -95,7 +95,7 @@ def test_a_server_that_exits_between_heartbeats_is_billed_to_its_exit(hub):
     seen = json.loads(marks.read_text())
     started, ended = epoch(session["started"]), epoch(session["ended"])
     assert session["end_reason"] == "server_died"
-    assert abs(started - seen["answered"]) < 0.5  # opened at its first answer
+    assert started <= seen["answered"]  # opened at its launch, before it answered
     ran_ms = (seen["exited"] - started) * 1000
     # Billed for all it ran (today: to the last heartbeat that saw it, maybe none)...
     assert session["billed_ms"] >= ran_ms - 200, (session, seen)

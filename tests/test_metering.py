@@ -191,9 +191,9 @@ def at(seconds: float) -> dt.datetime:
 
 
 def test_missing_sessions_bill_from_the_first_answer_when_known_else_from_now():
-    seen = RunningServer(("a", ""), "cpu", "user:a", RATE, answered_at=at(5), started_at=at(0))
+    seen = RunningServer(("a", ""), "cpu", "user:a", RATE, launched_at=at(5), started_at=at(0))
     unseen = RunningServer(("b", "x"), "cpu", "user:b", RATE, started_at=at(-100))
-    metered = RunningServer(("c", ""), "cpu", "user:c", RATE, answered_at=at(1))
+    metered = RunningServer(("c", ""), "cpu", "user:c", RATE, launched_at=at(1))
     repairs = missing_sessions([seen, unseen, metered], {("c", "")}, at(30))
     assert [(r.server.key, r.since, r.gap_s) for r in repairs] == [
         (("a", ""), at(5), 25.0),
@@ -239,7 +239,7 @@ def test_a_running_server_without_a_session_gets_one_from_its_first_answer(meter
     meter.ledger.grant("user:g", 100_000_000, note="t", actor="test")
     answered = to_ms(utcnow()) - dt.timedelta(seconds=20)
     hub = always_running(("g", "slow"))
-    hub.ready = [RunningServer(("g", "slow"), "pricey", "user:g", RATE, answered_at=answered)]
+    hub.ready = [RunningServer(("g", "slow"), "pricey", "user:g", RATE, launched_at=answered)]
     with caplog.at_level(logging.WARNING, logger="gpulease.metering"):
         run(meter.heartbeat(hub))
     session = meter.sessions.open_for("g", "slow")

@@ -192,5 +192,5 @@ def test_a_downgrade_that_would_lose_milliseconds_is_refused(before_0006):
     with pytest.raises(RuntimeError, match="1 session.* billed by the millisecond"):
         _downgrade(engine, "0005")
     with engine.connect() as conn:  # nothing changed: still the newest, its milliseconds kept
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0010"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0011"
     assert SessionLedger(engine).get(by_ms.id).billed_ms() == 61_100

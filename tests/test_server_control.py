@@ -23,7 +23,7 @@ class FakeSpawner:
     exit_status: int | None  # None: its process runs
     ready: bool = True
     notified: int = 0
-    gpulease_answered_at: dt.datetime = ANSWERED
+    gpulease_launched_at: dt.datetime = ANSWERED
     gpulease_choice: object = field(default_factory=lambda: SimpleNamespace(
         profile=SimpleNamespace(slug="cpu", price_per_hour_ucr=3_600_000), account="user:u",
         rate_per_hour_ucr=3_600_000, tier="on-demand", reservation_id=None))
@@ -53,7 +53,7 @@ def test_a_ready_server_whose_process_is_gone_is_not_offered_a_session():
     gone, alive = FakeSpawner("gone", exit_status=0), FakeSpawner("alive", exit_status=None)
     found = asyncio.run(control(gone, alive).running())
     assert [s.key for s in found] == [("u", "alive")]
-    assert found[0].answered_at == ANSWERED
+    assert found[0].launched_at == ANSWERED
     assert gone.notified == 1  # JupyterHub is told now, not at its next poll
 
 

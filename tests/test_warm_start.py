@@ -204,9 +204,15 @@ def test_the_child_is_made_dumpable_only_once_its_socket_is_closed(tmp_path):
         finally:
             os._exit(3)
     theirs.close()
-    answer = ours.recv(4096)
+    answer = b""
+    while chunk := ours.recv(4096):
+        answer += chunk
     _, status = os.waitpid(pid, 0)
-    assert json.loads(answer) == {"ready": True}
+    said = [json.loads(line) for line in answer.splitlines()]
+    # first the moment it joined its cgroup (billed from there), then ready
+    assert [sorted(m) for m in said] == [["in_cgroup"], ["ready"]]
+    assert said[1] == {"ready": True}
+    assert abs(said[0]["in_cgroup"] - time.time()) < 30
     assert marker.read_text() == "closed"
 
 
@@ -418,3 +424,44 @@ def test_a_server_forked_from_a_launcher_started_with_sigint_ignored_still_gets_
         assert child.wait(10) == -signal.SIGINT
     finally:
         launched.close()
+
+
+def test_the_child_reports_its_launch_from_its_cgroup_before_it_becomes_the_researcher(
+        monkeypatch, tmp_path):
+    """Billing starts at the child's report: sent once it is in its cgroup (with its
+    devices), while still root, before groups, gid and uid are the account's."""
+    from gpulease.singleuser import warm_child
+
+    events: list = []
+    monkeypatch.chdir(tmp_path)  # _become enters the server's folder: put back after
+    for name in ("setsid", "setgroups", "setgid", "setuid"):
+        monkeypatch.setattr(os, name, lambda *a, _n=name: events.append(_n))
+    monkeypatch.setattr(os, "getuid", lambda: 61234)
+    monkeypatch.setattr(os, "geteuid", lambda: 61234)
+    monkeypatch.setattr(os, "getgroups", lambda: [61234])
+    monkeypatch.setattr(warm_child, "_say", lambda fd, m: events.append(("told", sorted(m))) or True)
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "cgroup.procs").write_text("")
+    warm_child._become({"cgroup_dirs": [str(cgroup)], "uid": 61234, "gid": 61234,
+                        "groups": [61234], "cwd": str(tmp_path)}, (b"x", b"x"), 99)
+    assert (cgroup / "cgroup.procs").read_text() == str(os.getpid())
+    told = events.index(("told", ["in_cgroup"]))
+    assert events.index("setsid") < told < events.index("setgroups") < events.index("setuid")
+
+
+def test_the_launch_moment_is_the_childs_report_within_the_fork_and_now():
+    from datetime import timedelta
+
+    from gpulease.hub.db import utcnow
+    from gpulease.spawners.warm_start import in_cgroup_moment
+
+    asked = utcnow() - timedelta(seconds=2)
+    reported = time.time() - 1
+    moment = in_cgroup_moment(reported, asked)
+    assert asked <= moment <= utcnow()
+    assert abs((utcnow() - moment).total_seconds() - 1) < 0.5
+    assert in_cgroup_moment(time.time() - 3600, asked) == asked  # never before it was asked
+    assert in_cgroup_moment(time.time() + 3600, asked) <= utcnow()  # nor in the future
+    assert asked <= in_cgroup_moment("soon", asked) <= utcnow()  # nothing usable: now
+    assert asked <= in_cgroup_moment(True, asked) <= utcnow()

@@ -16,12 +16,14 @@ from tornado.routing import Rule
 
 from gpulease.hub.body_budget import BudgetedHTTPServer
 from gpulease.hub.context import get_context
+from gpulease.hub.failed_starts import DEFAULT_LIMIT, DEFAULT_WINDOW_S, Rationing
 from gpulease.hub.server_activity import ActivityStore
 from gpulease.hub.service import (
     activity_handlers,
     admin_pages,
     audit_handlers,
     body_limit,
+    failed_start_handlers,
     hub_static,
     inventory_handlers,
     limit_handlers,
@@ -77,8 +79,9 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"usage", pages.UsagePage),
         (r"admin/report", pages.ReportPage),
     ]
-    for module in (audit_handlers, limit_handlers, server_handlers, admin_pages,
-                   activity_handlers, inventory_handlers, reservation_handlers, openapi):
+    for module in (audit_handlers, failed_start_handlers, limit_handlers, server_handlers,
+                   admin_pages, activity_handlers, inventory_handlers, reservation_handlers,
+                   openapi):
         routes += module.ROUTES
     # First: a body declared over the bound is refused before any route reads it.
     handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]
@@ -110,6 +113,10 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         == "1",
         # GPULeaseHub.reservation_lead_time: sooner, a period fits beside running servers
         gpulease_reservation_lead_s=int(env.get("GPULEASE_RESERVATION_LEAD_S") or 86400),
+        # GPULeaseHub.failed_start_limit and _window: the rationing api/failed-starts shows
+        gpulease_failed_start_rule=Rationing(
+            int(env.get("GPULEASE_FAILED_START_LIMIT") or DEFAULT_LIMIT),
+            int(env.get("GPULEASE_FAILED_START_WINDOW_S") or DEFAULT_WINDOW_S)),
     )
 
 

@@ -1,0 +1,65 @@
+"""Failed starts API (api/failed-starts): what the rationing of failed starts counts.
+
+- `GET api/failed-starts[?user=NAME]`: the failed starts still counted (within
+  `GPULeaseHub.failed_start_window`, not cleared), each with its profile, time and
+  why, and per user and profile until when starts are refused. Admins and
+  auditors see anyone's; anyone else only their own.
+- `DELETE api/failed-starts/{NAME}[?profile=SLUG]`: admins forgive a user's
+  counted failed starts (of one profile, or all): their starts are no longer
+  refused. Recorded in the audit log (`failed_starts.clear`), as is each
+  rationing gpulease decided (`failed_starts.rationed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from itertools import groupby
+
+from tornado import web
+
+from gpulease.hub.billing_reports import iso_z
+from gpulease.hub.db import utcnow
+from gpulease.hub.failed_starts import FailedStarts, rationed_until
+from gpulease.hub.service.base import BaseAPIHandler
+from gpulease.hub.service.errors import APIError
+
+
+class FailedStartsHandler(BaseAPIHandler):
+    def _store(self) -> FailedStarts:
+        return FailedStarts(self.ctx.engine, self.settings["gpulease_failed_start_rule"])
+
+    async def get(self):
+        model = self.caller()
+        user = self.get_query_argument("user", None) or model["name"]
+        if user != model["name"] and not self.is_auditor():
+            raise APIError(403, "Only gpulease admins and auditors may see others' failed starts")
+        store = self._store()
+        now = utcnow()
+        counted = await asyncio.to_thread(store.counted, user, None, now)
+        paused = []
+        for profile, group in groupby(sorted(counted, key=lambda f: f.profile),
+                                      key=lambda f: f.profile):
+            until = rationed_until([f.at for f in group], now, store.rule)
+            if until is not None:
+                paused.append({"profile": profile, "until": iso_z(until)})
+        self.write_json({
+            "user": user, "limit": store.rule.limit, "window_seconds": store.rule.window_s,
+            "failed_starts": [{"server": f.server, "profile": f.profile, "at": iso_z(f.at),
+                               "why": f.why} for f in counted],
+            "paused": paused,
+        })
+
+
+class FailedStartsOfUserHandler(BaseAPIHandler):
+    async def delete(self, user: str):
+        self.require_admin()
+        profile = self.get_query_argument("profile", None) or None
+        cleared = await asyncio.to_thread(FailedStarts(self.ctx.engine).clear, user,
+                                          self.caller()["name"], profile)
+        self.write_json({"user": user, "profile": profile, "cleared": cleared})
+
+
+ROUTES: list[tuple[str, type[web.RequestHandler]]] = [
+    (r"api/failed-starts", FailedStartsHandler),
+    (r"api/failed-starts/([^/]+)", FailedStartsOfUserHandler),
+]
