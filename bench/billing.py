@@ -5,7 +5,7 @@ databases of its own (each part is described in full in its module):
 
   servers    billing_servers: N named servers (real JupyterLab) of random lengths on
              `gpulease up` (some of a minute or more); the client's interval of
-             each (first answer on its own port -> the stop's DELETE answered)
+             each (its launch, /proc starttime -> its process seen ended)
              against its billed_ms in `GET /services/gpulease/api/usage`.
   kill       billing_servers: on the same hub, K servers survive a hub SIGKILL and
              restart, one more is SIGKILLed while the hub is down (hub_lost).

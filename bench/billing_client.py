@@ -1,14 +1,16 @@
 """What the client of bench/billing.py sees of a named server's life, on the millisecond.
 
   start    From the moment the start's POST is sent, the client looks among the
-           hub's child processes for the server's (its environment names the
-           user and server, and JUPYTERHUB_SERVICE_URL its own address), then
-           polls that address (`.../user/U/S/api`, the URL the spawner's
-           first_answer polls) every POLL_S; its first HTTP answer, of any
-           status, is the client's start. The first 200 of
+           hub's descendants for the server's process (its environment names the
+           user and server, and JUPYTERHUB_SERVICE_URL its own address); the
+           kernel's record of when that process was made (/proc/PID/stat
+           starttime, to its clock tick: 10 ms) is the client's start, the
+           server's launch, from which its code can run. It then polls the
+           server's own address (`.../user/U/S/api`) every POLL_S; its first
+           HTTP answer (the "answer lag" after the launch) and the first 200 of
            `/user/U/S/api/status` through the proxy, polled once the POST is
-           answered, comes after it (JupyterHub's wait_up and the route): the
-           "proxy lag", shown as information.
+           answered (JupyterHub's wait_up and the route: the "proxy lag"), are
+           shown as information.
   end      The moment the server's process is seen ended by the client, on its
            pidfd (readable once all its threads ended; /proc polling every
            POLL_S without pidfds), watched from the moment the stop's DELETE
@@ -39,6 +41,7 @@ from urllib.parse import urlsplit
 import requests
 
 from bench.procs import descendants
+from gpulease.site_urls import SiteURLs, loopback_session
 
 POLL_S = 0.005  # the client's polling of the server's own port (the hub's: 10 ms)
 PROXY_POLL_S = 0.01  # through the proxy, once the start's POST is answered
@@ -59,6 +62,7 @@ class Run:
     length_s: float
     post_sent: float = 0.0
     pid: int = 0  # the server's process
+    launched: float = 0.0  # its process made (the kernel's starttime, to 10 ms)
     first_answer: float = 0.0  # first answer on the server's own port
     exited: float = 0.0  # its process seen ended
     proxy_ready: float = 0.0  # first 200 through the proxy
@@ -67,7 +71,12 @@ class Run:
 
     @property
     def client_ms(self) -> float:
-        return ((self.exited or self.stop_done) - self.first_answer) * 1000
+        return ((self.exited or self.stop_done) - self.launched) * 1000
+
+    @property
+    def answer_lag_ms(self) -> float:
+        """From the launch to the first answer: billed, as the server's code ran."""
+        return (self.first_answer - self.launched) * 1000
 
     @property
     def bookkeeping_ms(self) -> float:
@@ -113,6 +122,15 @@ def server_process(hub_pid: int, user: str, server: str,
         if all(env.get(k) == v for k, v in want.items()) and b"JUPYTERHUB_SERVICE_URL" in env:
             return pid, env
     return 0, {}
+
+
+def process_started(pid: int) -> float:
+    """When process `pid` was made (wall clock, seconds): the kernel's starttime, in
+    clock ticks since boot (10 ms), moved onto the wall clock through CLOCK_BOOTTIME,
+    the clock it is counted on."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
 def _ended(pid: int) -> bool:
@@ -173,12 +191,13 @@ class Client:
     """Starts, stops and removes named servers of one user, timing what it sees."""
 
     def __init__(self, hub_url: str, hub_pid: int, user: str, token: str,
-                 abort: threading.Event) -> None:
+                 abort: threading.Event, urls: SiteURLs) -> None:
         self.hub_url, self.hub_pid, self.user = hub_url, hub_pid, user
         self.token, self.abort = token, abort
+        self.urls = urls  # the user's servers are on an origin of their own
 
     def session(self) -> requests.Session:
-        s = requests.Session()
+        s = loopback_session()  # USER.localhost is loopback, resolver or not
         s.headers["Authorization"] = f"token {self.token}"
         return s
 
@@ -212,6 +231,7 @@ class Client:
                 tries += 1
                 if not env:
                     time.sleep(POLL_S)
+            run.launched = process_started(run.pid)
             own = env[b"JUPYTERHUB_SERVICE_URL"].decode().rstrip("/") + "/api"
             while not answers(own):
                 self._check(posted, name, deadline)
@@ -223,7 +243,7 @@ class Client:
             # start and the others' starts and ends.
             posted.result()
             self._check(posted, name, deadline)
-            status = f"{self.hub_url}/user/{self.user}/{name}/api/status"
+            status = self.urls.server(self.user, name, "api/status")
             while True:
                 self._check(posted, name, deadline)
                 try:

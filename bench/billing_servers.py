@@ -79,7 +79,8 @@ class Bench:
         """A client of the hub as it runs now (its pid and the user's token change
         across the kill part's restart)."""
         assert self.hub.proc is not None
-        return Client(self.hub.url, self.hub.proc.pid, USER, self.token, self.abort)
+        return Client(self.hub.url, self.hub.proc.pid, USER, self.token, self.abort,
+                      self.hub.urls)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.hub.log()[-chars:]
@@ -174,8 +175,8 @@ class Measured:
         return abs(self.billed_ms - self.run.client_ms)
 
     @property
-    def start_lead_ms(self) -> float:  # > 0: the client saw the start after the hub
-        return (self.run.first_answer - parse_z(self.session["started"])) * 1000
+    def start_lead_ms(self) -> float:  # > 0: the client's launch after the session's start
+        return (self.run.launched - parse_z(self.session["started"])) * 1000
 
     @property
     def end_lead_ms(self) -> float:  # > 0: the client saw the end after the hub
@@ -236,21 +237,23 @@ def bench_servers(bench: Bench, runs: list[Run], concurrency: int) -> dict[str, 
 
 
 def print_servers(measured: list[Measured]) -> None:
-    print("  client = first answer on the server's own port (polled every 5 ms from the POST)")
-    print("           -> its process seen ended (/proc, polled every 5 ms from the DELETE)")
-    print("  billed = billed_ms in api/usage (hub: its probe thread's first answer, every 10 ms")
-    print("           -> the last of the server ended, timed by the stop's thread)")
-    print("  start lead = client's first answer - session start; end lead = process seen")
+    print("  client = the server's launch (its process made: /proc starttime, 10 ms ticks)")
+    print("           -> its process seen ended (its pidfd, watched from the DELETE)")
+    print("  billed = billed_ms in api/usage (hub: the launch, Popen's return or the warm")
+    print("           child's report from its cgroup -> the last of the server ended)")
+    print("  start lead = client's launch - session start; end lead = process seen")
     print("  ended - session end; error = |billed - client| = |start lead - end lead|;")
+    print("  answer lag = first answer on its own port - launch (billed: its code ran);")
     print("  proxy lag = first 200 through the proxy - first answer; bookkeeping = DELETE")
-    print("  answered (204; 202*: a slow stop) - process ended (both information)")
+    print("  answered (204; 202*: a slow stop) - process ended (all three information)")
     print(f"  {'server':<7}{'length s':>9}{'client ms':>11}{'billed_ms':>10}{'error ms':>9}"
-          f"{'start lead':>11}{'end lead':>9}{'proxy lag':>10}{'bookkeep':>9}  end")
+          f"{'start lead':>11}{'end lead':>9}{'answer lag':>11}{'proxy lag':>10}"
+          f"{'bookkeep':>9}  end")
     for m in measured:
         run = m.run
         print(f"  {run.server:<7}{run.length_s:9.2f}{run.client_ms:11.1f}{m.billed_ms:10d}"
               f"{m.error_ms:9.1f}{m.start_lead_ms:11.1f}{m.end_lead_ms:9.1f}"
-              f"{run.proxy_lag_ms:10.1f}{run.bookkeeping_ms:9.1f}  "
+              f"{run.answer_lag_ms:11.1f}{run.proxy_lag_ms:10.1f}{run.bookkeeping_ms:9.1f}  "
               f"{'202*' if run.slow_stop else '204'} {m.session['end_reason']}")
 
 
@@ -311,7 +314,7 @@ def bench_kill(bench: Bench, keep: int, heartbeat_s: float, downtime_s: float) -
           f"{d['end_reason']}, ended {dies.stop_done - parse_z(d['ended']):.3f} s before its "
           f"death (last confirmation), billed before the kill: "
           f"{before[dies.server]['billed_ms'] / 1000:.3f} s")
-    print(f"  client for {dies.server} = first answer -> its SIGKILL; no invented time: "
+    print(f"  client for {dies.server} = its launch -> its SIGKILL; no invented time: "
           f"billed {billed_s:.3f} s <= death - session start "
           f"{dies.stop_done - parse_z(d['started']):.3f} s: "
           f"{'yes' if ended_before_death else 'NO'}")
