@@ -364,7 +364,9 @@ class HubProcess:
         `options` maps server names ('' the default server) to their user_options.
         Each start request waits while its server starts, so one after another
         they add up; here they overlap. A model's `ready_at` is the monotonic
-        time its server was first seen ready (as wait_server_ready would return).
+        time its server was first seen ready (as wait_server_ready would return),
+        `asked_at` when its start was asked for (it is billed from its launch,
+        between the two).
         """
         def post(server: str):
             path = f"users/{user}/servers/{server}" if server else f"users/{user}/server"
@@ -372,6 +374,7 @@ class HubProcess:
 
         ready: dict[str, dict] = {}
         with ThreadPoolExecutor(len(options)) as pool:
+            asked_at = time.monotonic()
             answers = {server: pool.submit(post, server) for server in options}
             deadline = time.monotonic() + timeout
             while len(ready) < len(options):
@@ -382,7 +385,8 @@ class HubProcess:
                 for server in options:
                     srv = servers.get(server)
                     if server not in ready and srv and srv.get("ready"):
-                        ready[server] = {**srv, "ready_at": time.monotonic()}
+                        ready[server] = {**srv, "ready_at": time.monotonic(),
+                                         "asked_at": asked_at}
                 for server, answer in answers.items():
                     if answer.done() and answer.result().status_code not in (201, 202):
                         r = answer.result()
