@@ -6,10 +6,14 @@ process runs each container's command as a local process, in a cgroup of
 its own, as the pod's user, from the local environment mapped to its image
 (tests/cluster/pod_plan.py says what differs from a kubelet); hands it
 concrete device IDs from the Node's declared devices in NVIDIA_VISIBLE_DEVICES,
-never one device to two pods; reports Pending, Running with Ready conditions
+never one device to two pods; "pulls" each image for its `pull_delay_s`
+(images.json; Pending, ContainerCreating meanwhile); reports Running with Ready
+conditions, each container's `startedAt` the moment its process was exec'd,
 and termination with exit codes through the status subresource; honours
 deletion with a preStop sleep hook, SIGTERM, the grace period, then SIGKILL of
-everything left; and writes events. kwok only keeps the Nodes Ready.
+everything left, as the kubelet does: a grace period of 0 too (a pod removed
+from the API server), at any point of its start, within the kubelet's minimum
+of MIN_KILL_GRACE_S; and writes events. kwok only keeps the Nodes Ready.
 
     python -m tests.cluster.kubelet_emulator --kubeconfig K --images images.json --state DIR
 """
@@ -90,6 +94,10 @@ def _marked(pod_uid: str) -> list[int]:
     return found
 
 
+class _Deleted(Exception):
+    """The pod was deleted before its containers started: start nothing."""
+
+
 @dataclass
 class PodRun:
     uid: str
@@ -99,7 +107,7 @@ class PodRun:
     devices: dict[str, list[str]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     cgroup: Path | None = None
-    started: str = ""
+    started: dict[str, str] = field(default_factory=dict)  # container -> startedAt
     terminating: bool = False
     kill_at: float = 0.0  # monotonic: SIGKILL of what is left (a later, shorter delete moves it)
     launched: threading.Event = field(default_factory=threading.Event)  # start() is over
@@ -114,6 +122,8 @@ class Emulator:
         self.lock = threading.Lock()
         self.nodes: dict[str, dict[str, list[str]]] = {}  # emulated node -> declared devices
         self.runs: dict[str, PodRun] = {}
+        # Pods removed from the API server before their run was registered: never started.
+        self.removed: set[str] = set()
         self.free_ips = [f"127.1.{i // 250}.{i % 250 + 2}" for i in range(250 * 250)]
         # PR_SET_PDEATHSIG fires when the *thread* that forked a child ends, so
         # every pod process is forked by this one long-lived thread.
@@ -169,7 +179,8 @@ class Emulator:
                 f"stand-in for it (mapped: {', '.join(sorted(images)) or 'none'})")
         entry = images[name]
         return pod_plan.Image(entry["prefix"], int(entry.get("user", 0)), entry.get("env", {}),
-                              tuple(entry.get("entrypoint", ())))
+                              tuple(entry.get("entrypoint", ())),
+                              float(entry.get("pull_delay_s", 0) or 0))
 
     def mounts(self, pod: dict, container: dict, run: PodRun) -> dict[str, str]:
         volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
@@ -197,11 +208,15 @@ class Emulator:
         meta = pod["metadata"]
         run = PodRun(meta["uid"], meta["namespace"], meta["name"])
         with self.lock:
-            if run.uid in self.runs:
+            if run.uid in self.runs or run.uid in self.removed:
                 return
             self.runs[run.uid] = run
         try:
             self._start(pod, run)
+        except _Deleted:  # deleted while its images were pulled: nothing was started
+            log.info("%s/%s: deleted before its containers started", run.namespace, run.name)
+            self.release(run)
+            run.done.set()
         except pod_plan.PlanError as e:
             log.info("%s/%s: %s", run.namespace, run.name, e)
             self.release(run)  # first, as when a pod ends (wait_exit)
@@ -222,8 +237,13 @@ class Emulator:
                                                 self.nodes.get(node, {}), taken)
             run.ip = self.free_ips.pop(0)
         plans, images = [], {}
-        for container in pod["spec"]["containers"]:
-            image = self.image(container["image"])
+        start_time = pod_plan.now_iso()
+        pulling = [(c, self.image(c["image"])) for c in pod["spec"]["containers"]]
+        if any(image.pull_delay_s > 0 for _, image in pulling):
+            self.set_status(run, pod_plan.creating_status(pod, start_time))
+        for container, image in pulling:
+            if image.pull_delay_s > 0:
+                self.pull(pod, run, container["image"], image.pull_delay_s)
             self.event(pod, "Pulled", f"Container image {container['image']!r} is the local "
                        f"stand-in {image.prefix}")
             images[container["name"]] = f"local://{image.prefix}"
@@ -238,16 +258,35 @@ class Emulator:
                 log.warning("pod %s/%s without a cgroup (%s)", run.namespace, run.name, e)
         logs = self.state / "pods" / f"{run.namespace}_{run.name}_{run.uid}"
         logs.mkdir(parents=True, exist_ok=True)
-        for plan in plans:
-            run.procs[plan.container] = self.launcher.submit(
+        for plan in plans:  # a delete from here on waits for them, then kills them
+            proc, execed = self.launcher.submit(
                 self._spawn, plan, run, logs / f"{plan.container}.log").result()
+            run.procs[plan.container] = proc
+            run.started[plan.container] = pod_plan.iso_at(execed)
             self.event(pod, "Started", f"Started container {plan.container} as pid "
-                       f"{run.procs[plan.container].pid}, uid {plan.uid}, address {run.ip}")
-        run.started = pod_plan.now_iso()
-        self.set_status(run, pod_plan.running_status(pod, run.ip, run.started, images))
+                       f"{proc.pid}, uid {plan.uid}, address {run.ip}, exec'd at "
+                       f"{pod_plan.precise_iso(execed)}")
+        self.set_status(run, pod_plan.running_status(pod, run.ip, run.started, images,
+                                                     start_time))
         threading.Thread(target=self.wait_exit, args=(pod, run), daemon=True).start()
 
-    def _spawn(self, plan: pod_plan.ProcessPlan, run: PodRun, log_path: Path) -> subprocess.Popen:
+    def pull(self, pod: dict, run: PodRun, name: str, delay_s: float) -> None:
+        """The image's pull: `delay_s` of waiting, cut short by the pod's deletion."""
+        self.event(pod, "Pulling", f"Pulling image {name!r}")
+        began = time.monotonic()
+        while time.monotonic() - began < delay_s:
+            with self.lock:
+                if run.terminating:
+                    raise _Deleted()
+            time.sleep(min(0.05, max(0.0, delay_s - (time.monotonic() - began))))
+        self.event(pod, "Pulled", f"Successfully pulled image {name!r} in "
+                   f"{time.monotonic() - began:.3f}s")
+
+    def _spawn(self, plan: pod_plan.ProcessPlan, run: PodRun, log_path: Path
+               ) -> tuple[subprocess.Popen, float]:
+        """The container's process, and the moment (epoch seconds) it was exec'd: taken
+        just before the fork, so that the researcher's code never ran before it (Popen
+        returns once the exec succeeded)."""
         procs_file = str(run.cgroup / "cgroup.procs") if run.cgroup else ""
         libc = ctypes.CDLL(None, use_errno=True)
         as_root = os.geteuid() == 0  # else (a developer's own run) pods run as this account
@@ -271,9 +310,10 @@ class Emulator:
 
         out = open(log_path, "ab")  # noqa: SIM115 - the child keeps it
         try:
+            execed = time.time()
             return subprocess.Popen(plan.argv, env=plan.env, cwd=plan.cwd,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=in_child)
+                                    start_new_session=True, preexec_fn=in_child), execed
         except (OSError, subprocess.SubprocessError) as e:
             raise pod_plan.PlanError("StartError", f"{plan.argv[0]}: {e}") from None
         finally:
@@ -281,9 +321,12 @@ class Emulator:
 
     # ---- ending a pod -----------------------------------------------------
     def wait_exit(self, pod: dict, run: PodRun) -> None:
-        codes = {name: proc.wait() for name, proc in run.procs.items()}
+        codes, finished = {}, {}
+        for name, proc in run.procs.items():
+            codes[name] = proc.wait()
+            finished[name] = pod_plan.now_iso()
+        last = time.time()
         self.kill_rest(run)
-        finished = pod_plan.now_iso()
         reasons = {n: "Error" for n, c in codes.items() if c and run.terminating}
         # Its devices are free before the API server hears the pod has ended: the
         # scheduler counts a terminal pod's devices as free at once, and may bind the
@@ -292,6 +335,9 @@ class Emulator:
         self.release(run)
         self.set_status(run, pod_plan.terminated_status(pod, codes, run.started, finished, reasons))
         run.done.set()
+        self.event(pod, "Exited", "Every container exited ("
+                   + ", ".join(f"{n}: {c}" for n, c in codes.items())
+                   + f"), the last at {pod_plan.precise_iso(last)}")
 
     def kill_rest(self, run: PodRun) -> None:
         """Nothing of the pod outlives its containers (a PID namespace ends with its PID 1)."""
@@ -334,6 +380,8 @@ class Emulator:
         with self.lock:
             run = self.runs.get(meta["uid"])
             if run is None:
+                if removed:  # gone before its run began (a delete with grace 0): never run
+                    self.removed.add(meta["uid"])
                 return
             if run.terminating:
                 if kill_at < run.kill_at:
@@ -394,13 +442,18 @@ class Emulator:
         elif meta["uid"] not in self.runs and pod.get("status", {}).get("phase") in (None, "Pending"):
             threading.Thread(target=self.start, args=(pod,), daemon=True).start()
 
-    def follow(self, path: str, handle, params: dict | None = None) -> None:
-        """List, then watch from the list's version; list again when the watch expires."""
+    def follow(self, path: str, handle, params: dict | None = None,
+               vanished=None) -> None:
+        """List, then watch from the list's version; list again when the watch expires.
+        `vanished(uids)` is told which of what it ran are not in a list: removed
+        meanwhile (a delete with grace 0 while the watch was down)."""
         while True:
             try:
                 listed = self.kube.get(path, **(params or {}))
                 for item in listed["items"]:
                     handle("ADDED", item)
+                if vanished is not None:
+                    vanished({i["metadata"]["uid"] for i in listed["items"]})
                 version = listed["metadata"]["resourceVersion"]
                 while True:
                     for event in self.kube.watch(path, version, **(params or {})):
@@ -422,7 +475,17 @@ class Emulator:
             self.on_node(node)
         threading.Thread(target=self.follow, args=("/api/v1/nodes",
                          lambda _kind, node: self.on_node(node)), daemon=True).start()
-        self.follow("/api/v1/pods", self.on_pod, {"fieldSelector": "spec.nodeName!="})
+        self.follow("/api/v1/pods", self.on_pod, {"fieldSelector": "spec.nodeName!="},
+                    self.end_vanished)
+
+    def end_vanished(self, listed: set[str]) -> None:
+        """End the runs of pods removed from the API server while the watch was away."""
+        with self.lock:
+            gone = [r for uid, r in self.runs.items() if uid not in listed and not r.terminating]
+        for run in gone:
+            pod = {"metadata": {"uid": run.uid, "namespace": run.namespace, "name": run.name},
+                   "spec": {}}
+            threading.Thread(target=self.terminate, args=(pod, True), daemon=True).start()
 
     def reap_orphans(self) -> None:
         """Collect the exit of adopted orphans; our own containers' exits are Popen's to read."""

@@ -14,7 +14,14 @@ the I/O. What differs from a real kubelet is said here and in docs/testing.md:
 - no mount namespace: a volume is a host folder (a PV's hostPath, an
   emptyDir under the emulator's state); the mount that holds the
   container's HOME or working folder becomes HOME and the working folder;
-- no restarts: a container that ends leaves the pod Succeeded or Failed.
+- no restarts: a container that ends leaves the pod Succeeded or Failed;
+- an image "pull" is a wait of the image's `pull_delay_s` (0 by default), on
+  every start (as `imagePullPolicy: Always`), while the pod shows Pending with
+  its containers waiting in ContainerCreating; a deletion during it starts
+  nothing.
+
+Each container's `startedAt` is the moment its process was exec'd, written as
+Kubernetes writes times: to the whole second, truncated (`iso_at`).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class Image:
     user: int = 0  # the image's USER, for pods that set no runAsUser
     env: dict[str, str] = field(default_factory=dict)
     entrypoint: tuple[str, ...] = ()
+    pull_delay_s: float = 0.0  # how long its "pull" takes, on every start
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,17 @@ class ProcessPlan:
     uid: int
     gid: int
     groups: list[int]
+
+
+def iso_at(epoch_s: float) -> str:
+    """A moment (seconds since the epoch) as Kubernetes writes it: RFC 3339, UTC, to the
+    whole second, truncated (metav1.Time)."""
+    return dt.datetime.fromtimestamp(int(epoch_s), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def precise_iso(epoch_s: float) -> str:
+    """A moment to the microsecond, for the emulator's own words (its events)."""
+    return dt.datetime.fromtimestamp(epoch_s, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def now_iso() -> str:
@@ -175,24 +194,50 @@ def plan_container(pod: dict, container: dict, image: Image, pod_ip: str,
                        uid, gid, groups)
 
 
-def running_status(pod: dict, pod_ip: str, started: str, image_of: dict[str, str]) -> dict:
-    """The pod status a kubelet writes once every container has started (no probes: Ready)."""
-    conditions = [{"type": t, "status": "True", "lastTransitionTime": started}
+def _started(started: str | dict[str, str], container: str) -> str:
+    return started if isinstance(started, str) else started[container]
+
+
+def creating_status(pod: dict, start_time: str) -> dict:
+    """The pod status a kubelet writes once it took the pod, before its containers run
+    (pulling their images): Pending, each container waiting in ContainerCreating."""
+    statuses = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
+                 "started": False, "restartCount": 0,
+                 "state": {"waiting": {"reason": "ContainerCreating"}}}
+                for c in pod["spec"]["containers"]]
+    conditions = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": start_time},
+                  {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+                   "lastTransitionTime": start_time}]
+    return {"phase": "Pending", "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": start_time, "conditions": conditions, "containerStatuses": statuses}
+
+
+def running_status(pod: dict, pod_ip: str, started: str | dict[str, str],
+                   image_of: dict[str, str], start_time: str | None = None) -> dict:
+    """The pod status a kubelet writes once every container has started (no probes: Ready).
+    `started`: each container's startedAt (by name), or one for all; `start_time`: when
+    the kubelet took the pod (default: the first container's start)."""
+    ready_at = max(_started(started, c["name"]) for c in pod["spec"]["containers"])
+    conditions = [{"type": t, "status": "True", "lastTransitionTime": ready_at}
                   for t in ("PodReadyToStartContainers", "Initialized", "ContainersReady",
                             "Ready", "PodScheduled")]
     statuses = [{"name": c["name"], "image": c["image"], "imageID": image_of.get(c["name"], ""),
                  "containerID": f"emulated://{pod['metadata']['uid']}/{c['name']}",
                  "ready": True, "started": True, "restartCount": 0,
-                 "state": {"running": {"startedAt": started}}}
+                 "state": {"running": {"startedAt": _started(started, c["name"])}}}
                 for c in pod["spec"]["containers"]]
+    first = min(_started(started, c["name"]) for c in pod["spec"]["containers"])
     return {"phase": "Running", "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
-            "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}], "startTime": started,
-            "conditions": conditions, "containerStatuses": statuses}
+            "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": start_time or first, "conditions": conditions,
+            "containerStatuses": statuses}
 
 
-def terminated_status(pod: dict, exit_codes: dict[str, int], started: str, finished: str,
+def terminated_status(pod: dict, exit_codes: dict[str, int], started: str | dict[str, str],
+                      finished: str | dict[str, str],
                       reason_for: dict[str, str] | None = None) -> dict:
-    """Every container ended: Succeeded if all exited 0, else Failed (no restarts here)."""
+    """Every container ended: Succeeded if all exited 0, else Failed (no restarts here).
+    `started` and `finished`: each container's (by name), or one for all."""
     statuses = []
     for c in pod["spec"]["containers"]:
         code = exit_codes.get(c["name"], 137)
@@ -200,11 +245,14 @@ def terminated_status(pod: dict, exit_codes: dict[str, int], started: str, finis
         statuses.append({"name": c["name"], "image": c["image"], "imageID": "",
                          "containerID": f"emulated://{pod['metadata']['uid']}/{c['name']}",
                          "ready": False, "started": False, "restartCount": 0,
-                         "state": {"terminated": {"exitCode": code, "reason": reason,
-                                                  "startedAt": started, "finishedAt": finished}}})
+                         "state": {"terminated": {
+                             "exitCode": code, "reason": reason,
+                             "startedAt": _started(started, c["name"]),
+                             "finishedAt": _started(finished, c["name"])}}})
     phase = "Succeeded" if all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses) \
         else "Failed"
-    conditions = [{"type": t, "status": "False", "lastTransitionTime": finished,
+    ended = max(_started(finished, c["name"]) for c in pod["spec"]["containers"])
+    conditions = [{"type": t, "status": "False", "lastTransitionTime": ended,
                    "reason": "PodCompleted"} for t in ("Ready", "ContainersReady")]
     return {"phase": phase, "conditions": conditions, "containerStatuses": statuses}
 
