@@ -13,8 +13,16 @@ from kubespawner's defaults:
   (`delete_forever`);
 - a GPU pod is made only once gpulease admits it to the cluster's counted
   capacity, at once or from the fair queue (spawners/cluster_runner.py);
-- the billing session opens at the server's first answer and closes when its
-  pod is stopped or found gone.
+- the billing session opens at the notebook container's start (`startedAt`,
+  after scheduling and the image pull: the researcher's code runs from there,
+  gpulease.spawners.pod_start) and closes when its pod is stopped or found
+  gone; the first answer only marks the server ready;
+- a start whose code fails it (its container exits before it answers, or it
+  does not answer within `http_timeout`: its pod is then deleted with the
+  shortest grace that keeps the Pod object, and so its devices counted, until
+  the kubelet killed it) is billed for what ran, closed `start_failed` at the
+  pod's end, and counted for rationing; a pod deleted, preempted or evicted by
+  others, or lost with its node, is not counted.
 """
 
 from __future__ import annotations
@@ -36,12 +44,15 @@ from kubernetes_asyncio.client import (
     V1SleepAction,
 )
 from kubespawner import KubeSpawner
+from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Dict, List, Unicode, default
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.options import ON_DEMAND, ServerChoice
-from gpulease.hub.refusal import Refusal
+from gpulease.hub.refusal import Refusal, http_error
 from gpulease.singleuser import SERVER_SCRIPT
+from gpulease.spawners import pod_start
+from gpulease.spawners.admission import start_events
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
 from gpulease.spawners.cluster_runner import ClusterQueueRunner, cluster_runner_for
 from gpulease.spawners.kube_reflectors import ReflectorUpkeep
@@ -56,11 +67,13 @@ from gpulease.spawners.pod_spec import (
     pod_needs,
     tier_pod,
 )
-from gpulease.spawners.queue_base import Refused
-from gpulease.spawners.spawn_core import GPULeaseSpawnCore
+from gpulease.spawners.queue_base import Refused, queue_progress
+from gpulease.spawners.spawn_core import GPULeaseSpawnCore, StartFailed
 
 KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)
+MIN_KILL_S = 2  # that minimum (kuberuntime's minimumGracePeriodInSeconds)
 KUBELET_SILENT_S = 30.0  # a pod still there this long past that grace: removed with grace 0
+POD_END_POLL_S = 0.05  # how often a failed start looks for its pod's end (the pod watch)
 HOME_CLAIM = "claim-{username}"  # one home per user, whatever the server
 HOME_MOUNT = "/home/jovyan"
 NO_GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
@@ -230,7 +243,12 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
             self.refuse(Refusal(f"Cannot start {choice.profile.slug}: {e}", status=422))
         self._gpulease_admitted = False
         self.gpulease_answered_at = None
+        self.gpulease_launched_at = None
         self.gpulease_admitted_at = None  # set by _admit (pending_spawns)
+        self._gpulease_killed = False
+        self._gpulease_pod_seen = None
+        self._start_future = None  # kubespawner's, made for this start (its progress waits)
+        await self._refuse_if_rationed(choice)
         admitted = None
         if choice.profile.gpu is not None:  # room on some node, now or from the queue
             try:
@@ -247,23 +265,155 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
         for name, value in options.items():
             setattr(self, name, value)
         self._options_to_restore = None
+        self._gpulease_starting = True
+        try:
+            url = await self._make_pod(choice, admitted)
+            pod = self._pod()
+            self._gpulease_restarts = pod_start.restarts(pod)
+            launched = pod_start.launched_at(pod)
+            if launched is None:  # Running and ready, so started: never seen without it
+                self.log.warning("%s: its pod shows no startedAt; billed from now",
+                                 self._log_name)
+                launched = utcnow()
+            # From its container's start the researcher's code runs (their config, .pth
+            # files, startup files): billed from there, until its pod has ended.
+            await self._bill_from_launch(choice, launched)
+            where = urlparse(url)
+            await self._await_first_answer(where.hostname, where.port, choice, admitted)
+            return url
+        except StartFailed as failed:
+            raise await self._failed_start(choice, failed) from None
+        finally:
+            self._gpulease_starting = False
+
+    async def _make_pod(self, choice: ServerChoice, admitted) -> str:
+        """kubespawner's start: the home claim and the pod, made now that the start is
+        admitted; returns once the pod runs (its URL). StartFailed when its notebook
+        container ran and ended first (is_pod_running)."""
         running = False
-        try:  # the pod is made only now, once admitted
+        try:
             url = await KubeSpawner.start(self)
             running = True
+            return url
         except ApiException as e:
             self.refuse(api_server_refusal(choice.profile.slug, e))
         finally:  # it runs (counted until the cluster watch sees its pod), or it failed
             if admitted is not None:
                 self._queue_runner().done(self.user.name, self.name, running=running)
-        where = urlparse(url)
-        answered = await self._wait_until_answering(where.hostname, where.port,
-                                                    self.http_timeout)
-        if answered:
-            await self._first_answer(choice, admitted)
-        elif answered is None:
-            self._watch_first_answer(where.hostname, where.port, choice, admitted)
-        return url
+
+    # --- a start that failed ---------------------------------------------------------
+
+    def _pod_key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    def _pod(self) -> dict | None:
+        """This server's pod as kubespawner's pod watch holds it now (None: not there)."""
+        reflector = self.pod_reflector
+        return reflector.pods.get(self._pod_key()) if reflector is not None else None
+
+    def _node_of(self, pod: dict | None) -> dict | None:
+        """The Node `pod` is bound to, as the cluster watch holds it (None: not known)."""
+        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        watch = getattr(self._queue_runner(), "watch", None) if node else None
+        return watch.nodes.objects.get(node) if watch is not None else None
+
+    async def _failed_start(self, choice: ServerChoice, failed: StartFailed) -> Exception:
+        """End a start that failed after its pod was made, bill what ran, and say why.
+
+        Its pod is deleted (if it was not: an exited container is restarted by the
+        kubelet under kubespawner's restartPolicy OnFailure), and its session closes at
+        the pod's end, seen from the pod watch (pod_start.ended_at). Counted for the
+        rationing only when its own code failed the start (pod_start.failed_start); the
+        error JupyterHub shows is returned."""
+        now = self._pod()
+        seen = now or self._gpulease_pod_seen
+        if self.gpulease_launched_at is None:  # its container ran and ended before Running
+            started = pod_start.launched_at(seen)
+            if started is not None:
+                await self._bill_from_launch(choice, started)
+        # gone (removed by someone else), unless this start deleted it
+        verdict = pod_start.failed_start(now if not self._gpulease_killed else seen,
+                                         self._gpulease_killed,
+                                         pod_start.node_ready(self._node_of(seen)))
+        if not self._gpulease_killed and now is not None:
+            await self._delete_pod(KILL_GRACE_S, "its start failed")
+        ended = await self._pod_end(((seen or {}).get("metadata") or {}).get("uid"))
+        billed_ms = None
+        if self.gpulease_launched_at is not None:
+            await self._end_billing(verdict.reason, ended)
+            billed_ms = await self._billed_ms_of_failed_start()
+        if verdict.counted:
+            return await self._count_failed_start(choice, failed, billed_ms)
+        self.log.warning("%s: start failed, not its own doing: %s", self._log_name, verdict.why)
+        return http_error(Refusal(f"Cannot start {choice.profile.slug}: {verdict.why}; try "
+                                  "again shortly.", status=503))
+
+    async def _pod_end(self, uid: str | None) -> datetime:
+        """Wait until this start's pod (of `uid`) has ended (none of its containers runs,
+        or it is gone) and return when it last ran (UTC; pod_start.ended_at). A pod whose
+        kubelet does nothing for KUBELET_SILENT_S is removed with grace 0, as kill_now
+        does."""
+        deadline = asyncio.get_running_loop().time() + MIN_KILL_S + KUBELET_SILENT_S
+        last = None
+        while True:
+            pod = self._pod()
+            if pod is not None and uid and (pod.get("metadata") or {}).get("uid") != uid:
+                pod = None  # another pod of that name: this one is gone
+            if pod_start.ended(pod):
+                return pod_start.ended_at(pod or last, utcnow())
+            last = pod
+            if asyncio.get_running_loop().time() > deadline:
+                await self._delete_pod(0, "its kubelet did not kill it")
+                return utcnow()
+            await asyncio.sleep(POD_END_POLL_S)
+
+    async def _billed_ms_of_failed_start(self) -> int | None:
+        """What the failed start's closed session was billed (None: not metered)."""
+        meter = self.gpulease.meter
+        if meter is None:
+            return None
+        try:
+            latest = await asyncio.to_thread(meter.sessions.latest_by_server, self.user.name)
+        except SQLAlchemyError:
+            return None
+        session = latest.get(self.name)
+        return session.billed_ms() if session is not None and session.ended else None
+
+    async def _kill_unanswered(self) -> str:
+        """Have the pod's containers killed at once: deleted with KILL_GRACE_S, the shortest
+        grace that keeps the Pod object (and so its devices counted, and its billing open)
+        until the kubelet has killed them; its session closes at its end (_failed_start)."""
+        self._gpulease_killed = True
+        self._gpulease_pod_seen = self._pod()
+        await self._delete_pod(KILL_GRACE_S, "it did not answer within http_timeout")
+        return (f"its pod deleted with a grace period of {KILL_GRACE_S} s, so that its "
+                "containers are killed at once")
+
+    def _exit_description(self) -> str:
+        return pod_start.exit_description(self._pod())
+
+    async def _delete_pod(self, grace: int, why: str) -> bool:
+        """Delete this server's pod with `grace` seconds; False when refused or not
+        answered (logged), True when deleted or already gone."""
+        try:
+            await asyncio.wait_for(self.api.delete_namespaced_pod(
+                name=self.pod_name, namespace=self.namespace,
+                body=V1DeleteOptions(grace_period_seconds=grace), grace_period_seconds=grace),
+                self.k8s_api_request_timeout)
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            self.log.error("cannot delete the pod %s of %s (%s): refused with HTTP %s %s",
+                           self._pod_key(), self._log_name, why, e.status, e.reason)
+            return False
+        except (TimeoutError, OSError, aiohttp.ClientError) as e:
+            self.log.error("cannot delete the pod %s of %s (%s): the API server did not "
+                           "answer (%s)", self._pod_key(), self._log_name, why,
+                           type(e).__name__)
+            return False
+        self.log.warning("%s: its pod %s deleted with grace %d s: %s", self._log_name,
+                         self._pod_key(), grace, why)
+        return True
 
     async def _make_create_pvc_request(self, pvc, request_timeout):
         try:  # kubespawner's: a 409 or a quota's 403 over a claim that exists is success
@@ -292,9 +442,19 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
         waits for it to run until start_timeout (the queue's wait and more): the user
         waited minutes for an error while the start's admission counted the free
         devices as taken. Only while this spawner's start is in flight (its poll and
-        stop read the same pod)."""
+        stop read the same pod).
+
+        A pod whose notebook container already ran and ended (exited at once, or was
+        restarted after exiting) fails its start as the server's own doing: billed
+        from that container's start, counted (start's StartFailed)."""
         status = (pod or {}).get("status") or {}
-        if self._start_pending and self._gpulease_admitted and status.get("phase") == "Failed" \
+        starting = self._start_pending and self._gpulease_admitted
+        if starting and pod is not None:
+            self._gpulease_pod_seen = pod
+            ran = pod_start.ran_and_ended(pod)
+            if ran is not None:  # its code ran and ended: the server's own failure
+                raise StartFailed(f"it exited before it answered ({ran})")
+        if starting and status.get("phase") == "Failed" \
                 and not (pod.get("metadata") or {}).get("deletionTimestamp"):
             slug = self.gpulease_choice.profile.slug if self.gpulease_choice else "this server"
             said = f"{status.get('reason') or 'Failed'}: {status.get('message') or 'no reason'}"
@@ -332,17 +492,58 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
 
     def _run_still_ours(self) -> Callable[[], bool]:
         started, stops = self._start_future, self._gpulease_stops
+        uid, restarts = self.pod_id, self._gpulease_restarts
 
-        def still_ours() -> bool:  # a stop, or another start since, ends this one
-            return (not self._stopping and self._start_future is started
-                    and self._gpulease_stops == stops)
+        def still_ours() -> bool:  # a stop, another start since, or its pod's end ends it
+            if self._stopping or self._start_future is not started \
+                    or self._gpulease_stops != stops:
+                return False
+            if self.pod_reflector is None:
+                return True
+            return pod_start.running_still(self._pod(), uid, restarts)
         return still_ours
 
+    _gpulease_starting: bool = False  # launched or being made, not answered yet
+    _gpulease_killed: bool = False  # this start did not answer, and its pod was deleted
+    _gpulease_restarts: int = 0  # its notebook container's restarts at its launch
+    _gpulease_pod_seen: dict | None = None  # its pod as last seen while it started
+
     async def progress(self):
-        async for event in GPULeaseSpawnCore.progress(self):
+        """The choice and the queue, the pod's events (scheduling, the image pull) while
+        kubespawner makes it, then the moment billing started (its container's start)."""
+        async for event in self._admission_progress():
             yield event
-        async for event in KubeSpawner.progress(self):  # the pod's events: scheduling, pull
+        async for event in KubeSpawner.progress(self):
             yield event
+        async for event in self._launch_progress():
+            yield event
+
+    async def _admission_progress(self):
+        """GPULeaseSpawnCore.progress's first part: the choice, the balance, the queue."""
+        choice = self.gpulease_choice
+        while choice is None and self._spawn_pending:
+            await asyncio.sleep(0.02)
+            choice = self.gpulease_choice
+        if choice is None:
+            return
+        for event in start_events(choice, self.gpulease_balance):
+            yield event
+        if choice.profile.gpu is not None:
+            async for event in queue_progress(
+                self._queue_runner(), self.user.name, self.name,
+                choice.profile.gpu.device_request().describe(),
+                lambda: self._spawn_pending and not self._gpulease_admitted,
+            ):
+                yield event
+
+    async def _launch_progress(self):
+        """GPULeaseSpawnCore.progress's last part: billed since the container's start."""
+        while self._spawn_pending and self.gpulease_launched_at is None:
+            await asyncio.sleep(0.05)
+        launched = self.gpulease_launched_at
+        if self._spawn_pending and launched is not None:
+            yield {"progress": 90, "message": f"Starting — billed since {launched:%H:%M:%S} "
+                   "UTC (your server's code runs from its container's start)"}
 
     # --- kubespawner's watches -------------------------------------------------------
 
@@ -423,6 +624,12 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
         return 1
 
     async def poll(self):
+        if self._gpulease_starting:
+            # The start in flight ends this run, and closes its session, if it fails: a
+            # pod whose container ended is ended here, not stopped (delete_stopped_pods)
+            # nor closed as server_died.
+            pod = self._pod()
+            return 1 if pod is not None and pod_start.ended(pod) else None
         in_poll, stops = _IN_POLL.set(True), self._gpulease_stops
         try:
             status = await KubeSpawner.poll(self)
