@@ -13,6 +13,10 @@ databases of its own (each part is described in full in its module):
              in a fresh SQLite file and a fresh PostgreSQL database.
   report     billing_ledger: billing_reports.report and .usage over 1,000,000
              closed sessions in a fresh PostgreSQL database.
+  cluster    billing_cluster (only with --only cluster; needs `make cluster-tools`):
+             servers on `gpulease up` in the cluster shape, each session's start
+             against its container's exec in the kubelet emulator
+             (billing_max_error_cluster_ms; --cluster-quick for CI).
 
     .venv/bin/python bench/billing.py [--servers 20] [--long-servers 5] [--sessions 1000]
                                       [--rows 1000000] [--only PART] [--logs DIR]
@@ -37,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench.*` and `tests.hubproc` importable
 
+from bench.billing_cluster import TARGETS as CLUSTER_TARGETS  # noqa: E402
+from bench.billing_cluster import add_cluster_arguments, cluster_figures  # noqa: E402
 from bench.billing_ledger import bench_heartbeat, bench_report, scratch_postgres  # noqa: E402
 from bench.billing_servers import (  # noqa: E402
     Aborted,
@@ -50,9 +56,10 @@ from gpulease.hub.db import sqlite_url  # noqa: E402
 from tests.hubproc import CHP  # noqa: E402
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
-PARTS = ("servers", "kill", "heartbeat", "report")
+PARTS = ("servers", "kill", "heartbeat", "report", "cluster")
+DEFAULT_PARTS = PARTS[:4]  # the cluster part only when asked for (--only cluster)
 TARGETS = {"billing_max_error_ms": "<= 50", "billing_max_error_pct": "< 0.1",
-           "billing_max_error_s": "<= 1", "usage_report_ms": "< 500"}
+           "billing_max_error_s": "<= 1", "usage_report_ms": "< 500", **CLUSTER_TARGETS}
 
 
 def run(args: argparse.Namespace) -> dict[str, float]:
@@ -63,7 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         if args.logs is not None:  # runs before the folder goes (callbacks unwind in reverse)
             stack.callback(save_logs, tmp, args.logs, "hub")
-        parts = set(args.only or PARTS)
+        parts = set(args.only or DEFAULT_PARTS)
         if parts & {"servers", "kill"}:
             print(f"starting gpulease (heartbeat {args.heartbeat:g} s) ...", flush=True)
             with running_hub(tmp, args.heartbeat, abort, args.hub_arg) as bench:
@@ -86,6 +93,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             with scratch_postgres(args.postgres, "report") as url:
                 figures["usage_report_ms"] = bench_report(url, args.rows, args.reps,
                                                           args.sessions)
+        if "cluster" in parts:
+            figures.update(cluster_figures(args))
     return figures
 
 
@@ -121,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=PARTS,
                         help="run only this part (repeatable); all four by default")
     parser.add_argument("--logs", type=Path, help="copy the hub's logs to this folder at the end")
+    add_cluster_arguments(parser)
     parser.add_argument("--hub-arg", action="append", default=[],
                         help="one more argument for `gpulease up` (repeatable), e.g. "
                              "--hub-arg=--debug to see where a stop's time goes in --logs")
@@ -134,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"({args.servers})")
     if args.sessions < 1 or args.rows < 1 or args.reps < 1:
         parser.error("--sessions, --rows and --reps must be at least 1")
-    if set(args.only or PARTS) & {"servers", "kill"} and not CHP.exists():
+    if set(args.only or DEFAULT_PARTS) & {"servers", "kill"} and not CHP.exists():
         print(f"bench: {CHP} missing; run `npm install` (or `make install`)", file=sys.stderr)
         return 2
     started = time.monotonic()
