@@ -492,7 +492,7 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
 
     def _run_still_ours(self) -> Callable[[], bool]:
         started, stops = self._start_future, self._gpulease_stops
-        uid, restarts = self.pod_id, self._gpulease_restarts
+        uid, restarts = getattr(self, "pod_id", None), self._gpulease_restarts
 
         def still_ours() -> bool:  # a stop, another start since, or its pod's end ends it
             if self._stopping or self._start_future is not started \
