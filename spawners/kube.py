@@ -44,7 +44,6 @@ from kubernetes_asyncio.client import (
     V1SleepAction,
 )
 from kubespawner import KubeSpawner
-from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Dict, List, Unicode, default
 
 from gpulease.hub.db import utcnow
@@ -52,7 +51,6 @@ from gpulease.hub.options import ON_DEMAND, ServerChoice
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners import pod_start
-from gpulease.spawners.admission import start_events
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
 from gpulease.spawners.cluster_runner import ClusterQueueRunner, cluster_runner_for
 from gpulease.spawners.kube_reflectors import ReflectorUpkeep
@@ -67,7 +65,7 @@ from gpulease.spawners.pod_spec import (
     pod_needs,
     tier_pod,
 )
-from gpulease.spawners.queue_base import Refused, queue_progress
+from gpulease.spawners.queue_base import Refused
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore, StartFailed
 
 KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)
@@ -367,18 +365,6 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
                 return utcnow()
             await asyncio.sleep(POD_END_POLL_S)
 
-    async def _billed_ms_of_failed_start(self) -> int | None:
-        """What the failed start's closed session was billed (None: not metered)."""
-        meter = self.gpulease.meter
-        if meter is None:
-            return None
-        try:
-            latest = await asyncio.to_thread(meter.sessions.latest_by_server, self.user.name)
-        except SQLAlchemyError:
-            return None
-        session = latest.get(self.name)
-        return session.billed_ms() if session is not None and session.ended else None
-
     async def _kill_unanswered(self) -> str:
         """Have the pod's containers killed at once: deleted with KILL_GRACE_S, the shortest
         grace that keeps the Pod object (and so its devices counted, and its billing open)
@@ -503,6 +489,7 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
             return pod_start.running_still(self._pod(), uid, restarts)
         return still_ours
 
+    gpulease_launch_words = "its container's start"
     _gpulease_starting: bool = False  # launched or being made, not answered yet
     _gpulease_killed: bool = False  # this start did not answer, and its pod was deleted
     _gpulease_restarts: int = 0  # its notebook container's restarts at its launch
@@ -515,35 +502,11 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
             yield event
         async for event in KubeSpawner.progress(self):
             yield event
-        async for event in self._launch_progress():
-            yield event
-
-    async def _admission_progress(self):
-        """GPULeaseSpawnCore.progress's first part: the choice, the balance, the queue."""
-        choice = self.gpulease_choice
-        while choice is None and self._spawn_pending:
-            await asyncio.sleep(0.02)
-            choice = self.gpulease_choice
-        if choice is None:
-            return
-        for event in start_events(choice, self.gpulease_balance):
-            yield event
-        if choice.profile.gpu is not None:
-            async for event in queue_progress(
-                self._queue_runner(), self.user.name, self.name,
-                choice.profile.gpu.device_request().describe(),
-                lambda: self._spawn_pending and not self._gpulease_admitted,
-            ):
-                yield event
-
-    async def _launch_progress(self):
-        """GPULeaseSpawnCore.progress's last part: billed since the container's start."""
         while self._spawn_pending and self.gpulease_launched_at is None:
             await asyncio.sleep(0.05)
-        launched = self.gpulease_launched_at
-        if self._spawn_pending and launched is not None:
-            yield {"progress": 90, "message": f"Starting — billed since {launched:%H:%M:%S} "
-                   "UTC (your server's code runs from its container's start)"}
+        event = self._billed_since_event()
+        if event is not None:
+            yield event
 
     # --- kubespawner's watches -------------------------------------------------------
 

@@ -23,7 +23,6 @@ from subprocess import Popen
 
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
-from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Bool, Dict, Instance, Integer, Unicode, Union
 
 from gpulease.hub.db import utcnow
@@ -253,18 +252,6 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         if status is None:
             return "it is no longer running"
         return f"signal {-status}" if status < 0 else f"exit status {status}"
-
-    async def _billed_ms_of_failed_start(self) -> int | None:
-        """What the failed start's closed session was billed (None: not metered)."""
-        meter = self.gpulease.meter
-        if meter is None or self.gpulease_launched_at is None:
-            return None
-        try:
-            latest = await asyncio.to_thread(meter.sessions.latest_by_server, self.user.name)
-        except SQLAlchemyError:
-            return None
-        session = latest.get(self.name)
-        return session.billed_ms() if session is not None and session.ended else None
 
     # --- warm starts (spawners/warm_start.py, singleuser/warm_launcher.py) ---------------
 

@@ -330,6 +330,19 @@ class GPULeaseSpawnCore(AdmissionOptions):
         """How the server's process ended ("exit status 1"), for the start's failure."""
         return "it is no longer running"
 
+    async def _billed_ms_of_failed_start(self) -> int | None:
+        """What the failed start's closed session was billed (None: not metered, or its
+        close is still waiting for the database)."""
+        meter = self.gpulease.meter
+        if meter is None or self.gpulease_launched_at is None:
+            return None
+        try:
+            latest = await asyncio.to_thread(meter.sessions.latest_by_server, self.user.name)
+        except SQLAlchemyError:
+            return None
+        session = latest.get(self.name)
+        return session.billed_ms() if session is not None and session.ended else None
+
     async def _count_failed_start(self, choice: ServerChoice, failed: StartFailed,
                                   billed_ms: int | None) -> Exception:
         """A start the server's own code failed: counted for the rationing and logged;
@@ -390,6 +403,16 @@ class GPULeaseSpawnCore(AdmissionOptions):
     # --- what a waiting user sees ----------------------------------------------------
 
     async def progress(self):
+        async for event in self._admission_progress():
+            yield event
+        while self._spawn_pending and self.gpulease_launched_at is None:
+            await asyncio.sleep(0.05)
+        event = self._billed_since_event()
+        if event is not None:
+            yield event
+
+    async def _admission_progress(self):
+        """The choice, the balance, the queue: what a start shows until it is admitted."""
         # A stream opened as the start is asked for (a warm start is ready in half a
         # second) comes before the options are resolved: wait for them, not end empty.
         choice = self.gpulease_choice
@@ -408,9 +431,14 @@ class GPULeaseSpawnCore(AdmissionOptions):
                 lambda: self._spawn_pending and not self._gpulease_admitted,
             ):
                 yield event
-        while self._spawn_pending and self.gpulease_launched_at is None:
-            await asyncio.sleep(0.05)
+
+    # what the server's launch is, in the words of the progress page
+    gpulease_launch_words = "its launch"
+
+    def _billed_since_event(self) -> dict | None:
+        """"Starting — billed since ..." once the server is launched and still starting."""
         launched = self.gpulease_launched_at
-        if self._spawn_pending and launched is not None:
-            yield {"progress": 80, "message": f"Starting — billed since "
-                   f"{launched:%H:%M:%S} UTC (your server's code runs from its launch)"}
+        if not self._spawn_pending or launched is None:
+            return None
+        return {"progress": 90, "message": f"Starting — billed since {launched:%H:%M:%S} UTC "
+                f"(your server's code runs from {self.gpulease_launch_words})"}
