@@ -54,6 +54,7 @@ from gpulease.spawners import pod_start
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
 from gpulease.spawners.cluster_runner import ClusterQueueRunner, cluster_runner_for
 from gpulease.spawners.kube_reflectors import ReflectorUpkeep
+from gpulease.spawners.launch_billing import StartFailed
 from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,
@@ -66,7 +67,7 @@ from gpulease.spawners.pod_spec import (
     tier_pod,
 )
 from gpulease.spawners.queue_base import Refused
-from gpulease.spawners.spawn_core import GPULeaseSpawnCore, StartFailed
+from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
 KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)
 MIN_KILL_S = 2  # that minimum (kuberuntime's minimumGracePeriodInSeconds)

@@ -33,6 +33,7 @@ from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
 from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.exit_watch import wait_for_exit, watch_server_exit
+from gpulease.spawners.launch_billing import StartFailed
 from gpulease.spawners.process_spec import (
     build_process_spec,
     filter_server_env,
@@ -41,7 +42,7 @@ from gpulease.spawners.process_spec import (
 )
 from gpulease.spawners.process_tree import kill_tree
 from gpulease.spawners.run_end import RunEnd
-from gpulease.spawners.spawn_core import GPULeaseSpawnCore, StartFailed
+from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 from gpulease.spawners.warm_start import (
     WarmChild,
     WarmLauncher,

@@ -11,7 +11,7 @@ import pytest
 from kubespawner import KubeSpawner
 
 from gpulease.spawners.kube import GPUKubeSpawner
-from gpulease.spawners.spawn_core import StartFailed
+from gpulease.spawners.launch_billing import StartFailed
 
 T0 = "2026-12-06T10:00:01Z"
 
