@@ -305,3 +305,40 @@ def test_a_cold_start_is_billed_from_its_exec(cold_hub):
     seen = {m["event"]: m["at"] for m in marks(hub, "cold")}
     # from the exec: before the interpreter even read the config (its imports take ~1 s)
     assert asked <= epoch(session["started"]) <= seen["loaded"] - 0.2, (session, seen)
+
+
+@pytest.fixture(scope="module")
+def metered_hub(tmp_path_factory):
+    """A hub with a 1 s billing heartbeat, and time enough for a slow start."""
+    base = tmp_path_factory.mktemp("launch-credit")
+    profiles = base / "profiles.yaml"
+    profiles.write_text(yaml.safe_dump(PROFILES))
+    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
+        f"--profiles={profiles}", "--GPULeaseHub.heartbeat_interval=1",
+        "--Spawner.http_timeout=40",
+    ]).start()
+    yield h
+    h.close()
+
+
+def test_credit_runs_out_while_it_starts_it_is_stopped_and_billed_from_its_launch(metered_hub):
+    """A start whose config works longer than the balance lasts: the heartbeat stops it
+    while it is still starting (out_of_credit), billed from its launch; gpulease's stop
+    is no failed start of the researcher's, so it is not counted."""
+    hub = metered_hub
+    admin = hub.token_for("admin", PW)
+    credit = 3  # the cpu profile costs a credit a second
+    token = hub.add_user(admin, "broke", str(credit))
+    configure(hub, "broke", MARK + "\n_t.sleep(30)\n")
+    asked = time.monotonic()
+    r = start(hub, "broke", token)
+    session = closed_session(hub, token, 1, timeout=40)
+    took = time.monotonic() - asked
+    assert r.status_code >= 400 or r.status_code in (201, 202), r.text
+    assert session["end_reason"] == "out_of_credit", session
+    assert took < 20, took  # not at http_timeout (40 s): at the heartbeat after zero
+    seen = {m["event"]: m["at"] for m in marks(hub, "broke")}
+    assert epoch(session["started"]) <= seen["loaded"]
+    assert credit * 1000 - 1500 <= session["billed_ms"] <= credit * 1000 + 4000, session
+    counted = hub.service("GET", "api/failed-starts", token).json()
+    assert counted["failed_starts"] == [], counted
