@@ -1,21 +1,24 @@
-"""Waiting for a server's first HTTP answer: the moment its billing session opens.
+"""Waiting for a server's first HTTP answer: the moment it is ready.
 
-Any answer counts (whatever its status): the server is up and can be used. It
-counts from its first byte (see `_answered_at`).
-A connection refused while it starts, a reset, or a server that accepts but
-does not answer yet means "keep waiting", never a failed start.
+An answer counts as JupyterHub's own readiness check counts it: a status below
+500 (a 404 is the server up; a 503 is "not yet"). Billing does not wait for it:
+the session opened at the launch (spawners/launch_billing.py), and a server
+that answers gpulease below 500 but JupyterHub not (or not within
+http_timeout) fails its start all the same (spawners/run_end.py). A connection
+refused while it starts, a reset, a 5xx, or a server that accepts but does not
+answer yet means "keep waiting", never a failed start by itself: the start
+fails when `http_timeout` has passed.
 
 The probe runs in a thread of its own and takes the time there, as the answer
-arrives: on JupyterHub's event loop a busy moment (each starting server's
-first activity report, another spawn) held the probe's next try or its
-resumption by 30-150 ms, once 1.4 s, and the session opened that much after
-the server answered (bench/billing.py). A thread per starting server
-(own_thread).
+arrives (its status line's first byte): on JupyterHub's event loop a busy moment
+held the probe's next try or its resumption by 30-150 ms, once 1.4 s. A thread
+per starting server (own_thread).
 """
 
 from __future__ import annotations
 
 import http.client
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,20 +32,33 @@ POLL_S = 0.01  # between tries: billing opens within ~10 ms of the server's firs
 TRY_TIMEOUT_S = 2.0
 
 
-def _answered_at(host: str, port: int, path: str) -> datetime | None:
-    """When the server began to answer a GET of `path` (its first byte), or None.
+STATUS_LINE = re.compile(rb"HTTP/\d(?:\.\d)? (\d{3})")
 
-    The first byte is the answer: what follows, and how slowly, is the server's
-    own code's to choose. Waiting for the whole of it let a server that drips its
-    headers or body (each byte within the per-read timeout) open its billing
-    session when it chose to finish, or hold this thread for as long as it ran.
-    """
+
+def _answered_at(host: str, port: int, path: str) -> datetime | None:
+    """When the server began to answer a GET of `path` below 500 (its first byte), or
+    None (no answer, or a 5xx: not ready).
+
+    Only its status line is read: what follows, and how slowly, is the server's
+    own code's to choose (a server that drips its headers or body held this
+    thread for as long as it ran)."""
     conn = http.client.HTTPConnection(host, port, timeout=TRY_TIMEOUT_S)
     try:
         conn.request("GET", path)
-        if conn.sock is not None and conn.sock.recv(1):
-            return utcnow()
-        return None  # closed without a word: not an answer
+        sock = conn.sock
+        if sock is None:
+            return None
+        head = sock.recv(1)
+        if not head:
+            return None  # closed without a word: not an answer
+        at = utcnow()
+        while len(head) < 12 and b"\r\n" not in head:
+            more = sock.recv(12 - len(head))
+            if not more:
+                break
+            head += more
+        status = STATUS_LINE.match(head)
+        return at if status is not None and int(status.group(1)) < 500 else None
     except (OSError, http.client.HTTPException):
         return None
     finally:

@@ -524,6 +524,12 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
         self._stopping = True
         self._gpulease_stops += 1
         died = _IN_POLL.get()  # kubespawner's poll deleting a pod whose server ended
+        # JupyterHub stops a server it waited for in vain (no answer below 500 to its own
+        # check within http_timeout, though gpulease's probe had one): a failed start of
+        # the server's own, its pod killed at once (KILL_GRACE_S), counted.
+        failed_wait = bool(getattr(self, "_waiting_for_response", False)) and not died
+        if failed_wait:
+            await self._delete_pod(KILL_GRACE_S, "JupyterHub's own check had no answer")
         try:
             await KubeSpawner.stop(self, now=now)
         except BaseException:
@@ -534,7 +540,11 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
         if self.gpulease_choice is not None and self.gpulease_choice.profile.gpu is not None:
             self._queue_runner().done(self.user.name, self.name)  # its pod is gone
         try:  # a death closes at the last moment it was seen alive
-            await self._end_billing(*(("server_died", None) if died else ("user", utcnow())))
+            if failed_wait:
+                await self._end_billing("start_failed", utcnow())
+                await self._count_failed_wait()
+            else:
+                await self._end_billing(*(("server_died", None) if died else ("user", utcnow())))
         finally:
             self._stopping = False
 

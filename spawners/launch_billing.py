@@ -81,6 +81,7 @@ class LaunchBilling(Configurable):
     _spawn_pending: bool
     _log_name: str
     refuse: Callable[[Refusal], None]
+    gpulease_choice: ServerChoice | None
 
     # --- what a subclass provides -------------------------------------------------
 
@@ -206,6 +207,15 @@ class LaunchBilling(Configurable):
             f"Your server could not start: {failed.why}.{billed} Look at what runs as it "
             "starts: your ~/.jupyter config, startup files, packages in your home.",
             status=failed.status))
+
+    async def _count_failed_wait(self) -> None:
+        """Count a start whose server answered gpulease's probe but not JupyterHub's own
+        check (below 500, within http_timeout): JupyterHub stops it, and says why."""
+        choice = self.gpulease_choice
+        if choice is not None:
+            await self._count_failed_start(choice, StartFailed(
+                f"it did not answer JupyterHub's own check (a status below 500) within "
+                f"{self.http_timeout:g} s"), await self._billed_ms_of_failed_start())
 
     async def _open_session(self, choice: ServerChoice, started: datetime) -> None:
         try:  # a suspended notice lasts until the server runs again

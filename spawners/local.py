@@ -231,7 +231,11 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             raise await self._count_failed_start(
                 choice, failed, await self._billed_ms_of_failed_start()) from None
         except BaseException:
-            await self._release("server_died")
+            # Stopped while it started (the researcher's DELETE, a credit stop), cancelled,
+            # or gpulease's own error: what was launched is ended now, and billed to then
+            # (a stop's reason stands: it was recorded, or its release closes first).
+            ended = await self._end_launched_run()
+            await self._release("user" if self._stopping else "server_died", ended)
             await self._remove_cgroup()
             raise
         finally:
@@ -247,6 +251,16 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             if exited is not None:
                 self._gpulease_exited_at = self._gpulease_exited_at or exited
         return f"{sent} process{'es' if sent != 1 else ''}"
+
+    async def _end_launched_run(self) -> datetime | None:
+        """SIGKILL a launched server's process tree (its cgroup follows in the release)
+        and return when it ended; None when nothing was launched."""
+        proc = self.proc
+        if self.gpulease_launched_at is None or proc is None:
+            return None
+        if proc.poll() is None:
+            await asyncio.to_thread(kill_tree, self.pid)
+        return self._gpulease_exited_at or await wait_for_exit(proc, 10) or utcnow()
 
     def _exit_description(self) -> str:
         status = self.proc.poll() if self.proc is not None else None

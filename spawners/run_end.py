@@ -20,7 +20,7 @@ from gpulease.hub.db import utcnow
 from gpulease.spawners import isolation
 from gpulease.spawners.cgroup_kill import Emptied, devices_may_go
 from gpulease.spawners.exit_watch import wait_for_exit
-from gpulease.spawners.process_tree import end_processes_at, process_tree
+from gpulease.spawners.process_tree import end_processes_at, kill_tree, process_tree
 from gpulease.spawners.queue_runner import runner_for
 
 
@@ -35,6 +35,7 @@ class RunEnd:
     _gpulease_admitted: bool
     _gpulease_unwatch: Callable[[], None]
     _end_billing: Callable[[str, datetime | None], Awaitable[None]]
+    _count_failed_wait: Callable[[], Awaitable[None]]  # LaunchBilling's
 
     _gpulease_exited_at: datetime | None = None  # when a stop saw its process end (UTC)
     # launched, not answered yet: the start itself ends (and bills) a run that dies now
@@ -50,6 +51,13 @@ class RunEnd:
         self._gpulease_unwatch()  # this stop times the exit itself (wait_for_death)
         self._gpulease_exited_at = None
         leftovers = await asyncio.to_thread(process_tree, self.pid)  # all of /proc: off the loop
+        # JupyterHub stops a server it waited for in vain (its own check had no answer
+        # below 500 within http_timeout, though gpulease's probe had one): the server's
+        # own doing, a failed start. Killed at once, not given SIGINT's and SIGTERM's
+        # waits (a minute more on the device), closed as start_failed and counted.
+        failed_wait = bool(getattr(self, "_waiting_for_response", False))
+        if failed_wait:
+            await asyncio.to_thread(kill_tree, self.pid)
         try:
             await super().stop(now=now)
         finally:
@@ -67,7 +75,10 @@ class RunEnd:
                 self.log.info("%s stopped: its process ended at %s%s", self._log_name,
                               self._gpulease_exited_at,
                               f"; what it left running was ended at {ended}" if ended else "")
-                await self._release("user", ended or self._gpulease_exited_at)
+                await self._release("start_failed" if failed_wait else "user",
+                                    ended or self._gpulease_exited_at)
+                if failed_wait:
+                    await self._count_failed_wait()
             finally:
                 self._stopping = False
 

@@ -152,3 +152,35 @@ def test_a_slow_answer_is_timed_at_its_first_byte_and_holds_no_probe():
     assert isinstance(answered, dt.datetime) and first_byte
     assert 0 <= (answered - first_byte[0]).total_seconds() < 0.05, answered - first_byte[0]
     assert time.monotonic() - started < 1.0  # the probe did not wait for the rest
+
+
+def test_a_5xx_is_no_answer_as_for_jupyterhub_and_a_4xx_is_one():
+    """JupyterHub's readiness check takes a status below 500; so does the probe. A
+    server that answered it 503 (not ready) and JupyterHub too, forever, was taken as
+    started: never killed at http_timeout, never a failed start."""
+    for status, answers in ((503, False), (500, False), (404, True), (302, True)):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        stop = threading.Event()
+
+        def serve(listener=listener, status=status, stop=stop) -> None:
+            listener.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    continue
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n".encode())
+
+        threading.Thread(target=serve, daemon=True).start()
+        try:
+            answered = asyncio.run(first_answer(f"http://127.0.0.1:{port}/api", lambda: True,
+                                                0.5))
+        finally:
+            stop.set()
+            listener.close()
+        assert isinstance(answered, dt.datetime) is answers, (status, answered)

@@ -20,8 +20,27 @@ from tornado import web
 from gpulease.hub.billing_reports import iso_z
 from gpulease.hub.db import utcnow
 from gpulease.hub.failed_starts import FailedStarts, rationed_until
+from gpulease.hub.profiles import SLUG
+from gpulease.hub.refusal import Refusal
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
+from gpulease.hub.shown import shown
+from gpulease.hub.user_names import name_problem
+
+
+def checked_user(name: str) -> str:
+    """A user name from the request, or a 400 naming the rule (no such user can exist)."""
+    problem = name_problem(name)
+    if problem:
+        raise Refusal.of_field("user", problem)
+    return name
+
+
+def checked_profile(slug: str | None) -> str | None:
+    if slug is not None and not SLUG.fullmatch(slug):
+        raise Refusal.of_field("profile", f"profile {shown(slug)} is not a profile slug: "
+                               "lowercase letters, digits and '-', at most 63 characters")
+    return slug
 
 
 class FailedStartsHandler(BaseAPIHandler):
@@ -31,6 +50,8 @@ class FailedStartsHandler(BaseAPIHandler):
     async def get(self):
         model = self.caller()
         user = self.get_query_argument("user", None) or model["name"]
+        if user != model["name"]:
+            checked_user(user)
         if user != model["name"] and not self.is_auditor():
             raise APIError(403, "Only gpulease admins and auditors may see others' failed starts")
         store = self._store()
@@ -53,7 +74,8 @@ class FailedStartsHandler(BaseAPIHandler):
 class FailedStartsOfUserHandler(BaseAPIHandler):
     async def delete(self, user: str):
         self.require_admin()
-        profile = self.get_query_argument("profile", None) or None
+        user = checked_user(user)
+        profile = checked_profile(self.get_query_argument("profile", None) or None)
         cleared = await asyncio.to_thread(FailedStarts(self.ctx.engine).clear, user,
                                           self.caller()["name"], profile)
         self.write_json({"user": user, "profile": profile, "cleared": cleared})
