@@ -49,6 +49,7 @@ from gpulease.hub.hub_config import (
 )
 from gpulease.hub.hub_tasks import HubTasks, prune_audit
 from gpulease.hub.hub_user_api import with_checked_names
+from gpulease.hub.interrupted_start import with_interruptible_starts
 from gpulease.hub.isolation_check import (
     decide,
     reachability_error,
@@ -356,6 +357,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
                                                 hub_page_handlers(self._settings))
         # Names outside gpulease's rule are refused before JupyterHub writes a row.
         self.handlers = with_checked_names(self.handlers)
+        # A start a stop interrupts answers 409 saying so (JupyterHub's own: a bare 500).
+        self.handlers = with_interruptible_starts(self.handlers)
 
     def _provider_names_aside(self) -> AbstractContextManager:
         """A sign-in provider's admin_users and allowed_users are its names, not hub

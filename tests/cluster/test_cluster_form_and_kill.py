@@ -122,7 +122,9 @@ def test_a_stop_that_hangs_is_killed_and_its_billing_closes(
             f"--GPUKubeSpawner.extra_containers={json.dumps([STUBBORN])}",
             '--GPUKubeSpawner.extra_pod_config={"terminationGracePeriodSeconds": 300}')) as hub:
         admin = hub.token_for("admin", PW)
-        alice = hub.add_user(admin, "alice", "3")  # three seconds of the pricey slice
+        # Twelve seconds of the pricey slice, billed from its container's start: it runs
+        # out once the server is up (a loaded machine takes seconds to start it).
+        alice = hub.add_user(admin, "alice", "12")
         assert start(hub, "alice", alice, "pricey-slice").status_code in (201, 202)
         hub.wait_server_ready("alice", alice, timeout=120)
         uid = pod_of(kube, namespace, "alice")["metadata"]["uid"]
