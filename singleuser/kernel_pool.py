@@ -33,7 +33,7 @@ from typing import Any
 from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
-from traitlets import Bool, Float
+from traitlets import Bool, Float, TraitError
 
 
 class PooledKernelManager(AsyncMappingKernelManager):
@@ -146,15 +146,17 @@ class PooledKernelManager(AsyncMappingKernelManager):
         being registered: jupyter-client adds it to the table one loop turn before
         jupyter-server gives it `last_activity` and `execution_state`, and a listing in
         that turn (JupyterLab polls api/kernels while the pooled kernel starts with the
-        server) raised AttributeError, answered 500."""
+        server, or a notebook's kernel starts) raised TraitError, answered 500."""
         kernels = []
         for kernel_id in self.pinned_superclass.list_kernel_ids(self):
             if kernel_id == self._pooled:
                 continue
             try:
                 kernels.append(self.kernel_model(kernel_id))
-            except (web.HTTPError, KeyError, AttributeError):
-                pass  # gone, or not yet fully there: listed on the next poll
+            except (web.HTTPError, KeyError, AttributeError, TraitError):
+                # gone, or not yet fully there (ServerKernelManager's last_activity trait
+                # unset raises TraitError): listed on the next poll
+                pass
         return kernels
 
     async def start_kernel(self, *, kernel_id: str | None = None, path: str | None = None,

@@ -59,7 +59,7 @@ def hub_tracebacks(since: float, limit: int = 3, lines_each: int = 60) -> str:
         except OSError:
             continue
         for i, line in enumerate(lines):
-            if line.startswith("Traceback (most recent call last)"):
+            if line.lstrip().startswith("Traceback (most recent call last)"):
                 start = max(0, i - 2)
                 found.append(f"--- {path.name}\n" + "\n".join(lines[start:i + lines_each]))
             elif SERVER_ERROR_LINE.search(line):

@@ -34,7 +34,7 @@ from tests.hubproc import HubProcess
 pytestmark = pytest.mark.e2e
 
 PW = "admin-secret-pw"
-HTTP_TIMEOUT_S = 6
+HTTP_TIMEOUT_S = 15  # a JupyterLab on a loaded machine answers within it; a hang does not
 WORK_S = 4.0
 LIMIT = 2
 

@@ -32,6 +32,18 @@ def test_a_kernel_not_yet_fully_registered_is_left_out_not_an_error():
     assert [k["id"] for k in km.list_kernels()] == ["ready"]
 
 
+def test_a_real_kernel_manager_without_its_last_activity_is_left_out():
+    """What CI saw: jupyter-server's ServerKernelManager whose last_activity trait is not
+    set yet raises TraitError (not AttributeError) when read; api/kernels answered 500."""
+    from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
+
+    half = ServerKernelManager(kernel_name="python3")
+    ready = SimpleNamespace(kernel_name="python3", last_activity=utcnow(),
+                            execution_state="idle")
+    km = manager_with(ready=ready, half=half)
+    assert [k["id"] for k in km.list_kernels()] == ["ready"]
+
+
 def test_the_pooled_kernel_is_not_listed_even_half_registered():
     km = manager_with(pooled=SimpleNamespace(kernel_name="python3"))
     km._pooled = "pooled"

@@ -217,6 +217,8 @@ class PodWatch:
         return self.seen
 
 
+@pytest.mark.parametrize("hub", [{"http_timeout": SLOW_HTTP_TIMEOUT_S}], indirect=True,
+                         ids=["answers-in-time"])  # JupyterLab on a loaded machine: seconds
 def test_an_image_pull_is_not_billed(hub: HubProcess, kube: Kube, namespace: str):
     admin = hub.token_for("admin", PW)
     alice = hub.add_user(admin, "alice", "100")
@@ -317,7 +319,8 @@ def test_a_start_that_never_answers_is_killed_billed_counted_and_rationed(
     assert len(failed_starts(hub, alice)) == LIMIT  # the refusal is not one more
 
 
-@pytest.mark.parametrize("hub", [{"limit": 1}], indirect=True, ids=["limit-1"])
+@pytest.mark.parametrize("hub", [{"limit": 1, "http_timeout": SLOW_HTTP_TIMEOUT_S}],
+                         indirect=True, ids=["limit-1"])
 def test_an_image_pull_failure_or_a_refusal_before_the_pod_is_not_counted(
         control_plane: ControlPlane, hub: HubProcess, kube: Kube, namespace: str):
     admin = hub.token_for("admin", PW)
