@@ -48,7 +48,7 @@ PROFILES = {"profiles": [
 
 # Answers some seconds before http_timeout, counted from the process's own start (a
 # loaded machine may take seconds to reach the config at all).
-SLOW_S = HTTP_TIMEOUT - 6
+SLOW_S = HTTP_TIMEOUT - 9  # and JupyterLab its seconds more on a loaded machine
 SLOW_CONFIG = f"""
 import time, psutil
 time.sleep(max(0.0, psutil.Process().create_time() + {SLOW_S} - time.time()))
