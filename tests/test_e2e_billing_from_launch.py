@@ -281,41 +281,15 @@ def test_repeated_failed_starts_are_rationed_and_an_admin_clears_them(hub, admin
 
 
 @pytest.fixture(scope="module")
-def cold_hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("launch-cold")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
-        f"--profiles={profiles}", "--GPULeaseHub.warm_start=False",
-    ]).start()
-    yield h
-    h.close()
-
-
-def test_a_cold_start_is_billed_from_its_exec(cold_hub):
-    hub = cold_hub
-    admin = hub.token_for("admin", PW)
-    token = hub.add_user(admin, "cold", "100")
-    configure(hub, "cold", SLOW_CONFIG)
-    asked = time.time()
-    r = start(hub, "cold", token)
-    assert r.status_code in (201, 202), r.text
-    hub.wait_server_ready("cold", token, timeout=WORK_S + 60)
-    (session,) = sessions(hub, token)
-    seen = {m["event"]: m["at"] for m in marks(hub, "cold")}
-    # from the exec: before the interpreter even read the config (its imports take ~1 s)
-    assert asked <= epoch(session["started"]) <= seen["loaded"] - 0.2, (session, seen)
-
-
-@pytest.fixture(scope="module")
 def metered_hub(tmp_path_factory):
-    """A hub with a 1 s billing heartbeat, and time enough for a slow start."""
+    """A hub whose servers start cold (new programs, not forked warm), with a 1 s billing
+    heartbeat and time enough for a slow start."""
     base = tmp_path_factory.mktemp("launch-credit")
     profiles = base / "profiles.yaml"
     profiles.write_text(yaml.safe_dump(PROFILES))
     h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
         f"--profiles={profiles}", "--GPULeaseHub.heartbeat_interval=1",
-        "--Spawner.http_timeout=40",
+        "--Spawner.http_timeout=40", "--GPULeaseHub.warm_start=False",
     ]).start()
     yield h
     h.close()
@@ -344,3 +318,18 @@ def test_credit_runs_out_while_it_starts_it_is_stopped_and_billed_from_its_launc
     assert credit * 1000 - 1500 <= session["billed_ms"] <= credit * 1000 + 4000, session
     counted = hub.service("GET", "api/failed-starts", token).json()
     assert counted["failed_starts"] == [], counted
+
+
+def test_a_cold_start_is_billed_from_its_exec(metered_hub):
+    hub = metered_hub
+    admin = hub.token_for("admin", PW)
+    token = hub.add_user(admin, "cold", "100")
+    configure(hub, "cold", SLOW_CONFIG)
+    asked = time.time()
+    r = start(hub, "cold", token)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server_ready("cold", token, timeout=WORK_S + 60)
+    (session,) = sessions(hub, token)
+    seen = {m["event"]: m["at"] for m in marks(hub, "cold")}
+    # from the exec: before the interpreter even read the config (its imports take ~1 s)
+    assert asked <= epoch(session["started"]) <= seen["loaded"] - 0.2, (session, seen)
