@@ -31,14 +31,11 @@ import asyncio
 import json
 from collections.abc import Callable
 from contextvars import ContextVar
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlparse
 
-import aiohttp
 from kubernetes_asyncio.client import (
     ApiException,
-    V1DeleteOptions,
     V1Lifecycle,
     V1LifecycleHandler,
     V1SleepAction,
@@ -48,11 +45,17 @@ from traitlets import Dict, List, Unicode, default
 
 from gpulease.hub.db import utcnow
 from gpulease.hub.options import ON_DEMAND, ServerChoice
-from gpulease.hub.refusal import Refusal, http_error
+from gpulease.hub.refusal import Refusal
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners import pod_start
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
 from gpulease.spawners.cluster_runner import ClusterQueueRunner, cluster_runner_for
+from gpulease.spawners.kube_pod_kill import (  # noqa: F401 - the tests read these here
+    KILL_GRACE_S,
+    KUBELET_SILENT_S,
+    PodKill,
+    kill_grace,
+)
 from gpulease.spawners.kube_reflectors import ReflectorUpkeep
 from gpulease.spawners.launch_billing import StartFailed
 from gpulease.spawners.placement import DeviceRequest
@@ -69,10 +72,6 @@ from gpulease.spawners.pod_spec import (
 from gpulease.spawners.queue_base import Refused
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
-KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)
-MIN_KILL_S = 2  # that minimum (kuberuntime's minimumGracePeriodInSeconds)
-KUBELET_SILENT_S = 30.0  # a pod still there this long past that grace: removed with grace 0
-POD_END_POLL_S = 0.05  # how often a failed start looks for its pod's end (the pod watch)
 HOME_CLAIM = "claim-{username}"  # one home per user, whatever the server
 HOME_MOUNT = "/home/jovyan"
 NO_GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
@@ -82,21 +81,6 @@ _IN_POLL: ContextVar[bool] = ContextVar("gpulease_kube_in_poll", default=False)
 # Set while kubespawner's start makes the pod: a stop it makes then (a pod of that name
 # exists: 409) removes a leftover pod, and is no stop of the server.
 _IN_CREATE: ContextVar[bool] = ContextVar("gpulease_kube_in_create", default=False)
-
-
-def kill_grace(pod_meta: dict[str, Any], now: datetime) -> int | None:
-    """kill_now's grace period for a pod of this metadata (as the API server shows it):
-    KILL_GRACE_S; 0 once a grace that short has been over for KUBELET_SILENT_S and the
-    pod is still there (its kubelet does not act); None while that grace runs (the
-    kubelet is killing it: nothing to do)."""
-    at, grace = pod_meta.get("deletionTimestamp"), pod_meta.get("deletionGracePeriodSeconds")
-    if not at or grace is None or int(grace) > KILL_GRACE_S:
-        return KILL_GRACE_S
-    try:
-        ends = datetime.fromisoformat(str(at).replace("Z", "+00:00"))
-    except ValueError:
-        return KILL_GRACE_S
-    return 0 if (now - ends).total_seconds() > KUBELET_SILENT_S else None
 
 
 def pod_options(choice: ServerChoice, cluster: ClusterGpus) -> dict[str, Any]:
@@ -117,7 +101,7 @@ def api_server_refusal(slug: str, e: ApiException) -> Refusal:
                    "try again shortly.", status=502)
 
 
-class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
+class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
     """One pod per server, asking for exactly its profile's GPUs (see the module doc)."""
 
     mig_strategy = Unicode(
@@ -300,108 +284,6 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
             if admitted is not None:
                 self._queue_runner().done(self.user.name, self.name, running=running)
 
-    # --- a start that failed ---------------------------------------------------------
-
-    def _pod_key(self) -> str:
-        return f"{self.namespace}/{self.pod_name}"
-
-    def _pod(self) -> dict | None:
-        """This server's pod as kubespawner's pod watch holds it now (None: not there)."""
-        reflector = self.pod_reflector
-        return reflector.pods.get(self._pod_key()) if reflector is not None else None
-
-    def _node_of(self, pod: dict | None) -> dict | None:
-        """The Node `pod` is bound to, as the cluster watch holds it (None: not known)."""
-        node = ((pod or {}).get("spec") or {}).get("nodeName")
-        watch = getattr(self._queue_runner(), "watch", None) if node else None
-        return watch.nodes.objects.get(node) if watch is not None else None
-
-    async def _failed_start(self, choice: ServerChoice, failed: StartFailed) -> Exception:
-        """End a start that failed after its pod was made, bill what ran, and say why.
-
-        Its pod is deleted (if it was not: an exited container is restarted by the
-        kubelet under kubespawner's restartPolicy OnFailure), and its session closes at
-        the pod's end, seen from the pod watch (pod_start.ended_at). Counted for the
-        rationing only when its own code failed the start (pod_start.failed_start); the
-        error JupyterHub shows is returned."""
-        now = self._pod()
-        seen = now or self._gpulease_pod_seen
-        if self.gpulease_launched_at is None:  # its container ran and ended before Running
-            started = pod_start.launched_at(seen)
-            if started is not None:
-                await self._bill_from_launch(choice, started)
-        # gone (removed by someone else), unless this start deleted it
-        verdict = pod_start.failed_start(now if not self._gpulease_killed else seen,
-                                         self._gpulease_killed,
-                                         pod_start.node_ready(self._node_of(seen)))
-        if not self._gpulease_killed and now is not None:
-            await self._delete_pod(KILL_GRACE_S, "its start failed")
-        ended = await self._pod_end(((seen or {}).get("metadata") or {}).get("uid"))
-        billed_ms = None
-        if self.gpulease_launched_at is not None:
-            await self._end_billing(verdict.reason, ended)
-            billed_ms = await self._billed_ms_of_failed_start()
-        if verdict.counted:
-            return await self._count_failed_start(choice, failed, billed_ms)
-        self.log.warning("%s: start failed, not its own doing: %s", self._log_name, verdict.why)
-        return http_error(Refusal(f"Cannot start {choice.profile.slug}: {verdict.why}; try "
-                                  "again shortly.", status=503))
-
-    async def _pod_end(self, uid: str | None) -> datetime:
-        """Wait until this start's pod (of `uid`) has ended (none of its containers runs,
-        or it is gone) and return when it last ran (UTC; pod_start.ended_at). A pod whose
-        kubelet does nothing for KUBELET_SILENT_S is removed with grace 0, as kill_now
-        does."""
-        deadline = asyncio.get_running_loop().time() + MIN_KILL_S + KUBELET_SILENT_S
-        last = None
-        while True:
-            pod = self._pod()
-            if pod is not None and uid and (pod.get("metadata") or {}).get("uid") != uid:
-                pod = None  # another pod of that name: this one is gone
-            if pod_start.ended(pod):
-                return pod_start.ended_at(pod or last, utcnow())
-            last = pod
-            if asyncio.get_running_loop().time() > deadline:
-                await self._delete_pod(0, "its kubelet did not kill it")
-                return utcnow()
-            await asyncio.sleep(POD_END_POLL_S)
-
-    async def _kill_unanswered(self) -> str:
-        """Have the pod's containers killed at once: deleted with KILL_GRACE_S, the shortest
-        grace that keeps the Pod object (and so its devices counted, and its billing open)
-        until the kubelet has killed them; its session closes at its end (_failed_start)."""
-        self._gpulease_killed = True
-        self._gpulease_pod_seen = self._pod()
-        await self._delete_pod(KILL_GRACE_S, "it did not answer within http_timeout")
-        return (f"its pod deleted with a grace period of {KILL_GRACE_S} s, so that its "
-                "containers are killed at once")
-
-    def _exit_description(self) -> str:
-        return pod_start.exit_description(self._pod())
-
-    async def _delete_pod(self, grace: int, why: str) -> bool:
-        """Delete this server's pod with `grace` seconds; False when refused or not
-        answered (logged), True when deleted or already gone."""
-        try:
-            await asyncio.wait_for(self.api.delete_namespaced_pod(
-                name=self.pod_name, namespace=self.namespace,
-                body=V1DeleteOptions(grace_period_seconds=grace), grace_period_seconds=grace),
-                self.k8s_api_request_timeout)
-        except ApiException as e:
-            if e.status == 404:
-                return True
-            self.log.error("cannot delete the pod %s of %s (%s): refused with HTTP %s %s",
-                           self._pod_key(), self._log_name, why, e.status, e.reason)
-            return False
-        except (TimeoutError, OSError, aiohttp.ClientError) as e:
-            self.log.error("cannot delete the pod %s of %s (%s): the API server did not "
-                           "answer (%s)", self._pod_key(), self._log_name, why,
-                           type(e).__name__)
-            return False
-        self.log.warning("%s: its pod %s deleted with grace %d s: %s", self._log_name,
-                         self._pod_key(), grace, why)
-        return True
-
     async def _make_create_pvc_request(self, pvc, request_timeout):
         try:  # kubespawner's: a 409 or a quota's 403 over a claim that exists is success
             return await KubeSpawner._make_create_pvc_request(self, pvc, request_timeout)
@@ -492,9 +374,7 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
 
     gpulease_launch_words = "its container's start"
     _gpulease_starting: bool = False  # launched or being made, not answered yet
-    _gpulease_killed: bool = False  # this start did not answer, and its pod was deleted
     _gpulease_restarts: int = 0  # its notebook container's restarts at its launch
-    _gpulease_pod_seen: dict | None = None  # its pod as last seen while it started
 
     async def progress(self):
         """The choice and the queue, the pod's events (scheduling, the image pull) while
@@ -547,55 +427,6 @@ class GPUKubeSpawner(ReflectorUpkeep, GPULeaseSpawnCore, KubeSpawner):
                 await self._end_billing(*(("server_died", None) if died else ("user", utcnow())))
         finally:
             self._stopping = False
-
-    async def kill_now(self) -> int:
-        """Have the pod's containers killed at once: for a stop that did not complete (a
-        container that ignores SIGTERM within a long grace period, a stop that hangs). The
-        heartbeat calls it (hub/enforcement.py) on each beat until the server is gone, as
-        the embedded spawner's SIGKILL.
-
-        The pod is deleted again with a grace period of KILL_GRACE_S: the kubelet kills
-        its containers at once (within its own minimum, 2 s), and only then removes the Pod
-        object. Until then the pod still counts, for its billing (the stop in flight closes
-        the session when the pod is gone, as any stop does) and for its devices. A delete
-        with grace 0 removed the object before the kubelet had killed anything: the
-        watch saw the devices free, the queue's next start was bound to them, and the
-        kubelet refused it (UnexpectedAdmissionError, the devices still in use), so that
-        start failed after start_timeout. Only a pod still there KUBELET_SILENT_S after
-        its shortened grace (its node's kubelet does not act: the node is down) is removed
-        with grace 0, so that its server can end; such a node's devices are not in use by
-        anything the API server still knows of. How many pods it asked to delete (0: none
-        there, already shortened and waiting for the kubelet, or refused, logged)."""
-        pod = self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}") \
-            if self.pod_reflector is not None else None
-        grace = kill_grace((pod or {}).get("metadata") or {}, datetime.now(UTC))
-        if grace is None:
-            return 0  # the kubelet is killing it
-        silent = grace == 0
-        try:
-            await asyncio.wait_for(self.api.delete_namespaced_pod(
-                name=self.pod_name, namespace=self.namespace,
-                body=V1DeleteOptions(grace_period_seconds=grace), grace_period_seconds=grace),
-                self.k8s_api_request_timeout)
-        except ApiException as e:
-            if e.status != 404:
-                self.log.error("cannot kill %s: deleting its pod %s/%s with grace %d s was "
-                               "refused (HTTP %s %s)", self._log_name, self.namespace,
-                               self.pod_name, grace, e.status, e.reason)
-            return 0
-        except (TimeoutError, OSError, aiohttp.ClientError) as e:
-            self.log.error("cannot kill %s: the API server did not answer the delete of its "
-                           "pod (%s)", self._log_name, type(e).__name__)
-            return 0
-        if silent:
-            self.log.warning("killed %s: its pod %s/%s removed at once (grace 0): its node's "
-                             "kubelet did not kill it within %.0f s", self._log_name,
-                             self.namespace, self.pod_name, KUBELET_SILENT_S)
-        else:
-            self.log.warning("killed %s: its pod %s/%s deleted with grace %d s (the kubelet "
-                             "kills its containers now), its stop did not complete",
-                             self._log_name, self.namespace, self.pod_name, grace)
-        return 1
 
     async def poll(self):
         if self._gpulease_starting:
