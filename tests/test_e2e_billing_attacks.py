@@ -28,15 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.hubproc import HubProcess
 from tests.test_e2e_billing_from_launch import (
     MARK,
     closed_session,
     configure,
     epoch,
     marks,
+    profile_hub,
     start,
 )
 
@@ -85,15 +84,9 @@ while True:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("review39")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
-        f"--profiles={profiles}", f"--Spawner.http_timeout={HTTP_TIMEOUT_S}",
-        f"--GPULeaseHub.failed_start_limit={LIMIT}", "--GPULeaseHub.failed_start_window=10m",
-    ]).start()
-    yield h
-    h.close()
+    yield from profile_hub(
+        tmp_path_factory, "attacks", PROFILES, f"--Spawner.http_timeout={HTTP_TIMEOUT_S}",
+        f"--GPULeaseHub.failed_start_limit={LIMIT}", "--GPULeaseHub.failed_start_window=10m")
 
 
 @pytest.fixture(scope="module")
@@ -174,25 +167,18 @@ def nolimits_hub(tmp_path_factory):
     """A host without cgroup limits (docs/security.md, "No limits": a container without a
     writable cgroup hierarchy), per-user accounts on; JupyterHub's stop waits shortened
     (10 s + 5 s) to keep the test short."""
-    base = tmp_path_factory.mktemp("review39-nolimits")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
-        f"--profiles={profiles}", "--Spawner.http_timeout=40",
+    yield from profile_hub(
+        tmp_path_factory, "attacks-nolimits", PROFILES, "--Spawner.http_timeout=40",
         "--GPULeaseHub.resource_limits=none", "--GPULeaseHub.heartbeat_interval=30",
-        "--Spawner.interrupt_timeout=10", "--Spawner.term_timeout=5",
-    ]).start()
-    yield h
-    h.close()
+        "--Spawner.interrupt_timeout=10", "--Spawner.term_timeout=5")
 
 
 def test_stopping_a_pending_start_bills_it_to_its_end_without_cgroups(nolimits_hub):
     """A researcher's DELETE of their own pending start (launched, not answered) cancels
-    the start: LocalGPUSpawner.start's `except BaseException` releases as server_died
-    with no end time, so without a cgroup the session closes at its last_alive (its
-    launch, or the last heartbeat) while the process runs on through JupyterHub's stop
-    (SIGINT, interrupt_timeout, SIGTERM, term_timeout), and its devices go back first.
-    Billed for only part of what ran: a free GPU loop of start, work, DELETE."""
+    the start. Without a cgroup to empty, its session was closed at its last_alive (its
+    launch: billed 0 ms) while the process ran on through JupyterHub's stop, its devices
+    given back first: a free GPU loop of start, work, DELETE. The start's failure path
+    now kills what was launched and bills it to its end."""
     hub = nolimits_hub
     admin = hub.token_for("admin", PW)
     token = hub.add_user(admin, "canceller", "100")

@@ -145,17 +145,24 @@ def wait_start_failed(hub: HubProcess, user: str, token: str, timeout: float) ->
     return failed[-1]["message"]
 
 
+def profile_hub(tmp_path_factory, name: str, profiles: dict, *args: str):
+    """A hub of `profiles` (the module's fixtures' shape): started, then closed."""
+    base = tmp_path_factory.mktemp(name)
+    path = base / "profiles.yaml"
+    path.write_text(yaml.safe_dump(profiles))
+    h = HubProcess(state=base / "state", admin_password=PW,
+                   extra_args=[f"--profiles={path}", *args]).start()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("launch")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
-        f"--profiles={profiles}", f"--Spawner.http_timeout={HTTP_TIMEOUT_S}",
-        f"--GPULeaseHub.failed_start_limit={LIMIT}", "--GPULeaseHub.failed_start_window=10m",
-    ]).start()
-    yield h
-    h.close()
+    yield from profile_hub(
+        tmp_path_factory, "launch", PROFILES, f"--Spawner.http_timeout={HTTP_TIMEOUT_S}",
+        f"--GPULeaseHub.failed_start_limit={LIMIT}", "--GPULeaseHub.failed_start_window=10m")
 
 
 @pytest.fixture(scope="module")
@@ -284,15 +291,9 @@ def test_repeated_failed_starts_are_rationed_and_an_admin_clears_them(hub, admin
 def metered_hub(tmp_path_factory):
     """A hub whose servers start cold (new programs, not forked warm), with a 1 s billing
     heartbeat and time enough for a slow start."""
-    base = tmp_path_factory.mktemp("launch-credit")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
-        f"--profiles={profiles}", "--GPULeaseHub.heartbeat_interval=1",
-        "--Spawner.http_timeout=40", "--GPULeaseHub.warm_start=False",
-    ]).start()
-    yield h
-    h.close()
+    yield from profile_hub(
+        tmp_path_factory, "launch-credit", PROFILES, "--GPULeaseHub.heartbeat_interval=1",
+        "--Spawner.http_timeout=40", "--GPULeaseHub.warm_start=False")
 
 
 def test_credit_runs_out_while_it_starts_it_is_stopped_and_billed_from_its_launch(metered_hub):
