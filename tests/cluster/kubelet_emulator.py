@@ -226,6 +226,13 @@ class Emulator:
                 self.set_status(run, pod_plan.waiting_status(pod, e.reason, e.message))
             self.event(pod, "Failed", e.message, "Warning")
             run.done.set()
+        except Exception as e:  # the emulator's own fault: said on the pod, never a silent hang
+            log.exception("%s/%s: not started", run.namespace, run.name)
+            self.release(run)
+            self.set_status(run, pod_plan.waiting_status(pod, "EmulatorError", repr(e)))
+            self.event(pod, "Failed", f"the kubelet emulator failed to start it: {e!r}",
+                       "Warning")
+            run.done.set()
         finally:
             run.launched.set()
 

@@ -28,7 +28,8 @@ def server_of(hub: StockHub, user: str) -> dict:
 
 def wait_ready(hub: StockHub, user: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while not server_of(hub, user).get("ready"):
+    while not (server := server_of(hub, user)).get("ready"):
+        assert server, f"{user}'s start ended without a server:\n{hub.tail()}"
         assert time.monotonic() < deadline, hub.tail()
         time.sleep(0.5)
 
@@ -39,6 +40,16 @@ def has_pod(kube: Kube, namespace: str, name: str) -> bool:
     except KubeError:
         return False
     return True
+
+
+def free_a_slice(kube: Kube, namespace: str, pod: str) -> None:
+    """The other tenant's pod ends as pods do: a graceful delete, which the kubelet
+    completes once its container is gone. (A delete with grace 0 removes the object
+    while the kubelet still has the device: the next pod bound there is refused,
+    UnexpectedAdmissionError, as a real kubelet may; tests/cluster/test_kill_frees_slice.py
+    is that case.)"""
+    kube.delete(pods_path(namespace, pod), {"gracePeriodSeconds": 1})
+    kube.wait_for(f"{pod} gone", lambda: not has_pod(kube, namespace, pod))
 
 
 def test_starts_wait_with_their_positions_and_start_in_order_as_slices_free(
@@ -65,12 +76,12 @@ def test_starts_wait_with_their_positions_and_start_in_order_as_slices_free(
     assert f"{WAITING} 2 in the queue" in wait_for_progress(hub, "bob", hub.token, WAITING)[-1]
     assert not has_pod(kube, namespace, "jupyter-alice")  # no pod while it waits
 
-    kube.delete(pods_path(namespace, "other-0"), {"gracePeriodSeconds": 0})
+    free_a_slice(kube, namespace, "other-0")
     wait_ready(hub, "alice")
     assert f"{WAITING} 1 in the queue" in wait_for_progress(hub, "bob", hub.token, WAITING)[-1]
     assert server_of(hub, "bob")["ready"] is False and not has_pod(kube, namespace, "jupyter-bob")
 
-    kube.delete(pods_path(namespace, "other-1"), {"gracePeriodSeconds": 0})
+    free_a_slice(kube, namespace, "other-1")
     wait_ready(hub, "bob")
     spec = kube.get(pods_path(namespace, "jupyter-bob"))["spec"]
     assert spec["nodeName"] == node
