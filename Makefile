@@ -11,7 +11,7 @@ BIN     = $(VENV)/bin
 # The official configurable-http-proxy is installed with npm inside the project.
 export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: install run test lint bench clean labextension cluster-tools screenshots
+.PHONY: install run test lint bench bench-quick clean labextension cluster-tools screenshots
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -44,12 +44,15 @@ cluster-tools:
 test: install lint cluster-tools
 	PYTEST=$(BIN)/pytest scripts/run-tests $(PYTEST_ARGS)
 
-bench: install
-	$(BIN)/python bench/spawn.py --spawns 20
-	$(BIN)/python bench/billing.py
-	$(BIN)/python bench/culler.py
-	$(BIN)/python bench/pages.py
-	$(BIN)/python bench/login_flood.py
+# Every benchmark, one after another (bench/suite.py; bench/README.md says what each
+# measures): about an hour on 2 cores. bench-quick runs each in its quick mode, as CI
+# does after the tests, to check that all still run and print their figures.
+# ARGS="--only spawn" runs one.
+bench: install cluster-tools
+	$(BIN)/python bench/suite.py $(ARGS)
+
+bench-quick: install cluster-tools
+	$(BIN)/python bench/suite.py --quick $(ARGS)
 
 # Screenshots of the hub's and the gpulease service's pages for the README and docs
 # (docs/images/*.png, 1280x800), from a throwaway hub with a demo admin and researcher:

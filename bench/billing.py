@@ -13,22 +13,26 @@ databases of its own (each part is described in full in its module):
              in a fresh SQLite file and a fresh PostgreSQL database.
   report     billing_ledger: billing_reports.report and .usage over 1,000,000
              closed sessions in a fresh PostgreSQL database.
-  cluster    billing_cluster (only with --only cluster; needs `make cluster-tools`):
-             servers on `gpulease up` in the cluster shape, each session's start
-             against its container's exec in the kubelet emulator
+  cluster    billing_cluster (only with --only cluster or --all; needs `make
+             cluster-tools`): servers on `gpulease up` in the cluster shape, each
+             session's start against its container's exec in the kubelet emulator
              (billing_max_error_cluster_ms; --cluster-quick for CI).
 
     .venv/bin/python bench/billing.py [--servers 20] [--long-servers 5] [--sessions 1000]
-                                      [--rows 1000000] [--only PART] [--logs DIR]
+                                      [--rows 1000000] [--only PART | --all] [--quick]
+                                      [--postgres URL] [--logs DIR]
 
-The last lines are `name: value`, one per figure (then its target, if any:
-`(target <= 50)`).
+Without --postgres (or GPULEASE_TEST_POSTGRES_URL) the heartbeat and report parts
+start a private PostgreSQL of their own (bench/postgres.py). --quick: small counts
+and short servers, to check that every part runs to its end (CI).
+
+The last lines are `name: value`, one per figure; a figure's target is on a line of
+its own (`target billing_max_error_ms <= 50`).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import sys
@@ -51,13 +55,23 @@ from bench.billing_servers import (  # noqa: E402
     plan,
     running_hub,
 )
+from bench.figures import figure, target  # noqa: E402
+from bench.postgres import NoPostgres, postgres_server  # noqa: E402
 from bench.procs import interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.hub.db import sqlite_url  # noqa: E402
 from tests.hubproc import CHP  # noqa: E402
 
-DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 PARTS = ("servers", "kill", "heartbeat", "report", "cluster")
 DEFAULT_PARTS = PARTS[:4]  # the cluster part only when asked for (--only cluster)
+# Every figure the whole run (--all) prints.
+FIGURES = ("billing_max_error_ms", "billing_max_error_pct", "billing_max_error_s",
+           "billing_error_after_kill_s", "billing_heartbeats_per_s_sqlite",
+           "billing_heartbeats_per_s_postgres", "usage_report_ms",
+           "billing_max_error_cluster_ms", "billing_end_error_cluster_ms")
+# --quick's counts: every part runs to its end in a minute or two.
+QUICK = {"servers": 3, "long_servers": 1, "min_s": 2.0, "max_s": 4.0, "long_min_s": 8.0,
+         "long_max_s": 10.0, "kill_servers": 1, "downtime": 2.0, "sessions": 50,
+         "rows": 5000, "reps": 1, "cluster_quick": True}
 TARGETS = {"billing_max_error_ms": "<= 50", "billing_max_error_pct": "< 0.1",
            "billing_max_error_s": "<= 1", "usage_report_ms": "< 500", **CLUSTER_TARGETS}
 
@@ -85,12 +99,14 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             print(f"\n[heartbeat] {args.sessions} open sessions, one account each", flush=True)
             figures["billing_heartbeats_per_s_sqlite"] = bench_heartbeat(
                 sqlite_url(tmp / "heartbeat.sqlite"), "sqlite", args.sessions)
-            with scratch_postgres(args.postgres, "hb") as url:
+            with scratch_postgres(stack.enter_context(postgres_server(args.postgres)),
+                                  "hb") as url:
                 figures["billing_heartbeats_per_s_postgres"] = bench_heartbeat(
                     url, "postgres", args.sessions)
         if "report" in parts:
             print(f"\n[report] {args.rows:,} sessions on PostgreSQL", flush=True)
-            with scratch_postgres(args.postgres, "report") as url:
+            with scratch_postgres(stack.enter_context(postgres_server(args.postgres)),
+                                  "report") as url:
                 figures["usage_report_ms"] = bench_report(url, args.rows, args.reps,
                                                           args.sessions)
         if "cluster" in parts:
@@ -123,18 +139,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000,
                         help="sessions in the usage report database (1000000)")
     parser.add_argument("--reps", type=int, default=5, help="timed runs of each report (5)")
-    parser.add_argument("--postgres", default=os.environ.get(
-        "GPULEASE_TEST_POSTGRES_URL", DEFAULT_POSTGRES),
-        help="PostgreSQL server for scratch databases (GPULEASE_TEST_POSTGRES_URL or "
-             f"{DEFAULT_POSTGRES}); a database is created and dropped there")
+    parser.add_argument("--postgres", default=None,
+        help="PostgreSQL server for scratch databases (default: GPULEASE_TEST_POSTGRES_URL, "
+             "else a private cluster of this run); a database is created and dropped there")
     parser.add_argument("--only", action="append", choices=PARTS,
-                        help="run only this part (repeatable); all four by default")
+                        help="run only this part (repeatable); all but cluster by default")
+    parser.add_argument("--all", action="store_true", help="all five parts, cluster included")
+    parser.add_argument("--quick", action="store_true",
+                        help="small counts and short servers (CI): " + ", ".join(
+                            f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
     parser.add_argument("--logs", type=Path, help="copy the hub's logs to this folder at the end")
     add_cluster_arguments(parser)
     parser.add_argument("--hub-arg", action="append", default=[],
                         help="one more argument for `gpulease up` (repeatable), e.g. "
                              "--hub-arg=--debug to see where a stop's time goes in --logs")
     args = parser.parse_args(argv)
+    if args.all:
+        args.only = list(PARTS)
+    if args.quick:
+        vars(args).update(QUICK)
     if args.servers < 1 or args.concurrency < 1 or args.kill_servers < 1:
         parser.error("--servers, --concurrency and --kill-servers must be at least 1")
     if not 0 < args.min_s <= args.max_s or not 0 < args.long_min_s <= args.long_max_s:
@@ -155,12 +178,17 @@ def main(argv: list[str] | None = None) -> int:
             print("bench: interrupted; hub stopped, databases dropped, temp folders removed",
                   file=sys.stderr)
             return 130
+        except NoPostgres as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
     print(f"\n(whole run {time.monotonic() - started:.0f} s)")
     for name, value in figures.items():
         digits = 3 if name.endswith("_s") else 4 if name.endswith("_pct") else 1
-        target = TARGETS.get(name) or (f"<= {args.heartbeat:g}"
-                                       if name == "billing_error_after_kill_s" else "")
-        print(f"{name}: {value:.{digits}f}" + (f" (target {target})" if target else ""))
+        figure(name, value, digits)
+        rule = TARGETS.get(name) or (f"<= {args.heartbeat:g}"
+                                     if name == "billing_error_after_kill_s" else "")
+        if rule:
+            target(name, rule)
     return 0
 
 

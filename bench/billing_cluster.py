@@ -42,6 +42,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.figures import figure, target  # noqa: E402
 from bench.kube_spawn import namespace_of, pool_node  # noqa: E402
 from gpulease.hub.catalog import load_catalog  # noqa: E402
 from tests.cluster.conftest import ControlPlane  # noqa: E402
@@ -55,6 +56,7 @@ from tests.cluster.test_gpulease_up_cluster import (  # noqa: E402
     start,
 )
 
+FIGURES = ("billing_max_error_cluster_ms", "billing_end_error_cluster_ms")
 TARGETS = {"billing_max_error_cluster_ms": "<= 1000"}
 PULL_S = 3.0
 QUICK = (4, 1.0)  # starts, pull delay
@@ -199,8 +201,9 @@ def main() -> int:
     starts, pull_s = QUICK if args.quick else (args.starts, PULL_S)
     figures = bench_cluster(starts, pull_s, args.logs)
     for name, value in figures.items():
-        target = TARGETS.get(name)
-        print(f"{name}: {value:.1f}" + (f" (target {target})" if target else ""))
+        figure(name, value, 1)
+        if name in TARGETS:
+            target(name, TARGETS[name])
     return 0
 
 

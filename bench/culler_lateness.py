@@ -78,12 +78,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @contextmanager
-def idle_hub(tmp: Path) -> Iterator[tuple[HubProcess, str, str]]:
-    """The hub with the culler at its default interval; yields (hub, admin token, user token)."""
+def idle_hub(tmp: Path, servers: int) -> Iterator[tuple[HubProcess, str, str]]:
+    """The hub with the culler at its default interval; yields (hub, admin token, user token).
+
+    Its one user has `servers` named servers, beyond the shipped per-user limit (5):
+    the admin raises JupyterHub.named_server_limit_per_user as any admin would."""
     profiles = tmp / "profiles.yaml"
     profiles.write_text(yaml.safe_dump(PROFILES))
     hub = HubProcess(state=tmp / "state", admin_password=ADMIN_PASSWORD,
-                     extra_args=[f"--profiles={profiles}"])
+                     extra_args=[f"--profiles={profiles}",
+                                 f"--JupyterHub.named_server_limit_per_user={servers}"])
     children = Children()
     try:
         hub.start()
@@ -208,7 +212,7 @@ def _run(servers: int, batch: int) -> dict[str, float]:
           f"{interval:g}s (the shipped default), started at most {batch} at a time", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="gpulease-bench-lateness-"))
     try:
-        with idle_hub(tmp) as (hub, admin, token):
+        with idle_hub(tmp, servers) as (hub, admin, token):
             names = [f"s{i:02d}" for i in range(1, servers + 1)]
             rows: dict[str, dict[str, Any]] = {}
             start_batches(hub, admin, names, batch, rows)

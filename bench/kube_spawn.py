@@ -45,6 +45,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import figure, target  # noqa: E402
 from gpulease.hub.catalog import load_catalog  # noqa: E402
 from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
 from tests.cluster.conftest import POD_UID, POOL_LABEL, ControlPlane  # noqa: E402
@@ -110,6 +111,9 @@ def spawn_to_ready(begin: Callable[[], requests.Response], api: Api, kube: Kube,
         if time.monotonic() > deadline:
             raise TimeoutError(tail())
         time.sleep(0.1)
+
+
+FIGURES = ("kube_spawn_n", "stock_kube_spawn_s", "gpulease_kube_spawn_s", "kube_spawn_ratio")
 
 
 def main() -> None:
@@ -179,11 +183,11 @@ def main() -> None:
                 times = run[4]
                 print(f"{shape}: median {medians[shape]:.2f} s over {len(times)} "
                       f"({', '.join(f'{t:.2f}' for t in times)}); warm-up {first[shape]:.2f} s")
-            print(f"kube_spawn_n: {spawns}")
-            print(f"stock_kube_spawn_s: {medians['stock']:.2f}")
-            print(f"gpulease_kube_spawn_s: {medians['gpulease']:.2f}")
-            print(f"kube_spawn_ratio: {medians['gpulease'] / medians['stock']:.3f} "
-                  "(target <= 1.05)")
+            figure("kube_spawn_n", spawns, 0)
+            figure("stock_kube_spawn_s", medians["stock"], 2)
+            figure("gpulease_kube_spawn_s", medians["gpulease"], 2)
+            figure("kube_spawn_ratio", medians["gpulease"] / medians["stock"])
+            target("kube_spawn_ratio", "<= 1.05")
     finally:
         if args.logs:
             args.logs.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import figure  # noqa: E402
 from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
 from tests.hubproc import HubProcess  # noqa: E402
 
@@ -195,6 +196,13 @@ def run_mode(mode: str, root: Path, flood_s: float, quiet_s: float, hub_args: li
     }
 
 
+FIGURES = ("login_flood_p95_quiet_ms", "login_flood_p95_flood_ms", "login_flood_latency_ratio",
+           "login_flood_p95_quiet_ms_hashing", "login_flood_p95_flood_ms_hashing",
+           "login_flood_latency_ratio_hashing", "login_flood_p95_quiet_ms_refusing",
+           "login_flood_p95_flood_ms_refusing", "login_flood_latency_ratio_refusing")
+QUICK = {"flood_s": 3.0, "quiet_s": 4.0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["shipped", "hashing", "refusing"])
@@ -205,9 +213,13 @@ def main() -> None:
     parser.add_argument("--hub-arg", action="append", default=[],
                         help="passed to `gpulease up`, e.g. "
                              "--hub-arg=--LocalAccountsAuthenticator.login_threads=1")
+    parser.add_argument("--quick", action="store_true", help="short windows (CI): " + ", ".join(
+        f"--{k.replace('_', '-')} {v:g}" for k, v in QUICK.items()))
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     modes = [args.only] if args.only else ["shipped", "hashing", "refusing"]
-    figures: dict[str, str] = {}
+    figures: dict[str, tuple[float, int]] = {}
     with interrupts_clean_up(), tempfile.TemporaryDirectory(prefix="gpulease-bench-flood-") as tmp:
         root = Path(tmp)
         try:
@@ -226,14 +238,14 @@ def main() -> None:
                       f"{statistics.median(flood):.1f} ms p95 {p95(flood):.1f} ms "
                       f"({len(flood)}); {r['probe_failures']} failed", flush=True)
                 suffix = "" if mode == "shipped" else f"_{mode}"
-                figures[f"login_flood_p95_quiet_ms{suffix}"] = f"{p95(quiet):.1f}"
-                figures[f"login_flood_p95_flood_ms{suffix}"] = f"{p95(flood):.1f}"
-                figures[f"login_flood_latency_ratio{suffix}"] = f"{p95(flood) / p95(quiet):.2f}"
+                figures[f"login_flood_p95_quiet_ms{suffix}"] = (p95(quiet), 1)
+                figures[f"login_flood_p95_flood_ms{suffix}"] = (p95(flood), 1)
+                figures[f"login_flood_latency_ratio{suffix}"] = (p95(flood) / p95(quiet), 2)
         finally:
             if args.logs:
                 save_logs(root, args.logs, *modes)
-    for name, value in figures.items():
-        print(f"{name}: {value}")
+    for name, (value, digits) in figures.items():
+        figure(name, value, digits)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ log (`200 GET /hub/spawn (...) 12.34ms`), so the network and the client do
 not count. `/hub/home` of the same hub is timed side by side as the stock
 page it is compared with.
 
-    .venv/bin/python bench/pages.py [--requests 40]
+    .venv/bin/python bench/pages.py [--requests 40] [--quick]
+
+--quick: 3 requests of each page (CI: it runs to its end).
 
 The last lines are `name: value`, one per figure.
 """
@@ -28,6 +30,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import figure  # noqa: E402
 from tests.hubproc import HubProcess  # noqa: E402
 
 NODES, GPUS_PER_NODE = 125, 8
@@ -86,10 +89,16 @@ def server_times(log: str) -> dict[str, list[float]]:
     return times
 
 
+FIGURES = ("spawn_page_ms", "spawn_page_vs_home_ratio")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="3 requests of each page (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.requests = 3
     with tempfile.TemporaryDirectory(prefix="gpulease-bench-pages-") as tmp:
         root = Path(tmp)
         inv, prof = root / "inventory.yaml", root / "profiles.yaml"
@@ -131,8 +140,8 @@ def main() -> None:
     print(f"/hub/spawn server time: median {statistics.median(spawn):.1f} ms, "
           f"p95 {sorted(spawn)[int(0.95 * len(spawn)) - 1]:.1f} ms over {len(spawn)}")
     print(f"/hub/home server time: median {statistics.median(home):.1f} ms")
-    print(f"spawn_page_ms: {statistics.median(spawn):.1f}")
-    print(f"spawn_page_vs_home_ratio: {statistics.median(spawn) / statistics.median(home):.2f}")
+    figure("spawn_page_ms", statistics.median(spawn), 1)
+    figure("spawn_page_vs_home_ratio", statistics.median(spawn) / statistics.median(home), 2)
 
 
 if __name__ == "__main__":

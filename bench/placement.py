@@ -49,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import figure, target  # noqa: E402
 from bench.placement_sim import (  # noqa: E402
     GPUS_PER_NODE,
     HOUR,
@@ -149,6 +150,16 @@ def report(result: Result, elapsed: float) -> dict:
     return {r["pool"]: r for r in rows}
 
 
+FIGURES = ("placement_acceptance_gpulease", "placement_at_once_gpulease",
+           "placement_whole_card_acceptance_gpulease", "placement_whole_nodes_free_gpulease",
+           "placement_acceptance_default", "placement_at_once_default",
+           "placement_whole_card_acceptance_default", "placement_whole_nodes_free_default",
+           "placement_acceptance_first_fit", "placement_at_once_first_fit",
+           "placement_whole_card_acceptance_first_fit", "placement_whole_nodes_free_first_fit",
+           "placement_bound", "placement_whole_card_acceptance_ratio", "placement_at_once_ratio",
+           "placement_acceptance_ratio", "placement_vs_bound")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000, help="half whole cards, half MIG")
@@ -202,17 +213,18 @@ def main() -> None:
     print()
     for name in rows:
         key = name.replace("-", "_")
-        print(f"placement_acceptance_{key}: {acceptance[name]:.4f}")
-        print(f"placement_at_once_{key}: {at_once[name]:.4f}")
-        print(f"placement_whole_card_acceptance_{key}: {whole_card[name]:.4f}")
-        print(f"placement_whole_nodes_free_{key}: {rows[name]['whole cards']['whole_free']:.2f}")
-    print(f"placement_bound: {bound:.4f}")
-    print(f"placement_whole_card_acceptance_ratio: "
-          f"{whole_card['gpulease'] / whole_card['default']:.3f}")
-    print(f"placement_at_once_ratio: {at_once['gpulease'] / at_once['default']:.3f}")
-    print(f"placement_acceptance_ratio: {ratio:.3f} (target >= {TARGET_RATIO}: "
-          f"{'met' if ratio >= TARGET_RATIO else 'MISSED'})")
-    print(f"placement_vs_bound: {acceptance['gpulease'] / bound:.3f}")
+        figure(f"placement_acceptance_{key}", acceptance[name], 4)
+        figure(f"placement_at_once_{key}", at_once[name], 4)
+        figure(f"placement_whole_card_acceptance_{key}", whole_card[name], 4)
+        figure(f"placement_whole_nodes_free_{key}", rows[name]["whole cards"]["whole_free"], 2)
+    figure("placement_bound", bound, 4)
+    figure("placement_whole_card_acceptance_ratio", whole_card["gpulease"] / whole_card["default"])
+    figure("placement_at_once_ratio", at_once["gpulease"] / at_once["default"])
+    figure("placement_acceptance_ratio", ratio)
+    target("placement_acceptance_ratio", f">= {TARGET_RATIO}")
+    print(f"placement_acceptance_ratio {'meets' if ratio >= TARGET_RATIO else 'MISSES'} "
+          "its target")
+    figure("placement_vs_bound", acceptance["gpulease"] / bound)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import figure, target  # noqa: E402
 from bench.placement_real_lane import SLICES, Api, Lane, Request, watch_lane  # noqa: E402
 from gpulease.spawners.cluster_inventory import ClusterNode, node_from_object  # noqa: E402
 from tests.cluster.conftest import POOL_LABEL, ControlPlane  # noqa: E402
@@ -212,17 +213,25 @@ def report(lanes: dict[str, Lane], args: argparse.Namespace) -> None:
               f"p95 {p95(lags) * 1000:.0f} ms; pods made but left Pending a max wait: "
               f"{lane.unscheduled}")
     ratio = acceptance["gpulease"] / acceptance["default"]
-    print(f"\nplacement_real_acceptance_gpulease: {acceptance['gpulease']:.4f}")
-    print(f"placement_real_acceptance_default: {acceptance['default']:.4f}")
+    print()
+    figure("placement_real_acceptance_gpulease", acceptance["gpulease"], 4)
+    figure("placement_real_acceptance_default", acceptance["default"], 4)
     for kind, what in (("full", "full_card"), ("mig", "mig")):
         ours, theirs = (lanes[n].kind_acceptance[kind] for n in ("gpulease", "default"))
-        print(f"placement_real_{what}_ratio: {ours / theirs:.4f}")
-    print(f"placement_real_at_once_ratio: "
-          f"{lanes['gpulease'].at_once_share / lanes['default'].at_once_share:.4f}")
+        figure(f"placement_real_{what}_ratio", ours / theirs, 4)
+    figure("placement_real_at_once_ratio",
+           lanes["gpulease"].at_once_share / lanes["default"].at_once_share, 4)
     for name, lane in lanes.items():
-        print(f"placement_real_whole_nodes_free_{name}: "
-              f"{statistics.fmean(s[0] for s in lane.free_samples):.2f}")
-    print(f"placement_real_scheduler_ratio: {ratio:.4f}  (target >= 1.05)")
+        figure(f"placement_real_whole_nodes_free_{name}",
+               statistics.fmean(s[0] for s in lane.free_samples), 2)
+    figure("placement_real_scheduler_ratio", ratio, 4)
+    target("placement_real_scheduler_ratio", ">= 1.05")
+
+
+FIGURES = ("placement_real_acceptance_gpulease", "placement_real_acceptance_default",
+           "placement_real_full_card_ratio", "placement_real_mig_ratio",
+           "placement_real_at_once_ratio", "placement_real_whole_nodes_free_gpulease",
+           "placement_real_whole_nodes_free_default", "placement_real_scheduler_ratio")
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.hubproc` importable
 
+from bench.figures import figure  # noqa: E402
 from bench.kernel_client import PHASES, Phases, click_to_kernel  # noqa: E402
 from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
@@ -346,6 +347,12 @@ def run(spawns: int, warmup: int, logs: Path | None) -> dict[str, float]:
     return figures
 
 
+FIGURES = ("spawn_median_stock_s", "spawn_median_gpulease_s", "spawn_ratio",
+           "click_to_kernel_p50_stock_s", "click_to_kernel_p95_stock_s",
+           "click_to_kernel_p50_gpulease_s", "click_to_kernel_p95_gpulease_s",
+           "click_to_kernel_p50_s", "click_to_kernel_p95_s", "click_to_kernel_ratio")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spawns", type=int, default=10, help="timed spawns per hub (default 10)")
@@ -365,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             print("bench: interrupted; hubs stopped and temp folders removed", file=sys.stderr)
             return 130
     for name, value in figures.items():
-        print(f"{name}: {value:.3f}")
+        figure(name, value)
     return 0
 
 
