@@ -32,6 +32,7 @@ run: install
 
 lint: install
 	$(BIN)/ruff check .
+	scripts/lint-imports
 
 # The Kubernetes control plane of the cluster tests (tests/cluster/), built
 # from Go modules and cached outside the clone: minutes cold, a second warm.
