@@ -24,6 +24,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -126,7 +127,15 @@ def main() -> None:
                 resp.raise_for_status()
                 page = resp.text
                 browser.get(f"{hub.url}/hub/home", timeout=60).raise_for_status()
-            times = server_times(hub.log())
+            # The hub logs a request once it has answered it: the last line may come a
+            # moment after the client has its answer.
+            deadline = time.monotonic() + 10
+            while True:
+                times = server_times(hub.log())
+                if all(len(times[p]) - len(skip[p]) >= args.requests for p in times) \
+                        or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
         finally:
             hub.close()
     spawn = times["/hub/spawn"][len(skip["/hub/spawn"]):]
