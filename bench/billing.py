@@ -59,6 +59,7 @@ from bench.figures import figure, target  # noqa: E402
 from bench.postgres import NoPostgres, postgres_server  # noqa: E402
 from bench.procs import interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.hub.db import sqlite_url  # noqa: E402
+from tests.cluster.controlplane import missing_tools  # noqa: E402
 from tests.hubproc import CHP  # noqa: E402
 
 PARTS = ("servers", "kill", "heartbeat", "report", "cluster")
@@ -85,6 +86,9 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         if args.logs is not None:  # runs before the folder goes (callbacks unwind in reverse)
             stack.callback(save_logs, tmp, args.logs, "hub")
         parts = set(args.only or DEFAULT_PARTS)
+        # One PostgreSQL for both parts, found (or started) before anything is measured.
+        postgres = (stack.enter_context(postgres_server(args.postgres))
+                    if parts & {"heartbeat", "report"} else "")
         if parts & {"servers", "kill"}:
             print(f"starting gpulease (heartbeat {args.heartbeat:g} s) ...", flush=True)
             with running_hub(tmp, args.heartbeat, abort, args.hub_arg) as bench:
@@ -99,14 +103,12 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             print(f"\n[heartbeat] {args.sessions} open sessions, one account each", flush=True)
             figures["billing_heartbeats_per_s_sqlite"] = bench_heartbeat(
                 sqlite_url(tmp / "heartbeat.sqlite"), "sqlite", args.sessions)
-            with scratch_postgres(stack.enter_context(postgres_server(args.postgres)),
-                                  "hb") as url:
+            with scratch_postgres(postgres, "hb") as url:
                 figures["billing_heartbeats_per_s_postgres"] = bench_heartbeat(
                     url, "postgres", args.sessions)
         if "report" in parts:
             print(f"\n[report] {args.rows:,} sessions on PostgreSQL", flush=True)
-            with scratch_postgres(stack.enter_context(postgres_server(args.postgres)),
-                                  "report") as url:
+            with scratch_postgres(postgres, "report") as url:
                 figures["usage_report_ms"] = bench_report(url, args.rows, args.reps,
                                                           args.sessions)
         if "cluster" in parts:
@@ -169,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sessions, --rows and --reps must be at least 1")
     if set(args.only or DEFAULT_PARTS) & {"servers", "kill"} and not CHP.exists():
         print(f"bench: {CHP} missing; run `npm install` (or `make install`)", file=sys.stderr)
+        return 2
+    if "cluster" in (args.only or DEFAULT_PARTS) and missing_tools():
+        print(f"bench: the cluster part needs {', '.join(missing_tools())}: run `make "
+              "cluster-tools` (Go 1.26)", file=sys.stderr)
         return 2
     started = time.monotonic()
     with interrupts_clean_up():

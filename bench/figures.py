@@ -29,22 +29,24 @@ def target(name: str, rule: str) -> None:
     print(f"target {name} {rule}", flush=True)
 
 
+def figure_lines(text: str) -> list[tuple[str, float]]:
+    """Every figure line of a benchmark's output, in order (a figure line starts at the
+    line's first column: indented text is a benchmark's own table)."""
+    return [(m.group(1), float(m.group(2)))
+            for m in map(FIGURE_LINE.match, text.splitlines()) if m]
+
+
 def read(text: str) -> dict[str, float]:
     """The figures in a benchmark's output, by name (the last line of a name wins)."""
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        match = FIGURE_LINE.match(line.strip())
-        if match:
-            found[match.group(1)] = float(match.group(2))
-    return found
+    return dict(figure_lines(text))
 
 
 def malformed(text: str, names: Iterable[str]) -> list[str]:
     """Lines that begin like a named figure (`name:`) but are not a figure line: text
-    after the value, a value that is not a number."""
+    after the value, a value that is not a number, an indented figure."""
     prefixes = tuple(f"{name}:" for name in names)
     return [line for line in text.splitlines()
-            if line.strip().startswith(prefixes) and not FIGURE_LINE.match(line.strip())]
+            if line.strip().startswith(prefixes) and not FIGURE_LINE.match(line)]
 
 
 def declared(script: Path) -> tuple[str, ...]:

@@ -171,6 +171,11 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else (values or [0])[0]
 
 
+def share(ours: float, theirs: float) -> float:
+    """ours / theirs; nan where the default lane started nothing (a short --quick window)."""
+    return ours / theirs if theirs else float("nan")
+
+
 def report(lanes: dict[str, Lane], args: argparse.Namespace) -> None:
     acceptance = {}
     for name, lane in lanes.items():
@@ -212,15 +217,15 @@ def report(lanes: dict[str, Lane], args: argparse.Namespace) -> None:
         print(f"  create-to-bound lag: median {statistics.median(lags or [0]) * 1000:.0f} ms, "
               f"p95 {p95(lags) * 1000:.0f} ms; pods made but left Pending a max wait: "
               f"{lane.unscheduled}")
-    ratio = acceptance["gpulease"] / acceptance["default"]
+    ratio = share(acceptance["gpulease"], acceptance["default"])
     print()
     figure("placement_real_acceptance_gpulease", acceptance["gpulease"], 4)
     figure("placement_real_acceptance_default", acceptance["default"], 4)
     for kind, what in (("full", "full_card"), ("mig", "mig")):
         ours, theirs = (lanes[n].kind_acceptance[kind] for n in ("gpulease", "default"))
-        figure(f"placement_real_{what}_ratio", ours / theirs, 4)
+        figure(f"placement_real_{what}_ratio", share(ours, theirs), 4)
     figure("placement_real_at_once_ratio",
-           lanes["gpulease"].at_once_share / lanes["default"].at_once_share, 4)
+           share(lanes["gpulease"].at_once_share, lanes["default"].at_once_share), 4)
     for name, lane in lanes.items():
         figure(f"placement_real_whole_nodes_free_{name}",
                statistics.fmean(s[0] for s in lane.free_samples), 2)

@@ -26,6 +26,11 @@ class NoPostgres(RuntimeError):
     """No URL was given and no private cluster could be started."""
 
 
+def server_binaries() -> bool:
+    """Whether Debian's PostgreSQL server binaries are here (scripts/private-postgres)."""
+    return any(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+
+
 def given_url(cli_url: str | None) -> str | None:
     """The server named on the command line, else in the environment, else None."""
     return cli_url or os.environ.get(ENV_URL) or None

@@ -30,9 +30,13 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-from bench.figures import declared, malformed, read  # noqa: E402
+from bench.figures import declared, figure_lines, malformed  # noqa: E402
+from bench.postgres import given_url, server_binaries  # noqa: E402
+from tests.cluster.controlplane import missing_tools  # noqa: E402
 
-QUICK_LIMIT_S = 900  # a quick run that takes longer is stuck: stopped and reported
+# A run that takes longer is stuck: stopped (with all it started) and reported. The
+# full runs take 1-15 minutes each on 2 cores, the quick ones under 2.
+LIMIT_S = {False: 3600, True: 600}
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class Benchmark:
     name: str  # bench/NAME.py
     full: tuple[str, ...] = ()  # make bench's arguments
     quick: tuple[str, ...] = ("--quick",)  # CI's
+    cluster: bool = False  # needs the cluster tools (make cluster-tools)
+    postgres: bool = False  # needs a PostgreSQL (its own, if none is named)
 
     @property
     def script(self) -> Path:
@@ -48,14 +54,14 @@ class Benchmark:
 
 BENCHMARKS = (
     Benchmark("spawn", ("--spawns", "20"), ("--spawns", "2", "--warmup", "0")),
-    Benchmark("billing", ("--all",), ("--all", "--quick")),
+    Benchmark("billing", ("--all",), ("--all", "--quick"), cluster=True, postgres=True),
     Benchmark("culler"),
     Benchmark("pages"),
     Benchmark("login_flood"),
     Benchmark("cluster_placement"),
-    Benchmark("kube_spawn"),
+    Benchmark("kube_spawn", cluster=True),
     Benchmark("placement"),
-    Benchmark("placement_real"),
+    Benchmark("placement_real", cluster=True),
     Benchmark("tiers"),
 )
 # Scripts that also run alone but are parts of a benchmark above (bench/billing.py
@@ -76,17 +82,38 @@ class Outcome:
 
 def judge(benchmark: Benchmark, returncode: int, output: str) -> list[str]:
     """What was wrong with a run: its exit status, figures it named but did not print,
-    figure lines with something after the value."""
+    figure lines with something after the value, a figure printed twice, a figure line
+    of a name it does not declare."""
     names = declared(benchmark.script)
     problems = [f"exit status {returncode}"] if returncode else []
-    printed = read(output)
+    printed = [name for name, _ in figure_lines(output)]
     missing = [n for n in names if n not in printed]
     if missing:
         problems.append("figures not printed: " + ", ".join(missing))
     bad = malformed(output, names)
     if bad:
         problems.append("not `name: value` lines: " + " | ".join(bad))
+    twice = sorted({n for n in printed if printed.count(n) > 1})
+    if twice:
+        problems.append("printed more than once: " + ", ".join(twice))
+    undeclared = sorted(set(printed) - set(names))
+    if undeclared:
+        problems.append("figure lines not in its FIGURES: " + ", ".join(undeclared))
     return problems
+
+
+def missing_parts(chosen: list[Benchmark]) -> list[str]:
+    """What the chosen benchmarks need and this machine lacks, said before an hour of
+    runs rather than after."""
+    said = []
+    cluster = [b.name for b in chosen if b.cluster]
+    if cluster and missing_tools():
+        said.append(f"{', '.join(cluster)} need {', '.join(missing_tools())}: run `make "
+                    "cluster-tools` (Go 1.26)")
+    if any(b.postgres for b in chosen) and not given_url(None) and not server_binaries():
+        said.append("billing needs a PostgreSQL: set GPULEASE_TEST_POSTGRES_URL, or install "
+                    "the server binaries (apt-get install postgresql) for a private one")
+    return said
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -100,6 +127,15 @@ def stop_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def leftovers(proc: subprocess.Popen) -> None:
+    """Kill what a finished benchmark left in its session (each cleans up after itself;
+    this is the backstop, so that one benchmark's leftovers never load the next)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def run_one(benchmark: Benchmark, quick: bool) -> Outcome:
     args = benchmark.quick if quick else benchmark.full
     print(f"\n=== bench/{benchmark.name}.py {' '.join(args)}".rstrip(), flush=True)
@@ -109,9 +145,9 @@ def run_one(benchmark: Benchmark, quick: bool) -> Outcome:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, cwd=BENCH.parent,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    watchdog = threading.Timer(QUICK_LIMIT_S, stop_group, (proc,))
-    if quick:
-        watchdog.start()
+    limit_s = LIMIT_S[quick]
+    watchdog = threading.Timer(limit_s, stop_group, (proc,))
+    watchdog.start()
     lines: list[str] = []
     assert proc.stdout is not None
     try:
@@ -125,10 +161,11 @@ def run_one(benchmark: Benchmark, quick: bool) -> Outcome:
         raise
     finally:
         watchdog.cancel()
+        leftovers(proc)
     seconds = time.monotonic() - began
     problems = judge(benchmark, proc.returncode, "".join(lines))
-    if quick and seconds >= QUICK_LIMIT_S:
-        problems.insert(0, f"still running after {QUICK_LIMIT_S} s: stopped")
+    if seconds >= limit_s:
+        problems.insert(0, f"still running after {limit_s} s: stopped")
     return Outcome(benchmark, seconds, problems)
 
 
@@ -147,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench/{b.name}.py  full: {' '.join(b.full) or '(defaults)'}  quick: "
                   f"{' '.join(b.quick)}\n  figures: {', '.join(declared(b.script))}")
         return 0
+    lacking = missing_parts(chosen)
+    if lacking:
+        print("bench: nothing run; this machine lacks what they need:\n  " + "\n  ".join(lacking),
+              file=sys.stderr)
+        return 2
     began = time.monotonic()
     outcomes = [run_one(b, args.quick) for b in chosen]
     print(f"\n=== {'quick ' if args.quick else ''}benchmarks: {len(outcomes)} in "

@@ -88,10 +88,14 @@ def test_judge_names_exit_missing_and_malformed(tmp_path):
             return script
 
     bench = Fake("fake")
-    assert suite.judge(bench, 0, "a_s: 1.0\nb_ratio: 2.0\n") == []
+    assert suite.judge(bench, 0, "a_s: 1.0\nb_ratio: 2.0\n  a_s table: 3\n") == []
     problems = suite.judge(bench, 3, "a_s: 1.0 (target <= 2)\n")
     assert problems == ["exit status 3", "figures not printed: a_s, b_ratio",
                         "not `name: value` lines: a_s: 1.0 (target <= 2)"]
+    assert suite.judge(bench, 0, "a_s: 1.0\n  b_ratio: 2.0\n") == [
+        "figures not printed: b_ratio", "not `name: value` lines:   b_ratio: 2.0"]
+    assert suite.judge(bench, 0, "a_s: 1.0\nb_ratio: 2.0\na_s: 1.5\nc_ms: 4\n") == [
+        "printed more than once: a_s", "figure lines not in its FIGURES: c_ms"]
 
 
 def test_declared_refuses_a_computed_list(tmp_path):
@@ -102,3 +106,67 @@ def test_declared_refuses_a_computed_list(tmp_path):
     (tmp_path / "none.py").write_text("X = 1\n")
     with pytest.raises(ValueError, match="declares no FIGURES"):
         declared(tmp_path / "none.py")
+
+
+def _figure_like_prints(script: Path, names: set[str]) -> list[str]:
+    """print() calls of a script that write a figure line themselves: a string starting
+    with a declared name and a colon, or with a formatted name and a colon
+    (f"{name}: {value}", as bench/billing.py once printed its figures and targets)."""
+    found = []
+    for node in ast.walk(ast.parse(script.read_text())):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "print"
+                and node.args):
+            continue
+        first = node.args[0]
+        while isinstance(first, ast.BinOp):  # "..." + "...": its first part
+            first = first.left
+        parts = first.values if isinstance(first, ast.JoinedStr) else [first]
+        head = parts[0]
+        if isinstance(head, ast.Constant) and isinstance(head.value, str):
+            if head.value.lstrip("\n").split(":")[0] in names:
+                found.append(ast.unparse(node.args[0]))
+        elif [type(p) for p in parts[:3]] == [ast.FormattedValue, ast.Constant,
+                                               ast.FormattedValue] \
+                and parts[1].value == ": " and len(parts) == 3:  # f"{name}: {value}"
+            found.append(ast.unparse(node.args[0]))
+    return found
+
+
+@pytest.mark.parametrize("script", sorted(p for p in BENCH.glob("*.py") if _runnable(p)),
+                         ids=lambda p: p.stem)
+def test_figures_are_printed_only_through_figure(script):
+    """A bare print of `name: ...` is how text after a value crept in: figure() only."""
+    names = set()
+    for b in suite.BENCHMARKS:
+        names |= set(declared(b.script))
+    assert _figure_like_prints(script, names) == []
+
+
+def test_a_figure_printed_by_hand_is_found(tmp_path):
+    script = tmp_path / "old.py"
+    script.write_text('for name, value in figures.items():\n'
+                      '    print(f"{name}: {value:.3f}" + " (target <= 1)")\n'
+                      'print(f"kube_spawn_ratio: {r:.3f} (target <= 1.05)")\n'
+                      'print("spawn_ratio: 1")\nprint(f"  {name}: fine, indented")\n')
+    assert len(_figure_like_prints(script, {"kube_spawn_ratio", "spawn_ratio"})) == 3
+
+
+@pytest.mark.parametrize("benchmark", suite.BENCHMARKS, ids=lambda b: b.name)
+def test_each_option_the_suite_passes_is_one_the_script_takes(benchmark):
+    source = benchmark.script.read_text()
+    for arg in (*benchmark.full, *benchmark.quick):
+        if arg.startswith("--"):
+            assert f'"{arg}"' in source, f"bench/{benchmark.name}.py takes no {arg}"
+
+
+def test_the_suite_says_what_is_missing_before_it_runs_anything(monkeypatch, capsys):
+    monkeypatch.setattr(suite, "missing_tools", lambda: ["kwok"])
+    monkeypatch.setattr(suite, "given_url", lambda _url: None)
+    monkeypatch.setattr(suite, "server_binaries", lambda: False)
+    monkeypatch.setattr(suite, "run_one", lambda *_: pytest.fail("ran a benchmark"))
+    assert suite.main(["--quick"]) == 2
+    said = capsys.readouterr().err
+    assert "billing, kube_spawn, placement_real need kwok" in said
+    assert "apt-get install postgresql" in said
+    tiers = next(b for b in suite.BENCHMARKS if b.name == "tiers")
+    assert suite.missing_parts([tiers]) == []

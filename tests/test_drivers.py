@@ -149,3 +149,16 @@ def test_the_pod_is_kept_off_the_nodes_whose_driver_is_too_old():
     assert avoiding([product], frozenset()) == [product]
     assert avoiding([], frozenset({"x"})) == [
         {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["x"]}]}]
+
+
+def test_the_same_inventory_answers_each_need_and_image_on_its_own():
+    """place() indexes an inventory once (spawners/placement.py): the driver filter is
+    kept per need, and a refusal still names the image asked for."""
+    box = _box("550.54.15")
+    for _ in range(2):
+        with pytest.raises(NoFit, match="The image pytorch needs NVIDIA driver 560.28"):
+            place(SLICE, box, held=())
+        assert place(dataclasses.replace(SLICE, min_driver=None), box, held=()).uuids
+        with pytest.raises(NoFit, match="The image tensorrt needs NVIDIA driver 560.28"):
+            place(dataclasses.replace(SLICE, image="tensorrt"), box, held=())
+        assert place(dataclasses.replace(SLICE, min_driver="550.54"), box, held=()).uuids
