@@ -81,13 +81,18 @@ def percentile(values: list[float], q: float) -> float:
 def idle_hub(tmp: Path, servers: int) -> Iterator[tuple[HubProcess, str, str]]:
     """The hub with the culler at its default interval; yields (hub, admin token, user token).
 
-    Its one user has `servers` named servers, beyond the shipped per-user limit (5):
-    the admin raises JupyterHub.named_server_limit_per_user as any admin would."""
+    Its one user runs `servers` CPU-only servers at once, beyond the shipped per-user
+    limits (5 named servers, 16 cores of CPU-only servers): the admin raises them as
+    any admin would (docs/admin.md, "Per-user limits")."""
     profiles = tmp / "profiles.yaml"
     profiles.write_text(yaml.safe_dump(PROFILES))
+    cpu, memory_gi = PROFILES["profiles"][0]["cpu"], int(PROFILES["profiles"][0]["memory"][:-2])
     hub = HubProcess(state=tmp / "state", admin_password=ADMIN_PASSWORD,
                      extra_args=[f"--profiles={profiles}",
-                                 f"--JupyterHub.named_server_limit_per_user={servers}"])
+                                 f"--JupyterHub.named_server_limit_per_user={servers}",
+                                 f"--GPULeaseHub.cpu_only_cpu_per_user={servers * cpu}",
+                                 f"--GPULeaseHub.cpu_only_memory_per_user="
+                                 f"{servers * memory_gi}Gi"])
     children = Children()
     try:
         hub.start()

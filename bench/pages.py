@@ -31,7 +31,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.figures import figure  # noqa: E402
+from bench.figures import figure, target  # noqa: E402
 from tests.hubproc import HubProcess  # noqa: E402
 
 NODES, GPUS_PER_NODE = 125, 8
@@ -150,6 +150,7 @@ def main() -> None:
           f"p95 {sorted(spawn)[int(0.95 * len(spawn)) - 1]:.1f} ms over {len(spawn)}")
     print(f"/hub/home server time: median {statistics.median(home):.1f} ms")
     figure("spawn_page_ms", statistics.median(spawn), 1)
+    target("spawn_page_ms", "< 200")
     figure("spawn_page_vs_home_ratio", statistics.median(spawn) / statistics.median(home), 2)
 
 

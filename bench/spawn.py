@@ -50,7 +50,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.hubproc` importable
 
-from bench.figures import figure  # noqa: E402
+from bench.figures import figure, target  # noqa: E402
 from bench.kernel_client import PHASES, Phases, click_to_kernel  # noqa: E402
 from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
@@ -351,6 +351,7 @@ FIGURES = ("spawn_median_stock_s", "spawn_median_gpulease_s", "spawn_ratio",
            "click_to_kernel_p50_stock_s", "click_to_kernel_p95_stock_s",
            "click_to_kernel_p50_gpulease_s", "click_to_kernel_p95_gpulease_s",
            "click_to_kernel_p50_s", "click_to_kernel_p95_s", "click_to_kernel_ratio")
+TARGETS = {"spawn_ratio": "<= 1.0", "click_to_kernel_p50_s": "< 1"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     for name, value in figures.items():
         figure(name, value)
+        if name in TARGETS:
+            target(name, TARGETS[name])
     return 0
 
 
