@@ -16,8 +16,9 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.billing_reports import iso_z
-from gpulease.hub.db import audit_log, reading, utcnow
+from gpulease.hub.db import audit_log, reading
 from gpulease.hub.units import DURATION_HINT, parse_duration
 
 DEFAULT_RETENTION = dt.timedelta(days=180)

@@ -21,7 +21,6 @@ loop (asyncio.to_thread), so a writer that waits blocks only its own request.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -367,11 +366,6 @@ failed_starts = Table(
 )
 Index("ix_failed_starts_user_profile_at", failed_starts.c.user_name, failed_starts.c.profile,
       failed_starts.c.at)
-
-
-def utcnow() -> dt.datetime:
-    """Naive UTC now, as stored in every DateTime column."""
-    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, insert, select, update
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import failed_starts, reading, utcnow
+from gpulease.hub.db import failed_starts, reading
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.units import format_duration
 

@@ -20,7 +20,7 @@ from jupyterhub.handlers import BaseHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.identities import IdentityStore
 from gpulease.hub.my_servers import ServerFacts, ServerState, check_profile_choice, server_states
 from gpulease.hub.options import OptionsRefused, price_text

@@ -22,7 +22,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from gpulease.hub.db import identities, reading, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import identities, reading
 from gpulease.hub.user_names import MAX_NAME_LENGTH, is_valid_name, name_stem
 
 FALLBACK_NAME = "user"  # when neither the preferred name nor the e-mail maps to a valid one

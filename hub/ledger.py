@@ -20,7 +20,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, literal, select, text
 
-from gpulease.hub.db import account_caps, ledger_entries, reading, sessions, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
 from gpulease.hub.holds import Held, OpenRun, credit_refusal
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.shown import shown

@@ -39,8 +39,8 @@ from typing import Protocol
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from gpulease.core.clock import utcnow
 from gpulease.hub import metrics
-from gpulease.hub.db import utcnow
 from gpulease.hub.enforcement import (
     ACCOUNT_CAP,
     PREEMPTED,

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, and_, delete, insert, or_, select, update
 
-from gpulease.hub.db import notices, notification_prefs, reading, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import notices, notification_prefs, reading
 from gpulease.hub.ledger import advisory_lock
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.shown import shown

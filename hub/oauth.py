@@ -42,9 +42,10 @@ from tornado import web
 from tornado.httpclient import HTTPClientError
 from traitlets import Float, Integer, Unicode, default
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import open_database, utcnow
+from gpulease.hub.db import open_database
 from gpulease.hub.identities import BoundIdentity, Identity, IdentityStore, base_name
 from gpulease.hub.oauth_handlers import SignInCallbackHandler, SignInLoginHandler
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.audit import AuditLog
 from gpulease.hub.catalog import Catalog
-from gpulease.hub.db import audit_log, reading, settings, user_prefs, utcnow
+from gpulease.hub.db import audit_log, reading, settings, user_prefs
 from gpulease.hub.db import profiles as profiles_table
 from gpulease.hub.profiles import (
     FieldError,

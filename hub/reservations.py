@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, insert, select, update
 
-from gpulease.hub.db import reading, reservations, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import reading, reservations
 from gpulease.hub.ledger import Ledger, advisory_lock
 from gpulease.hub.profiles import Profile
 from gpulease.hub.refusal import Refusal

@@ -23,7 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
 
-from gpulease.hub.db import ledger_entries, meter_lease, reading, sessions, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import ledger_entries, meter_lease, reading, sessions
 from gpulease.hub.ledger import (
     BillingError,
     advisory_lock,

@@ -18,7 +18,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.holds import Hold, held_on
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.hub.options import (

@@ -26,7 +26,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from gpulease.hub.db import assignments, out_of_service, reading, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import assignments, out_of_service, reading
 from gpulease.hub.reservations import active_in
 from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary

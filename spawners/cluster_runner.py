@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from kubernetes_asyncio import client
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.limits import Holding, check_limits
 from gpulease.hub.units import format_duration
 from gpulease.spawners.cluster_inventory import (

@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Callable
 from datetime import datetime
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.spawners.own_thread import in_own_thread
 
 

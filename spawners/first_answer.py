@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import datetime
 from urllib.parse import urlsplit
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.spawners.own_thread import in_own_thread
 
 POLL_S = 0.01  # between tries: billing opens within ~10 ms of the server's first answer

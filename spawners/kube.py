@@ -43,7 +43,7 @@ from kubernetes_asyncio.client import (
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.options import ON_DEMAND, ServerChoice
 from gpulease.hub.refusal import Refusal
 from gpulease.singleuser import SERVER_SCRIPT

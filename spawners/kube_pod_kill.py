@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiException, V1DeleteOptions
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.options import ServerChoice
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners import pod_start

@@ -25,7 +25,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Bool, Dict, Instance, Integer, Unicode, Union
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.options import ServerChoice
 from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.state import StateDir, StateError, ensure_home

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import psutil
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

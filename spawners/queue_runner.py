@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.limits import Holding, check_limits
 from gpulease.hub.units import format_duration
 from gpulease.spawners.assignments import Holder, held_by

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, and_, delete, func, insert, select
 
-from gpulease.hub.db import reading, spawn_queue, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import reading, spawn_queue
 
 
 @dataclass(frozen=True)

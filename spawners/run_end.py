@@ -15,8 +15,8 @@ from datetime import datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.db import utcnow
 from gpulease.spawners import isolation
 from gpulease.spawners.cgroup_kill import Emptied, devices_may_go
 from gpulease.spawners.exit_watch import wait_for_exit

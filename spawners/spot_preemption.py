@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.enforcement import PREEMPTED
 from gpulease.hub.notifier import subject_for
 from gpulease.hub.options import price_text

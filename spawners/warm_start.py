@@ -28,7 +28,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.isolation_check import shebang_interpreter
 from gpulease.spawners.warm_process import WarmChild, launcher_child, read_answer
 

@@ -16,7 +16,8 @@ import time
 import pytest
 import requests
 
-from gpulease.hub.db import open_database, sqlite_url, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import open_database, sqlite_url
 from gpulease.hub.ledger import Ledger
 from gpulease.hub.sessions import SessionLedger
 from tests.hubproc import HubProcess

@@ -6,7 +6,8 @@ import pytest
 from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from gpulease.hub.db import assignments, reading, settings, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import assignments, reading, settings
 
 
 def test_migrations_create_every_table(engine):

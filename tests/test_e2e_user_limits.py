@@ -22,7 +22,7 @@ import pytest
 import requests
 import yaml
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from tests.hubproc import HubProcess
 from tests.isolation_env import mock_server_catalog
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.spawners.exit_watch import watch_exit
 
 

@@ -10,7 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.spawners.first_answer import first_answer
 
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy.exc import OperationalError
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.enforcement import (
     ACCOUNT_CAP,
     OUT_OF_CREDIT,

@@ -8,7 +8,8 @@ import threading
 import pytest
 from sqlalchemy import func, inspect, select
 
-from gpulease.hub.db import notices, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import notices
 from gpulease.hub.notices import Notice, NoticeError, NoticeStore, Prefs, banner_text
 
 

@@ -18,8 +18,9 @@ import sys
 import pytest
 import yaml
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import open_database, sqlite_url, utcnow
+from gpulease.hub.db import open_database, sqlite_url
 from gpulease.hub.sessions import SessionLedger
 from gpulease.hub.state import prepare_state_dir
 from tests.hubproc import HubProcess

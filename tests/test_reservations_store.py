@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.catalog import load_catalog
-from gpulease.hub.db import utcnow
 from gpulease.hub.ledger import Ledger
 from gpulease.hub.profiles import parse_profile
 from gpulease.hub.refusal import Refusal

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.ledger import to_ms
 from gpulease.hub.metering import Meter
 from gpulease.spawners.assignments import AssignmentStore

@@ -9,8 +9,8 @@ import datetime as dt
 import pytest
 import yaml
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.db import utcnow
 from gpulease.hub.metering import Meter
 from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.queue_runner import QueueRunner

@@ -25,7 +25,8 @@ import psutil
 import pytest
 from sqlalchemy import insert
 
-from gpulease.hub.db import make_engine, out_of_service, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import make_engine, out_of_service
 from gpulease.spawners.cgroup_kill import empty_cgroup
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from tests.hubproc import HubProcess, run_in_kernel

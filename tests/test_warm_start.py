@@ -453,7 +453,7 @@ def test_the_child_reports_its_launch_from_its_cgroup_before_it_becomes_the_rese
 def test_the_launch_moment_is_the_childs_report_within_the_fork_and_now():
     from datetime import timedelta
 
-    from gpulease.hub.db import utcnow
+    from gpulease.core.clock import utcnow
     from gpulease.spawners.warm_start import in_cgroup_moment
 
     asked = utcnow() - timedelta(seconds=2)

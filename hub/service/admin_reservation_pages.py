@@ -22,7 +22,8 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from tornado import web
 
-from gpulease.hub.db import ledger_entries, reading, utcnow
+from gpulease.core.clock import utcnow
+from gpulease.hub.db import ledger_entries, reading
 from gpulease.hub.profiles import Profile
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.reservation_rules import HOUR, devices_for_units, refund_ucr, whole_hours

@@ -9,8 +9,9 @@ from typing import Any
 from sqlalchemy import Engine, select
 from tornado.escape import url_escape
 
+from gpulease.core.clock import utcnow
 from gpulease.hub import billing_reports
-from gpulease.hub.db import ledger_entries, reading, utcnow
+from gpulease.hub.db import ledger_entries, reading
 from gpulease.hub.ledger import (
     LOW_BALANCE_MINUTES,
     BillingError,

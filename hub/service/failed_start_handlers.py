@@ -17,8 +17,8 @@ from itertools import groupby
 
 from tornado import web
 
+from gpulease.core.clock import utcnow
 from gpulease.hub.billing_reports import iso_z
-from gpulease.hub.db import utcnow
 from gpulease.hub.failed_starts import FailedStarts, rationed_until
 from gpulease.hub.profiles import SLUG
 from gpulease.hub.refusal import Refusal

@@ -14,8 +14,8 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from gpulease.core.clock import utcnow
 from gpulease.hub import billing_reports
-from gpulease.hub.db import utcnow
 from gpulease.hub.error_text import ErrorText, error_text
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv

@@ -30,7 +30,7 @@ from typing import Any
 
 from tornado import web
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.ledger import parse_account
 from gpulease.hub.profiles import Profile, usable_by
 from gpulease.hub.refusal import Refusal

@@ -16,7 +16,7 @@ from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 from tornado.escape import url_escape
 
-from gpulease.hub.db import utcnow
+from gpulease.core.clock import utcnow
 from gpulease.hub.my_servers import ServerFacts, check_profile_choice, server_states
 from gpulease.hub.options import OptionsRefused, resolve_user_options
 from gpulease.hub.refusal import Refusal
