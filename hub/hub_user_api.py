@@ -18,8 +18,8 @@ from typing import Any
 from jupyterhub.apihandlers.users import UserAPIHandler, UserListAPIHandler
 from jupyterhub.scopes import needs_scope
 
+from gpulease.core.shown import shown
 from gpulease.hub.refusal import Refusal, http_error
-from gpulease.hub.shown import shown
 from gpulease.hub.user_names import name_problem
 
 

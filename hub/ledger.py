@@ -21,10 +21,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, func, insert, literal, select, text
 
 from gpulease.core.clock import utcnow
+from gpulease.core.shown import shown
 from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
 from gpulease.hub.holds import Held, OpenRun, credit_refusal
 from gpulease.hub.refusal import Refusal
-from gpulease.hub.shown import shown
 from gpulease.hub.units import MAX_UCR, format_credits, ms_cost
 
 __all__ = [

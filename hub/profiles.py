@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from gpulease.core.shown import shown
 from gpulease.hub.catalog import Catalog, Image
 from gpulease.hub.refusal import FieldError, Refusal
-from gpulease.hub.shown import shown
 from gpulease.hub.units import (
     MAX_PRICE_PER_HOUR_UCR,
     credits_text,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from gpulease.hub.shown import shown
+from gpulease.core.shown import shown
 
 UCR_PER_CREDIT = 1_000_000
 CREDIT_DECIMALS = 6

@@ -24,7 +24,7 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpulease.hub.shown import shown
+from gpulease.core.shown import shown
 
 NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$"
 MAX_NAME_LENGTH = 32  # useradd's limit; also well inside a DNS label's 63

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from gpulease.hub.shown import shown
+from gpulease.core.shown import shown
 from gpulease.hub.units import parse_quantity
 from gpulease.spawners.gpu_models import (
     GPU_MEMORY,

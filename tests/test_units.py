@@ -3,7 +3,7 @@ from decimal import Decimal
 import pytest
 import yaml
 
-from gpulease.hub.shown import shown
+from gpulease.core.shown import shown
 from gpulease.hub.units import (
     MAX_UCR,
     credits_text,

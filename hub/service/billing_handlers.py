@@ -10,6 +10,7 @@ from sqlalchemy import Engine, select
 from tornado.escape import url_escape
 
 from gpulease.core.clock import utcnow
+from gpulease.core.shown import shown
 from gpulease.hub import billing_reports
 from gpulease.hub.db import ledger_entries, reading
 from gpulease.hub.ledger import (
@@ -25,7 +26,6 @@ from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.sessions import END_REASONS, SessionLedger
-from gpulease.hub.shown import shown
 from gpulease.hub.units import parse_credits
 
 

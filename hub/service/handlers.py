@@ -7,6 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from gpulease.core.shown import shown
 from gpulease.hub.accounts import AccountError, validate_password, validate_username
 from gpulease.hub.identities import IdentityStore
 from gpulease.hub.profiles import (
@@ -24,7 +25,6 @@ from gpulease.hub.service.caller_rights import (
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import cluster_inventory_view, inventory_view, profile_view
 from gpulease.hub.sessions import SessionLedger
-from gpulease.hub.shown import shown
 from gpulease.spawners.cluster_availability import (
     Availability,
     cluster_availability,
