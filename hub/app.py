@@ -23,6 +23,7 @@ from jupyterhub.app import aliases as hub_aliases
 from tornado.httpserver import HTTPServer
 from traitlets import Dict, default
 
+from gpulease.core.units import parse_duration
 from gpulease.hub import canonical_host
 from gpulease.hub.accounts import AccountError, ensure_first_admin
 from gpulease.hub.app_options import GPULeaseOptions
@@ -76,7 +77,6 @@ from gpulease.hub.state import (
     read_or_create_secret,
     write_cli_file,
 )
-from gpulease.hub.units import parse_duration
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.hub.user_names import outside_the_rule, rename_hint
 from gpulease.spawners.cgroups import HostReader, choose_mechanism

@@ -10,9 +10,9 @@ from __future__ import annotations
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
+from gpulease.core.units import parse_duration
 from gpulease.hub.failed_starts import DEFAULT_LIMIT as DEFAULT_FAILED_START_LIMIT
 from gpulease.hub.notifier import WebhookURL
-from gpulease.hub.units import parse_duration
 from gpulease.spawners.cpu_totals import (
     CPU_ONLY_CPU_PER_USER,
     CPU_ONLY_MEMORY_PER_USER,

@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select
 
 from gpulease.core.clock import utcnow
+from gpulease.core.units import DURATION_HINT, parse_duration
 from gpulease.hub.billing_reports import iso_z
 from gpulease.hub.db import audit_log, reading
-from gpulease.hub.units import DURATION_HINT, parse_duration
 
 DEFAULT_RETENTION = dt.timedelta(days=180)
 RETENTION_HINT = f'a number of days like "180d", or {DURATION_HINT}; "0" keeps every entry'

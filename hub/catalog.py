@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from gpulease.core.shown import shown
-from gpulease.hub.units import load_yaml
+from gpulease.core.units import load_yaml
 
 IMAGE_NAME = re.compile(r"[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?")
 _KEYS = ("name", "image", "cuda", "min_driver", "frameworks", "description", "local_env")

@@ -7,8 +7,8 @@ import sys
 
 import requests
 
+from gpulease.core.units import seconds_text
 from gpulease.hub.client import ClientError, HubClient, _describe_error
-from gpulease.hub.units import seconds_text
 from gpulease.site_urls import loopback_session
 
 

@@ -21,7 +21,7 @@ import datetime as dt
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpulease.hub.units import format_credits
+from gpulease.core.units import format_credits
 
 Key = tuple[str, str]  # (user, server name)
 

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpulease.hub.units import format_credits, rate_cost
+from gpulease.core.units import format_credits, rate_cost
 
 Key = tuple[str, str]  # (user, server name)
 

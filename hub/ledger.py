@@ -22,10 +22,10 @@ from sqlalchemy import Connection, Engine, delete, func, insert, literal, select
 
 from gpulease.core.clock import utcnow
 from gpulease.core.shown import shown
+from gpulease.core.units import MAX_UCR, format_credits, ms_cost
 from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
 from gpulease.hub.holds import Held, OpenRun, credit_refusal
 from gpulease.hub.refusal import Refusal
-from gpulease.hub.units import MAX_UCR, format_credits, ms_cost
 
 __all__ = [
     "BillingError", "LOW_BALANCE_MINUTES", "Ledger", "MAX_UCR", "advisory_lock",

@@ -40,6 +40,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.core.clock import utcnow
+from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub import metrics
 from gpulease.hub.enforcement import (
     ACCOUNT_CAP,
@@ -59,7 +60,6 @@ from gpulease.hub.ledger import LOW_BALANCE_MINUTES, Ledger, minutes_left, month
 from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.notifier import render_account_cap
 from gpulease.hub.sessions import Session, SessionLedger
-from gpulease.hub.units import format_credits, seconds_text
 
 log = logging.getLogger("gpulease.metering")
 

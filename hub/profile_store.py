@@ -17,6 +17,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from gpulease.core.clock import utcnow
+from gpulease.core.units import json_loads
 from gpulease.hub.audit import AuditLog
 from gpulease.hub.catalog import Catalog
 from gpulease.hub.db import audit_log, reading, settings, user_prefs
@@ -28,7 +29,6 @@ from gpulease.hub.profiles import (
     parse_profile,
     parse_profiles_text,
 )
-from gpulease.hub.units import json_loads
 
 log = logging.getLogger("gpulease.profiles")
 

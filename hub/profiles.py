@@ -15,9 +15,7 @@ from pathlib import Path
 import yaml
 
 from gpulease.core.shown import shown
-from gpulease.hub.catalog import Catalog, Image
-from gpulease.hub.refusal import FieldError, Refusal
-from gpulease.hub.units import (
+from gpulease.core.units import (
     MAX_PRICE_PER_HOUR_UCR,
     credits_text,
     format_duration,
@@ -28,6 +26,8 @@ from gpulease.hub.units import (
     parse_duration,
     parse_quantity,
 )
+from gpulease.hub.catalog import Catalog, Image
+from gpulease.hub.refusal import FieldError, Refusal
 from gpulease.spawners.gpu_models import KNOWN_MODELS, valid_mig_profiles
 from gpulease.spawners.placement import DeviceRequest
 

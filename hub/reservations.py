@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, insert, select, update
 
 from gpulease.core.clock import utcnow
+from gpulease.core.units import format_credits
 from gpulease.hub.db import reading, reservations
 from gpulease.hub.ledger import Ledger, advisory_lock
 from gpulease.hub.profiles import Profile
@@ -29,7 +30,6 @@ from gpulease.hub.reservation_rules import (
     refund_ucr,
     reservation_cost,
 )
-from gpulease.hub.units import format_credits
 
 ON_END = ("continue", "suspend")  # its servers at its end: on demand, or suspended
 _LOCK = "reservations"

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
 
 from gpulease.core.clock import utcnow
+from gpulease.core.units import MAX_UCR, ms_cost, seconds_text
 from gpulease.hub.db import ledger_entries, meter_lease, reading, sessions
 from gpulease.hub.ledger import (
     BillingError,
@@ -33,7 +34,6 @@ from gpulease.hub.ledger import (
     seconds_up,
     to_ms,
 )
-from gpulease.hub.units import MAX_UCR, ms_cost, seconds_text
 
 __all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_alive",
            "session_from_row"]

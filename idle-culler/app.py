@@ -20,8 +20,8 @@ from jupyterhub.utils import url_path_join
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
+from gpulease.core.units import parse_duration
 from gpulease.hub.service.app import _exit_with_hub
-from gpulease.hub.units import parse_duration
 from gpulease.idle_culler.cpu import CpuSource, NoCpuSource, ProcessTreeCpuSource
 from gpulease.idle_culler.culler import Culler, CullerConfig
 from gpulease.idle_culler.gpu import (

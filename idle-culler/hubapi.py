@@ -19,8 +19,8 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from gpulease.core.units import parse_duration
 from gpulease.hub.profiles import saved_profile
-from gpulease.hub.units import parse_duration
 
 PAGINATION = "application/jupyterhub-pagination+json"
 

@@ -21,8 +21,8 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpulease.core.units import parse_quantity
 from gpulease.hub.options import SPOT
-from gpulease.hub.units import parse_quantity
 from gpulease.spawners.drivers import driver_from_labels, new_enough, too_old
 from gpulease.spawners.gpu_models import model_key_from_gfd_product
 from gpulease.spawners.placement import DeviceRequest, NoFit

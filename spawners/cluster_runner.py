@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 from kubernetes_asyncio import client
 
 from gpulease.core.clock import utcnow
+from gpulease.core.units import format_duration
 from gpulease.hub.limits import Holding, check_limits
-from gpulease.hub.units import format_duration
 from gpulease.spawners.cluster_inventory import (
     ClusterInventory,
     fit,

@@ -20,7 +20,7 @@ from decimal import Decimal
 
 from traitlets import TraitError, Unicode
 
-from gpulease.hub.units import format_quantity, parse_cpu, parse_quantity
+from gpulease.core.units import format_quantity, parse_cpu, parse_quantity
 
 # The defaults, here only: GPULeaseHub's options and the spawner's traits use them.
 CPU_ONLY_CPU_PER_USER = "16"

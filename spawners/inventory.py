@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from gpulease.core.shown import shown
-from gpulease.hub.units import parse_quantity
+from gpulease.core.units import parse_quantity
 from gpulease.spawners.gpu_models import (
     GPU_MEMORY,
     MIG_COMPUTE_SLICES_PER_GPU,

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpulease.core.clock import utcnow
+from gpulease.core.units import format_duration
 from gpulease.hub.limits import Holding, check_limits
-from gpulease.hub.units import format_duration
 from gpulease.spawners.assignments import Holder, held_by
 from gpulease.spawners.displacement import on_the_box
 from gpulease.spawners.inventory import Inventory

@@ -16,9 +16,9 @@ import pytest
 import requests
 import yaml
 
+from gpulease.core.units import format_credits, parse_credits
 from gpulease.hub.db import open_database, sqlite_url
 from gpulease.hub.service import admin_forms as af
-from gpulease.hub.units import format_credits, parse_credits
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.inventory import discover_inventory
 from gpulease.spawners.placement import DeviceRequest

@@ -11,6 +11,7 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import insert
 
+from gpulease.core.units import MAX_UCR, ms_cost
 from gpulease.hub.billing_reports import (
     USAGE_COLUMNS,
     iso_z,
@@ -22,7 +23,6 @@ from gpulease.hub.billing_reports import (
 from gpulease.hub.db import sessions
 from gpulease.hub.ledger import Ledger, billed_seconds
 from gpulease.hub.sessions import SessionLedger
-from gpulease.hub.units import MAX_UCR, ms_cost
 
 T0 = dt.datetime(2024, 3, 1)
 

@@ -4,6 +4,7 @@ from decimal import Decimal
 
 import pytest
 
+from gpulease.core.units import json_loads, load_yaml
 from gpulease.hub.catalog import load_catalog
 from gpulease.hub.profiles import (
     SAMPLE_PROFILES,
@@ -18,7 +19,6 @@ from gpulease.hub.profiles import (
     spot_usable_by,
     usable_by,
 )
-from gpulease.hub.units import json_loads, load_yaml
 from gpulease.spawners.gpu_models import KNOWN_MODELS
 from gpulease.spawners.placement import DeviceRequest
 

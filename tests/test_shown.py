@@ -8,13 +8,13 @@ from decimal import Decimal
 import pytest
 
 from gpulease.core.shown import kind_of, shown
+from gpulease.core.units import json_loads, parse_credits, parse_duration, parse_quantity
 from gpulease.hub.catalog import CatalogError, parse_catalog
 from gpulease.hub.ledger import BillingError, parse_account
 from gpulease.hub.limits import LimitError, parse_limit_body
 from gpulease.hub.notices import NoticeError, validate_prefs
 from gpulease.hub.options import OptionsRefused, _values
 from gpulease.hub.profiles import ProfileError, parse_profile
-from gpulease.hub.units import json_loads, parse_credits, parse_duration, parse_quantity
 
 # What Python prints and a JSON or YAML author never wrote.
 PYTHON_REPR = re.compile(r"None|True\b|False\b|Decimal\(|\{'|\['|got (?:list|dict|int|str|float)\b")

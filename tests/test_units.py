@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from gpulease.core.shown import shown
-from gpulease.hub.units import (
+from gpulease.core.units import (
     MAX_UCR,
     credits_text,
     format_credits,

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from jupyterhub.services.auth import UserNotAllowed
 from tornado import web
 
+from gpulease.core.units import json_loads
 from gpulease.hub.push_rate import PushRate
 from gpulease.hub.refusal import Refusal
 from gpulease.hub.server_activity import (
@@ -34,7 +35,6 @@ from gpulease.hub.server_activity import (
 )
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.units import json_loads
 
 # A refusal before the body is read: tornado then closes the connection, and says
 # so only with this header. Without it the hub's proxy kept the connection for its

@@ -12,11 +12,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulease.core.units import credits_text, format_duration, format_quantity
 from gpulease.hub.audit import AuditEntry
 from gpulease.hub.catalog import Catalog
 from gpulease.hub.profiles import DEFAULTS, FieldError, Profile
 from gpulease.hub.service.billing_views import iso
-from gpulease.hub.units import credits_text, format_duration, format_quantity
 from gpulease.spawners.gpu_models import KNOWN_MODELS, MIG_PROFILES
 
 # Form inputs of the profile editor, in the order they appear.

@@ -11,6 +11,7 @@ from tornado.escape import url_escape
 
 from gpulease.core.clock import utcnow
 from gpulease.core.shown import shown
+from gpulease.core.units import parse_credits
 from gpulease.hub import billing_reports
 from gpulease.hub.db import ledger_entries, reading
 from gpulease.hub.ledger import (
@@ -26,7 +27,6 @@ from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.sessions import END_REASONS, SessionLedger
-from gpulease.hub.units import parse_credits
 
 
 def parse_entry_account(text: Any, field: str = "account") -> str:

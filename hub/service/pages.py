@@ -15,6 +15,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulease.core.clock import utcnow
+from gpulease.core.units import seconds_text
 from gpulease.hub import billing_reports
 from gpulease.hub.error_text import ErrorText, error_text
 from gpulease.hub.refusal import Refusal
@@ -22,7 +23,6 @@ from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service import hub_static
 from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
 from gpulease.hub.site_nav import SiteNav
-from gpulease.hub.units import seconds_text
 from gpulease.sign_in_failure import sign_in_failure
 from gpulease.site_urls import SiteURLs
 

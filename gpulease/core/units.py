@@ -259,9 +259,6 @@ def load_yaml(text: str) -> object:
     return yaml.load(text, Loader=_ExactLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def load_yaml_file(path: str | Path) -> object:
-    return load_yaml(Path(path).read_text(encoding="utf-8"))
-
 
 def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not a valid JSON number")
@@ -277,3 +274,7 @@ def json_loads(text: str | bytes) -> object:
         return json.loads(text, parse_float=Decimal, parse_constant=_refuse_constant)
     except RecursionError:
         raise ValueError("it nests arrays or objects deeper than gpulease reads") from None
+
+
+def load_yaml_file(path: str | Path) -> object:
+    return load_yaml(Path(path).read_text(encoding="utf-8"))
