@@ -19,8 +19,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.hub.db import local_accounts, reading
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.user_names import MAX_NAME_LENGTH as MAX_NAME_LENGTH  # re-exported
 from gpulease.hub.user_names import name_problem
 

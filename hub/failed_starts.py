@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, insert, select, update
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.core.units import format_duration
 from gpulease.hub.audit import AuditLog
 from gpulease.hub.db import failed_starts, reading
-from gpulease.hub.refusal import Refusal
 
 DEFAULT_LIMIT = 3
 DEFAULT_WINDOW_S = 600

@@ -26,9 +26,9 @@ from gpulease.hub.identities import IdentityStore
 from gpulease.hub.my_servers import ServerFacts, ServerState, check_profile_choice, server_states
 from gpulease.hub.options import OptionsRefused, price_text
 from gpulease.hub.profiles import usable_by
-from gpulease.hub.refusal import http_error
 from gpulease.hub.sessions import SessionLedger
 from gpulease.hub.template_values import OffLoop
+from gpulease.spawners.http_error import http_error
 
 log = logging.getLogger("gpulease")
 

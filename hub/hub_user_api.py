@@ -18,9 +18,10 @@ from typing import Any
 from jupyterhub.apihandlers.users import UserAPIHandler, UserListAPIHandler
 from jupyterhub.scopes import needs_scope
 
+from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
-from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.user_names import name_problem
+from gpulease.spawners.http_error import http_error
 
 
 def _refuse_unless_valid(handler: Any, names: list[Any]) -> None:

@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, func, insert, literal, select, text
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import MAX_UCR, format_credits, ms_cost
 from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
 from gpulease.hub.holds import Held, OpenRun, credit_refusal
-from gpulease.hub.refusal import Refusal
 
 __all__ = [
     "BillingError", "LOW_BALANCE_MINUTES", "Ledger", "MAX_UCR", "advisory_lock",

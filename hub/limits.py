@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, delete, insert, select, update
 
+from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.hub.db import limits, reading
 from gpulease.hub.ledger import advisory_lock
-from gpulease.hub.refusal import Refusal
 
 if TYPE_CHECKING:
     from gpulease.hub.audit import AuditLog

@@ -21,7 +21,8 @@ import json
 from collections.abc import Callable, Collection
 from typing import Any
 
-from gpulease.hub.refusal import Refusal, http_error
+from gpulease.core.refusal import Refusal
+from gpulease.spawners.http_error import http_error
 
 # gpulease's default for JupyterHub.named_server_limit_per_user (hub_config sets it).
 NAMED_SERVER_LIMIT = 5

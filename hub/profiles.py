@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from gpulease.core.refusal import FieldError, Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import (
     MAX_PRICE_PER_HOUR_UCR,
@@ -27,7 +28,6 @@ from gpulease.core.units import (
     parse_quantity,
 )
 from gpulease.hub.catalog import Catalog, Image
-from gpulease.hub.refusal import FieldError, Refusal
 from gpulease.spawners.gpu_models import KNOWN_MODELS, valid_mig_profiles
 from gpulease.spawners.placement import DeviceRequest
 

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpulease.hub.refusal import FieldError, Refusal
+from gpulease.core.refusal import FieldError, Refusal
 
 HOUR = dt.timedelta(hours=1)
 

@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from gpulease.hub.refusal import Refusal
+from gpulease.core.refusal import Refusal
 
 MAX_BODY_BYTES = 256 * 1024
 MAX_KERNELS = 1000

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.core.units import format_credits, format_duration, rate_cost
 from gpulease.hub.holds import Hold, held_on
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
@@ -35,7 +36,6 @@ from gpulease.hub.options import (
     why_chosen,
 )
 from gpulease.hub.profiles import saved_profile
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.user_names import name_problem
 from gpulease.spawners.cpu_totals import (
     CpuOnlyServer,

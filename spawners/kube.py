@@ -44,8 +44,8 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.hub.options import ON_DEMAND, ServerChoice
-from gpulease.hub.refusal import Refusal
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners import pod_start
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown

@@ -19,9 +19,10 @@ import aiohttp
 from kubernetes_asyncio.client import ApiException, V1DeleteOptions
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.hub.options import ServerChoice
-from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners import pod_start
+from gpulease.spawners.http_error import http_error
 from gpulease.spawners.launch_billing import StartFailed
 
 KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)

@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Integer
 from traitlets.config import Configurable
 
+from gpulease.core.refusal import Refusal
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.failed_starts import (
     DEFAULT_LIMIT,
@@ -34,9 +35,9 @@ from gpulease.hub.failed_starts import (
     Rationing,
 )
 from gpulease.hub.options import ServerChoice
-from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners.admission import DATABASE_DOWN
 from gpulease.spawners.first_answer import first_answer
+from gpulease.spawners.http_error import http_error
 from gpulease.spawners.queue_base import tell_started
 
 

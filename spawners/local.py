@@ -26,13 +26,14 @@ from jupyterhub.utils import random_port
 from traitlets import Bool, Dict, Instance, Integer, Unicode, Union
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.hub.options import ServerChoice
-from gpulease.hub.refusal import Refusal, http_error
 from gpulease.hub.state import StateDir, StateError, ensure_home
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
 from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.exit_watch import wait_for_exit, watch_server_exit
+from gpulease.spawners.http_error import http_error
 from gpulease.spawners.launch_billing import StartFailed
 from gpulease.spawners.process_spec import (
     build_process_spec,

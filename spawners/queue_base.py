@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.core.clock import utcnow
-from gpulease.hub.refusal import Refusal
+from gpulease.core.refusal import Refusal
 from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.queue import Waiting, served_order
 

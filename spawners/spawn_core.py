@@ -7,7 +7,7 @@ of the spawn path that is the same in both shapes:
 - the start form, a start's options and their restore when it is refused
   (`apply_user_options` is gpulease.spawners.admission's: profile, rights,
   credit, CPU-only totals);
-- one way to refuse a start (`refuse`, a gpulease.hub.refusal.Refusal);
+- one way to refuse a start (`refuse`, a gpulease.core.refusal.Refusal);
 - the progress a waiting user sees (the choice, the balance, the queue);
 - billing from the server's launch, the wait for its first answer and a start
   its own code failed (LaunchBilling, spawners/launch_billing.py);
@@ -29,11 +29,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from traitlets import Unicode, default
 
+from gpulease.core.refusal import Refusal
 from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.hub.options import SPOT, ServerChoice, withdrawn_after_waiting
-from gpulease.hub.refusal import Refusal, http_error
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
 from gpulease.spawners.admission_options import AdmissionOptions
+from gpulease.spawners.http_error import http_error
 from gpulease.spawners.hub_log import join_hub_log
 from gpulease.spawners.launch_billing import LaunchBilling
 from gpulease.spawners.options_form import (

@@ -8,6 +8,7 @@ import datetime as dt
 import pytest
 from sqlalchemy import func, select
 
+from gpulease.core.refusal import Refusal
 from gpulease.hub.audit import (
     AuditLog,
     RetentionError,
@@ -20,7 +21,6 @@ from gpulease.hub.db import profiles as profiles_table
 from gpulease.hub.options import OptionsRefused, resolve_user_options
 from gpulease.hub.profile_store import PROFILES_FILE_ACTOR, ProfileStore
 from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file, servers_saving
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.service.audit_handlers import MAX_LIMIT, parse_audit_query
 
 CATALOG = load_catalog()

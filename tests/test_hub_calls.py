@@ -16,7 +16,7 @@ from tornado import httpclient, web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from gpulease.hub.refusal import Refusal
+from gpulease.core.refusal import Refusal
 from gpulease.hub.service.base import BaseAPIHandler
 
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from gpulease.core.refusal import FieldError, Refusal
 from gpulease.hub.accounts import AccountError
 from gpulease.hub.ledger import BillingError
 from gpulease.hub.limits import LimitError
 from gpulease.hub.notices import NoticeError
 from gpulease.hub.options import OptionsRefused
 from gpulease.hub.profiles import ProfileError
-from gpulease.hub.refusal import FieldError, Refusal, http_error
 from gpulease.hub.server_activity import PushError
 from gpulease.hub.service.billing_views import PeriodError
 from gpulease.hub.service.errors import APIError
+from gpulease.spawners.http_error import http_error
 from gpulease.spawners.queue_runner import Refused
 
 KINDS = [

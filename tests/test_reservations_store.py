@@ -9,10 +9,10 @@ import threading
 import pytest
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.hub.catalog import load_catalog
 from gpulease.hub.ledger import Ledger
 from gpulease.hub.profiles import parse_profile
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.reservations import ReservationStore
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.inventory import parse_declared_inventory

@@ -90,7 +90,7 @@ async def _after_waiting(choice, groups: set[str], now_profile):
     and the profile now `now_profile`: (refusals, starts given back)."""
     from types import SimpleNamespace
 
-    from gpulease.hub.refusal import Refusal
+    from gpulease.core.refusal import Refusal
     from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
     refused, given_back = [], []

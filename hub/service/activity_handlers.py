@@ -23,9 +23,9 @@ from datetime import UTC, datetime
 from jupyterhub.services.auth import UserNotAllowed
 from tornado import web
 
+from gpulease.core.refusal import Refusal
 from gpulease.core.units import json_loads
 from gpulease.hub.push_rate import PushRate
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.server_activity import (
     MAX_BODY_BYTES,
     ActivityStore,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from tornado import web
 
+from gpulease.core.refusal import Refusal
 from gpulease.hub.audit import entry_view
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 

@@ -19,10 +19,10 @@ from tornado.escape import url_escape
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.log import gen_log
 
+from gpulease.core.refusal import Refusal
 from gpulease.core.units import json_loads
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.service.caller_rights import is_gpulease_admin, is_gpulease_auditor
 from gpulease.hub.service.errors import APIError
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gpulease.hub.refusal import Refusal
+from gpulease.core.refusal import Refusal
 from gpulease.spawners.cluster_inventory import (
     ClusterInventory,
     hold_from_pod,

@@ -6,7 +6,7 @@ The handlers render every Refusal the same way (BaseAPIHandler.write_error):
 
 from __future__ import annotations
 
-from gpulease.hub.refusal import Refusal
+from gpulease.core.refusal import Refusal
 
 
 class APIError(Refusal):

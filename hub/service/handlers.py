@@ -7,6 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.hub.accounts import AccountError, validate_password, validate_username
 from gpulease.hub.identities import IdentityStore
@@ -17,7 +18,6 @@ from gpulease.hub.profiles import (
     servers_saving,
     usable_by,
 )
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.caller_rights import (
     has_hub_admin_powers,

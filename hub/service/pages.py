@@ -15,10 +15,10 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulease.core.clock import utcnow
+from gpulease.core.refusal import Refusal
 from gpulease.core.units import seconds_text
 from gpulease.hub import billing_reports
 from gpulease.hub.error_text import ErrorText, error_text
-from gpulease.hub.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service import hub_static
 from gpulease.hub.service.billing_handlers import BillingHandler, balance_of

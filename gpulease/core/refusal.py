@@ -5,8 +5,9 @@ was wrong and what is allowed, and the fields it is about. The model and
 billing core raise it (or one of its kinds below); it is turned into an
 answer in one place per surface: the gpulease service's handlers render its
 `body()` as JSON (hub/service/handlers.py), its pages as a page
-(hub/service/pages.py), and a spawner hands it to JupyterHub as an HTTP
-error (`http_error`, the spawners' `refuse`). Nothing converts it by hand.
+(hub/service/pages.py), and a spawner or a hub handler hands it to JupyterHub
+as tornado's HTTP error (spawners/http_error.py, the spawners' `refuse`).
+Nothing converts it by hand.
 
 The kinds (OptionsRefused, LimitError, BillingError, ...) keep the
 constructors their modules use and say where a refusal comes from; they add
@@ -93,14 +94,3 @@ class Refusal(Exception):
                   for e in self.errors]
         return Refusal(self.message, errors, status=self.status, headers=self.headers)
 
-
-def http_error(refusal: Refusal) -> Exception:
-    """The refusal as tornado's HTTPError, for JupyterHub, which answers with its status
-    and message (a spawner's start, a hub handler)."""
-    from tornado import web  # here, not at import: the core imports no web framework
-
-    error = web.HTTPError(refusal.status, "%s", refusal.message)
-    error.gpulease_refusal = refusal  # type: ignore[attr-defined]
-    if refusal.headers:  # JupyterHub's API answers set them (Retry-After on a 429)
-        error.headers = dict(refusal.headers)  # type: ignore[attr-defined]
-    return error
