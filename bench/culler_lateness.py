@@ -45,8 +45,10 @@ from tests.hubproc import HubProcess
 TIMEOUT_S = 60
 ADMIN_PASSWORD = "bench-admin-pw-123"
 USER, USER_PASSWORD = "idler", "idler-pw-12345"
+CPU, MEMORY_GI = 1, 2  # each server's, and what the per-user limits are raised by
 PROFILES = {"profiles": [
-    {"slug": "cpu", "display_name": "CPU", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
+    {"slug": "cpu", "display_name": "CPU", "cpu": CPU, "memory": f"{MEMORY_GI}Gi",
+     "images": ["pytorch"],
      "price_per_hour": "0.1", "min_run": "1s", "idle_timeout": f"{TIMEOUT_S}s"},
 ]}
 READY_TIMEOUT_S = 180.0
@@ -86,13 +88,12 @@ def idle_hub(tmp: Path, servers: int) -> Iterator[tuple[HubProcess, str, str]]:
     any admin would (docs/admin.md, "Per-user limits")."""
     profiles = tmp / "profiles.yaml"
     profiles.write_text(yaml.safe_dump(PROFILES))
-    cpu, memory_gi = PROFILES["profiles"][0]["cpu"], int(PROFILES["profiles"][0]["memory"][:-2])
     hub = HubProcess(state=tmp / "state", admin_password=ADMIN_PASSWORD,
                      extra_args=[f"--profiles={profiles}",
                                  f"--JupyterHub.named_server_limit_per_user={servers}",
-                                 f"--GPULeaseHub.cpu_only_cpu_per_user={servers * cpu}",
+                                 f"--GPULeaseHub.cpu_only_cpu_per_user={servers * CPU}",
                                  f"--GPULeaseHub.cpu_only_memory_per_user="
-                                 f"{servers * memory_gi}Gi"])
+                                 f"{servers * MEMORY_GI}Gi"])
     children = Children()
     try:
         hub.start()

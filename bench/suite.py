@@ -116,24 +116,21 @@ def missing_parts(chosen: list[Benchmark]) -> list[str]:
     return said
 
 
-def stop_group(proc: subprocess.Popen) -> None:
-    """Ctrl-C for the run's whole session (the benchmarks clean up on it), then SIGKILL."""
+def signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """Signal the run's whole session, if anything of it is left."""
     try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def leftovers(proc: subprocess.Popen) -> None:
-    """Kill what a finished benchmark left in its session (each cleans up after itself;
-    this is the backstop, so that one benchmark's leftovers never load the next)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Ctrl-C for the run's whole session (the benchmarks clean up on it), then SIGKILL."""
+    signal_group(proc, signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        signal_group(proc, signal.SIGKILL)
 
 
 def run_one(benchmark: Benchmark, quick: bool) -> Outcome:
@@ -161,7 +158,9 @@ def run_one(benchmark: Benchmark, quick: bool) -> Outcome:
         raise
     finally:
         watchdog.cancel()
-        leftovers(proc)
+        # Each benchmark cleans up after itself; this is the backstop, so that one
+        # benchmark's leftovers never load the next.
+        signal_group(proc, signal.SIGKILL)
     seconds = time.monotonic() - began
     problems = judge(benchmark, proc.returncode, "".join(lines))
     if seconds >= limit_s:

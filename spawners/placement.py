@@ -77,15 +77,15 @@ def matches(device: AllocatableDevice, request: DeviceRequest) -> bool:
                            f"GPU {device.gpu_index} of {device.node}"))
 
 
-def _matching(inventory: Inventory, request: DeviceRequest) -> list[AllocatableDevice]:
+def _matching(inventory: Inventory, request: DeviceRequest) -> tuple[AllocatableDevice, ...]:
     """The devices of the request's kind whose driver runs its image; NoFit 422 if there
     are some of the kind but none new enough."""
     index = _index(inventory)
     kind = index.by_kind.get((request.model, request.mig_profile), ())
     key = (request.model, request.mig_profile, request.min_driver)
     if key not in index.matching:
-        index.matching[key] = [d for d in kind if matches(d, request)]
-    matching = list(index.matching[key])
+        index.matching[key] = tuple(d for d in kind if matches(d, request))
+    matching = index.matching[key]
     if kind and not matching:
         raise NoFit(422, too_old(request.image, request.min_driver, request.describe(),
                                  (d.driver for d in kind)))
@@ -116,7 +116,7 @@ class _Index:
     by_uuid: dict[str, AllocatableDevice]
     # Filled as asked: the devices of a kind whose driver is new enough, by
     # (model, MIG profile, min_driver).
-    matching: dict[tuple[str, str | None, str | None], list[AllocatableDevice]]
+    matching: dict[tuple[str, str | None, str | None], tuple[AllocatableDevice, ...]]
 
 
 # The index of the last inventories seen, by identity: an inventory never changes once
@@ -179,7 +179,7 @@ def _free_now(inventory: Inventory, held: set[str]) -> str:
 
 
 def _place_mig(request: DeviceRequest, devices: tuple[AllocatableDevice, ...],
-               matching: list[AllocatableDevice], held: set[str],
+               matching: tuple[AllocatableDevice, ...], held: set[str],
                inventory: Inventory) -> Placement:
     """`matching`: the slices of the request's profile with a driver new enough."""
     if not matching:
@@ -202,7 +202,7 @@ def _place_mig(request: DeviceRequest, devices: tuple[AllocatableDevice, ...],
     return Placement(best.node, (best,))
 
 
-def _place_cards(request: DeviceRequest, cards: list[AllocatableDevice], held: set[str],
+def _place_cards(request: DeviceRequest, cards: tuple[AllocatableDevice, ...], held: set[str],
                  inventory: Inventory, avoid: frozenset[str] = frozenset()) -> Placement:
     """`cards`: the full cards of the request's model with a driver new enough."""
     per_node: dict[str, list[AllocatableDevice]] = defaultdict(list)

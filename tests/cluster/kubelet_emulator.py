@@ -217,21 +217,17 @@ class Emulator:
             log.info("%s/%s: deleted before its containers started", run.namespace, run.name)
             self.release(run)
             run.done.set()
-        except pod_plan.PlanError as e:
-            log.info("%s/%s: %s", run.namespace, run.name, e)
+        except Exception as error:
+            e = error if isinstance(error, pod_plan.PlanError) else pod_plan.PlanError(
+                # the emulator's own fault: said on the pod like any other, never a silent hang
+                "EmulatorError", f"the kubelet emulator failed to start it: {error!r}")
+            log.info("%s/%s: %s", run.namespace, run.name, e, exc_info=e is not error)
             self.release(run)  # first, as when a pod ends (wait_exit)
             if e.reason == "UnexpectedAdmissionError":
                 self.set_status(run, pod_plan.failed_admission_status(e.reason, e.message))
             else:
                 self.set_status(run, pod_plan.waiting_status(pod, e.reason, e.message))
             self.event(pod, "Failed", e.message, "Warning")
-            run.done.set()
-        except Exception as e:  # the emulator's own fault: said on the pod, never a silent hang
-            log.exception("%s/%s: not started", run.namespace, run.name)
-            self.release(run)
-            self.set_status(run, pod_plan.waiting_status(pod, "EmulatorError", repr(e)))
-            self.event(pod, "Failed", f"the kubelet emulator failed to start it: {e!r}",
-                       "Warning")
             run.done.set()
         finally:
             run.launched.set()
