@@ -5,7 +5,9 @@ forked, and checked to be the launcher's child) and its end of the server's
 socket, on which the launcher writes the exit status when it reaps it. The
 pidfd says when the process ends, whatever happens to the socket (a launcher
 that ended, a status it could not write); the status, when it came, is
-Popen's returncode, else 0 (as JupyterHub says of a process it lost).
+Popen's returncode, else 0 (as JupyterHub says of a process it lost). A server
+that ended and was reaped before the hub could open its pidfd is known by that
+status alone (`WarmChild.already_ended`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ class WarmChild:
         self._sock: socket.socket | None = sock
         self._buffer = b""
         self._lock = threading.Lock()
+
+    @classmethod
+    def already_ended(cls, pid: int, returncode: int, args: list[str]) -> WarmChild:
+        """A server that ended, and was reaped, before the hub could open its pidfd (a
+        command that exits at once): the status the launcher wrote is its returncode."""
+        child = cls(pid, -1, None, args)  # type: ignore[arg-type]
+        child.returncode = returncode
+        return child
 
     def poll(self) -> int | None:
         with self._lock:
@@ -163,6 +173,34 @@ def read_answer(sock: socket.socket, timeout: float) -> dict:
                 answer = {**message, **answer}  # the first word on each key holds
     sock.settimeout(None)
     return answer
+
+
+def read_exit(sock: socket.socket, timeout: float) -> int | None:
+    """The exit status the launcher writes when it reaps a server, if it comes within
+    `timeout` seconds; None if the socket ends or says something else first."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while len(data) <= ANSWER_LIMIT:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(4096)
+        except OSError:
+            return None
+        finally:
+            sock.settimeout(None)
+        if not chunk:
+            return None
+        data += chunk
+        *lines, data = data.split(b"\n")
+        for line in lines:
+            try:
+                return int(json.loads(line)["exit"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return None
 
 
 def launcher_child(pid: int, launcher_pid: int) -> int:

@@ -30,13 +30,14 @@ from pathlib import Path
 
 from gpulease.core.clock import utcnow
 from gpulease.hub.isolation_check import shebang_interpreter
-from gpulease.spawners.warm_process import WarmChild, launcher_child, read_answer
+from gpulease.spawners.warm_process import WarmChild, launcher_child, read_answer, read_exit
 
 log = logging.getLogger(__name__)
 
 LAUNCHER_MODULE = "gpulease.singleuser.warm_launcher"
 READY_TIMEOUT_S = 60.0  # the launcher's imports, on a slow disk and a busy box
 ANSWER_TIMEOUT_S = 30.0  # a forked child's pid, or why it failed
+EXIT_TIMEOUT_S = 5.0  # the status of a child the launcher reaped before the hub looked
 RETRY_AFTER_S = 300.0  # a launcher that failed is started again after this long
 ARGV_ROOM = 16 * 1024  # bytes a forked server's command line may take in /proc
 ENV_ROOM = 120 * 1024  # ... and its environment (one string: under MAX_ARG_STRLEN)
@@ -148,9 +149,11 @@ class WarmLauncher:
         try:
             pidfd = launcher_child(int(answer["forked"]), self.pid)
         except (OSError, ValueError) as e:
-            ours.close()
-            raise WarmStartError(str(answer.get("error") or f"the forked server is gone ({e})")
-                                 ) from None
+            child = self._ended_before_seen(answer, ours, request, asked)
+            if child is None:
+                raise WarmStartError(str(answer.get("error") or
+                                         f"the forked server is gone ({e})")) from None
+            return child
         child = WarmChild(int(answer["forked"]), pidfd, ours, list(request["argv"]))
         child.launched_at = in_cgroup_moment(answer.get("in_cgroup"), asked)
         if "error" in answer:
@@ -163,6 +166,27 @@ class WarmLauncher:
             raise WarmUnavailable(f"the forked server was not ready within "
                                   f"{ANSWER_TIMEOUT_S:.0f} s")
         return child
+
+    @staticmethod
+    def _ended_before_seen(answer: dict, ours: socket.socket, request: dict,
+                           asked: datetime) -> WarmChild | None:
+        """A server that became ready, ran, ended and was reaped by the launcher before
+        the hub opened its pidfd (a command that exits at once): the launcher's word on
+        its exit status, as Popen would give it. None (and the socket closed) if it was
+        never ready or no status came: the start failed."""
+        try:
+            if "error" in answer or "ready" not in answer:
+                return None
+            code = answer.get("exit")
+            if not isinstance(code, int) or isinstance(code, bool):
+                code = read_exit(ours, EXIT_TIMEOUT_S)
+            if code is None:
+                return None
+            child = WarmChild.already_ended(int(answer["forked"]), code, list(request["argv"]))
+            child.launched_at = in_cgroup_moment(answer.get("in_cgroup"), asked)
+            return child
+        finally:
+            ours.close()
 
     def close(self) -> None:
         """End the launcher (the servers it forked run on)."""

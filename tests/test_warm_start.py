@@ -61,6 +61,30 @@ def test_exit_status_reaches_the_hub_as_popen_would(launcher, tmp_path):
     assert child.wait(30) == 3 and child.poll() == 3
 
 
+def test_a_server_reaped_before_the_hub_looks_still_gives_its_exit_status(
+        launcher, tmp_path, monkeypatch):
+    """The race a busy box hits: the server exits at once and the launcher reaps it before
+    the hub opens its pidfd. The hub takes the launcher's word for the status instead of
+    failing the start with "the forked server is gone"."""
+    from gpulease.spawners import warm_start
+
+    real = warm_start.launcher_child
+
+    def after_the_reap(pid: int, launcher_pid: int) -> int:
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the launcher has reaped it: its pid names nothing
+        assert not psutil.pid_exists(pid)
+        return real(pid, launcher_pid)
+
+    monkeypatch.setattr(warm_start, "launcher_child", after_the_reap)
+    child = launcher.spawn(shell("exit 3", tmp_path))
+    assert child.pid > 0 and child.launched_at is not None
+    assert child.poll() == 3 and child.wait(1) == 3 and child.pidfd() is None
+    child.kill()  # a no-op on a server that has ended: nothing else gets the signal
+    child.close()
+
+
 def test_a_signal_is_a_negative_returncode(launcher, tmp_path):
     child = launcher.spawn(shell("sleep 60", tmp_path))
     assert child.poll() is None
