@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.figures import figure, target  # noqa: E402
 from bench.kube_spawn import namespace_of, pool_node  # noqa: E402
-from gpulease.hub.catalog import load_catalog  # noqa: E402
+from gpulease.images import shipped_catalog  # noqa: E402
 from tests.cluster.conftest import ControlPlane  # noqa: E402
 from tests.cluster.controlplane import attach, detach, missing_tools  # noqa: E402
 from tests.cluster.kube import Kube, KubeError, pods_path  # noqa: E402
@@ -85,7 +85,7 @@ def _gone(kube: Kube, namespace: str) -> bool:
 
 def _profiles(catalog: Path, image: str) -> dict:
     shipped = [{k: v for k, v in vars(i).items() if v not in (None, {}, "")}
-               for i in load_catalog().images]
+               for i in shipped_catalog().images]
     catalog.write_text(yaml.safe_dump({"images": shipped + [
         {"name": "bench-pull", "image": image}]}))
     slice_ = {"gpu": {"model": "H200", "mig": "1g.18gb"}, "cpu": 1, "memory": "2Gi",
@@ -111,7 +111,7 @@ def bench_cluster(starts: int = 10, pull_s: float = PULL_S, logs: Path | None = 
     hub = None
     try:
         plane = ControlPlane(attach(root))
-        for entry in load_catalog().images:
+        for entry in shipped_catalog().images:
             plane.map_image(entry.image, entry.local_env or str(ours()))
         kube = plane.admin()
         tag = uuid.uuid4().hex[:4]

@@ -46,7 +46,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.figures import figure, target  # noqa: E402
-from gpulease.hub.catalog import load_catalog  # noqa: E402
+from gpulease.images import shipped_catalog  # noqa: E402
 from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
 from tests.cluster.conftest import POD_UID, POOL_LABEL, ControlPlane  # noqa: E402
 from tests.cluster.controlplane import attach, detach, missing_tools  # noqa: E402
@@ -132,8 +132,8 @@ def main() -> None:
         with ExitStack() as hubs:
             plane = ControlPlane(attach(root))
             ours = str(Path(hub_python()[0]).parent.parent)
-            image = {e.name: e for e in load_catalog().images}[IMAGE]
-            for entry in load_catalog().images:
+            image = {e.name: e for e in shipped_catalog().images}[IMAGE]
+            for entry in shipped_catalog().images:
                 plane.map_image(entry.image, entry.local_env or ours)
             kube = plane.admin()
             tag = uuid.uuid4().hex[:4]

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
 from gpulease.spawners.cluster_queue import plan_cluster
-from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.queue import Waiting
 
 MODEL = "H200"

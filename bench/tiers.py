@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.figures import figure, target  # noqa: E402
 from bench.tiers_sim import HOUR, KINDS, cluster, simulate, trace  # noqa: E402
-from gpulease.spawners.inventory import Inventory  # noqa: E402
+from gpulease.core.model.inventory import Inventory  # noqa: E402
 from gpulease.spawners.preemption import SpotHolding, SpotIndex, plan_preemptions  # noqa: E402
 
 

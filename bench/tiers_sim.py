@@ -30,8 +30,8 @@ import heapq
 from dataclasses import dataclass, field
 from random import Random
 
-from gpulease.spawners.inventory import Inventory, parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory, parse_declared_inventory
 from gpulease.spawners.preemption import SpotHolding, plan_preemptions
 from gpulease.spawners.queue import Waiting, plan
 

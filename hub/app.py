@@ -23,6 +23,9 @@ from jupyterhub.app import aliases as hub_aliases
 from tornado.httpserver import HTTPServer
 from traitlets import Dict, default
 
+from gpulease.core.model.catalog import CatalogError
+from gpulease.core.model.inventory import InventoryError
+from gpulease.core.model.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.core.units import parse_duration
 from gpulease.hub import canonical_host
 from gpulease.hub.accounts import AccountError, ensure_first_admin
@@ -30,7 +33,6 @@ from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.audit import RetentionError, parse_retention
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.body_budget import BudgetedHTTPServer
-from gpulease.hub.catalog import CatalogError
 from gpulease.hub.cluster_shape import banner_lines as cluster_banner
 from gpulease.hub.cluster_shape import (
     cluster_spawner_classes,
@@ -65,7 +67,6 @@ from gpulease.hub.oauth import ProviderSignIn
 from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
 from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.origins import OriginError, is_loopback, plan_origins
-from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.hub.queue_resume import resume_then_serve
 from gpulease.hub.server_env import ServerEnvError
 from gpulease.hub.server_env import choose as choose_server_env
@@ -80,7 +81,6 @@ from gpulease.hub.state import (
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.hub.user_names import outside_the_rule, rename_hint
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
-from gpulease.spawners.inventory import InventoryError
 from gpulease.spawners.local import LocalGPUSpawner, prestart_warm_launcher
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures
 from gpulease.spawners.warm_start import close_all as close_warm_launchers
@@ -193,7 +193,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         inventory_file = "" if self._cluster else self.inventory_file
         ctx = get_context(db_url, inventory_file, self.catalog_file, self.node_name)
         if not self._cluster and ctx.inventory.source == "none" and not inventory_file:
-            from gpulease.spawners.inventory import DEMO_INVENTORY
+            from gpulease.core.model.inventory import DEMO_INVENTORY
 
             inventory_file = str(DEMO_INVENTORY)
             ctx = get_context(db_url, inventory_file, self.catalog_file, self.node_name)

@@ -13,9 +13,10 @@ import sys
 
 import yaml
 
-from gpulease.hub.catalog import CatalogError, load_catalog
+from gpulease.core.model.catalog import CatalogError, load_catalog
+from gpulease.core.model.profiles import ProfileError, load_profiles_file
 from gpulease.hub.client import HubClient
-from gpulease.hub.profiles import ProfileError, load_profiles_file
+from gpulease.images import CATALOG_PATH
 from gpulease.spawners.pod_spec import MIG_STRATEGIES
 from gpulease.spawners.scheduler_config import (
     DEFAULT_SCHEDULER_NAME,
@@ -71,7 +72,7 @@ def _profile_specs(client: HubClient | None, args) -> list[dict] | None:
             return None
         return profiles
     try:
-        catalog = load_catalog(args.catalog)
+        catalog = load_catalog(args.catalog or CATALOG_PATH)
         return [p.to_spec() for p in load_profiles_file(args.profiles, catalog)]
     except OSError as e:
         print(f"gpulease: cannot read {e.filename or args.profiles}: {e.strerror}",

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
+from gpulease.core.model.catalog import Catalog, load_catalog
+from gpulease.core.model.inventory import Inventory
+from gpulease.host.gpus import discover_inventory
 from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.audit import AuditLog
-from gpulease.hub.catalog import Catalog, load_catalog
 from gpulease.hub.db import open_database
 from gpulease.hub.holds import AdmissionHolds
 from gpulease.hub.ledger import Ledger
@@ -25,8 +27,8 @@ from gpulease.hub.limits import LimitStore
 from gpulease.hub.notices import NoticeStore
 from gpulease.hub.profile_store import ProfileStore
 from gpulease.hub.reservations import ReservationStore
+from gpulease.images import CATALOG_PATH
 from gpulease.spawners.assignments import AssignmentStore
-from gpulease.spawners.inventory import Inventory, discover_inventory
 from gpulease.spawners.queue_store import QueueStore
 
 if TYPE_CHECKING:
@@ -58,7 +60,7 @@ class GPULeaseContext:
 
     @cached_property
     def catalog(self) -> Catalog:
-        return load_catalog(self.catalog_file or None)
+        return load_catalog(self.catalog_file or CATALOG_PATH)
 
     @cached_property
     def inventory(self) -> Inventory:

@@ -1,6 +1,6 @@
 """Profiles in gpulease's database (table `profiles`) and users' default profiles.
 
-A thin adapter: validation lives in `gpulease.hub.profiles`. Each row keeps the
+A thin adapter: validation lives in `gpulease.core.model.profiles`. Each row keeps the
 profile as in the profiles file (JSON text, prices as decimal strings), so
 export and apply round-trip by meaning.
 """
@@ -17,18 +17,18 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from gpulease.core.clock import utcnow
-from gpulease.core.units import json_loads
-from gpulease.hub.audit import AuditLog
-from gpulease.hub.catalog import Catalog
-from gpulease.hub.db import audit_log, reading, settings, user_prefs
-from gpulease.hub.db import profiles as profiles_table
-from gpulease.hub.profiles import (
+from gpulease.core.model.catalog import Catalog
+from gpulease.core.model.profiles import (
     FieldError,
     Profile,
     ProfileError,
     parse_profile,
     parse_profiles_text,
 )
+from gpulease.core.units import json_loads
+from gpulease.hub.audit import AuditLog
+from gpulease.hub.db import audit_log, reading, settings, user_prefs
+from gpulease.hub.db import profiles as profiles_table
 
 log = logging.getLogger("gpulease.profiles")
 

@@ -25,7 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from gpulease.hub.profiles import Profile, saved_profile, usable_by
+from gpulease.core.model.profiles import Profile, saved_profile, usable_by
 from gpulease.spawners.queue_store import QueuedSpawn, QueueStore
 
 if TYPE_CHECKING:

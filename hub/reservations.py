@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, insert, select, update
 
 from gpulease.core.clock import utcnow
+from gpulease.core.model.profiles import Profile
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import format_credits
 from gpulease.hub.db import reading, reservations
 from gpulease.hub.ledger import Ledger, advisory_lock
-from gpulease.hub.profiles import Profile
 from gpulease.hub.reservation_rules import (
     DeviceKind,
     Reservation,

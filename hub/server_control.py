@@ -15,9 +15,9 @@ from typing import Any
 
 from jupyterhub import orm
 
+from gpulease.core.policy.options import ON_DEMAND, RESERVED, SPOT, rate_for
 from gpulease.hub.enforcement import RunningServer
 from gpulease.hub.my_servers import option_value
-from gpulease.hub.options import ON_DEMAND, RESERVED, SPOT, rate_for
 
 log = logging.getLogger("gpulease.metering")
 

@@ -41,7 +41,7 @@ __all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_aliv
 END_REASONS = ("user", "idle", "out_of_credit", "account_cap", "max_runtime", "admin",
                "server_died", "hub_shutdown", "hub_lost", "preempted", "reservation_ended",
                "start_failed")
-TIERS = ("on-demand", "spot", "reserved")  # gpulease.hub.options names them for a start
+TIERS = ("on-demand", "spot", "reserved")  # gpulease.core.policy.options names them for a start
 _LEASE_ID = 1
 _open = sessions.c.ended_at.is_(None)
 

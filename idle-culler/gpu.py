@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
-from gpulease.spawners.nvml import _load_pynvml
+from gpulease.host.nvml import load_pynvml
 
 DCGM_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 
@@ -99,7 +99,7 @@ class NvmlGpuSource:
     name = "nvml"
 
     def __init__(self, nvml: Any = None) -> None:
-        self.nvml = nvml if nvml is not None else _load_pynvml()
+        self.nvml = nvml if nvml is not None else load_pynvml()
         self._ready: bool | None = None
         self._init_error = ""
         self._why: dict[str, str] = {}

@@ -19,8 +19,8 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from gpulease.core.model.profiles import saved_profile
 from gpulease.core.units import parse_duration
-from gpulease.hub.profiles import saved_profile
 
 PAGINATION = "application/jupyterhub-pagination+json"
 

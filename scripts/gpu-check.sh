@@ -24,7 +24,7 @@ fi
 if [ -n "${WHEELS:-}" ]; then
   echo "== installing gpulease from $WHEELS (no index)"
   "$VENV/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" -e '.[test]'
-elif "$VENV/bin/python" -c 'import gpulease.spawners.nvml, pytest' 2>/dev/null; then
+elif "$VENV/bin/python" -c 'import gpulease.host.nvml, pytest' 2>/dev/null; then
   echo "== gpulease already installed in $VENV"
 else
   echo "== installing gpulease from PyPI"

@@ -19,11 +19,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 
 from gpulease.core.clock import utcnow
-from gpulease.core.refusal import Refusal
-from gpulease.core.units import format_credits, format_duration, rate_cost
-from gpulease.hub.holds import Hold, held_on
-from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
-from gpulease.hub.options import (
+from gpulease.core.model.profiles import saved_profile
+from gpulease.core.policy.options import (
     CHOSEN_BY_REQUEST,
     ON_DEMAND,
     RESERVED,
@@ -35,7 +32,10 @@ from gpulease.hub.options import (
     resolved_options,
     why_chosen,
 )
-from gpulease.hub.profiles import saved_profile
+from gpulease.core.refusal import Refusal
+from gpulease.core.units import format_credits, format_duration, rate_cost
+from gpulease.hub.holds import Hold, held_on
+from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.hub.user_names import name_problem
 from gpulease.spawners.cpu_totals import (
     CpuOnlyServer,
@@ -45,8 +45,8 @@ from gpulease.spawners.cpu_totals import (
 )
 
 if TYPE_CHECKING:
+    from gpulease.core.model.profiles import Profile
     from gpulease.hub.context import GPULeaseContext
-    from gpulease.hub.profiles import Profile
     from gpulease.hub.reservation_rules import Reservation
     from gpulease.spawners.local import LocalGPUSpawner
 

@@ -26,11 +26,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
+from gpulease.core.capacity.placement import NoFit, Placement, free_summary
 from gpulease.core.clock import utcnow
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 from gpulease.hub.db import assignments, out_of_service, reading
 from gpulease.hub.reservations import active_in
-from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary
 from gpulease.spawners.reserved_pool import ON_DEMAND, HeldBy, place_keeping_units, withholding
 
 log = logging.getLogger(__name__)

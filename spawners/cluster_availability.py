@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from gpulease.core.capacity.placement import NoFit, availability, place
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 from gpulease.spawners.cluster_inventory import ClusterInventory, kinds_offered
 from gpulease.spawners.cluster_queue import plan_cluster
-from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, availability, place
 from gpulease.spawners.queue import Waiting
 
 FREE = "free"  # a start would be admitted now

@@ -21,11 +21,12 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpulease.core.capacity.placement import NoFit
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.drivers import driver_from_labels, new_enough, too_old
+from gpulease.core.model.gpu_models import model_key_from_gfd_product
+from gpulease.core.policy.options import SPOT
 from gpulease.core.units import parse_quantity
-from gpulease.hub.options import SPOT
-from gpulease.spawners.drivers import driver_from_labels, new_enough, too_old
-from gpulease.spawners.gpu_models import model_key_from_gfd_product
-from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.pod_spec import RESERVATION_LABEL, TIER_LABEL
 
 TIERS = ("on-demand", "spot", "reserved")

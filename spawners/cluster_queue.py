@@ -25,6 +25,8 @@ from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpulease.core.capacity.placement import NoFit
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.hub.reservation_rules import Reservation
 from gpulease.spawners.cluster_inventory import (
     ClusterInventory,
@@ -33,7 +35,6 @@ from gpulease.spawners.cluster_inventory import (
     kinds_offered,
     nodes_for,
 )
-from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.queue import Waiting, served_order
 from gpulease.spawners.reserved_pool import NO_WITHHOLDING, HeldBy, Withholding, rooms
 

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING
 
 from kubernetes_asyncio import client
 
+from gpulease.core.capacity.placement import NoFit
 from gpulease.core.clock import utcnow
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.units import format_duration
 from gpulease.hub.limits import Holding, check_limits
 from gpulease.spawners.cluster_inventory import (
@@ -41,7 +43,6 @@ from gpulease.spawners.cluster_preemption import preempted_pod
 from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.spawners.cluster_watch import ClusterWatch
 from gpulease.spawners.displacement import in_the_cluster
-from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.queue import Waiting, queue_places_refusal
 from gpulease.spawners.queue_base import QueueBase, Refused, Ticket, log
 from gpulease.spawners.queue_runner import asks

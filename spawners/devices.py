@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulease.host.nvml import nvml_text
+
 log = logging.getLogger(__name__)
 
 
@@ -151,7 +153,7 @@ def nvml_device_map(nvml: Any = None, read: Callable[[str], str] | None = None
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             minor = nvml.nvmlDeviceGetMinorNumber(handle)
             gpu_node = f"/dev/nvidia{minor}"
-            mapping[_text(nvml.nvmlDeviceGetUUID(handle))] = [gpu_node]
+            mapping[nvml_text(nvml.nvmlDeviceGetUUID(handle))] = [gpu_node]
             try:
                 mig_on = nvml.nvmlDeviceGetMigMode(handle)[0] == 1
             except Exception:  # not MIG-capable
@@ -173,14 +175,10 @@ def nvml_device_map(nvml: Any = None, read: Callable[[str], str] | None = None
                         cap = None
                     if cap is not None:
                         nodes.append(f"/dev/nvidia-caps/nvidia-cap{cap}")
-                mapping[_text(nvml.nvmlDeviceGetUUID(mig))] = nodes
+                mapping[nvml_text(nvml.nvmlDeviceGetUUID(mig))] = nodes
     finally:
         try:
             nvml.nvmlShutdown()
         except Exception:
             pass
     return mapping
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

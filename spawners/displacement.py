@@ -39,9 +39,10 @@ from collections import defaultdict
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpulease.core.capacity.placement import matches
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 from gpulease.spawners.cluster_inventory import ClusterInventory, kinds_offered, too_old_nodes
-from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, matches
 from gpulease.spawners.reserved_pool import ON_DEMAND, SPOT, HeldBy, Withholding
 
 

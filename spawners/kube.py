@@ -44,8 +44,9 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 
 from gpulease.core.clock import utcnow
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.policy.options import ON_DEMAND, ServerChoice
 from gpulease.core.refusal import Refusal
-from gpulease.hub.options import ON_DEMAND, ServerChoice
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners import pod_start
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
@@ -58,7 +59,6 @@ from gpulease.spawners.kube_pod_kill import (  # noqa: F401 - the tests read the
 )
 from gpulease.spawners.kube_reflectors import ReflectorUpkeep
 from gpulease.spawners.launch_billing import StartFailed
-from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,
     MIG_STRATEGIES,

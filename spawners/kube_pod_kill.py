@@ -19,8 +19,8 @@ import aiohttp
 from kubernetes_asyncio.client import ApiException, V1DeleteOptions
 
 from gpulease.core.clock import utcnow
+from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
-from gpulease.hub.options import ServerChoice
 from gpulease.spawners import pod_start
 from gpulease.spawners.http_error import http_error
 from gpulease.spawners.launch_billing import StartFailed

@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Integer
 from traitlets.config import Configurable
 
+from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.failed_starts import (
@@ -34,7 +35,6 @@ from gpulease.hub.failed_starts import (
     FailedStarts,
     Rationing,
 )
-from gpulease.hub.options import ServerChoice
 from gpulease.spawners.admission import DATABASE_DOWN
 from gpulease.spawners.first_answer import first_answer
 from gpulease.spawners.http_error import http_error

@@ -1,7 +1,7 @@
 """LocalGPUSpawner: one local JupyterLab process per server, on its placed devices.
 
 The decisions are made elsewhere, as plain functions: which profile
-(`gpulease.hub.options`), which devices (`gpulease.spawners.placement`, made
+(`gpulease.core.policy.options`), which devices (`gpulease.core.capacity.placement`, made
 durable by `AssignmentStore`), which command and environment
 (`process_spec`). This class wires them into JupyterHub's spawn path.
 
@@ -26,8 +26,8 @@ from jupyterhub.utils import random_port
 from traitlets import Bool, Dict, Instance, Integer, Unicode, Union
 
 from gpulease.core.clock import utcnow
+from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
-from gpulease.hub.options import ServerChoice
 from gpulease.hub.state import StateDir, StateError, ensure_home
 from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation

@@ -3,7 +3,7 @@
 `gpulease_gpu_temperature_celsius{node, gpu, uuid, model}` on the hub's
 /hub/metrics, for the `GPUOverheat` alert (docs/monitoring.md); in the cluster
 dcgm-exporter's `DCGM_FI_DEV_GPU_TEMP` plays this part. Read only, as the
-inventory adapter (spawners/nvml.py): a host without NVML yields no series.
+inventory adapter (gpulease/host/nvml.py): a host without NVML yields no series.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from gpulease.spawners.gpu_models import model_key_from_nvml_name
-from gpulease.spawners.nvml import _load_pynvml, _text, nvml_session
+from gpulease.core.model.gpu_models import model_key_from_nvml_name
+from gpulease.host.nvml import load_pynvml, nvml_session, nvml_text
 
 log = logging.getLogger(__name__)
 TEMPERATURE = "gpulease_gpu_temperature_celsius"
@@ -29,8 +29,8 @@ def read_temperatures(nvml: Any) -> list[tuple[int, str, str, float]]:
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 celsius = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
-                out.append((index, _text(nvml.nvmlDeviceGetUUID(handle)),
-                            model_key_from_nvml_name(_text(nvml.nvmlDeviceGetName(handle))),
+                out.append((index, nvml_text(nvml.nvmlDeviceGetUUID(handle)),
+                            model_key_from_nvml_name(nvml_text(nvml.nvmlDeviceGetName(handle))),
                             float(celsius)))
             except nvml.NVMLError as exc:  # one GPU that fails to answer: no series for it
                 log.warning("NVML: GPU %d's temperature cannot be read (%s)", index, exc)
@@ -42,7 +42,7 @@ class GpuTemperatureCollector:
 
     def __init__(self, node: str, nvml: Any = None):
         self.node = node
-        self.nvml = nvml if nvml is not None else _load_pynvml()
+        self.nvml = nvml if nvml is not None else load_pynvml()
 
     def describe(self) -> list:  # registering must not read NVML
         return []

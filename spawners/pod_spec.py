@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpulease.hub.options import SPOT
-from gpulease.hub.profiles import GpuSpec, Profile
-from gpulease.spawners.gpu_models import GFD_PRODUCTS
+from gpulease.core.model.gpu_models import GFD_PRODUCTS
+from gpulease.core.model.profiles import GpuSpec, Profile
+from gpulease.core.policy.options import SPOT
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_STRATEGIES = ("mixed", "single")

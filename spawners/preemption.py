@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from heapq import heapify, heappop
 from itertools import accumulate, combinations
 
-from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, matches
+from gpulease.core.capacity.placement import NoFit, matches
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 from gpulease.spawners.queue import Waiting, plan, usable_devices
 from gpulease.spawners.reserved_pool import (
     NO_WITHHOLDING,

@@ -22,8 +22,9 @@ from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
-from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, matches
+from gpulease.core.capacity.placement import NoFit, Placement, matches
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 from gpulease.spawners.reserved_pool import (
     NO_WITHHOLDING,
     SplitsUnits,

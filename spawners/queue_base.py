@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.core.clock import utcnow
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.refusal import Refusal
-from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.queue import Waiting, served_order
 
 if TYPE_CHECKING:

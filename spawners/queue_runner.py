@@ -18,13 +18,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpulease.core.capacity.placement import NoFit, Placement, free_summary, place
 from gpulease.core.clock import utcnow
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 from gpulease.core.units import format_duration
 from gpulease.hub.limits import Holding, check_limits
 from gpulease.spawners.assignments import Holder, held_by
 from gpulease.spawners.displacement import on_the_box
-from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, free_summary, place
 from gpulease.spawners.queue import Waiting, plan, queue_places_refusal, restricted
 from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progress: re-exported)
     QueueBase,

@@ -31,9 +31,10 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpulease.core.capacity.placement import NoFit, Placement, place
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 from gpulease.hub.reservation_rules import DeviceKind, Reservation
-from gpulease.spawners.inventory import Inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, Placement, place
 
 ON_DEMAND, SPOT, RESERVED = "on-demand", "spot", "reserved"
 

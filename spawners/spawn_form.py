@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.profiles import spot_usable_by, usable_by
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.my_servers import option_value
-from gpulease.hub.profiles import spot_usable_by, usable_by
 from gpulease.spawners.cluster_availability import Availability, host_availability
 from gpulease.spawners.options_form import FormData
-from gpulease.spawners.placement import DeviceRequest
 
 AvailabilityOf = Callable[[DeviceRequest], Availability]
 

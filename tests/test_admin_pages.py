@@ -16,12 +16,12 @@ import pytest
 import requests
 import yaml
 
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.units import format_credits, parse_credits
+from gpulease.host.gpus import discover_inventory
 from gpulease.hub.db import open_database, sqlite_url
 from gpulease.hub.service import admin_forms as af
 from gpulease.spawners.assignments import AssignmentStore
-from gpulease.spawners.inventory import discover_inventory
-from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.queue_store import QueueStore
 from tests.hubproc import HubProcess
 
@@ -468,8 +468,8 @@ def _as_form(data: dict) -> dict[str, list[str]]:
 
 
 def _catalog():
-    from gpulease.hub.catalog import load_catalog
-    return load_catalog(None)
+    from gpulease.images import shipped_catalog
+    return shipped_catalog()
 
 
 def test_form_to_body_keeps_text_for_parse_profile():
@@ -488,7 +488,7 @@ def test_form_to_body_keeps_text_for_parse_profile():
 
 
 def test_the_spot_inputs_round_trip_and_their_errors_land_on_them():
-    from gpulease.hub.profiles import FieldError, parse_profile
+    from gpulease.core.model.profiles import FieldError, parse_profile
     form = profile_form(spot_price_per_hour="0.40", spot_groups="students, lab")
     body, errors = af.profile_body(_as_form(form), _catalog())
     assert errors == [] and body["spot_price_per_hour"] == "0.40"
@@ -504,13 +504,13 @@ def test_the_spot_inputs_round_trip_and_their_errors_land_on_them():
 
 
 def test_a_profile_without_images_is_listed_as_offering_the_catalogs_first():
-    from gpulease.hub.profiles import parse_profile
+    from gpulease.core.model.profiles import parse_profile
     body, _ = af.profile_body(_as_form(profile_form(images=None, default_image="")), _catalog())
     assert af.profile_row(parse_profile(body, _catalog()))["images"] == "(the catalog's first)"
 
 
 def test_parse_errors_land_on_their_inputs():
-    from gpulease.hub.profiles import FieldError
+    from gpulease.core.model.profiles import FieldError
     by_input, other = af.field_errors([FieldError("gpu.mig", "bad"), FieldError("memory", "m"),
                                        FieldError("odd", "?")])
     assert by_input == {"gpu_mig": ["bad"], "memory": ["m"]} and other == ["odd: ?"]

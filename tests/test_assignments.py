@@ -13,16 +13,17 @@ from collections import Counter
 import pytest
 from sqlalchemy import select
 
-from gpulease.hub.db import assignments, make_engine
-from gpulease.spawners import assignments as assignments_module
-from gpulease.spawners.assignments import AssignmentStore, Holder, ReconcileReport
-from gpulease.spawners.inventory import (
+from gpulease.core.capacity.placement import NoFit, place
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import (
     DEMO_INVENTORY,
     Inventory,
     load_declared_inventory,
     parse_declared_inventory,
 )
-from gpulease.spawners.placement import DeviceRequest, NoFit, place
+from gpulease.hub.db import assignments, make_engine
+from gpulease.spawners import assignments as assignments_module
+from gpulease.spawners.assignments import AssignmentStore, Holder, ReconcileReport
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 CARD = DeviceRequest("H200")

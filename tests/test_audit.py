@@ -8,6 +8,8 @@ import datetime as dt
 import pytest
 from sqlalchemy import func, select
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file, servers_saving
+from gpulease.core.policy.options import OptionsRefused, resolve_user_options
 from gpulease.core.refusal import Refusal
 from gpulease.hub.audit import (
     AuditLog,
@@ -15,15 +17,13 @@ from gpulease.hub.audit import (
     entry_view,
     parse_retention,
 )
-from gpulease.hub.catalog import load_catalog
 from gpulease.hub.db import audit_log
 from gpulease.hub.db import profiles as profiles_table
-from gpulease.hub.options import OptionsRefused, resolve_user_options
 from gpulease.hub.profile_store import PROFILES_FILE_ACTOR, ProfileStore
-from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file, servers_saving
 from gpulease.hub.service.audit_handlers import MAX_LIMIT, parse_audit_query
+from gpulease.images import shipped_catalog
 
-CATALOG = load_catalog()
+CATALOG = shipped_catalog()
 CPU, SLICE, FULL = load_profiles_file(SAMPLE_PROFILES, CATALOG)
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0)
 

@@ -2,8 +2,8 @@ import textwrap
 
 import pytest
 
-from gpulease.hub.catalog import Catalog, CatalogError, Image, load_catalog, parse_catalog
-from gpulease.images import CATALOG_PATH
+from gpulease.core.model.catalog import Catalog, CatalogError, Image, load_catalog, parse_catalog
+from gpulease.images import CATALOG_PATH, shipped_catalog
 
 
 def write(tmp_path, text: str):
@@ -13,7 +13,7 @@ def write(tmp_path, text: str):
 
 
 def test_shipped_catalog():
-    catalog = load_catalog()
+    catalog = shipped_catalog()
     assert catalog == load_catalog(CATALOG_PATH)
     assert catalog.names() == ("pytorch", "cuda", "tensorrt-llm", "cuda-12.8")
     pytorch = catalog.get("pytorch")

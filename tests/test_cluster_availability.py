@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
-from gpulease.hub.catalog import load_catalog
-from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import DEMO_INVENTORY, load_declared_inventory
+from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.images import shipped_catalog
 from gpulease.spawners.cluster_availability import (
     FREE,
     NEVER,
@@ -17,9 +19,7 @@ from gpulease.spawners.cluster_availability import (
     unknown,
 )
 from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
-from gpulease.spawners.inventory import DEMO_INVENTORY, load_declared_inventory
 from gpulease.spawners.options_form import FormData, render_options_form
-from gpulease.spawners.placement import DeviceRequest
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 TWO = DeviceRequest("H200", None, 2)
@@ -85,7 +85,7 @@ def test_the_host_inventory_the_embedded_shape_shows():
 
 
 def test_the_form_shows_each_state():
-    catalog = load_catalog()
+    catalog = shipped_catalog()
     cpu, slice_, full = load_profiles_file(SAMPLE_PROFILES, catalog)
     html = render_options_form(FormData(profiles=[cpu, slice_, full], availability={
         slice_.slug: Availability(3, 7, FREE), full.slug: Availability(2, 4, QUEUE)}))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpulease.core.capacity.placement import NoFit
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.spawners.cluster_inventory import (
     ClusterInventory,
     ClusterNode,
@@ -12,7 +14,6 @@ from gpulease.spawners.cluster_inventory import (
     hold_from_pod,
     node_from_object,
 )
-from gpulease.spawners.placement import DeviceRequest, NoFit
 from tests.cluster.nodes import GpuNode, node_object
 
 SLICE = DeviceRequest("H200", "1g.18gb")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
 from gpulease.spawners.cluster_queue import plan_cluster
-from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.queue import Waiting
 
 EIGHT = DeviceRequest("H200", None, 8)

@@ -199,9 +199,9 @@ async def test_the_cluster_form_and_its_page_tables(stand_in: StandIn):
 def test_both_forms_are_what_docs_rest_api_yml_says():
     import jsonschema
 
+    from gpulease.core.model.inventory import parse_declared_inventory
     from gpulease.hub.service.views import inventory_view
     from gpulease.spawners.cluster_inventory import ClusterInventory, Hold, node_from_object
-    from gpulease.spawners.inventory import parse_declared_inventory
 
     doc = yaml.safe_load((Path(__file__).parent.parent / "docs" / "rest-api.yml").read_text())
     validator = jsonschema.Draft202012Validator(

@@ -3,6 +3,8 @@ rule over counts, then its readings of the embedded box and of the cluster."""
 
 import datetime as dt
 
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.hub.reservation_rules import Reservation
 from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
 from gpulease.spawners.cluster_queue import cluster_withholding
@@ -13,8 +15,6 @@ from gpulease.spawners.displacement import (
     on_the_box,
     to_displace,
 )
-from gpulease.spawners.inventory import parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.reserved_pool import HeldBy, withholding
 
 T0 = dt.datetime(2026, 12, 7, 9)

@@ -1,5 +1,6 @@
 """The docs stay true: every option gpulease defines is in docs/config.md."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,21 @@ def test_the_architecture_page_is_linked_and_names_modules_that_exist():
     assert len(named) > 15, named
     missing = sorted(path for path in named if not (root / path).exists())
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+# A repository path as the docs write it: in backticks or as a link's target, under one of
+# the project's folders ("`spawners/queue.py`", "[testing](docs/testing.md)").
+REPO_PATH = re.compile(
+    r"(?:`|\]\()((?:\.ci|hub|spawners|idle-culler|singleuser|gpulease|images|helm|tests|bench"
+    r"|docs|scripts)/[\w./-]*[\w/])(?=[`)#]|\s)")
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A module moved or a script renamed leaves no dangling path in the README, docs/,
+    or a component's README (a link relative to its page counts)."""
+    pages = sorted({ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("*/README.md")})
+    named = [(page, path) for page in pages for path in REPO_PATH.findall(page.read_text())]
+    assert len(named) > 150, len(named)
+    missing = sorted(f"{page.relative_to(ROOT)}: {path}" for page, path in named
+                     if not (ROOT / path).exists() and not (page.parent / path).exists())
+    assert not missing, f"paths the docs name that do not exist: {missing}"

@@ -11,8 +11,12 @@ import logging
 
 import pytest
 
-from gpulease.hub.catalog import load_catalog
-from gpulease.hub.profiles import GpuSpec
+from gpulease.core.capacity.placement import NoFit, place
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.drivers import driver_from_labels, driver_version, new_enough, newest
+from gpulease.core.model.inventory import parse_declared_inventory
+from gpulease.core.model.profiles import GpuSpec
+from gpulease.images import shipped_catalog
 from gpulease.spawners.cluster_inventory import (
     ClusterInventory,
     ClusterNode,
@@ -22,13 +26,10 @@ from gpulease.spawners.cluster_inventory import (
     too_old_nodes,
 )
 from gpulease.spawners.cluster_queue import Waiting, plan_cluster
-from gpulease.spawners.drivers import driver_from_labels, driver_version, new_enough, newest
-from gpulease.spawners.inventory import parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, place
 from gpulease.spawners.pod_spec import avoiding
 from tests.cluster.nodes import GpuNode, node_object
 
-PYTORCH = load_catalog().get("pytorch")  # CUDA 12.6: driver 560.28 or newer
+PYTORCH = shipped_catalog().get("pytorch")  # CUDA 12.6: driver 560.28 or newer
 SLICE = DeviceRequest("H200", "1g.18gb", min_driver="560.28", image="pytorch")
 CARDS = DeviceRequest("H200", count=2, min_driver="560.28", image="pytorch")
 
@@ -152,7 +153,7 @@ def test_the_pod_is_kept_off_the_nodes_whose_driver_is_too_old():
 
 
 def test_the_same_inventory_answers_each_need_and_image_on_its_own():
-    """place() indexes an inventory once (spawners/placement.py): the driver filter is
+    """place() indexes an inventory once (gpulease/core/capacity/placement.py): the driver filter is
     kept per need, and a refusal still names the image asked for."""
     box = _box("550.54.15")
     for _ in range(2):

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from gpulease.spawners.inventory import DEMO_INVENTORY
+from gpulease.core.model.inventory import DEMO_INVENTORY
 from tests.certificates import self_signed
 from tests.hubproc import HubProcess, close_together, start_together
 

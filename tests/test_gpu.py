@@ -12,9 +12,10 @@ import subprocess
 
 import pytest
 
-from gpulease.spawners.gpu_models import model_key_from_nvml_name
-from gpulease.spawners.inventory import Inventory, discover_inventory
-from gpulease.spawners.nvml import read_nvml_inventory
+from gpulease.core.model.gpu_models import model_key_from_nvml_name
+from gpulease.core.model.inventory import Inventory
+from gpulease.host.gpus import discover_inventory
+from gpulease.host.nvml import read_nvml_inventory
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ import socket
 import pytest
 import yaml
 
-from gpulease.spawners.nvml import read_nvml_inventory
+from gpulease.host.nvml import read_nvml_inventory
 from tests.hubproc import HubProcess, run_in_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]

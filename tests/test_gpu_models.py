@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpulease.spawners.gpu_models import (
+from gpulease.core.model.gpu_models import (
     GPU_MEMORY,
     KNOWN_MODELS,
     MIG_PROFILES,

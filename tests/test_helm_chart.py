@@ -20,8 +20,9 @@ import pytest
 import yaml
 from traitlets.config import Config
 
-from gpulease.hub.catalog import load_catalog
-from gpulease.hub.profiles import load_profiles_file
+from gpulease.core.model.catalog import load_catalog
+from gpulease.core.model.profiles import load_profiles_file
+from gpulease.images import shipped_catalog
 from gpulease.spawners.kube_rbac import (
     HUB_CLUSTER_ROLE_RULES,
     HUB_ROLE_RULES,
@@ -413,7 +414,7 @@ def test_the_image_puller_pulls_each_catalog_image_on_gpu_nodes():
     spec = puller["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     pulled = [c["image"] for c in spec["initContainers"]]
-    catalog = {e.name: e.image for e in load_catalog().images}
+    catalog = {e.name: e.image for e in shipped_catalog().images}
     assert set(pulled) <= set(catalog.values())
     assert set(pulled) >= {catalog[i] for p in values_of(None)["profiles"]
                            for i in p.get("images", [])}
@@ -535,7 +536,7 @@ def test_hub_config_and_extra_config_stay_out_of_the_configmap(tmp_path, monkeyp
 def test_a_wrong_profile_is_refused_by_the_schema_not_by_a_crashing_hub(profile, says,
                                                                           tmp_path):
     """The hub refuses a bad profiles file at start (CrashLoopBackOff after a 'successful'
-    install); the schema must refuse what gpulease.hub.profiles refuses, at install."""
+    install); the schema must refuse what gpulease.core.model.profiles refuses, at install."""
     good = {"slug": "a", "display_name": "A", "cpu": 1, "memory": "1Gi",
             "images": ["pytorch"], "price_per_hour": "1"}
     bad = {k: v for k, v in {**good, **profile}.items() if v is not None}

@@ -63,7 +63,7 @@ def test_a_new_violation_breaks_its_contract(tmp_path):
     # module imports the hub (one way, and a cycle between the two).
     (tree / "gpulease/core/billing_rows.py").write_text("import sqlalchemy\n")
     (tree / "idle-culler/peek.py").write_text("from gpulease.hub import db\n")
-    (tree / "spawners/tier_names.py").write_text("from gpulease.hub.options import TIERS\n")
+    (tree / "spawners/tier_names.py").write_text("from gpulease.hub import db\n")
     done = lint("--root", tree)
     assert done.returncode != 0, done.stdout
     assert verdicts(done.stdout) == {
@@ -73,19 +73,20 @@ def test_a_new_violation_breaks_its_contract(tmp_path):
         "no sibling cycles": "BROKEN"}, done.stdout
     assert "gpulease.core.billing_rows -> sqlalchemy" in done.stdout
     assert "gpulease.idle_culler.peek -> gpulease.hub.db" in done.stdout
-    assert "gpulease.spawners.tier_names -> gpulease.hub.options" in done.stdout
+    assert "gpulease.spawners.tier_names -> gpulease.hub.db" in done.stdout
 
 
 def test_an_ignored_import_that_goes_must_leave_the_list(tmp_path):
     tree = copy_tree(tmp_path / "tree")
-    gpu = tree / "idle-culler/gpu.py"
-    source = gpu.read_text()
-    line = "from gpulease.spawners.nvml import _load_pynvml\n"
+    notices = tree / "idle-culler/service_notices.py"
+    source = notices.read_text()
+    line = "from gpulease.hub.notifier import render\n"
     assert line in source
-    gpu.write_text(source.replace(line, ""))
+    notices.write_text(source.replace(line, ""))
     done = lint("--root", tree)
     assert done.returncode != 0, done.stdout
-    assert "gpulease.idle_culler.gpu -> gpulease.spawners.nvml" in done.stdout + done.stderr
+    assert "gpulease.idle_culler.service_notices -> gpulease.hub.notifier" in (
+        done.stdout + done.stderr)
 
 
 def within(module: str, packages: list[str]) -> bool:

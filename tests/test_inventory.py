@@ -4,17 +4,17 @@ import logging
 
 import pytest
 
-from gpulease.spawners import nvml as nvml_adapter
-from gpulease.spawners.inventory import (
+from gpulease.core.model.inventory import (
     DEMO_INVENTORY,
     Gpu,
     Inventory,
     InventoryError,
     Node,
-    discover_inventory,
     load_declared_inventory,
     parse_declared_inventory,
 )
+from gpulease.host import nvml as nvml_adapter
+from gpulease.host.gpus import discover_inventory
 
 GiB = 1024**3
 H200_PROFILES = "1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb"
@@ -199,7 +199,7 @@ FAKE_NVML_INVENTORY = Inventory(
 
 def test_discover_prefers_the_declared_file_and_warns_if_nvml_sees_gpus(monkeypatch, caplog):
     monkeypatch.setattr(nvml_adapter, "read_nvml_inventory", lambda node: FAKE_NVML_INVENTORY)
-    caplog.set_level(logging.INFO, logger="gpulease.spawners.inventory")
+    caplog.set_level(logging.INFO, logger="gpulease.host.gpus")
     inv = discover_inventory(str(DEMO_INVENTORY), "host")
     assert inv.source == "declared" and len(inv.device_uuids()) == 8
     assert any(r.levelno == logging.INFO and "declared file" in r.getMessage()

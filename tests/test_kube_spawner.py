@@ -8,9 +8,9 @@ from decimal import Decimal
 
 import pytest
 
-from gpulease.hub.catalog import Image
-from gpulease.hub.options import ServerChoice
-from gpulease.hub.profiles import GpuSpec, Profile
+from gpulease.core.model.catalog import Image
+from gpulease.core.model.profiles import GpuSpec, Profile
+from gpulease.core.policy.options import ServerChoice
 from gpulease.spawners.kube import HOME_CLAIM, GPUKubeSpawner, pod_options
 
 GiB = 1024**3

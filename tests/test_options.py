@@ -2,8 +2,9 @@ import dataclasses
 
 import pytest
 
-from gpulease.hub.catalog import Catalog, load_catalog
-from gpulease.hub.options import (
+from gpulease.core.model.catalog import Catalog
+from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.core.policy.options import (
     ALLOWED_KEYS,
     OptionsRefused,
     ServerChoice,
@@ -12,9 +13,9 @@ from gpulease.hub.options import (
     resolve_user_options,
     resolved_options,
 )
-from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.images import shipped_catalog
 
-CATALOG = load_catalog()
+CATALOG = shipped_catalog()
 CPU, SLICE, FULL = load_profiles_file(SAMPLE_PROFILES, CATALOG)
 STAFF_ONLY = dataclasses.replace(FULL, slug="staff-full", groups=("staff", "ml"))
 OFF = dataclasses.replace(SLICE, slug="off", enabled=False)

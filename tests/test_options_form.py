@@ -3,8 +3,8 @@
 import dataclasses
 import re
 
-from gpulease.hub.catalog import load_catalog
-from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.images import shipped_catalog
 from gpulease.spawners.cluster_availability import FREE, QUEUE, Availability
 from gpulease.spawners.options_form import (
     FormData,
@@ -14,7 +14,7 @@ from gpulease.spawners.options_form import (
     render_options_form,
 )
 
-CATALOG = load_catalog()
+CATALOG = shipped_catalog()
 CPU, SLICE, FULL = load_profiles_file(SAMPLE_PROFILES, CATALOG)
 IMAGES = {i.name: i for i in CATALOG.images}
 XSS = "<script>alert(1)</script>"

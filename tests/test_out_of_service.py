@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from gpulease.core.capacity.placement import NoFit
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.hub.service.admin_forms import inventory_counts, inventory_rows
 from gpulease.hub.service.views import inventory_view
 from gpulease.spawners import isolation, quarantine
 from gpulease.spawners.assignments import OUT_OF_SERVICE, AssignmentStore
 from gpulease.spawners.cgroup_kill import empty_cgroup
-from gpulease.spawners.inventory import parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit
 from gpulease.spawners.queue_runner import holdings_from
 
 NO_SUCH_PID = 4_194_305

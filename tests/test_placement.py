@@ -2,18 +2,18 @@
 
 import pytest
 
-from gpulease.spawners.inventory import (
-    DEMO_INVENTORY,
-    load_declared_inventory,
-    parse_declared_inventory,
-)
-from gpulease.spawners.placement import (
-    DeviceRequest,
+from gpulease.core.capacity.placement import (
     NoFit,
     Placement,
     availability,
     free_summary,
     place,
+)
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import (
+    DEMO_INVENTORY,
+    load_declared_inventory,
+    parse_declared_inventory,
 )
 
 SLICE = DeviceRequest("H200", "1g.18gb")

@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from gpulease.hub.profiles import GpuSpec, Profile
-from gpulease.spawners.gpu_models import GFD_PRODUCTS, KNOWN_MODELS, model_key_from_gfd_product
+from gpulease.core.model.gpu_models import GFD_PRODUCTS, KNOWN_MODELS, model_key_from_gfd_product
+from gpulease.core.model.profiles import GpuSpec, Profile
 from gpulease.spawners.pod_spec import (
     ClusterGpus,
     gpu_resource,

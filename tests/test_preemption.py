@@ -3,8 +3,9 @@ servers in; the spot servers to preempt (or None) out (spawners/preemption.py)."
 
 import random
 
-from gpulease.spawners.inventory import parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit, place
+from gpulease.core.capacity.placement import NoFit, place
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.spawners.preemption import Preemption, SpotHolding, choose_victims, plan_preemptions
 
 SLICE = DeviceRequest("H200", "1g.18gb")

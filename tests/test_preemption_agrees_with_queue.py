@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from gpulease.spawners.inventory import parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.spawners.preemption import SpotHolding, plan_preemptions
 from gpulease.spawners.queue import Waiting, plan
 

@@ -4,13 +4,14 @@ import logging
 import pytest
 from sqlalchemy import select, update
 
-from gpulease.hub.catalog import Catalog, load_catalog
+from gpulease.core.model.catalog import Catalog
+from gpulease.core.model.profiles import SAMPLE_PROFILES, ProfileError, load_profiles_file
 from gpulease.hub.db import profiles as profiles_table
 from gpulease.hub.db import settings
 from gpulease.hub.profile_store import PROFILES_FILE_HASH, ApplyResult, ProfileStore
-from gpulease.hub.profiles import SAMPLE_PROFILES, ProfileError, load_profiles_file
+from gpulease.images import shipped_catalog
 
-CATALOG = load_catalog()
+CATALOG = shipped_catalog()
 SAMPLES = load_profiles_file(SAMPLE_PROFILES, CATALOG)
 CPU, SLICE, FULL = SAMPLES
 

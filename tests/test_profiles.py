@@ -4,9 +4,9 @@ from decimal import Decimal
 
 import pytest
 
-from gpulease.core.units import json_loads, load_yaml
-from gpulease.hub.catalog import load_catalog
-from gpulease.hub.profiles import (
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.gpu_models import KNOWN_MODELS
+from gpulease.core.model.profiles import (
     SAMPLE_PROFILES,
     FieldError,
     GpuSpec,
@@ -19,10 +19,10 @@ from gpulease.hub.profiles import (
     spot_usable_by,
     usable_by,
 )
-from gpulease.spawners.gpu_models import KNOWN_MODELS
-from gpulease.spawners.placement import DeviceRequest
+from gpulease.core.units import json_loads, load_yaml
+from gpulease.images import shipped_catalog
 
-CATALOG = load_catalog()
+CATALOG = shipped_catalog()
 
 BASE = {
     "slug": "h200-1g",
@@ -351,13 +351,13 @@ def _spot(**changes):
 
 def test_a_profile_offers_spot_below_its_price_and_exports_it():
     profile = parse_profile(_spot(spot_price_per_hour="0.40", spot_groups=["students"]),
-                            load_catalog())
+                            shipped_catalog())
     assert profile.offers_spot and profile.spot_price_per_hour_ucr == 400_000
     assert profile.spot_groups == ("students",)
     spec = profile.to_spec()
     assert spec["spot_price_per_hour"] == "0.4" and spec["spot_groups"] == ["students"]
-    assert parse_profile(spec, load_catalog()) == profile
-    plain = parse_profile(_spot(), load_catalog())
+    assert parse_profile(spec, shipped_catalog()) == profile
+    plain = parse_profile(_spot(), shipped_catalog())
     assert not plain.offers_spot and "spot_price_per_hour" not in plain.to_spec()
     assert spot_usable_by(profile, {"students"}) and not spot_usable_by(profile, {"staff"})
     assert not spot_usable_by(plain, {"students"})
@@ -376,6 +376,6 @@ def test_a_profile_offers_spot_below_its_price_and_exports_it():
 def test_a_spot_price_or_spot_groups_that_cannot_work_are_refused(changes, field, said):
     data = {k: v for k, v in _spot(**changes).items() if v is not None}
     with pytest.raises(ProfileError) as info:
-        parse_profile(data, load_catalog())
+        parse_profile(data, shipped_catalog())
     fields = {e.field: e.message for e in info.value.errors}
     assert field in fields and said in fields[field], fields

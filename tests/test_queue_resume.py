@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 from decimal import Decimal
 
-from gpulease.hub.profiles import GpuSpec, Profile
+from gpulease.core.model.profiles import GpuSpec, Profile
 from gpulease.hub.queue_resume import Resume, ServerNow, Skip, plan_resume, resume_in_order
 from gpulease.spawners.queue_store import QueuedSpawn, QueueStore
 

@@ -12,9 +12,9 @@ import asyncio
 import pytest
 import yaml
 
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.limits import Limit
-from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.queue_runner import QueueRunner, Refused, queue_progress
 
 SLICE = DeviceRequest("H200", "1g.18gb")

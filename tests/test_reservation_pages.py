@@ -411,12 +411,12 @@ def test_a_form_sends_the_apis_body():
 
 
 def test_a_price_row_says_what_one_unit_is():
-    from gpulease.hub.catalog import load_catalog
-    from gpulease.hub.profiles import parse_profile
+    from gpulease.core.model.profiles import parse_profile
+    from gpulease.images import shipped_catalog
     spec = {"slug": "pair", "display_name": "Pair", "gpu": {"model": "H200", "count": 2},
             "cpu": 1, "memory": "1Gi", "images": ["pytorch"], "price_per_hour": "8",
             "reserved_price_per_hour": "5"}
-    profile = parse_profile(spec, load_catalog(None))
+    profile = parse_profile(spec, shipped_catalog())
     row = price_row(profile, {("H200", None): [5]})
     assert row["unit"] == "2 H200 full cards" and row["reserved"] == "5.000000"
     assert row["units_in_all"] == 2  # whole units: 5 cards hold two pairs

@@ -8,21 +8,22 @@ import threading
 
 import pytest
 
+from gpulease.core.capacity.placement import NoFit
 from gpulease.core.clock import utcnow
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import parse_declared_inventory
+from gpulease.core.model.profiles import parse_profile
 from gpulease.core.refusal import Refusal
-from gpulease.hub.catalog import load_catalog
 from gpulease.hub.ledger import Ledger
-from gpulease.hub.profiles import parse_profile
 from gpulease.hub.reservations import ReservationStore
+from gpulease.images import shipped_catalog
 from gpulease.spawners.assignments import AssignmentStore
-from gpulease.spawners.inventory import parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest, NoFit
 
 CREDIT = 1_000_000
 NOW = dt.datetime(2026, 12, 7, 8, 40)
 T0 = dt.datetime(2026, 12, 7, 9)
 H = dt.timedelta(hours=1)
-CATALOG = load_catalog(None)
+CATALOG = shipped_catalog()
 PROFILE = parse_profile({"slug": "h200-1g", "display_name": "H200 slice",
                          "gpu": {"model": "H200", "mig": "1g.18gb"}, "cpu": 4,
                          "memory": "32Gi", "price_per_hour": "1.20",

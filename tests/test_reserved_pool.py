@@ -5,11 +5,12 @@ import datetime as dt
 
 import pytest
 
+from gpulease.core.capacity.placement import place
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.hub.reservation_rules import Reservation
 from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
 from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
-from gpulease.spawners.inventory import parse_declared_inventory
-from gpulease.spawners.placement import DeviceRequest, place
 from gpulease.spawners.pod_spec import only_on
 from gpulease.spawners.preemption import SpotHolding, plan_preemptions
 from gpulease.spawners.queue import Waiting, plan

@@ -5,17 +5,17 @@ still holds it."""
 import datetime as dt
 from types import SimpleNamespace
 
-from gpulease.hub.catalog import load_catalog
-from gpulease.hub.profiles import parse_profile
+from gpulease.core.model.profiles import parse_profile
 from gpulease.hub.reservation_rules import Reservation
 from gpulease.hub.server_control import saved_meter_facts
+from gpulease.images import shipped_catalog
 from gpulease.spawners.assignments import Holder
 
 T0 = dt.datetime(2026, 12, 7, 9)
 PROFILE = parse_profile({"slug": "slice", "display_name": "Slice",
                          "gpu": {"model": "H200", "mig": "1g.18gb"}, "cpu": 1,
                          "memory": "1Gi", "price_per_hour": "3.6",
-                         "reserved_price_per_hour": "1.8"}, load_catalog(None))
+                         "reserved_price_per_hour": "1.8"}, shipped_catalog())
 LAB = Reservation(4, "group:lab", "slice", ("H200", "1g.18gb"), 1, 1, T0,
                   T0 + dt.timedelta(hours=2), 1_800_000)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
 from gpulease.hub import cli
-from gpulease.hub.catalog import load_catalog
-from gpulease.hub.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.images import shipped_catalog
 from gpulease.spawners.scheduler_config import (
     SchedulerSettings,
     gpu_resources,
@@ -90,7 +90,7 @@ def test_cli_from_a_profiles_file_needs_no_hub(capsys, tmp_path, monkeypatch):
     assert cli.main(["cluster", "scheduler-config", "--profiles", str(SAMPLE_PROFILES),
                      "--scheduler-name", "packer"]) == 0
     config = yaml.safe_load(capsys.readouterr().out)
-    migs = profiles_mig(p.to_spec() for p in load_profiles_file(SAMPLE_PROFILES, load_catalog()))
+    migs = profiles_mig(p.to_spec() for p in load_profiles_file(SAMPLE_PROFILES, shipped_catalog()))
     names = {r["name"] for r in _fit_args(config)["resources"]}
     assert {f"nvidia.com/mig-{m}" for m in migs if m} <= names
     assert any(m for m in migs)  # the sample has MIG profiles: the check above means something

@@ -7,14 +7,15 @@ from decimal import Decimal
 
 import pytest
 
+from gpulease.core.model.catalog import CatalogError, parse_catalog
+from gpulease.core.model.profiles import ProfileError, parse_profile
+from gpulease.core.policy.options import OptionsRefused, _values
 from gpulease.core.shown import kind_of, shown
 from gpulease.core.units import json_loads, parse_credits, parse_duration, parse_quantity
-from gpulease.hub.catalog import CatalogError, parse_catalog
 from gpulease.hub.ledger import BillingError, parse_account
 from gpulease.hub.limits import LimitError, parse_limit_body
 from gpulease.hub.notices import NoticeError, validate_prefs
-from gpulease.hub.options import OptionsRefused, _values
-from gpulease.hub.profiles import ProfileError, parse_profile
+from gpulease.images import shipped_catalog
 
 # What Python prints and a JSON or YAML author never wrote.
 PYTHON_REPR = re.compile(r"None|True\b|False\b|Decimal\(|\{'|\['|got (?:list|dict|int|str|float)\b")
@@ -64,10 +65,9 @@ def test_a_profile_file_with_wrong_kinds_of_values_is_told_in_its_own_words():
     body = json_loads('{"slug": "x", "display_name": null, "cpu": 1, "memory": "1Gi", '
                       '"images": ["pytorch"], "price_per_hour": -1.5, "enabled": "yes", '
                       '"gpu": ["H200"], "groups": "lab"}')
-    from gpulease.hub.catalog import load_catalog
 
     with pytest.raises(ProfileError) as err:
-        parse_profile(body, load_catalog(None))
+        parse_profile(body, shipped_catalog())
     text = "; ".join(f"{e.field}: {e.message}" for e in err.value.errors)
     assert "display_name: is required: a non-empty string (got null (no value))" in text
     assert "price_per_hour: must not be negative, got the number -1.5" in text
@@ -77,7 +77,7 @@ def test_a_profile_file_with_wrong_kinds_of_values_is_told_in_its_own_words():
 
 
 def test_declared_inventory_names_an_unquoted_driver_as_written(tmp_path):
-    from gpulease.spawners.inventory import InventoryError, load_declared_inventory
+    from gpulease.core.model.inventory import InventoryError, load_declared_inventory
 
     path = tmp_path / "inv.yaml"
     path.write_text("nodes:\n  - name: n\n    gpus:\n      - {model: H200, memory: 141Gi, "

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from gpulease.core.clock import utcnow
+from gpulease.core.model.device_request import DeviceRequest
 from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.metering import Meter
-from gpulease.spawners.placement import DeviceRequest
 from gpulease.spawners.queue_runner import QueueRunner
 
 SLICE = DeviceRequest("H200", "1g.18gb")
@@ -122,7 +122,7 @@ async def test_a_spot_start_that_waited_is_refused_if_spot_was_withdrawn_meanwhi
     admin removed the spot price) started on spot after its wait."""
     from dataclasses import replace
 
-    from gpulease.hub.options import SPOT, ServerChoice
+    from gpulease.core.policy.options import SPOT, ServerChoice
     from tests.test_queue_resume import SLICE as PROFILE
 
     profile = replace(PROFILE, spot_price_per_hour_ucr=100_000, spot_groups=("lab",))
@@ -149,7 +149,7 @@ async def test_a_start_that_waited_is_refused_if_its_profile_changed_meanwhile(t
     it (and a spot refusal named no group)."""
     from dataclasses import replace
 
-    from gpulease.hub.options import ServerChoice
+    from gpulease.core.policy.options import ServerChoice
     from tests.test_queue_resume import SLICE as PROFILE
 
     profile = replace(PROFILE, spot_price_per_hour_ucr=100_000)

@@ -14,7 +14,13 @@ from typing import Any
 
 from tornado import web
 
-from gpulease.hub.profiles import SLUG, FieldError, ProfileError, parse_profile, servers_saving
+from gpulease.core.model.profiles import (
+    SLUG,
+    FieldError,
+    ProfileError,
+    parse_profile,
+    servers_saving,
+)
 from gpulease.hub.service import admin_forms as af
 from gpulease.hub.service.admin_base import AdminPage
 from gpulease.hub.service.errors import APIError

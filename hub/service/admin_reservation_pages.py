@@ -23,9 +23,9 @@ from sqlalchemy import Engine, func, select
 from tornado import web
 
 from gpulease.core.clock import utcnow
+from gpulease.core.model.profiles import Profile
 from gpulease.core.refusal import Refusal
 from gpulease.hub.db import ledger_entries, reading
-from gpulease.hub.profiles import Profile
 from gpulease.hub.reservation_rules import HOUR, devices_for_units, refund_ucr, whole_hours
 from gpulease.hub.reservations import ON_END, Booked, kind_of, kind_words
 from gpulease.hub.service import billing_views as bv

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, select
 from tornado.escape import url_escape
 
 from gpulease.core.clock import utcnow
+from gpulease.core.model.profiles import usable_by
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import parse_credits
@@ -22,7 +23,6 @@ from gpulease.hub.ledger import (
     minutes_left,
     parse_account,
 )
-from gpulease.hub.profiles import usable_by
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError

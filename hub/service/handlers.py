@@ -7,17 +7,18 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from gpulease.core.refusal import Refusal
-from gpulease.core.shown import shown
-from gpulease.hub.accounts import AccountError, validate_password, validate_username
-from gpulease.hub.identities import IdentityStore
-from gpulease.hub.profiles import (
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.profiles import (
     ProfileError,
     parse_profile,
     parse_profiles_document,
     servers_saving,
     usable_by,
 )
+from gpulease.core.refusal import Refusal
+from gpulease.core.shown import shown
+from gpulease.hub.accounts import AccountError, validate_password, validate_username
+from gpulease.hub.identities import IdentityStore
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.caller_rights import (
     has_hub_admin_powers,
@@ -31,7 +32,6 @@ from gpulease.spawners.cluster_availability import (
     host_availability,
     unknown,
 )
-from gpulease.spawners.placement import DeviceRequest
 
 
 async def current_inventory(handler: BaseAPIHandler) -> dict[str, Any]:

@@ -31,9 +31,9 @@ from typing import Any
 from tornado import web
 
 from gpulease.core.clock import utcnow
+from gpulease.core.model.profiles import Profile, usable_by
 from gpulease.core.refusal import Refusal
 from gpulease.hub.ledger import parse_account
-from gpulease.hub.profiles import Profile, usable_by
 from gpulease.hub.reservation_rules import (
     DeviceKind,
     devices_for_units,

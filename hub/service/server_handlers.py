@@ -17,9 +17,9 @@ from tornado import web
 from tornado.escape import url_escape
 
 from gpulease.core.clock import utcnow
+from gpulease.core.policy.options import OptionsRefused, resolve_user_options
 from gpulease.core.refusal import Refusal
 from gpulease.hub.my_servers import ServerFacts, check_profile_choice, server_states
-from gpulease.hub.options import OptionsRefused, resolve_user_options
 from gpulease.hub.service.billing_handlers import BillingHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.sessions import SessionLedger

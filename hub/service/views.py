@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gpulease.hub.profiles import Profile
+from gpulease.core.model.inventory import Inventory
+from gpulease.core.model.profiles import Profile
 from gpulease.hub.reservation_rules import Reservation
 from gpulease.hub.reservations import kind_words
 from gpulease.spawners.assignments import Holder
 from gpulease.spawners.cluster_availability import FREE, Availability
 from gpulease.spawners.cluster_inventory import ClusterInventory
-from gpulease.spawners.inventory import Inventory
 from gpulease.spawners.queue_store import QueuedSpawn
 
 

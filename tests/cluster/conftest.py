@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpulease.hub.catalog import load_catalog
+from gpulease.images import shipped_catalog
 from gpulease.spawners.scheduler_config import profiles_mig
 from tests.cluster.controlplane import TOOLS, attach, detach, missing_tools
 from tests.cluster.faults import FaultProxy
@@ -113,7 +113,7 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     python, _why = hub_python()
     ours = str(Path(python).parent.parent)
     plane.map_image(SINGLEUSER_IMAGE, ours)
-    for entry in load_catalog().images:
+    for entry in shipped_catalog().images:
         plane.map_image(entry.image, entry.local_env or ours)
     yield plane
 

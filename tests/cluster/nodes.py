@@ -16,7 +16,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from gpulease.spawners.gpu_models import (
+from gpulease.core.model.gpu_models import (
     GFD_PRODUCTS,
     GPU_MEMORY,
     mig_compute_slices,

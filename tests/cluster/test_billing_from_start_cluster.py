@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpulease.hub.catalog import load_catalog
+from gpulease.images import shipped_catalog
 from gpulease.spawners.pod_start import k8s_time
 from tests.cluster.conftest import POD_UID, ControlPlane
 from tests.cluster.kube import Kube, pods_path
@@ -82,7 +82,7 @@ def catalog_and_profiles(folder: Path, namespace: str) -> tuple[Path, dict]:
     that cannot be pulled), and a profile of each (a 1g.18gb slice), plus one whose
     minimum run no credit here covers."""
     shipped = [{k: v for k, v in vars(i).items() if v not in (None, {}, "")}
-               for i in load_catalog().images]
+               for i in shipped_catalog().images]
     ours_images = {"slow-pull": f"registry.example.test/{namespace}/slow-pull:1",
                    "no-image": f"registry.example.test/{namespace}/no-such-image:1"}
     catalog = folder / "catalog.yaml"

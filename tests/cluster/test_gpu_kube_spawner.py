@@ -14,9 +14,9 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.config import kube_config
 
-from gpulease.hub.catalog import Image
-from gpulease.hub.options import ServerChoice
-from gpulease.hub.profiles import GpuSpec, Profile
+from gpulease.core.model.catalog import Image
+from gpulease.core.model.profiles import GpuSpec, Profile
+from gpulease.core.policy.options import ServerChoice
 from gpulease.spawners.kube import GPUKubeSpawner, pod_options
 from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path

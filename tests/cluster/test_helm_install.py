@@ -26,7 +26,7 @@ import requests
 import yaml
 from kubernetes_asyncio.config import kube_config
 
-from gpulease.hub.profiles import GpuSpec
+from gpulease.core.model.profiles import GpuSpec
 from gpulease.site_urls import loopback_session
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path

@@ -10,7 +10,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 
-from gpulease.hub.profiles import GpuSpec, Profile
+from gpulease.core.model.profiles import GpuSpec, Profile
 from gpulease.spawners.pod_spec import ClusterGpus, kubespawner_traits, pod_needs
 from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, pods_path

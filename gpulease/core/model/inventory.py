@@ -1,7 +1,8 @@
 """The GPU inventory of the embedded shape: what devices this host offers.
 
 An inventory comes from NVML (a real GPU host), from a declared YAML file
-(hosts without a GPU: demos and tests), or is empty. Everything downstream
+(hosts without a GPU: demos and tests), or is empty; gpulease/host/gpus.py
+chooses and reads the source, this module only models and parses. Everything downstream
 (placement, assignments, the inventory page) sees only these dataclasses.
 The declared file's parser collects every problem before it raises, so an
 admin fixes the file in one go.
@@ -9,7 +10,6 @@ admin fixes the file in one go.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -18,17 +18,15 @@ from pathlib import Path
 
 import yaml
 
-from gpulease.core.shown import shown
-from gpulease.core.units import parse_quantity
-from gpulease.spawners.gpu_models import (
+from gpulease.core.model.gpu_models import (
     GPU_MEMORY,
     MIG_COMPUTE_SLICES_PER_GPU,
     MIG_PROFILES,
     mig_compute_slices,
     mig_memory_bytes,
 )
-
-log = logging.getLogger(__name__)
+from gpulease.core.shown import shown
+from gpulease.core.units import parse_quantity
 
 DEMO_INVENTORY: Path = Path(__file__).parent / "samples" / "demo-inventory.yaml"
 
@@ -249,26 +247,3 @@ def load_declared_inventory(path: str | os.PathLike) -> Inventory:
     except yaml.YAMLError as exc:
         raise InventoryError([f"{path}: not valid YAML: {exc}"]) from None
     return parse_declared_inventory(data, str(path))
-
-
-def discover_inventory(declared_path: str | os.PathLike | None, node_name: str) -> Inventory:
-    """This host's inventory: the declared file if given, else NVML, else none."""
-    # Imported here: nvml builds these dataclasses, so it imports this module.
-    from gpulease.spawners import nvml
-
-    if declared_path:
-        inventory = load_declared_inventory(declared_path)
-        log.info("GPU inventory: declared file %s (%d devices, no physical GPU)",
-                 declared_path, len(inventory.device_uuids()))
-        seen = nvml.read_nvml_inventory(node_name)
-        if seen is not None:
-            log.warning("NVML sees %d GPU(s) on this host, but the declared inventory %s is in "
-                        "use: servers get its synthetic devices, not the real ones",
-                        sum(len(n.gpus) for n in seen.nodes), declared_path)
-        return inventory
-    inventory = nvml.read_nvml_inventory(node_name)
-    if inventory is not None:
-        log.info("GPU inventory: %s, %d devices", inventory.label, len(inventory.device_uuids()))
-        return inventory
-    log.info("GPU inventory: no GPU (NVML found none and no declared file was given)")
-    return Inventory((), "none", "NVML found no GPU and no declared inventory was given")

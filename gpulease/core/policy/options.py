@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from gpulease.core.model.catalog import Catalog, Image
+from gpulease.core.model.profiles import FieldError, Profile, spot_usable_by, usable_by
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import kind_of, shown
 from gpulease.core.units import format_credits
-from gpulease.hub.catalog import Catalog, Image
-from gpulease.hub.profiles import FieldError, Profile, spot_usable_by, usable_by
 
 ALLOWED_KEYS = ("profile", "image", "account", "tier")
 ON_DEMAND = "on-demand"

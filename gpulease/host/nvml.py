@@ -14,15 +14,15 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from gpulease.spawners.gpu_models import mig_profile_from_attributes, model_key_from_nvml_name
-from gpulease.spawners.inventory import Gpu, Inventory, MigDevice, Node
+from gpulease.core.model.gpu_models import mig_profile_from_attributes, model_key_from_nvml_name
+from gpulease.core.model.inventory import Gpu, Inventory, MigDevice, Node
 
 log = logging.getLogger(__name__)
 
 _MIG_NAME_RE = re.compile(r"\bMIG\s+(\S+)$")
 
 
-def _load_pynvml() -> ModuleType | None:
+def load_pynvml() -> ModuleType | None:
     try:
         import pynvml  # the nvidia-ml-py distribution
     except ImportError:
@@ -30,7 +30,7 @@ def _load_pynvml() -> ModuleType | None:
     return pynvml
 
 
-def _text(value: str | bytes) -> str:
+def nvml_text(value: str | bytes) -> str:
     # Older nvidia-ml-py releases return bytes where newer ones return str.
     return value.decode() if isinstance(value, bytes) else value
 
@@ -61,14 +61,14 @@ def read_nvml_inventory(node_name: str, nvml: Any = None) -> Inventory | None:
 
     `nvml` is the pynvml module; tests pass a fake one in its place.
     """
-    nvml = nvml if nvml is not None else _load_pynvml()
+    nvml = nvml if nvml is not None else load_pynvml()
     if nvml is None:
         log.debug("NVML: the pynvml module (nvidia-ml-py) is not installed")
         return None
     with nvml_session(nvml, "GPU inventory") as started:
         if not started:
             return None
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        driver = nvml_text(nvml.nvmlSystemGetDriverVersion())
         gpus = []
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
@@ -85,8 +85,8 @@ def read_nvml_inventory(node_name: str, nvml: Any = None) -> Inventory | None:
 
 def _read_gpu(nvml: Any, index: int, driver: str) -> Gpu:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    model = model_key_from_nvml_name(_text(nvml.nvmlDeviceGetName(handle)))
-    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+    model = model_key_from_nvml_name(nvml_text(nvml.nvmlDeviceGetName(handle)))
+    uuid = nvml_text(nvml.nvmlDeviceGetUUID(handle))
     memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
     mig_enabled = _mig_enabled(nvml, handle)
     mig_devices = _read_mig_devices(nvml, handle, uuid, model) if mig_enabled else ()
@@ -109,7 +109,7 @@ def _read_mig_devices(nvml: Any, handle: Any, gpu_uuid: str, model: str) -> tupl
         except nvml.NVMLError:
             continue  # an empty slot: no MIG device was created there
         profile, memory = _mig_profile(nvml, mig, model)
-        devices.append(MigDevice(_text(nvml.nvmlDeviceGetUUID(mig)), profile, memory, gpu_uuid,
+        devices.append(MigDevice(nvml_text(nvml.nvmlDeviceGetUUID(mig)), profile, memory, gpu_uuid,
                                  slot))
     return tuple(devices)
 
@@ -128,7 +128,7 @@ def _mig_profile(nvml: Any, mig: Any, model: str) -> tuple[str, int | None]:
         log.debug("NVML: no attributes for a MIG device: %s", exc)
     memory = memory_mib * 1024**2 if memory_mib is not None else None
     try:
-        match = _MIG_NAME_RE.search(_text(nvml.nvmlDeviceGetName(mig)))
+        match = _MIG_NAME_RE.search(nvml_text(nvml.nvmlDeviceGetName(mig)))
     except nvml.NVMLError:
         match = None
     if match:

@@ -12,31 +12,9 @@ from collections import Counter, defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from gpulease.spawners.drivers import new_enough, too_old
-from gpulease.spawners.inventory import AllocatableDevice, Inventory
-
-
-@dataclass(frozen=True)
-class DeviceRequest:
-    """A MIG slice of one profile (count 1), or `count` full cards on one node."""
-
-    model: str
-    mig_profile: str | None = None
-    count: int = 1
-    # The image's need (spawners/drivers.py): GPUs with an older driver are passed over.
-    min_driver: str | None = None
-    image: str | None = None  # its catalog name, for the refusal
-
-    def __post_init__(self) -> None:
-        if self.count < 1:
-            raise ValueError(f"count must be at least 1, not {self.count}")
-        if self.mig_profile is not None and self.count != 1:
-            raise ValueError("a MIG request is for exactly one slice (count 1)")
-
-    def describe(self) -> str:
-        if self.mig_profile is not None:
-            return f"{self.model} slice {self.mig_profile}"
-        return _cards(self.count, self.model)
+from gpulease.core.model.device_request import DeviceRequest, cards_text
+from gpulease.core.model.drivers import new_enough, too_old
+from gpulease.core.model.inventory import AllocatableDevice, Inventory
 
 
 @dataclass(frozen=True)
@@ -56,10 +34,6 @@ class NoFit(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def _cards(count: int, model: str) -> str:
-    return f"{count}× {model} (full card{'s' if count != 1 else ''})"
 
 
 def _order(device: AllocatableDevice) -> tuple[str, int, int]:
@@ -100,7 +74,7 @@ def free_summary(inventory: Inventory, held: Collection[str]) -> str:
         return "nothing"
     keys = sorted(counts, key=lambda k: (k[0], k[1] is not None, k[1] or ""))
     return ", ".join(
-        _cards(counts[k], k[0]) if k[1] is None else f"{counts[k]}× {k[0]} slice {k[1]}"
+        cards_text(counts[k], k[0]) if k[1] is None else f"{counts[k]}× {k[0]} slice {k[1]}"
         for k in keys
     )
 

@@ -137,12 +137,8 @@ def parse_catalog(data: object, source: str = "catalog") -> Catalog:
     return Catalog(tuple(images))
 
 
-def load_catalog(path: str | Path | None = None) -> Catalog:
-    """Load and validate a catalog file; None loads the catalog shipped with gpulease."""
-    if path is None:
-        from gpulease.images import CATALOG_PATH
-
-        path = CATALOG_PATH
+def load_catalog(path: str | Path) -> Catalog:
+    """Load and validate a catalog file (gpulease.images.shipped_catalog: the shipped one)."""
     try:
         data = load_yaml(Path(path).read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from gpulease.core.model.catalog import Catalog, Image
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.gpu_models import KNOWN_MODELS, valid_mig_profiles
 from gpulease.core.refusal import FieldError, Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import (
@@ -27,9 +30,6 @@ from gpulease.core.units import (
     parse_duration,
     parse_quantity,
 )
-from gpulease.hub.catalog import Catalog, Image
-from gpulease.spawners.gpu_models import KNOWN_MODELS, valid_mig_profiles
-from gpulease.spawners.placement import DeviceRequest
 
 SAMPLE_PROFILES = Path(__file__).parent / "samples" / "profiles.yaml"
 
