@@ -1,7 +1,7 @@
 """Local accounts of the embedded shape: names, argon2id password hashes, the first admin.
 
 Only argon2id hashes are stored, never a password. The checks on names (the
-rule is gpulease.hub.user_names') and passwords are pure functions so that
+rule is gpulease.core.policy.user_names') and passwords are pure functions so that
 the CLI, the hub service and the authenticator all refuse the same things
 with the same messages.
 """
@@ -19,10 +19,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from gpulease.core.clock import utcnow
+from gpulease.core.policy.user_names import MAX_NAME_LENGTH as MAX_NAME_LENGTH  # re-exported
+from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
 from gpulease.hub.db import local_accounts, reading
-from gpulease.hub.user_names import MAX_NAME_LENGTH as MAX_NAME_LENGTH  # re-exported
-from gpulease.hub.user_names import name_problem
 
 log = logging.getLogger("gpulease.accounts")
 
@@ -54,7 +54,8 @@ class AccountError(Refusal, ValueError):
 
 
 def validate_username(name: str) -> str:
-    """`name` itself when it is valid (gpulease.hub.user_names), else AccountError saying why.
+    """`name` itself when it is valid (gpulease.core.policy.user_names), else AccountError
+    saying why.
 
     Nothing is lowercased: "Alice" is refused with words naming "alice", so
     that the name an admin typed is the name that exists.

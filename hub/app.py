@@ -26,7 +26,17 @@ from traitlets import Dict, default
 from gpulease.core.model.catalog import CatalogError
 from gpulease.core.model.inventory import InventoryError
 from gpulease.core.model.profiles import SAMPLE_PROFILES, ProfileError
+from gpulease.core.policy.user_names import outside_the_rule, rename_hint
 from gpulease.core.units import parse_duration
+from gpulease.host.state import (
+    StateError,
+    default_state_root,
+    keep_crypt_key,
+    prepare_state_dir,
+    read_or_create_secret,
+    write_cli_file,
+)
+from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.hub import canonical_host
 from gpulease.hub.accounts import AccountError, ensure_first_admin
 from gpulease.hub.app_options import GPULeaseOptions
@@ -70,16 +80,6 @@ from gpulease.hub.origins import OriginError, is_loopback, plan_origins
 from gpulease.hub.queue_resume import resume_then_serve
 from gpulease.hub.server_env import ServerEnvError
 from gpulease.hub.server_env import choose as choose_server_env
-from gpulease.hub.state import (
-    StateError,
-    default_state_root,
-    keep_crypt_key,
-    prepare_state_dir,
-    read_or_create_secret,
-    write_cli_file,
-)
-from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
-from gpulease.hub.user_names import outside_the_rule, rename_hint
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.local import LocalGPUSpawner, prestart_warm_launcher
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures

@@ -40,12 +40,12 @@ from traitlets import (
     validate,
 )
 
+from gpulease.core.policy.user_names import is_valid_name
 from gpulease.hub.accounts import HASH_PARALLELISM, MAX_NAME_LENGTH, LocalAccountStore
 from gpulease.hub.client_address import Network, login_address, parse_trusted
 from gpulease.hub.db import open_database
 from gpulease.hub.login_throttle import LoginThrottle
 from gpulease.hub.socket_owner import ProxyHosts, ProxyPeers, peer_and_local
-from gpulease.hub.user_names import is_valid_name
 
 _stores: dict[str, LocalAccountStore] = {}
 _stores_lock = threading.Lock()
@@ -239,7 +239,7 @@ class LocalAccountsAuthenticator(Authenticator):
     def validate_username(self, username: str) -> bool:
         # JupyterHub asks this of every name it makes or logs in (login, POST
         # /hub/api/users, a rename, admin_users, add_user at start): gpulease's
-        # one rule (gpulease.hub.user_names) on top of JupyterHub's own checks.
+        # one rule (gpulease.core.policy.user_names) on top of JupyterHub's own checks.
         return super().validate_username(username) and is_valid_name(username)
 
     def normalize_username(self, username: str) -> str:

@@ -11,7 +11,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from gpulease.hub.state import StateDir, default_state_root, read_cli_file
+from gpulease.host.state import StateDir, default_state_root, read_cli_file
 from gpulease.site_urls import SiteURLs, loopback_session
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from gpulease.hub.state import StateError
+from gpulease.host.state import StateError
 
 SPAWNER_CLASS = "gpulease.spawners.kube.GPUKubeSpawner"
 # Where Kubernetes mounts a pod's ServiceAccount namespace (kubespawner's own default).

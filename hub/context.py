@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
+from gpulease.core.billing.holds import AdmissionHolds
 from gpulease.core.model.catalog import Catalog, load_catalog
 from gpulease.core.model.inventory import Inventory
 from gpulease.host.gpus import discover_inventory
 from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.audit import AuditLog
 from gpulease.hub.db import open_database
-from gpulease.hub.holds import AdmissionHolds
 from gpulease.hub.ledger import Ledger
 from gpulease.hub.limits import LimitStore
 from gpulease.hub.notices import NoticeStore
@@ -50,7 +50,7 @@ class GPULeaseContext:
     # Set by the hub process: notification backends, for notices it posts itself
     # (a queued server that started).
     notify_backends: dict[str, Notifier] = field(default_factory=dict)
-    # Credit held by starts in flight in this process (gpulease.hub.holds); made
+    # Credit held by starts in flight in this process (gpulease.core.billing.holds); made
     # with the context, not lazily, so that concurrent first starts share one.
     holds: AdmissionHolds = field(default_factory=AdmissionHolds, repr=False)
 

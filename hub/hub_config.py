@@ -16,11 +16,11 @@ from urllib.parse import urlsplit
 
 from traitlets.config import Config
 
+from gpulease.host.state import StateDir
 from gpulease.hub.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
 from gpulease.hub.failed_starts import DEFAULT_LIMIT as FAILED_START_LIMIT
 from gpulease.hub.failed_starts import DEFAULT_WINDOW_S as FAILED_START_WINDOW_S
 from gpulease.hub.named_servers import NAMED_SERVER_LIMIT
-from gpulease.hub.state import StateDir
 from gpulease.site_urls import SiteURLs
 from gpulease.spawners.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER

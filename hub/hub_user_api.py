@@ -7,7 +7,7 @@ a user other requests can see; `POST /hub/api/users` (the admin page's "Add
 Users") and `PATCH /hub/api/users/{name}` (a rename) check first but answer
 "Invalid username: X" without what is allowed, and a non-string name in
 `usernames` is a bare 500. These subclasses check first, with the rule's
-words (gpulease.hub.user_names), and otherwise leave everything to
+words (gpulease.core.policy.user_names), and otherwise leave everything to
 JupyterHub's own handlers, which `GPULeaseHub.init_handlers` swaps for them.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 from jupyterhub.apihandlers.users import UserAPIHandler, UserListAPIHandler
 from jupyterhub.scopes import needs_scope
 
+from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
-from gpulease.hub.user_names import name_problem
 from gpulease.spawners.http_error import http_error
 
 

@@ -23,8 +23,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from gpulease.core.clock import utcnow
+from gpulease.core.policy.user_names import MAX_NAME_LENGTH, is_valid_name, name_stem
 from gpulease.hub.db import identities, reading
-from gpulease.hub.user_names import MAX_NAME_LENGTH, is_valid_name, name_stem
 
 FALLBACK_NAME = "user"  # when neither the preferred name nor the e-mail maps to a valid one
 MAX_SUFFIX = 10_000

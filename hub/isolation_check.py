@@ -6,7 +6,7 @@ the start banner. `unreachable` lists what a per-user account could not
 reach (the Python environment servers run with, the homes folder), so that
 the hub refuses to start with the folder to fix instead of failing every
 spawn later. (What the hub does first so that the defaults are reachable:
-gpulease.hub.server_env and gpulease.hub.state.default_state_root.)
+gpulease.hub.server_env and gpulease.host.state.default_state_root.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulease.hub.unix_accounts import UnixAccountPolicy, blocking_dir
+from gpulease.host.unix_accounts import UnixAccountPolicy, blocking_dir
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners.cgroups import Mechanism
 

@@ -20,12 +20,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, literal, select, text
 
+from gpulease.core.billing.holds import Held, OpenRun, credit_refusal
 from gpulease.core.clock import utcnow
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import MAX_UCR, format_credits, ms_cost
 from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
-from gpulease.hub.holds import Held, OpenRun, credit_refusal
 
 __all__ = [
     "BillingError", "LOW_BALANCE_MINUTES", "Ledger", "MAX_UCR", "advisory_lock",
@@ -328,7 +328,7 @@ class Ledger:
         """Refuse (402) a start that the balance or the member's monthly cap cannot cover.
 
         `held` is what other starts and running minimum runs already hold on
-        the account (gpulease.hub.holds), `member_held` this member's part.
+        the account (gpulease.core.billing.holds), `member_held` this member's part.
         A free profile (no price, no minimum run) is never refused for credit:
         a user in debt must still be able to reach their files on it. A paid
         one with `min_run: 0` still needs credit above zero.

@@ -19,7 +19,7 @@ loop around them:
   do members whose monthly cap on a group account is spent (`account_cap`):
   a stop is asked on every heartbeat until the server is gone, pending or
   not, and a stop not done by the next heartbeat has its process tree killed
-  (the decisions: `gpulease.hub.enforcement`);
+  (the decisions: `gpulease.core.billing.enforcement`);
 - users with less than LOW_BALANCE_MINUTES left are told;
 - a lease in the database makes sure two hubs never meter the same sessions.
 """
@@ -39,10 +39,7 @@ from typing import Protocol
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpulease.core.clock import utcnow
-from gpulease.core.units import format_credits, seconds_text
-from gpulease.hub import metrics
-from gpulease.hub.enforcement import (
+from gpulease.core.billing.enforcement import (
     ACCOUNT_CAP,
     PREEMPTED,
     CapUse,
@@ -56,6 +53,9 @@ from gpulease.hub.enforcement import (
     stop_actions,
     who_must_stop,
 )
+from gpulease.core.clock import utcnow
+from gpulease.core.units import format_credits, seconds_text
+from gpulease.hub import metrics
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, Ledger, minutes_left, month_start
 from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.notifier import render_account_cap

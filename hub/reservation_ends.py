@@ -25,8 +25,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpulease.core.billing.enforcement import RESERVATION_ENDED, StopOrder, StopProgress
 from gpulease.core.clock import utcnow
-from gpulease.hub.enforcement import RESERVATION_ENDED, StopOrder, StopProgress
 from gpulease.hub.metering import LiveSession
 from gpulease.hub.reservations import Booked
 

@@ -1,4 +1,5 @@
-"""Reservations: the database adapter around the rules of hub/reservation_rules.py.
+"""Reservations: the database adapter around their rules
+(gpulease/core/capacity/reservation_rules.py).
 
 Making one is one transaction: the period and capacity checks (against every
 other reservation, under one lock, so two cannot both take the last units), the
@@ -15,13 +16,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, insert, select, update
 
-from gpulease.core.clock import utcnow
-from gpulease.core.model.profiles import Profile
-from gpulease.core.refusal import Refusal
-from gpulease.core.units import format_credits
-from gpulease.hub.db import reading, reservations
-from gpulease.hub.ledger import Ledger, advisory_lock
-from gpulease.hub.reservation_rules import (
+from gpulease.core.capacity.reservation_rules import (
     DeviceKind,
     Reservation,
     ReservationError,
@@ -30,6 +25,12 @@ from gpulease.hub.reservation_rules import (
     refund_ucr,
     reservation_cost,
 )
+from gpulease.core.clock import utcnow
+from gpulease.core.model.profiles import Profile
+from gpulease.core.refusal import Refusal
+from gpulease.core.units import format_credits
+from gpulease.hub.db import reading, reservations
+from gpulease.hub.ledger import Ledger, advisory_lock
 
 ON_END = ("continue", "suspend")  # its servers at its end: on demand, or suspended
 _LOCK = "reservations"

@@ -4,7 +4,7 @@
 running JupyterHub app: which servers run, polling one, stopping one as the
 REST API's DELETE would (a pending start included: its spawn is cancelled
 first), and killing one whose stop does not complete. The decisions of what
-to stop and when to kill are `gpulease.hub.enforcement`'s.
+to stop and when to kill are `gpulease.core.billing.enforcement`'s.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from jupyterhub import orm
 
+from gpulease.core.billing.enforcement import RunningServer
 from gpulease.core.policy.options import ON_DEMAND, RESERVED, SPOT, rate_for
-from gpulease.hub.enforcement import RunningServer
 from gpulease.hub.my_servers import option_value
 
 log = logging.getLogger("gpulease.metering")

@@ -28,7 +28,7 @@ import sysconfig
 import tomllib
 from pathlib import Path
 
-from gpulease.hub.unix_accounts import blocking_dir
+from gpulease.host.unix_accounts import blocking_dir
 from gpulease.singleuser import SERVER_SCRIPT
 
 # Never part of an environment: a built labextension's npm tree, a repository.

@@ -18,6 +18,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 
+from gpulease.core.billing.holds import Hold, held_on
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import saved_profile
 from gpulease.core.policy.options import (
@@ -32,11 +33,10 @@ from gpulease.core.policy.options import (
     resolved_options,
     why_chosen,
 )
+from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import format_credits, format_duration, rate_cost
-from gpulease.hub.holds import Hold, held_on
 from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
-from gpulease.hub.user_names import name_problem
 from gpulease.spawners.cpu_totals import (
     CpuOnlyServer,
     cpu_only_refusal,
@@ -45,9 +45,9 @@ from gpulease.spawners.cpu_totals import (
 )
 
 if TYPE_CHECKING:
+    from gpulease.core.capacity.reservation_rules import Reservation
     from gpulease.core.model.profiles import Profile
     from gpulease.hub.context import GPULeaseContext
-    from gpulease.hub.reservation_rules import Reservation
     from gpulease.spawners.local import LocalGPUSpawner
 
 DATABASE_DOWN = (
@@ -205,7 +205,7 @@ def cpu_only_servers(spawner: LocalGPUSpawner,
 
 def admit_for_credit(ctx: GPULeaseContext, key: tuple[str, str], choice: ServerChoice,
                      min_run_s: dict[str, int], alive: Callable[[], bool]) -> None:
-    """Check credit and hold the start's minimum run, as one step (gpulease.hub.holds).
+    """Check credit and hold the start's minimum run, as one step (gpulease.core.billing.holds).
 
     Runs in a worker thread; the lock serialises the starts of this hub process,
     so starts sent at once cannot together spend more than the balance. The

@@ -26,8 +26,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulease.core.capacity.placement import NoFit
+from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.hub.reservation_rules import Reservation
 from gpulease.spawners.cluster_inventory import (
     ClusterInventory,
     Kind,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from jupyterhub.spawner import set_user_setuid
 
-from gpulease.hub.state import StateDir
-from gpulease.hub.unix_accounts import (
+from gpulease.host.state import StateDir
+from gpulease.host.unix_accounts import (
     UnixAccount,
     UnixAccountPolicy,
     ensure_unix_account,

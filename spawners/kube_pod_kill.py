@@ -156,7 +156,8 @@ class PodKill:
     async def kill_now(self) -> int:
         """Have the pod's containers killed at once: for a stop that did not complete (a
         container that ignores SIGTERM within a long grace period, a stop that hangs). The
-        heartbeat calls it (hub/enforcement.py) on each beat until the server is gone, as
+        heartbeat calls it (gpulease/core/billing/enforcement.py) on each beat until the
+        server is gone, as
         the embedded spawner's SIGKILL.
 
         The pod is deleted again with a grace period of KILL_GRACE_S: the kubelet kills

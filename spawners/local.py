@@ -28,8 +28,8 @@ from traitlets import Bool, Dict, Instance, Integer, Unicode, Union
 from gpulease.core.clock import utcnow
 from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
-from gpulease.hub.state import StateDir, StateError, ensure_home
-from gpulease.hub.unix_accounts import UnixAccountError, UnixAccountPolicy
+from gpulease.host.state import StateDir, StateError, ensure_home
+from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners import isolation
 from gpulease.spawners.cgroups import CgroupError
 from gpulease.spawners.exit_watch import wait_for_exit, watch_server_exit

@@ -1,7 +1,7 @@
 """What reservations withhold from other starts (pure), on the embedded box.
 
 During its period a reservation holds `units × per_unit` devices of its kind
-(gpulease.hub.reservation_rules). Per kind of device with a reservation active:
+(gpulease.core.capacity.reservation_rules). Per kind of device with a reservation active:
 
 - an on-demand start (one of no holder, or of a holder whose units are all in
   use) may take only what the reservations leave: the devices of the kind,
@@ -32,9 +32,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpulease.core.capacity.placement import NoFit, Placement, place
+from gpulease.core.capacity.reservation_rules import DeviceKind, Reservation
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-from gpulease.hub.reservation_rules import DeviceKind, Reservation
 
 ON_DEMAND, SPOT, RESERVED = "on-demand", "spot", "reserved"
 

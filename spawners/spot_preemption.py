@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from gpulease.core.billing.enforcement import PREEMPTED
 from gpulease.core.clock import utcnow
 from gpulease.core.policy.options import price_text
-from gpulease.hub.enforcement import PREEMPTED
 from gpulease.hub.notifier import subject_for
 from gpulease.spawners.assignments import HELD, Holder
 from gpulease.spawners.displacement import Displacement

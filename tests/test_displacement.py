@@ -3,9 +3,9 @@ rule over counts, then its readings of the embedded box and of the cluster."""
 
 import datetime as dt
 
+from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.hub.reservation_rules import Reservation
 from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
 from gpulease.spawners.cluster_queue import cluster_withholding
 from gpulease.spawners.displacement import (

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpulease.hub.unix_accounts import GECOS_MARK, choose_uid
+from gpulease.host.unix_accounts import GECOS_MARK, choose_uid
 from tests.hubproc import HubProcess, free_port
 from tests.isolation_env import hub_python, mock_server_catalog
 

@@ -1,4 +1,4 @@
-"""Admission holds (gpulease.hub.holds): the pure rule, and check_start with holds."""
+"""Admission holds (gpulease.core.billing.holds): the pure rule, and check_start with holds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpulease.hub.holds import (
+from gpulease.core.billing.holds import (
     AdmissionHolds,
     Held,
     Hold,

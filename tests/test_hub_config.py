@@ -1,6 +1,7 @@
 from dataclasses import replace
 from pathlib import Path
 
+from gpulease.host.state import StateDir
 from gpulease.hub.hub_config import (
     ADMIN_SCOPE,
     CLI_SERVICE_NAME,
@@ -8,7 +9,6 @@ from gpulease.hub.hub_config import (
     HubSettings,
     hub_config,
 )
-from gpulease.hub.state import StateDir
 
 
 def settings(tmp_path) -> HubSettings:

@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from gpulease.core.policy.user_names import is_valid_name
 from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.identities import Identity, IdentityStore, base_name, candidate_names
 from gpulease.hub.oauth import provider_groups, provider_unreachable
 from gpulease.hub.oauth_github import github_groups
-from gpulease.hub.user_names import is_valid_name
 
 ISS = "https://idp.uni.example/realms/research"
 

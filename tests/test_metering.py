@@ -11,8 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy.exc import OperationalError
 
-from gpulease.core.clock import utcnow
-from gpulease.hub.enforcement import (
+from gpulease.core.billing.enforcement import (
     ACCOUNT_CAP,
     OUT_OF_CREDIT,
     CapUse,
@@ -24,6 +23,7 @@ from gpulease.hub.enforcement import (
     stop_actions,
     who_must_stop,
 )
+from gpulease.core.clock import utcnow
 from gpulease.hub.ledger import month_start, to_ms
 from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.metering import Meter
@@ -181,7 +181,7 @@ def test_a_second_meter_is_refused(engine, meter):
         other.acquire_lease()
 
 
-# --- the heartbeat's decisions (gpulease.hub.enforcement), pure ---------------------
+# --- the heartbeat's decisions (gpulease.core.billing.enforcement), pure ---------------------
 
 T0 = dt.datetime(2025, 3, 10, 12, 0, 0)
 

@@ -19,6 +19,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
+from gpulease.host.state import StateDir
 from gpulease.hub.hub_config import HubSettings, hub_config
 from gpulease.hub.notices import KINDS, Prefs
 from gpulease.hub.notifier import (
@@ -28,7 +29,6 @@ from gpulease.hub.notifier import (
     dispatch,
     render,
 )
-from gpulease.hub.state import StateDir
 from tests.hubproc import free_port
 
 AT = dt.datetime(2025, 1, 1, 14, 5)

@@ -1,11 +1,11 @@
-"""The reservation rules (hub/reservation_rules.py), pure: periods, price, capacity with
+"""The reservation rules (gpulease/core/capacity/reservation_rules.py), pure: periods, price, capacity with
 overlapping reservations, refunds, and what is withheld from everyone else."""
 
 import datetime as dt
 
 import pytest
 
-from gpulease.hub.reservation_rules import (
+from gpulease.core.capacity.reservation_rules import (
     Reservation,
     capacity_refusal,
     devices_for_units,

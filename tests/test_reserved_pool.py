@@ -6,9 +6,9 @@ import datetime as dt
 import pytest
 
 from gpulease.core.capacity.placement import place
+from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.hub.reservation_rules import Reservation
 from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
 from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.spawners.pod_spec import only_on

@@ -5,8 +5,8 @@ still holds it."""
 import datetime as dt
 from types import SimpleNamespace
 
+from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.profiles import parse_profile
-from gpulease.hub.reservation_rules import Reservation
 from gpulease.hub.server_control import saved_meter_facts
 from gpulease.images import shipped_catalog
 from gpulease.spawners.assignments import Holder

@@ -3,7 +3,7 @@ import stat
 
 import pytest
 
-from gpulease.hub.state import StateError, ensure_home, prepare_state_dir, read_or_create_secret
+from gpulease.host.state import StateError, ensure_home, prepare_state_dir, read_or_create_secret
 
 
 def test_layout_and_modes(tmp_path):

@@ -18,7 +18,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpulease.hub.unix_accounts import UnixAccount
+from gpulease.host.unix_accounts import UnixAccount
 from gpulease.spawners.cgroups import Limits, systemd_command
 from gpulease.spawners.isolation import Prepared, own_groups, preexec_for
 

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpulease.hub.isolation_check import decide, shebang_interpreter, unreachable
-from gpulease.hub.unix_accounts import (
+from gpulease.host.unix_accounts import (
     GECOS_MARK,
     UnixAccountError,
     UnixAccountPolicy,
@@ -19,6 +18,7 @@ from gpulease.hub.unix_accounts import (
     choose_uid,
     unix_name,
 )
+from gpulease.hub.isolation_check import decide, shebang_interpreter, unreachable
 from gpulease.spawners.cgroups import Mechanism
 
 
@@ -138,7 +138,7 @@ def test_server_runs_under_its_unix_name_without_allow_root():
 
 def test_a_locked_passwd_file_is_waited_out_not_failed_at_once(monkeypatch, tmp_path):
     """Servers started at once make accounts at once; useradd fails at once on the lock."""
-    from gpulease.hub import unix_accounts as ua
+    from gpulease.host import unix_accounts as ua
     made: dict[str, object] = {}
     calls: list[list[str]] = []
 

@@ -9,11 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulease.hub.accounts import AccountError, validate_username
-from gpulease.hub.authenticator import LocalAccountsAuthenticator
-from gpulease.hub.state import StateError, checked_home, ensure_home, prepare_state_dir
-from gpulease.hub.unix_accounts import UnixAccount, UnixAccountError, own_home
-from gpulease.hub.user_names import (
+from gpulease.core.policy.user_names import (
     MAX_NAME_LENGTH,
     NAME_PATTERN,
     BadName,
@@ -23,6 +19,10 @@ from gpulease.hub.user_names import (
     rename_hint,
     suggested_name,
 )
+from gpulease.host.state import StateError, checked_home, ensure_home, prepare_state_dir
+from gpulease.host.unix_accounts import UnixAccount, UnixAccountError, own_home
+from gpulease.hub.accounts import AccountError, validate_username
+from gpulease.hub.authenticator import LocalAccountsAuthenticator
 
 VALID = ["a", "alice", "ab-c", "a1", "x-1-2", "a" * 32, "a" + "-" * 30 + "z", "admin"]
 INVALID = [

@@ -1,6 +1,6 @@
 """End to end: names outside gpulease's rule are refused at every entry of a real hub.
 
-The rule (gpulease.hub.user_names): `^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$`, no
+The rule (gpulease.core.policy.user_names): `^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$`, no
 system account's name. Attacked here through JupyterHub's own API (also
 straight at the hub's port, which does not normalise `..` as the proxy
 does), its admin page in Chromium, gpulease's api/users and CLI; and a name
@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 import pytest
 import requests
 
-from gpulease.hub.user_names import NAME_PATTERN
+from gpulease.core.policy.user_names import NAME_PATTERN
 from tests.hubproc import HubProcess
 
 pytestmark = pytest.mark.e2e

@@ -22,11 +22,16 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from tornado import web
 
+from gpulease.core.capacity.reservation_rules import (
+    HOUR,
+    devices_for_units,
+    refund_ucr,
+    whole_hours,
+)
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import Profile
 from gpulease.core.refusal import Refusal
 from gpulease.hub.db import ledger_entries, reading
-from gpulease.hub.reservation_rules import HOUR, devices_for_units, refund_ucr, whole_hours
 from gpulease.hub.reservations import ON_END, Booked, kind_of, kind_words
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.admin_base import AdminPage

@@ -279,8 +279,8 @@ def make_unix_account(name: str, isolation: dict) -> dict[str, str]:
         return {}
     from pathlib import Path
 
-    from gpulease.hub.state import StateDir, StateError, ensure_home
-    from gpulease.hub.unix_accounts import (
+    from gpulease.host.state import StateDir, StateError, ensure_home
+    from gpulease.host.unix_accounts import (
         UnixAccountError,
         UnixAccountPolicy,
         ensure_unix_account,

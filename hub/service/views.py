@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.inventory import Inventory
 from gpulease.core.model.profiles import Profile
-from gpulease.hub.reservation_rules import Reservation
 from gpulease.hub.reservations import kind_words
 from gpulease.spawners.assignments import Holder
 from gpulease.spawners.cluster_availability import FREE, Availability

@@ -81,7 +81,7 @@ class Profile:
     spot_price_per_hour_ucr: int | None = None
     spot_groups: tuple[str, ...] = ()  # () : everyone who may use the profile
     # Reservations (None: not offered): units held over a period, charged once at this
-    # rate per unit and hour (hub/reservation_rules.py).
+    # rate per unit and hour (gpulease/core/capacity/reservation_rules.py).
     reserved_price_per_hour_ucr: int | None = None
 
     @property

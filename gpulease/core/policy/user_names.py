@@ -14,7 +14,7 @@ gpulease.hub.hub_user_api), gpulease's api/users and `gpulease users add`
 silently: "Alice" is refused, naming "alice". Identity providers, when they
 come, map their names into this set. Names made before the rule are reported
 at start (`outside_the_rule`, `rename_hint`); the home code refuses them
-(gpulease.hub.state.checked_home).
+(gpulease.host.state.checked_home).
 """
 
 from __future__ import annotations

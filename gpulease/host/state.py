@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulease.hub.user_names import name_problem
+from gpulease.core.policy.user_names import name_problem
 
 
 class StateError(RuntimeError):

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulease.hub.state import StateError, checked_home, open_home
+from gpulease.host.state import StateError, checked_home, open_home
 
 MAX_UNIX_NAME = 32  # useradd's limit
 # The account expired on 2 January 1970: PAM refuses every login of it (sshd with a key
