@@ -23,6 +23,7 @@ from jupyterhub.app import aliases as hub_aliases
 from tornado.httpserver import HTTPServer
 from traitlets import Dict, default
 
+from gpulease.core.billing.rules import BillingError
 from gpulease.core.model.catalog import CatalogError
 from gpulease.core.model.inventory import InventoryError
 from gpulease.core.model.profiles import SAMPLE_PROFILES, ProfileError
@@ -69,7 +70,6 @@ from gpulease.hub.isolation_check import (
     server_env_paths,
     unreachable,
 )
-from gpulease.hub.ledger import BillingError
 from gpulease.hub.metering import Meter
 from gpulease.hub.named_servers import refusing_limit
 from gpulease.hub.notifier import announce, backends_from_env

@@ -26,9 +26,9 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Engine, Select, func, literal_column, select
 
+from gpulease.core.billing.rules import parse_account
 from gpulease.core.units import format_credits
 from gpulease.hub.db import reading, sessions
-from gpulease.hub.ledger import parse_account
 from gpulease.hub.sessions import session_from_row
 
 __all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "iso_z", "report", "spend_per_day",

@@ -5,6 +5,9 @@ account's open sessions have accrued up to their last confirmed heartbeat:
 what is confirmed is owed, and nothing beyond it is invented. Amounts are
 integer micro-credits (µcr) from end to end.
 
+The arithmetic (billed milliseconds, minutes left, what an account is) is
+gpulease/core/billing/rules.py; this module is the store.
+
 Which hub users exist is the caller's knowledge, not the ledger's: it checks
 the syntax of `user:NAME` accounts only. A group account exists once it has a
 row (DESIGN.md: "a group account exists once credits are granted to it").
@@ -14,95 +17,20 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import re
 from collections.abc import Collection, Iterable
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, literal, select, text
 
 from gpulease.core.billing.holds import Held, OpenRun, credit_refusal
+from gpulease.core.billing.rules import MIN_UCR, BillingError, billed_ms, month_start, parse_account
 from gpulease.core.clock import utcnow
-from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import MAX_UCR, format_credits, ms_cost
 from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
 
-__all__ = [
-    "BillingError", "LOW_BALANCE_MINUTES", "Ledger", "MAX_UCR", "advisory_lock",
-    "billed_ms", "billed_seconds", "minutes_left", "month_start", "parse_account",
-    "seconds_up", "to_ms",
-]
-
-LOW_BALANCE_MINUTES = 10
-MIN_UCR = -MAX_UCR - 1
-ACCOUNT_FORMS = "user:NAME or group:NAME (a bare NAME means user:NAME)"
-_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}", re.IGNORECASE)
 # SQLite (before 3.32) allowed 999 bound parameters per statement; stay under it.
 _IN_CHUNK = 900
-
-
-class BillingError(Refusal):
-    """A ledger refusal: `status`, why, and the field it is about when there is one."""
-
-    def __init__(self, status: int, message: str, field: str | None = None):
-        super().__init__(message, [(field, message)] if field else (), status=status)
-
-
-def parse_account(text: str, *, default_user: str | None = None) -> str:
-    """Canonical account text: "user:NAME" or "group:NAME"; "" -> the default user's."""
-    if not isinstance(text, str):
-        raise BillingError(400, f"an account is text, {ACCOUNT_FORMS}; got {shown(text)}",
-                           "account")
-    value = text.strip()
-    if not value and default_user is not None:
-        # An omitted account means the caller's personal one (DESIGN.md step 1).
-        return f"user:{default_user}"
-    kind, sep, name = value.partition(":")
-    if not sep:
-        kind, name = "user", value
-    if kind not in ("user", "group") or not _NAME.fullmatch(name):
-        raise BillingError(400, f"{text!r} is not an account; accounts are {ACCOUNT_FORMS}, "
-                                "names of letters, digits, '_', '.', '-' (at most 64)",
-                           "account")
-    return f"{kind}:{name}"
-
-
-_MS = dt.timedelta(milliseconds=1)
-
-
-def to_ms(moment: dt.datetime, *, up: bool = False) -> dt.datetime:
-    """`moment` on a millisecond: down (a confirmation, an end) or, with `up`, up (a
-    start), so that a session's interval never holds a microsecond it did not run."""
-    whole = moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
-    return whole + _MS if up and whole != moment else whole
-
-
-def billed_ms(started: dt.datetime, ended: dt.datetime) -> int:
-    """`ended - started` in whole milliseconds (rounded down); never negative."""
-    return max(0, (ended - started) // _MS)
-
-
-def seconds_up(ms: int) -> int:
-    """Milliseconds as whole seconds rounded up: the API's `billed_seconds`."""
-    return -(-ms // 1000)
-
-
-def billed_seconds(started: dt.datetime, ended: dt.datetime) -> int:
-    """`ended - started` in whole seconds, rounded up from its milliseconds."""
-    return seconds_up(billed_ms(started, ended))
-
-
-def minutes_left(balance_ucr: int, rate_per_hour_ucr: int) -> int | None:
-    """Whole minutes `balance_ucr` lasts at a rate (None: a free rate never runs out)."""
-    if rate_per_hour_ucr <= 0:
-        return None
-    return max(0, balance_ucr * 60 // rate_per_hour_ucr)
-
-
-def month_start(now: dt.datetime | None = None) -> dt.datetime:
-    """Midnight UTC of the first day of `now`'s calendar month (caps are monthly)."""
-    now = now or utcnow()
-    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
 def advisory_lock(conn: Connection, name: str) -> None:

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 
 from gpulease.core.billing.holds import Hold, held_on
+from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import saved_profile
 from gpulease.core.policy.options import (
@@ -36,7 +37,6 @@ from gpulease.core.policy.options import (
 from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import format_credits, format_duration, rate_cost
-from gpulease.hub.ledger import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.spawners.cpu_totals import (
     CpuOnlyServer,
     cpu_only_refusal,

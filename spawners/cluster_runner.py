@@ -31,8 +31,8 @@ from kubernetes_asyncio import client
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.policy.limits import Holding, check_limits
 from gpulease.core.units import format_duration
-from gpulease.hub.limits import Holding, check_limits
 from gpulease.spawners.cluster_inventory import (
     ClusterInventory,
     fit,

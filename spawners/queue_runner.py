@@ -22,8 +22,8 @@ from gpulease.core.capacity.placement import NoFit, Placement, free_summary, pla
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
+from gpulease.core.policy.limits import Holding, check_limits
 from gpulease.core.units import format_duration
-from gpulease.hub.limits import Holding, check_limits
 from gpulease.spawners.assignments import Holder, held_by
 from gpulease.spawners.displacement import on_the_box
 from gpulease.spawners.queue import Waiting, plan, queue_places_refusal, restricted

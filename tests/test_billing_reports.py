@@ -11,6 +11,7 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import insert
 
+from gpulease.core.billing.rules import billed_seconds
 from gpulease.core.units import MAX_UCR, ms_cost
 from gpulease.hub.billing_reports import (
     USAGE_COLUMNS,
@@ -21,7 +22,7 @@ from gpulease.hub.billing_reports import (
     usage,
 )
 from gpulease.hub.db import sessions
-from gpulease.hub.ledger import Ledger, billed_seconds
+from gpulease.hub.ledger import Ledger
 from gpulease.hub.sessions import SessionLedger
 
 T0 = dt.datetime(2024, 3, 1)

@@ -17,7 +17,8 @@ from gpulease.core.billing.holds import (
     held_on,
     unused_minimum,
 )
-from gpulease.hub.ledger import BillingError, Ledger
+from gpulease.core.billing.rules import BillingError
+from gpulease.hub.ledger import Ledger
 from gpulease.hub.sessions import SessionLedger
 
 CREDIT = 1_000_000

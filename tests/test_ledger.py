@@ -7,10 +7,8 @@ import threading
 
 import pytest
 
-from gpulease.hub.ledger import (
-    MAX_UCR,
+from gpulease.core.billing.rules import (
     BillingError,
-    Ledger,
     billed_ms,
     billed_seconds,
     minutes_left,
@@ -19,6 +17,8 @@ from gpulease.hub.ledger import (
     seconds_up,
     to_ms,
 )
+from gpulease.core.units import MAX_UCR
+from gpulease.hub.ledger import Ledger
 from gpulease.hub.sessions import SessionLedger
 
 T0 = dt.datetime(2024, 3, 10, 12, 0, 0)

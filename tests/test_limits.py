@@ -3,17 +3,17 @@
 import pytest
 from sqlalchemy import select
 
-from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import audit_log
-from gpulease.hub.limits import (
+from gpulease.core.policy.limits import (
     Holding,
     Limit,
     LimitError,
-    LimitStore,
     check_limits,
     parse_limit_body,
     parse_subject,
 )
+from gpulease.hub.audit import AuditLog
+from gpulease.hub.db import audit_log
+from gpulease.hub.limits import LimitStore
 
 
 def test_subjects():

@@ -23,8 +23,8 @@ from gpulease.core.billing.enforcement import (
     stop_actions,
     who_must_stop,
 )
+from gpulease.core.billing.rules import month_start, to_ms
 from gpulease.core.clock import utcnow
-from gpulease.hub.ledger import month_start, to_ms
 from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.metering import Meter
 from gpulease.hub.sessions import MeterConflict

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.policy.limits import Limit
 from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.limits import Limit
 from gpulease.spawners.queue_runner import QueueRunner, Refused, queue_progress
 
 SLICE = DeviceRequest("H200", "1g.18gb")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from gpulease.core.billing.rules import BillingError
 from gpulease.core.model.profiles import ProfileError
+from gpulease.core.policy.limits import LimitError
 from gpulease.core.policy.options import OptionsRefused
 from gpulease.core.refusal import FieldError, Refusal
 from gpulease.hub.accounts import AccountError
-from gpulease.hub.ledger import BillingError
-from gpulease.hub.limits import LimitError
 from gpulease.hub.notices import NoticeError
 from gpulease.hub.server_activity import PushError
 from gpulease.hub.service.billing_views import PeriodError

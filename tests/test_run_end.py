@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpulease.core.billing.rules import to_ms
 from gpulease.core.clock import utcnow
-from gpulease.hub.ledger import to_ms
 from gpulease.hub.metering import Meter
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.cgroup_kill import cgroup_pids, remove_dirs

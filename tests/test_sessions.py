@@ -8,8 +8,9 @@ import os
 import pytest
 from sqlalchemy import select
 
+from gpulease.core.billing.rules import BillingError
 from gpulease.hub.db import sessions as sessions_table
-from gpulease.hub.ledger import BillingError, Ledger
+from gpulease.hub.ledger import Ledger
 from gpulease.hub.sessions import END_REASONS, MeterConflict, Session, SessionLedger, pid_alive
 
 T0 = dt.datetime(2024, 3, 10, 12, 0, 0)

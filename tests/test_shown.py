@@ -7,13 +7,13 @@ from decimal import Decimal
 
 import pytest
 
+from gpulease.core.billing.rules import BillingError, parse_account
 from gpulease.core.model.catalog import CatalogError, parse_catalog
 from gpulease.core.model.profiles import ProfileError, parse_profile
+from gpulease.core.policy.limits import LimitError, parse_limit_body
 from gpulease.core.policy.options import OptionsRefused, _values
 from gpulease.core.shown import kind_of, shown
 from gpulease.core.units import json_loads, parse_credits, parse_duration, parse_quantity
-from gpulease.hub.ledger import BillingError, parse_account
-from gpulease.hub.limits import LimitError, parse_limit_body
 from gpulease.hub.notices import NoticeError, validate_prefs
 from gpulease.images import shipped_catalog
 

@@ -14,11 +14,12 @@ from typing import Any
 from sqlalchemy import Engine, select
 from tornado import web
 
+from gpulease.core.policy.limits import FIELDS as LIMIT_FIELDS
+from gpulease.core.policy.limits import LimitError, parse_limit_body, parse_subject
 from gpulease.core.refusal import FieldError, Refusal
 from gpulease.hub.db import account_caps, ledger_entries, reading
 from gpulease.hub.identities import IdentityStore
-from gpulease.hub.limits import FIELDS as LIMIT_FIELDS
-from gpulease.hub.limits import LimitError, LimitStore, parse_limit_body, parse_subject
+from gpulease.hub.limits import LimitStore
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.admin_base import AdminPage
 from gpulease.hub.service.billing_handlers import parse_monthly_cap

@@ -9,6 +9,12 @@ from typing import Any
 from sqlalchemy import Engine, select
 from tornado.escape import url_escape
 
+from gpulease.core.billing.rules import (
+    LOW_BALANCE_MINUTES,
+    BillingError,
+    minutes_left,
+    parse_account,
+)
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import usable_by
 from gpulease.core.refusal import Refusal
@@ -16,13 +22,7 @@ from gpulease.core.shown import shown
 from gpulease.core.units import parse_credits
 from gpulease.hub import billing_reports
 from gpulease.hub.db import ledger_entries, reading
-from gpulease.hub.ledger import (
-    LOW_BALANCE_MINUTES,
-    BillingError,
-    Ledger,
-    minutes_left,
-    parse_account,
-)
+from gpulease.hub.ledger import Ledger
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError

@@ -14,7 +14,7 @@ import asyncio
 
 from tornado import web
 
-from gpulease.hub.limits import Limit, parse_limit_body, parse_subject
+from gpulease.core.policy.limits import Limit, parse_limit_body, parse_subject
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 

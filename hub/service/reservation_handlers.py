@@ -30,6 +30,7 @@ from typing import Any
 
 from tornado import web
 
+from gpulease.core.billing.rules import parse_account
 from gpulease.core.capacity.reservation_rules import (
     DeviceKind,
     devices_for_units,
@@ -39,7 +40,6 @@ from gpulease.core.capacity.reservation_rules import (
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import Profile, usable_by
 from gpulease.core.refusal import Refusal
-from gpulease.hub.ledger import parse_account
 from gpulease.hub.reservations import ON_END, Booked, kind_words
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
