@@ -58,7 +58,7 @@ from bench.billing_servers import (  # noqa: E402
 from bench.figures import figure, target  # noqa: E402
 from bench.postgres import NoPostgres, postgres_server  # noqa: E402
 from bench.procs import interrupts_clean_up, save_logs  # noqa: E402
-from gpulease.hub.db import sqlite_url  # noqa: E402
+from gpulease.store.db import sqlite_url  # noqa: E402
 from tests.cluster.controlplane import missing_tools  # noqa: E402
 from tests.hubproc import CHP  # noqa: E402
 

@@ -26,9 +26,9 @@ from sqlalchemy import Engine, create_engine, event, insert, make_url, text
 from gpulease.core.billing.rules import to_ms
 from gpulease.core.clock import utcnow
 from gpulease.hub import billing_reports
-from gpulease.hub.db import ledger_entries, open_database
 from gpulease.hub.metering import LiveSession, Meter
 from gpulease.hub.sessions import SessionLedger
+from gpulease.store.db import ledger_entries, open_database
 
 REPORT_TARGET_MS = 500.0
 

@@ -22,7 +22,7 @@ from gpulease.core.clock import utcnow
 from gpulease.core.policy.user_names import MAX_NAME_LENGTH as MAX_NAME_LENGTH  # re-exported
 from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
-from gpulease.hub.db import local_accounts, reading
+from gpulease.store.db import local_accounts, reading
 
 log = logging.getLogger("gpulease.accounts")
 

@@ -41,7 +41,6 @@ from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.hub import canonical_host
 from gpulease.hub.accounts import AccountError, ensure_first_admin
 from gpulease.hub.app_options import GPULeaseOptions
-from gpulease.hub.audit import RetentionError, parse_retention
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.body_budget import BudgetedHTTPServer
 from gpulease.hub.cluster_shape import banner_lines as cluster_banner
@@ -84,6 +83,7 @@ from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.local import LocalGPUSpawner, prestart_warm_launcher
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures
 from gpulease.spawners.warm_start import close_all as close_warm_launchers
+from gpulease.store.audit import RetentionError, parse_retention
 
 gpulease_aliases = {
     **hub_aliases,

@@ -11,7 +11,6 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicod
 from traitlets.config import Configurable
 
 from gpulease.core.units import parse_duration
-from gpulease.hub.failed_starts import DEFAULT_LIMIT as DEFAULT_FAILED_START_LIMIT
 from gpulease.hub.notifier import WebhookURL
 from gpulease.spawners.cpu_totals import (
     CPU_ONLY_CPU_PER_USER,
@@ -21,6 +20,7 @@ from gpulease.spawners.cpu_totals import (
 )
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S
+from gpulease.store.failed_starts import DEFAULT_LIMIT as DEFAULT_FAILED_START_LIMIT
 
 SHAPES = ("embedded", "cluster")
 

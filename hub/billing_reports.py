@@ -27,11 +27,12 @@ from typing import Any
 from sqlalchemy import BigInteger, Engine, Select, func, literal_column, select
 
 from gpulease.core.billing.rules import parse_account
+from gpulease.core.clock import iso_z
 from gpulease.core.units import format_credits
-from gpulease.hub.db import reading, sessions
 from gpulease.hub.sessions import session_from_row
+from gpulease.store.db import reading, sessions
 
-__all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "iso_z", "report", "spend_per_day",
+__all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "report", "spend_per_day",
            "to_csv", "usage"]
 
 GROUP_BY = {"user": "user_name", "account": "account", "profile": "profile_slug",
@@ -181,17 +182,6 @@ def spend_per_day(engine: Engine, *, user: str | None, account: str | None,
         days.append((current, spent.get(current, 0)))
         current += dt.timedelta(days=1)
     return days
-
-
-def iso_z(moment: dt.datetime) -> str:
-    """ISO 8601 UTC with Z, as the API writes times: "...:05Z" on a whole second,
-    "...:05.120Z" on a millisecond (metered times are), microseconds only where a
-    time has them (sessions from before metering went to the millisecond)."""
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
-    micros = moment.microsecond
-    spec = "seconds" if not micros else "milliseconds" if not micros % 1000 else "microseconds"
-    return moment.isoformat(timespec=spec) + "Z"
 
 
 def _cell(column: str, value: Any) -> str:

@@ -20,16 +20,16 @@ from gpulease.core.model.catalog import Catalog, load_catalog
 from gpulease.core.model.inventory import Inventory
 from gpulease.host.gpus import discover_inventory
 from gpulease.hub.accounts import LocalAccountStore
-from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import open_database
-from gpulease.hub.ledger import Ledger
-from gpulease.hub.limits import LimitStore
-from gpulease.hub.notices import NoticeStore
 from gpulease.hub.profile_store import ProfileStore
-from gpulease.hub.reservations import ReservationStore
 from gpulease.images import CATALOG_PATH
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.queue_store import QueueStore
+from gpulease.store.audit import AuditLog
+from gpulease.store.db import open_database
+from gpulease.store.ledger import Ledger
+from gpulease.store.limits import LimitStore
+from gpulease.store.notices import NoticeStore
+from gpulease.store.reservations import ReservationStore
 
 if TYPE_CHECKING:
     from gpulease.hub.metering import Meter

@@ -18,13 +18,13 @@ from traitlets.config import Config
 
 from gpulease.host.state import StateDir
 from gpulease.hub.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
-from gpulease.hub.failed_starts import DEFAULT_LIMIT as FAILED_START_LIMIT
-from gpulease.hub.failed_starts import DEFAULT_WINDOW_S as FAILED_START_WINDOW_S
 from gpulease.hub.named_servers import NAMED_SERVER_LIMIT
 from gpulease.site_urls import SiteURLs
 from gpulease.spawners.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S
+from gpulease.store.failed_starts import DEFAULT_LIMIT as FAILED_START_LIMIT
+from gpulease.store.failed_starts import DEFAULT_WINDOW_S as FAILED_START_WINDOW_S
 
 SERVICE_NAME = "gpulease"
 CLI_SERVICE_NAME = "gpulease-cli"
@@ -76,8 +76,8 @@ def low_balance_banner(s: HubSettings):
 
     def banner(user):
         from gpulease.hub.context import get_context
-        from gpulease.hub.notices import banner_text
         from gpulease.hub.template_values import OffLoop
+        from gpulease.store.notices import banner_text
 
         if user is None:
             return None

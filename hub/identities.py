@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gpulease.core.clock import utcnow
 from gpulease.core.policy.user_names import MAX_NAME_LENGTH, is_valid_name, name_stem
-from gpulease.hub.db import identities, reading
+from gpulease.store.db import identities, reading
 
 FALLBACK_NAME = "user"  # when neither the preferred name nor the e-mail maps to a valid one
 MAX_SUFFIX = 10_000

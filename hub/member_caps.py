@@ -17,7 +17,7 @@ from sqlalchemy import Engine, func, select
 
 from gpulease.core.billing.rules import billed_ms
 from gpulease.core.units import ms_cost
-from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
+from gpulease.store.db import account_caps, ledger_entries, reading, sessions
 
 Pair = tuple[str, str]  # (group account, user)
 _CHUNK = 900  # under SQLite's old limit of 999 bound parameters

@@ -1,7 +1,7 @@
 """Per-second metering in the hub process: sessions, heartbeat, credit enforcement.
 
 The pure rules (what a session costs, what a balance is) live in
-`gpulease.hub.ledger` and `gpulease.hub.sessions`; this module is the hub-side
+`gpulease.store.ledger` and `gpulease.hub.sessions`; this module is the hub-side
 loop around them:
 
 - a session opens when a server's code can first run (its launch: the process
@@ -57,10 +57,10 @@ from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left, month
 from gpulease.core.clock import utcnow
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub import metrics
-from gpulease.hub.ledger import Ledger
 from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.notifier import render_account_cap
 from gpulease.hub.sessions import Session, SessionLedger
+from gpulease.store.ledger import Ledger
 
 log = logging.getLogger("gpulease.metering")
 

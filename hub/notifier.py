@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from traitlets import TraitError, Unicode
 
 from gpulease.core.units import format_credits
-from gpulease.hub.notices import NoticeStore, Prefs
+from gpulease.store.notices import NoticeStore, Prefs
 
 __all__ = [
     "Notifier", "SmtpNotifier", "WebhookNotifier", "WebhookURL", "announce", "backends_from_env",

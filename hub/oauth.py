@@ -44,10 +44,10 @@ from traitlets import Float, Integer, Unicode, default
 
 from gpulease.core.clock import utcnow
 from gpulease.hub.accounts import LocalAccountStore
-from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import open_database
 from gpulease.hub.identities import BoundIdentity, Identity, IdentityStore, base_name
 from gpulease.hub.oauth_handlers import SignInCallbackHandler, SignInLoginHandler
+from gpulease.store.audit import AuditLog
+from gpulease.store.db import open_database
 
 IDENTITY_KEY = "gpulease_identity"  # in auth_state: the identity a hub user signed in as
 MAX_GROUP_NAME = 255  # JupyterHub's groups.name column

@@ -26,9 +26,9 @@ from gpulease.core.model.profiles import (
     parse_profiles_text,
 )
 from gpulease.core.units import json_loads
-from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import audit_log, reading, settings, user_prefs
-from gpulease.hub.db import profiles as profiles_table
+from gpulease.store.audit import AuditLog
+from gpulease.store.db import audit_log, reading, settings, user_prefs
+from gpulease.store.db import profiles as profiles_table
 
 log = logging.getLogger("gpulease.profiles")
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from gpulease.core.billing.enforcement import RESERVATION_ENDED, StopOrder, StopProgress
 from gpulease.core.clock import utcnow
 from gpulease.hub.metering import LiveSession
-from gpulease.hub.reservations import Booked
+from gpulease.store.reservations import Booked
 
 if TYPE_CHECKING:
     from gpulease.hub.context import GPULeaseContext

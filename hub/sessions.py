@@ -26,8 +26,8 @@ from sqlalchemy import Connection, Engine, case, delete, func, insert, select, u
 from gpulease.core.billing.rules import BillingError, billed_ms, parse_account, seconds_up, to_ms
 from gpulease.core.clock import utcnow
 from gpulease.core.units import MAX_UCR, ms_cost, seconds_text
-from gpulease.hub.db import ledger_entries, meter_lease, reading, sessions
-from gpulease.hub.ledger import advisory_lock
+from gpulease.store.db import ledger_entries, meter_lease, reading, sessions
+from gpulease.store.ledger import advisory_lock
 
 __all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_alive",
            "session_from_row"]

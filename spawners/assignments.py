@@ -30,9 +30,9 @@ from gpulease.core.capacity.placement import NoFit, Placement, free_summary
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-from gpulease.hub.db import assignments, out_of_service, reading
-from gpulease.hub.reservations import active_in
 from gpulease.spawners.reserved_pool import ON_DEMAND, HeldBy, place_keeping_units, withholding
+from gpulease.store.db import assignments, out_of_service, reading
+from gpulease.store.reservations import active_in
 
 log = logging.getLogger(__name__)
 

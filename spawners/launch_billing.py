@@ -9,7 +9,7 @@ happens next; the first HTTP answer only marks it ready. A start its own code
 failed — it exited before answering, or did not answer within `http_timeout`
 and was killed whole (`_kill_unanswered`) — raises StartFailed: its session
 closes as start_failed (the spawner's release), it is counted for the
-rationing of gpulease.hub.failed_starts (`_count_failed_start`), which
+rationing of gpulease.store.failed_starts (`_count_failed_start`), which
 `_refuse_if_rationed` applies to the next start (429, Retry-After).
 
 A spawner provides `_run_still_ours`, `_watch_exit`, `_kill_unanswered` and,
@@ -29,16 +29,16 @@ from traitlets.config import Configurable
 from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
 from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.failed_starts import (
+from gpulease.spawners.admission import DATABASE_DOWN
+from gpulease.spawners.first_answer import first_answer
+from gpulease.spawners.http_error import http_error
+from gpulease.spawners.queue_base import tell_started
+from gpulease.store.failed_starts import (
     DEFAULT_LIMIT,
     DEFAULT_WINDOW_S,
     FailedStarts,
     Rationing,
 )
-from gpulease.spawners.admission import DATABASE_DOWN
-from gpulease.spawners.first_answer import first_answer
-from gpulease.spawners.http_error import http_error
-from gpulease.spawners.queue_base import tell_started
 
 
 class StartFailed(Exception):
@@ -123,7 +123,7 @@ class LaunchBilling(Configurable):
 
     async def _refuse_if_rationed(self, choice: ServerChoice) -> None:
         """Refuse (429, Retry-After) a start of a profile whose recent starts this user's
-        own code failed too often (gpulease.hub.failed_starts)."""
+        own code failed too often (gpulease.store.failed_starts)."""
         try:
             refusal = await asyncio.to_thread(self._failed_starts().refusal, self.user.name,
                                               choice.profile.slug)

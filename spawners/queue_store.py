@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, and_, delete, func, insert, select
 
 from gpulease.core.clock import utcnow
-from gpulease.hub.db import reading, spawn_queue
+from gpulease.store.db import reading, spawn_queue
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
-from gpulease.hub.db import open_database
+from gpulease.store.db import open_database
 from tests import browser_cookies
 from tests.databases import PostgresCopies, SqliteTemplate
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, make_url, text
 
-from gpulease.hub.db import open_database, sqlite_url
+from gpulease.store.db import open_database, sqlite_url
 
 
 class SqliteTemplate:

@@ -19,7 +19,7 @@ from gpulease.hub.accounts import (
     validate_username,
     verify_password,
 )
-from gpulease.hub.db import local_accounts, open_database, sqlite_url
+from gpulease.store.db import local_accounts, open_database, sqlite_url
 
 PASSWORD = "Tr0ub4dor&3-horse"
 

@@ -21,9 +21,9 @@ from gpulease.core.model.inventory import (
     load_declared_inventory,
     parse_declared_inventory,
 )
-from gpulease.hub.db import assignments, make_engine
 from gpulease.spawners import assignments as assignments_module
 from gpulease.spawners.assignments import AssignmentStore, Holder, ReconcileReport
+from gpulease.store.db import assignments, make_engine
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 CARD = DeviceRequest("H200")

@@ -11,17 +11,17 @@ from sqlalchemy import func, select
 from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file, servers_saving
 from gpulease.core.policy.options import OptionsRefused, resolve_user_options
 from gpulease.core.refusal import Refusal
-from gpulease.hub.audit import (
+from gpulease.hub.profile_store import PROFILES_FILE_ACTOR, ProfileStore
+from gpulease.hub.service.audit_handlers import MAX_LIMIT, parse_audit_query
+from gpulease.images import shipped_catalog
+from gpulease.store.audit import (
     AuditLog,
     RetentionError,
     entry_view,
     parse_retention,
 )
-from gpulease.hub.db import audit_log
-from gpulease.hub.db import profiles as profiles_table
-from gpulease.hub.profile_store import PROFILES_FILE_ACTOR, ProfileStore
-from gpulease.hub.service.audit_handlers import MAX_LIMIT, parse_audit_query
-from gpulease.images import shipped_catalog
+from gpulease.store.db import audit_log
+from gpulease.store.db import profiles as profiles_table
 
 CATALOG = shipped_catalog()
 CPU, SLICE, FULL = load_profiles_file(SAMPLE_PROFILES, CATALOG)

@@ -26,8 +26,8 @@ from gpulease.hub.authenticator import (
     default_login_threads,
     usable_cpus,
 )
-from gpulease.hub.db import sqlite_url
 from gpulease.hub.login_throttle import MAX_DELAY_S
+from gpulease.store.db import sqlite_url
 
 PASSWORD = "correct horse battery"
 WRONG = "incorrect-mule-42"

@@ -7,7 +7,7 @@ from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from gpulease.core.clock import utcnow
-from gpulease.hub.db import assignments, reading, settings
+from gpulease.store.db import assignments, reading, settings
 
 
 def test_migrations_create_every_table(engine):
@@ -31,7 +31,7 @@ def test_one_open_assignment_per_device(engine):
     assert sorted(holders) == ["a", "b"]
 
 
-# --- reads take no write lock (hub/db.py `reading`) -----------------------------------
+# --- reads take no write lock (gpulease/store/db.py `reading`) -----------------------------------
 
 
 def _hold_write(engine):

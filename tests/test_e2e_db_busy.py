@@ -2,7 +2,7 @@
 
 A real hub; another process holds a write transaction on gpulease's database,
 as a CLI command, the service or a second writer would. On SQLite reads take
-no write lock (hub/db.py `reading`): every page and read endpoint answers
+no write lock (gpulease/store/db.py `reading`): every page and read endpoint answers
 within 100 ms, while a spawn, which must write, waits for the lock without
 holding up anyone else. On PostgreSQL readers never wait for writers, so the
 holder takes what does stop them (an ACCESS EXCLUSIVE lock, as a migration

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from sqlalchemy import delete
 
-from gpulease.hub.db import open_database, sessions, sqlite_url
+from gpulease.store.db import open_database, sessions, sqlite_url
 from tests.hubproc import HubProcess
 
 pytestmark = pytest.mark.e2e

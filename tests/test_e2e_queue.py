@@ -17,7 +17,7 @@ import pytest
 import requests
 import yaml
 
-from gpulease.hub.db import open_database, sqlite_url
+from gpulease.store.db import open_database, sqlite_url
 from tests.hubproc import HubProcess, close_together, start_together
 from tests.isolation_env import mock_server_catalog
 
@@ -247,7 +247,7 @@ def test_limits_api_permissions(hub, admin, people):
     try:
         from sqlalchemy import select
 
-        from gpulease.hub.db import audit_log
+        from gpulease.store.db import audit_log
         with engine.connect() as conn:
             rows = conn.execute(select(audit_log).where(audit_log.c.target == "group:lab")).all()
     finally:

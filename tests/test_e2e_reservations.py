@@ -28,7 +28,7 @@ import pytest
 import yaml
 from sqlalchemy import update
 
-from gpulease.hub.db import open_database, reservations, sqlite_url
+from gpulease.store.db import open_database, reservations, sqlite_url
 from tests.hubproc import HubProcess
 from tests.isolation_env import mock_server_catalog
 

@@ -1,12 +1,12 @@
-"""The rationing of failed starts (hub/failed_starts.py): the rule, then the table
+"""The rationing of failed starts (gpulease/store/failed_starts.py): the rule, then the table
 on SQLite and PostgreSQL (the `engine` fixture runs each test on both)."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from gpulease.hub.audit import AuditLog
-from gpulease.hub.failed_starts import FailedStarts, Rationing, rationed_until, refusal
+from gpulease.store.audit import AuditLog
+from gpulease.store.failed_starts import FailedStarts, Rationing, rationed_until, refusal
 
 T0 = dt.datetime(2026, 12, 6, 12, 0, 0)
 RULE = Rationing(limit=3, window_s=600)

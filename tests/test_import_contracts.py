@@ -62,8 +62,8 @@ def test_a_new_violation_breaks_its_contract(tmp_path):
     # The rules reach the database; the culler reads the hub's tables; a spawner
     # module imports the hub (one way, and a cycle between the two).
     (tree / "gpulease/core/billing_rows.py").write_text("import sqlalchemy\n")
-    (tree / "idle-culler/peek.py").write_text("from gpulease.hub import db\n")
-    (tree / "spawners/tier_names.py").write_text("from gpulease.hub import db\n")
+    (tree / "idle-culler/peek.py").write_text("from gpulease.store import db\n")
+    (tree / "spawners/tier_names.py").write_text("from gpulease.hub import app\n")
     done = lint("--root", tree)
     assert done.returncode != 0, done.stdout
     assert verdicts(done.stdout) == {
@@ -72,8 +72,8 @@ def test_a_new_violation_breaks_its_contract(tmp_path):
         "notebook-server code imports no hub side": "KEPT", "shapes independent": "KEPT",
         "no sibling cycles": "BROKEN"}, done.stdout
     assert "gpulease.core.billing_rows -> sqlalchemy" in done.stdout
-    assert "gpulease.idle_culler.peek -> gpulease.hub.db" in done.stdout
-    assert "gpulease.spawners.tier_names -> gpulease.hub.db" in done.stdout
+    assert "gpulease.idle_culler.peek -> gpulease.store.db" in done.stdout
+    assert "gpulease.spawners.tier_names -> gpulease.hub.app" in done.stdout
 
 
 def test_an_ignored_import_that_goes_must_leave_the_list(tmp_path):

@@ -11,9 +11,9 @@ from gpulease.core.policy.limits import (
     parse_limit_body,
     parse_subject,
 )
-from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import audit_log
-from gpulease.hub.limits import LimitStore
+from gpulease.store.audit import AuditLog
+from gpulease.store.db import audit_log
+from gpulease.store.limits import LimitStore
 
 
 def test_subjects():

@@ -18,7 +18,8 @@ import pytest
 from sqlalchemy import Engine, insert, select, text
 
 from gpulease.hub.billing_reports import report, usage
-from gpulease.hub.db import (
+from gpulease.hub.sessions import SessionLedger
+from gpulease.store.db import (
     MIGRATIONS_DIR,
     ledger_entries,
     make_engine,
@@ -26,8 +27,7 @@ from gpulease.hub.db import (
     sqlite_url,
     upgrade,
 )
-from gpulease.hub.ledger import Ledger
-from gpulease.hub.sessions import SessionLedger
+from gpulease.store.ledger import Ledger
 
 T0 = dt.datetime(2026, 11, 3, 9, 0, 0)
 RATES = [0, 1, 1_200_000, 3_599_999, 7_000_001, 123_456_789]

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import func, inspect, select
 
 from gpulease.core.clock import utcnow
-from gpulease.hub.db import notices
-from gpulease.hub.notices import Notice, NoticeError, NoticeStore, Prefs, banner_text
+from gpulease.store.db import notices
+from gpulease.store.notices import Notice, NoticeError, NoticeStore, Prefs, banner_text
 
 
 @pytest.fixture

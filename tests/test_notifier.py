@@ -21,7 +21,6 @@ from aiosmtpd.smtp import AuthResult
 
 from gpulease.host.state import StateDir
 from gpulease.hub.hub_config import HubSettings, hub_config
-from gpulease.hub.notices import KINDS, Prefs
 from gpulease.hub.notifier import (
     SmtpNotifier,
     WebhookNotifier,
@@ -29,6 +28,7 @@ from gpulease.hub.notifier import (
     dispatch,
     render,
 )
+from gpulease.store.notices import KINDS, Prefs
 from tests.hubproc import free_port
 
 AT = dt.datetime(2025, 1, 1, 14, 5)

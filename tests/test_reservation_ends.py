@@ -6,7 +6,7 @@ import datetime as dt
 from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.hub.metering import LiveSession
 from gpulease.hub.reservation_ends import end_steps
-from gpulease.hub.reservations import Booked
+from gpulease.store.reservations import Booked
 
 T0 = dt.datetime(2026, 12, 7, 9)
 H = dt.timedelta(hours=1)

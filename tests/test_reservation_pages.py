@@ -24,8 +24,8 @@ import yaml
 from sqlalchemy import func, select, update
 
 from gpulease.core.units import format_credits, parse_credits
-from gpulease.hub.db import ledger_entries, open_database, reservations, sqlite_url
 from gpulease.hub.service.admin_reservation_pages import form_body, price_row
+from gpulease.store.db import ledger_entries, open_database, reservations, sqlite_url
 from tests.hubproc import HubProcess
 
 e2e = pytest.mark.e2e

@@ -14,10 +14,10 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.core.model.profiles import parse_profile
 from gpulease.core.refusal import Refusal
-from gpulease.hub.ledger import Ledger
-from gpulease.hub.reservations import ReservationStore
 from gpulease.images import shipped_catalog
 from gpulease.spawners.assignments import AssignmentStore
+from gpulease.store.ledger import Ledger
+from gpulease.store.reservations import ReservationStore
 
 CREDIT = 1_000_000
 NOW = dt.datetime(2026, 12, 7, 8, 40)

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import select
 
 from gpulease.core.billing.rules import BillingError
-from gpulease.hub.db import sessions as sessions_table
-from gpulease.hub.ledger import Ledger
 from gpulease.hub.sessions import END_REASONS, MeterConflict, Session, SessionLedger, pid_alive
+from gpulease.store.db import sessions as sessions_table
+from gpulease.store.ledger import Ledger
 
 T0 = dt.datetime(2024, 3, 10, 12, 0, 0)
 RATE = 3_600_000  # 3.6 credits per hour = 1,000 µcr per second

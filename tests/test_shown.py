@@ -14,8 +14,8 @@ from gpulease.core.policy.limits import LimitError, parse_limit_body
 from gpulease.core.policy.options import OptionsRefused, _values
 from gpulease.core.shown import kind_of, shown
 from gpulease.core.units import json_loads, parse_credits, parse_duration, parse_quantity
-from gpulease.hub.notices import NoticeError, validate_prefs
 from gpulease.images import shipped_catalog
+from gpulease.store.notices import NoticeError, validate_prefs
 
 # What Python prints and a JSON or YAML author never wrote.
 PYTHON_REPR = re.compile(r"None|True\b|False\b|Decimal\(|\{'|\['|got (?:list|dict|int|str|float)\b")

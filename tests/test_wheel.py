@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Run as programs, never imported: an alembic environment runs its migrations on import.
-NOT_IMPORTED = {"gpulease.hub.migrations.env"}
+NOT_IMPORTED = {"gpulease.store.migrations.env"}
 
 
 def source_modules() -> set[str]:
@@ -82,7 +82,7 @@ def test_the_wheel_holds_the_files_modules_read(wheel):
     from gpulease.images import CATALOG_PATH
 
     named = [DEMO_INVENTORY, SAMPLE_PROFILES, CATALOG_PATH]
-    in_folders = ["hub/templates", "hub/service/templates", "hub/migrations",
+    in_folders = ["hub/templates", "hub/service/templates", "gpulease/store/migrations",
                   "singleuser/labextension/prebuilt"]
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folder_of = {folder: package for package, folder in setuptools["package-dir"].items()}

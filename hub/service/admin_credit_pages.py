@@ -1,7 +1,7 @@
 """Admin pages: credit balances with grant/adjust forms; member caps and GPU limits.
 
 The forms run the API's own checks and writes (BillingHandler.entry_input,
-write_entry, write_cap; hub/limits.py's parsers), so the page and
+write_entry, write_cap; gpulease/store/limits.py's parsers), so the page and
 `POST api/credits|adjustments`, `PUT api/accounts/.../caps/...` and
 `PUT api/limits/...` accept the same input and audit the same way.
 """
@@ -17,14 +17,14 @@ from tornado import web
 from gpulease.core.policy.limits import FIELDS as LIMIT_FIELDS
 from gpulease.core.policy.limits import LimitError, parse_limit_body, parse_subject
 from gpulease.core.refusal import FieldError, Refusal
-from gpulease.hub.db import account_caps, ledger_entries, reading
 from gpulease.hub.identities import IdentityStore
-from gpulease.hub.limits import LimitStore
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.admin_base import AdminPage
 from gpulease.hub.service.billing_handlers import parse_monthly_cap
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.handlers import ProfileHandler
+from gpulease.store.db import account_caps, ledger_entries, reading
+from gpulease.store.limits import LimitStore
 
 ENTRY_KINDS = {"grant": "Grant", "adjustment": "Adjustment"}
 ENTRY_FORMS = (

@@ -16,8 +16,8 @@ from gpulease.core.model.catalog import Catalog
 from gpulease.core.model.gpu_models import KNOWN_MODELS, MIG_PROFILES
 from gpulease.core.model.profiles import DEFAULTS, FieldError, Profile
 from gpulease.core.units import credits_text, format_duration, format_quantity
-from gpulease.hub.audit import AuditEntry
 from gpulease.hub.service.billing_views import iso
+from gpulease.store.audit import AuditEntry
 
 # Form inputs of the profile editor, in the order they appear.
 PROFILE_INPUTS = ("slug", "display_name", "description", "gpu_model", "gpu_mig", "gpu_count",

@@ -31,8 +31,6 @@ from gpulease.core.capacity.reservation_rules import (
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import Profile
 from gpulease.core.refusal import Refusal
-from gpulease.hub.db import ledger_entries, reading
-from gpulease.hub.reservations import ON_END, Booked, kind_of, kind_words
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.admin_base import AdminPage
 from gpulease.hub.service.admin_credit_pages import _errors, ledger_accounts
@@ -44,6 +42,8 @@ from gpulease.hub.service.reservation_handlers import (
     offering_reservations,
     reservation_view,
 )
+from gpulease.store.db import ledger_entries, reading
+from gpulease.store.reservations import ON_END, Booked, kind_of, kind_words
 
 PAST = {"true": True, "1": True, "false": False, "0": False}
 ON_END_WORDS = {

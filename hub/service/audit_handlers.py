@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from tornado import web
 
 from gpulease.core.refusal import Refusal
-from gpulease.hub.audit import entry_view
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
+from gpulease.store.audit import entry_view
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

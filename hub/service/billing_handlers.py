@@ -21,12 +21,12 @@ from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import parse_credits
 from gpulease.hub import billing_reports
-from gpulease.hub.db import ledger_entries, reading
-from gpulease.hub.ledger import Ledger
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.sessions import END_REASONS, SessionLedger
+from gpulease.store.db import ledger_entries, reading
+from gpulease.store.ledger import Ledger
 
 
 def parse_entry_account(text: Any, field: str = "account") -> str:

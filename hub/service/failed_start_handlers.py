@@ -17,15 +17,14 @@ from itertools import groupby
 
 from tornado import web
 
-from gpulease.core.clock import utcnow
+from gpulease.core.clock import iso_z, utcnow
 from gpulease.core.model.profiles import SLUG
 from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
-from gpulease.hub.billing_reports import iso_z
-from gpulease.hub.failed_starts import FailedStarts, rationed_until
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
+from gpulease.store.failed_starts import FailedStarts, rationed_until
 
 
 def checked_user(name: str) -> str:

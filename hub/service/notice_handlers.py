@@ -19,11 +19,11 @@ from typing import Any
 from jupyterhub.utils import url_path_join
 
 from gpulease.core.refusal import Refusal
-from gpulease.hub.notices import CHANNELS, KINDS, Notice, NoticeStore
 from gpulease.hub.notifier import Notifier, backends_from_env, dispatch, subject_for
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.billing_views import iso, parse_time
 from gpulease.hub.service.errors import APIError
+from gpulease.store.notices import CHANNELS, KINDS, Notice, NoticeStore
 
 log = logging.getLogger("gpulease.service")
 _background: set[asyncio.Task] = set()

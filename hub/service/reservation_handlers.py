@@ -40,7 +40,6 @@ from gpulease.core.capacity.reservation_rules import (
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import Profile, usable_by
 from gpulease.core.refusal import Refusal
-from gpulease.hub.reservations import ON_END, Booked, kind_words
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
@@ -48,6 +47,7 @@ from gpulease.spawners.assignments import held_by
 from gpulease.spawners.cluster_inventory import kinds_offered
 from gpulease.spawners.cluster_queue import cluster_usage
 from gpulease.spawners.reserved_pool import HeldBy, units_free_now
+from gpulease.store.reservations import ON_END, Booked, kind_words
 
 FIELDS = ("account", "profile", "units", "start", "end", "on_end", "note")
 MAX_NOTE = 500

@@ -9,11 +9,11 @@ from typing import Any
 from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.inventory import Inventory
 from gpulease.core.model.profiles import Profile
-from gpulease.hub.reservations import kind_words
 from gpulease.spawners.assignments import Holder
 from gpulease.spawners.cluster_availability import FREE, Availability
 from gpulease.spawners.cluster_inventory import ClusterInventory
 from gpulease.spawners.queue_store import QueuedSpawn
+from gpulease.store.reservations import kind_words
 
 
 def inventory_view(

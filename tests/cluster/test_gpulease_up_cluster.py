@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpulease.hub.db import open_database, sqlite_url
-from gpulease.hub.ledger import Ledger
 from gpulease.spawners.cluster_watch import CLUSTER_RULES
+from gpulease.store.db import open_database, sqlite_url
+from gpulease.store.ledger import Ledger
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode

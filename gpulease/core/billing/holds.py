@@ -8,7 +8,7 @@ promised ("held"):
   yet (it may be waiting in the queue for minutes);
 - for every open session, the part of its profile's minimum run that it has
   not accrued yet (the balance already subtracts what it accrued up to its
-  last confirmation, see `gpulease.hub.ledger`).
+  last confirmation, see `gpulease.store.ledger`).
 
 The check and the registration of the new start's hold happen under one lock
 of the hub process (the embedded hub is one process; every start runs its

@@ -1,6 +1,6 @@
 """Billing's arithmetic and words: accounts, billed time to the millisecond, minutes left.
 
-What the ledger (hub/ledger.py) stores, the meter charges and the pages show is
+What the ledger (gpulease/store/ledger.py) stores, the meter charges and the pages show is
 computed here, on integers of micro-credits and naive UTC datetimes.
 """
 

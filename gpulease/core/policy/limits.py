@@ -7,7 +7,7 @@ its members together. A start is checked against the user's limit and the
 limits of every group they belong to, before it is placed or queued; what
 waits in the queue counts as held, so queueing cannot get round a limit.
 
-`check_limits` is the pure decision; hub/limits.py's `LimitStore` the `limits`
+`check_limits` is the pure decision; gpulease/store/limits.py's `LimitStore` the `limits`
 table.
 """
 

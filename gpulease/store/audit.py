@@ -16,10 +16,9 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select
 
-from gpulease.core.clock import utcnow
+from gpulease.core.clock import iso_z, utcnow
 from gpulease.core.units import DURATION_HINT, parse_duration
-from gpulease.hub.billing_reports import iso_z
-from gpulease.hub.db import audit_log, reading
+from gpulease.store.db import audit_log, reading
 
 DEFAULT_RETENTION = dt.timedelta(days=180)
 RETENTION_HINT = f'a number of days like "180d", or {DURATION_HINT}; "0" keeps every entry'

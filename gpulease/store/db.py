@@ -350,7 +350,7 @@ Index("uq_spawn_queue_server", spawn_queue.c.user_name, spawn_queue.c.server_nam
 
 # Starts that the server's own code failed (it exited before it answered, or did
 # not answer within http_timeout), counted to ration repeated ones per user and
-# profile (gpulease.hub.failed_starts). Rows are only appended; an admin's clear
+# profile (gpulease.store.failed_starts). Rows are only appended; an admin's clear
 # stamps `cleared_at` on the ones it forgives, so the history stays.
 failed_starts = Table(
     "failed_starts",

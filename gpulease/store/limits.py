@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, delete, insert, select, update
 
 from gpulease.core.policy.limits import FIELDS, Limit, parse_subject
-from gpulease.hub.db import limits, reading
-from gpulease.hub.ledger import advisory_lock
+from gpulease.store.db import limits, reading
+from gpulease.store.ledger import advisory_lock
 
 if TYPE_CHECKING:
-    from gpulease.hub.audit import AuditLog
+    from gpulease.store.audit import AuditLog
 
 
 class LimitStore:

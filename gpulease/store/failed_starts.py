@@ -27,8 +27,8 @@ from sqlalchemy import Engine, insert, select, update
 from gpulease.core.clock import utcnow
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import format_duration
-from gpulease.hub.audit import AuditLog
-from gpulease.hub.db import failed_starts, reading
+from gpulease.store.audit import AuditLog
+from gpulease.store.db import failed_starts, reading
 
 DEFAULT_LIMIT = 3
 DEFAULT_WINDOW_S = 600

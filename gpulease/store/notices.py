@@ -28,8 +28,8 @@ from sqlalchemy import Engine, and_, delete, insert, or_, select, update
 from gpulease.core.clock import utcnow
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
-from gpulease.hub.db import notices, notification_prefs, reading
-from gpulease.hub.ledger import advisory_lock
+from gpulease.store.db import notices, notification_prefs, reading
+from gpulease.store.ledger import advisory_lock
 
 __all__ = [
     "CHANNELS", "KINDS", "STOP_KINDS", "WARNING_KINDS", "Notice", "NoticeError",

@@ -29,8 +29,8 @@ from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import Profile
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import format_credits
-from gpulease.hub.db import reading, reservations
-from gpulease.hub.ledger import Ledger, advisory_lock
+from gpulease.store.db import reading, reservations
+from gpulease.store.ledger import Ledger, advisory_lock
 
 ON_END = ("continue", "suspend")  # its servers at its end: on demand, or suspended
 _LOCK = "reservations"

@@ -27,7 +27,7 @@ from gpulease.core.billing.rules import MIN_UCR, BillingError, billed_ms, month_
 from gpulease.core.clock import utcnow
 from gpulease.core.shown import shown
 from gpulease.core.units import MAX_UCR, format_credits, ms_cost
-from gpulease.hub.db import account_caps, ledger_entries, reading, sessions
+from gpulease.store.db import account_caps, ledger_entries, reading, sessions
 
 # SQLite (before 3.32) allowed 999 bound parameters per statement; stay under it.
 _IN_CHUNK = 900
