@@ -15,11 +15,14 @@ atexit callbacks, and flushing the logs and standard streams.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
 import sys
 import threading
+
+log = logging.getLogger(__name__)
 
 
 def end_process(code: int = 0) -> None:
@@ -39,3 +42,17 @@ def end_process(code: int = 0) -> None:
                 pass
     finally:
         os._exit(code)
+
+
+async def exit_with_hub(hub_pid: int, stop: asyncio.Event, interval: float = 1.0) -> None:
+    """End when the hub that started us is gone (killed without its cleanup).
+
+    A SIGKILLed hub cannot stop its services; the next `gpulease up` starts a
+    new one, so this one would linger forever holding the database open.
+    """
+    while not stop.is_set():
+        if os.getppid() != hub_pid:
+            log.warning("the hub (pid %d) is gone; this service stops too", hub_pid)
+            stop.set()
+            return
+        await asyncio.sleep(interval)

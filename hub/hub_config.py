@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from traitlets.config import Config
 
 from gpulease.host.state import StateDir
+from gpulease.hub.caller_rights import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
 from gpulease.hub.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
 from gpulease.hub.named_servers import NAMED_SERVER_LIMIT
 from gpulease.site_urls import SiteURLs
@@ -29,11 +30,6 @@ from gpulease.store.failed_starts import DEFAULT_WINDOW_S as FAILED_START_WINDOW
 SERVICE_NAME = "gpulease"
 CLI_SERVICE_NAME = "gpulease-cli"
 CULLER_SERVICE_NAME = "gpulease-culler"
-ADMIN_SCOPE = "custom:gpulease:admin"
-AUDIT_SCOPE = "custom:gpulease:audit"
-# A hub admin's token counts as a gpulease admin only while it holds this
-# hub power itself (gpulease.hub.service.caller_rights): not a narrowed one.
-HUB_ADMIN_SCOPE = "admin:users"
 
 CUSTOM_SCOPES = {
     ADMIN_SCOPE: {

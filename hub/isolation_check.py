@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulease.host.scripts import shebang_interpreter
 from gpulease.host.unix_accounts import UnixAccountPolicy, blocking_dir
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners.cgroups import Mechanism
@@ -66,18 +67,6 @@ def decide(*, is_root: bool, per_user_accounts: bool, policy: UnixAccountPolicy,
     return IsolationPlan(is_root=is_root, unix_accounts=is_root and per_user_accounts,
                          policy=policy, mechanism=mechanism, hub_account=hub_account,
                          device_nodes=dict(device_nodes or {}))
-
-
-def shebang_interpreter(script: Path) -> str | None:
-    try:
-        with open(script, "rb") as f:
-            first = f.readline(512)
-    except OSError:
-        return None
-    if not first.startswith(b"#!"):
-        return None
-    parts = first[2:].decode(errors="replace").split()
-    return parts[0] if parts else None
 
 
 def server_env_paths(local_envs: Iterable[str | None]) -> list[tuple[str, str, bool]]:

@@ -55,10 +55,10 @@ from gpulease.core.billing.enforcement import (
 )
 from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left, month_start
 from gpulease.core.clock import utcnow
+from gpulease.core.notices import render_account_cap
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub import metrics
 from gpulease.hub.member_caps import capped_spends
-from gpulease.hub.notifier import render_account_cap
 from gpulease.hub.sessions import Session, SessionLedger
 from gpulease.store.ledger import Ledger
 

@@ -16,7 +16,7 @@ from typing import Any
 from gpulease.core.billing.rules import seconds_up
 from gpulease.core.clock import iso_z  # as api/usage: to the millisecond
 from gpulease.core.model.catalog import Catalog
-from gpulease.core.model.profiles import Profile
+from gpulease.core.model.profiles import Profile, saved_profile
 from gpulease.core.policy.options import ServerChoice, resolve_user_options
 from gpulease.core.units import format_credits
 from gpulease.hub.sessions import Session
@@ -92,19 +92,6 @@ def _parse_iso(text: str) -> dt.datetime:
     if moment.tzinfo is not None:
         moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
     return moment
-
-
-def option_value(user_options: Mapping[str, Any] | None, key: str) -> str | None:
-    """One value of a server's saved options (a form saves lists of one)."""
-    value = (user_options or {}).get(key)
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    return value if isinstance(value, str) and value else None
-
-
-def saved_profile(user_options: Mapping[str, Any] | None) -> str | None:
-    """The profile slug a server's saved options name."""
-    return option_value(user_options, "profile")
 
 
 def server_states(

@@ -16,8 +16,8 @@ from typing import Any
 from jupyterhub import orm
 
 from gpulease.core.billing.enforcement import RunningServer
+from gpulease.core.model.profiles import option_value
 from gpulease.core.policy.options import ON_DEMAND, RESERVED, SPOT, rate_for
-from gpulease.hub.my_servers import option_value
 
 log = logging.getLogger("gpulease.metering")
 

@@ -21,7 +21,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
 from gpulease.core.units import parse_duration
-from gpulease.hub.service.app import _exit_with_hub
 from gpulease.idle_culler.cpu import CpuSource, NoCpuSource, ProcessTreeCpuSource
 from gpulease.idle_culler.culler import Culler, CullerConfig
 from gpulease.idle_culler.gpu import (
@@ -33,7 +32,7 @@ from gpulease.idle_culler.gpu import (
 from gpulease.idle_culler.hubapi import HubClient
 from gpulease.idle_culler.pod_metrics import PodMetricsCpuSource
 from gpulease.idle_culler.service_notices import ServiceNotices
-from gpulease.process_exit import end_process
+from gpulease.process_exit import end_process, exit_with_hub
 
 log = logging.getLogger("gpulease.culler")
 SERVICE_NAME = "gpulease-culler"
@@ -168,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        watcher = asyncio.create_task(_exit_with_hub(os.getppid(), stop))
+        watcher = asyncio.create_task(exit_with_hub(os.getppid(), stop))
         log.info("gpulease-culler: every %ss, cpu > %g%% (%s), gpu > %g%% (%s), kernels as "
                  "pushed to the gpulease service at %s (current for %ss)", args.interval,
                  args.cpu_threshold, args.cpu_source, args.gpu_threshold, args.gpu_source,

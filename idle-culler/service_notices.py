@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from urllib.parse import urlencode
 
-from gpulease.hub.notifier import render
+from gpulease.core.notices import render
 from gpulease.idle_culler.hubapi import HubClient, HubError
 from gpulease.idle_culler.policy import MAX_RUNTIME_WARN, STOP_MAX_RUNTIME, Decision
 

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from functools import partial
 
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.profiles import spot_usable_by, usable_by
+from gpulease.core.model.profiles import option_value, spot_usable_by, usable_by
 from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.my_servers import option_value
 from gpulease.spawners.cluster_availability import Availability, host_availability
 from gpulease.spawners.options_form import FormData
 

@@ -32,8 +32,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.core.billing.enforcement import PREEMPTED
 from gpulease.core.clock import utcnow
+from gpulease.core.notices import subject_for
 from gpulease.core.policy.options import price_text
-from gpulease.hub.notifier import subject_for
 from gpulease.spawners.assignments import HELD, Holder
 from gpulease.spawners.displacement import Displacement
 from gpulease.spawners.preemption import plan_preemptions, spot_holdings

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpulease.core.clock import utcnow
-from gpulease.hub.isolation_check import shebang_interpreter
+from gpulease.host.scripts import shebang_interpreter
 from gpulease.spawners.warm_process import WarmChild, launcher_child, read_answer, read_exit
 
 log = logging.getLogger(__name__)

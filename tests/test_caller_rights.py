@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE
-from gpulease.hub.service.caller_rights import (
+from gpulease.hub.caller_rights import (
+    ADMIN_SCOPE,
+    AUDIT_SCOPE,
     has_hub_admin_powers,
     is_gpulease_admin,
     is_gpulease_auditor,

@@ -2,13 +2,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpulease.host.state import StateDir
-from gpulease.hub.hub_config import (
-    ADMIN_SCOPE,
-    CLI_SERVICE_NAME,
-    SERVICE_NAME,
-    HubSettings,
-    hub_config,
-)
+from gpulease.hub.caller_rights import ADMIN_SCOPE
+from gpulease.hub.hub_config import CLI_SERVICE_NAME, SERVICE_NAME, HubSettings, hub_config
 
 
 def settings(tmp_path) -> HubSettings:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpulease.host.scripts import shebang_interpreter
 from gpulease.host.unix_accounts import (
     GECOS_MARK,
     UnixAccountError,
@@ -18,7 +19,7 @@ from gpulease.host.unix_accounts import (
     choose_uid,
     unix_name,
 )
-from gpulease.hub.isolation_check import decide, shebang_interpreter, unreachable
+from gpulease.hub.isolation_check import decide, unreachable
 from gpulease.spawners.cgroups import Mechanism
 
 

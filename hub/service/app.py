@@ -35,7 +35,7 @@ from gpulease.hub.service import billing_handlers as b
 from gpulease.hub.service import handlers as h
 from gpulease.hub.service import notice_handlers as n
 from gpulease.hub.service.cluster_source import source_from_env
-from gpulease.process_exit import end_process
+from gpulease.process_exit import end_process, exit_with_hub
 from gpulease.site_urls import SiteURLs
 from gpulease.store.failed_starts import DEFAULT_LIMIT, DEFAULT_WINDOW_S, Rationing
 
@@ -120,20 +120,6 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
     )
 
 
-async def _exit_with_hub(hub_pid: int, stop: asyncio.Event, interval: float = 1.0) -> None:
-    """End when the hub that started us is gone (killed without its cleanup).
-
-    A SIGKILLed hub cannot stop its services; the next `gpulease up` starts a
-    new one, so this one would linger forever holding the database open.
-    """
-    while not stop.is_set():
-        if os.getppid() != hub_pid:
-            log.warning("the hub (pid %d) is gone; the gpulease service stops too", hub_pid)
-            stop.set()
-            return
-        await asyncio.sleep(interval)
-
-
 def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname)s %(asctime)s gpulease-service] %(message)s"
@@ -156,7 +142,7 @@ def main() -> None:
         # stops this service itself, so both signals just end it quietly.
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        watcher = asyncio.create_task(_exit_with_hub(os.getppid(), stop))
+        watcher = asyncio.create_task(exit_with_hub(os.getppid(), stop))
         await stop.wait()
         watcher.cancel()
         log.info("gpulease service stopped")

@@ -21,9 +21,14 @@ from tornado.log import gen_log
 
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import json_loads
+from gpulease.hub.caller_rights import (
+    ADMIN_SCOPE,
+    AUDIT_SCOPE,
+    HUB_ADMIN_SCOPE,
+    is_gpulease_admin,
+    is_gpulease_auditor,
+)
 from gpulease.hub.context import GPULeaseContext
-from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
-from gpulease.hub.service.caller_rights import is_gpulease_admin, is_gpulease_auditor
 from gpulease.hub.service.errors import APIError
 
 NUL_REFUSED = "text may not contain the NUL character (\\u0000)"

@@ -18,11 +18,11 @@ from gpulease.core.model.profiles import (
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.hub.accounts import AccountError, validate_password, validate_username
-from gpulease.hub.identities import IdentityStore
-from gpulease.hub.service.base import BaseAPIHandler
-from gpulease.hub.service.caller_rights import (
+from gpulease.hub.caller_rights import (
     has_hub_admin_powers,
 )
+from gpulease.hub.identities import IdentityStore
+from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import cluster_inventory_view, inventory_view, profile_view
 from gpulease.hub.sessions import SessionLedger

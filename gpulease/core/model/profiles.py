@@ -387,14 +387,19 @@ def spot_usable_by(profile: Profile, user_groups: set[str]) -> bool:
             and (not profile.spot_groups or bool(set(profile.spot_groups) & set(user_groups))))
 
 
-def saved_profile(user_options: object) -> str | None:
-    """The profile slug a server's saved `user_options` name, if any."""
+def option_value(user_options: object, key: str) -> str | None:
+    """One value of a server's saved `user_options` (a form saves lists of one string)."""
     if not isinstance(user_options, dict):
         return None
-    value = user_options.get("profile")
-    if isinstance(value, list) and len(value) == 1:  # a form's list of one string
+    value = user_options.get(key)
+    if isinstance(value, list) and len(value) == 1:
         value = value[0]
     return value if isinstance(value, str) and value else None
+
+
+def saved_profile(user_options: object) -> str | None:
+    """The profile slug a server's saved `user_options` name, if any."""
+    return option_value(user_options, "profile")
 
 
 def servers_saving(users: list[dict], slug: str) -> list[dict]:

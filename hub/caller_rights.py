@@ -23,7 +23,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpulease.hub.hub_config import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
+# The service's own scopes (hub_config.py declares them to the hub as custom scopes).
+ADMIN_SCOPE = "custom:gpulease:admin"
+AUDIT_SCOPE = "custom:gpulease:audit"
+# A hub admin's token counts as a gpulease admin only while it holds this
+# hub power itself: not a narrowed one.
+HUB_ADMIN_SCOPE = "admin:users"
 
 
 def token_scopes(model: Mapping[str, Any]) -> frozenset[str]:
