@@ -24,11 +24,12 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, insert, make_url, text
 
 from gpulease.core.billing.rules import to_ms
+from gpulease.core.billing.sessions import LiveSession
 from gpulease.core.clock import utcnow
 from gpulease.hub import billing_reports
-from gpulease.hub.metering import LiveSession, Meter
-from gpulease.hub.sessions import SessionLedger
+from gpulease.hub.metering import Meter
 from gpulease.store.db import ledger_entries, open_database
+from gpulease.store.sessions import SessionLedger
 
 REPORT_TARGET_MS = 500.0
 

@@ -71,7 +71,7 @@ from gpulease.hub.isolation_check import (
 )
 from gpulease.hub.metering import Meter
 from gpulease.hub.named_servers import refusing_limit
-from gpulease.hub.notifier import announce, backends_from_env
+from gpulease.hub.notifier import Notifier, announce, backends_from_env
 from gpulease.hub.oauth import ProviderSignIn
 from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
 from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
@@ -201,9 +201,12 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # Before any write: a second hub on this database stops here.
         if ctx.meter is None:
             ctx.meter = Meter(ctx.engine, heartbeat_s=self.heartbeat_interval)
-            # read at each call: the backends are configured further down
-            ctx.meter.announce = lambda *notice: announce(ctx.notices, ctx.notify_backends,
-                                                          *notice)
+        # The hub's own notices (credit low, a cap's stop, a queued server that started, a
+        # preemption) are posted and sent through this; the backends, read at each call, are
+        # configured further down.
+        self._notify_backends: dict[str, Notifier] = {}
+        ctx.meter.announce = lambda *notice: announce(ctx.notices, self._notify_backends,
+                                                      *notice)
         ctx.meter.acquire_lease()
         # Spawns the previous hub left queued start again once this one is up (start()).
         self._left_queued = ctx.queue.rows()
@@ -272,7 +275,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             kubeconfig=os.environ.get("KUBECONFIG", ""),
         )
         # Notices the hub posts itself (a queued server started) go out the same ways.
-        ctx.notify_backends = backends_from_env({
+        self._notify_backends = backends_from_env({
             k: v if isinstance(v, str) else os.environ.get("GPULEASE_SMTP_PASSWORD", "")
             for k, v in notify_environment(self._settings).items()
         })

@@ -29,8 +29,8 @@ from sqlalchemy import BigInteger, Engine, Select, func, literal_column, select
 from gpulease.core.billing.rules import parse_account
 from gpulease.core.clock import iso_z
 from gpulease.core.units import format_credits
-from gpulease.hub.sessions import session_from_row
 from gpulease.store.db import reading, sessions
+from gpulease.store.sessions import session_from_row
 
 __all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "report", "spend_per_day",
            "to_csv", "usage"]

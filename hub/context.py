@@ -33,7 +33,6 @@ from gpulease.store.reservations import ReservationStore
 
 if TYPE_CHECKING:
     from gpulease.hub.metering import Meter
-    from gpulease.hub.notifier import Notifier
 
 log = logging.getLogger("gpulease")
 
@@ -47,9 +46,6 @@ class GPULeaseContext:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Set by the hub process (GPULeaseHub): per-second metering of its servers.
     meter: Meter | None = None
-    # Set by the hub process: notification backends, for notices it posts itself
-    # (a queued server that started).
-    notify_backends: dict[str, Notifier] = field(default_factory=dict)
     # Credit held by starts in flight in this process (gpulease.core.billing.holds); made
     # with the context, not lazily, so that concurrent first starts share one.
     holds: AdmissionHolds = field(default_factory=AdmissionHolds, repr=False)

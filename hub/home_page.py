@@ -26,9 +26,9 @@ from gpulease.core.policy.options import OptionsRefused, price_text
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub.identities import IdentityStore
 from gpulease.hub.my_servers import ServerFacts, ServerState, check_profile_choice, server_states
-from gpulease.hub.sessions import SessionLedger
 from gpulease.hub.template_values import OffLoop
 from gpulease.spawners.http_error import http_error
+from gpulease.store.sessions import SessionLedger
 
 log = logging.getLogger("gpulease")
 

@@ -1,7 +1,7 @@
 """Per-second metering in the hub process: sessions, heartbeat, credit enforcement.
 
 The pure rules (what a session costs, what a balance is) live in
-`gpulease.store.ledger` and `gpulease.hub.sessions`; this module is the hub-side
+`gpulease.store.ledger` and `gpulease.store.sessions`; this module is the hub-side
 loop around them:
 
 - a session opens when a server's code can first run (its launch: the process
@@ -54,31 +54,16 @@ from gpulease.core.billing.enforcement import (
     who_must_stop,
 )
 from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left, month_start
+from gpulease.core.billing.sessions import Key, LiveSession, Session
 from gpulease.core.clock import utcnow
 from gpulease.core.notices import render_account_cap
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub import metrics
 from gpulease.hub.member_caps import capped_spends
-from gpulease.hub.sessions import Session, SessionLedger
 from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger
 
 log = logging.getLogger("gpulease.metering")
-
-Key = tuple[str, str]  # (user, server name)
-
-
-@dataclass
-class LiveSession:
-    """What the hub keeps in memory about an open session."""
-
-    session_id: int
-    profile: str
-    account: str
-    rate_per_hour_ucr: int
-    last_alive: datetime
-    tier: str = "on-demand"
-    reservation_id: int | None = None  # tier reserved: the reservation it runs on
-
 
 class HubServers(Protocol):
     """The hub's side of the heartbeat (gpulease.hub.server_control over JupyterHub)."""

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpulease.core.billing.enforcement import RESERVATION_ENDED, StopOrder, StopProgress
+from gpulease.core.billing.sessions import LiveSession
 from gpulease.core.clock import utcnow
-from gpulease.hub.metering import LiveSession
 from gpulease.store.reservations import Booked
 
 if TYPE_CHECKING:
+    from gpulease.core.billing.sessions import Key
     from gpulease.hub.context import GPULeaseContext
-    from gpulease.hub.metering import Key, Meter
+    from gpulease.hub.metering import Meter
 
 log = logging.getLogger("gpulease.reservations")
 

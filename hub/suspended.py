@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpulease.core.billing.sessions import Session
 from gpulease.core.units import format_duration
-from gpulease.hub.sessions import Session
 
 # Stops gpulease made on the user's behalf: the server can be resumed as it was.
 SUSPEND_REASONS = {

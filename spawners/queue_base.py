@@ -231,9 +231,9 @@ async def queue_progress(
 
 async def tell_started(ctx: GPULeaseContext, user: str, server: str, profile: str,
                        waited_s: float) -> None:
-    """A queued server answers: post a `queued_started` notice and notify its user."""
-    from gpulease.hub.notifier import announce
-
-    await announce(ctx.notices, ctx.notify_backends, "queued_started", user, server, profile,
-                   waited_s / 60)
+    """A queued server answers: its user is told (a `queued_started` notice, and their
+    channel) through the meter's `announce`, which the hub sets; never raises."""
+    meter = ctx.meter
+    if meter is not None and meter.announce is not None:
+        await meter.announce("queued_started", user, server, profile, waited_s / 60)
 

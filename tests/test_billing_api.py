@@ -17,9 +17,9 @@ import pytest
 import requests
 
 from gpulease.core.clock import utcnow
-from gpulease.hub.sessions import SessionLedger
 from gpulease.store.db import open_database, sqlite_url
 from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger
 from tests.hubproc import HubProcess
 
 pytestmark = pytest.mark.e2e

@@ -15,9 +15,9 @@ from gpulease.core.billing.rules import billed_seconds
 from gpulease.core.clock import iso_z
 from gpulease.core.units import MAX_UCR, ms_cost
 from gpulease.hub.billing_reports import USAGE_COLUMNS, report, spend_per_day, to_csv, usage
-from gpulease.hub.sessions import SessionLedger
 from gpulease.store.db import sessions
 from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger
 
 T0 = dt.datetime(2024, 3, 1)
 

@@ -18,8 +18,8 @@ from gpulease.core.billing.holds import (
     unused_minimum,
 )
 from gpulease.core.billing.rules import BillingError
-from gpulease.hub.sessions import SessionLedger
 from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger
 
 CREDIT = 1_000_000
 T0 = dt.datetime(2024, 3, 1, 12, 0)

@@ -18,8 +18,8 @@ from gpulease.core.billing.rules import (
     to_ms,
 )
 from gpulease.core.units import MAX_UCR
-from gpulease.hub.sessions import SessionLedger
 from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger
 
 T0 = dt.datetime(2024, 3, 10, 12, 0, 0)
 CREDIT = 1_000_000

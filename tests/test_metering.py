@@ -24,10 +24,10 @@ from gpulease.core.billing.enforcement import (
     who_must_stop,
 )
 from gpulease.core.billing.rules import month_start, to_ms
+from gpulease.core.billing.sessions import MeterConflict
 from gpulease.core.clock import utcnow
 from gpulease.hub.member_caps import capped_spends
 from gpulease.hub.metering import Meter
-from gpulease.hub.sessions import MeterConflict
 
 RATE = 3_600_000_000  # 1 credit a second
 

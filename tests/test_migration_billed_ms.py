@@ -18,7 +18,6 @@ import pytest
 from sqlalchemy import Engine, insert, select, text
 
 from gpulease.hub.billing_reports import report, usage
-from gpulease.hub.sessions import SessionLedger
 from gpulease.store.db import (
     MIGRATIONS_DIR,
     ledger_entries,
@@ -28,6 +27,7 @@ from gpulease.store.db import (
     upgrade,
 )
 from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger
 
 T0 = dt.datetime(2026, 11, 3, 9, 0, 0)
 RATES = [0, 1, 1_200_000, 3_599_999, 7_000_001, 123_456_789]

@@ -20,9 +20,9 @@ import yaml
 
 from gpulease.core.clock import utcnow
 from gpulease.host.state import prepare_state_dir
-from gpulease.hub.sessions import SessionLedger
 from gpulease.store.audit import AuditLog
 from gpulease.store.db import open_database, sqlite_url
+from gpulease.store.sessions import SessionLedger
 from tests.hubproc import HubProcess
 
 pytestmark = pytest.mark.e2e

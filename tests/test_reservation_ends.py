@@ -3,8 +3,8 @@ end_steps), pure."""
 
 import datetime as dt
 
+from gpulease.core.billing.sessions import LiveSession
 from gpulease.core.capacity.reservation_rules import Reservation
-from gpulease.hub.metering import LiveSession
 from gpulease.hub.reservation_ends import end_steps
 from gpulease.store.reservations import Booked
 

@@ -9,9 +9,10 @@ import pytest
 from sqlalchemy import select
 
 from gpulease.core.billing.rules import BillingError
-from gpulease.hub.sessions import END_REASONS, MeterConflict, Session, SessionLedger, pid_alive
+from gpulease.core.billing.sessions import END_REASONS, MeterConflict, Session
 from gpulease.store.db import sessions as sessions_table
 from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger, pid_alive
 
 T0 = dt.datetime(2024, 3, 10, 12, 0, 0)
 RATE = 3_600_000  # 3.6 credits per hour = 1,000 µcr per second

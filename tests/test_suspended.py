@@ -1,6 +1,6 @@
 import datetime as dt
 
-from gpulease.hub.sessions import Session
+from gpulease.core.billing.sessions import Session
 from gpulease.hub.suspended import suspended_servers
 
 T = dt.datetime(2026, 11, 30, 12, 0, 0)

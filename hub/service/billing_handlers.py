@@ -15,6 +15,7 @@ from gpulease.core.billing.rules import (
     minutes_left,
     parse_account,
 )
+from gpulease.core.billing.sessions import END_REASONS
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import usable_by
 from gpulease.core.refusal import Refusal
@@ -24,9 +25,9 @@ from gpulease.hub import billing_reports
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.sessions import END_REASONS, SessionLedger
 from gpulease.store.db import ledger_entries, reading
 from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger
 
 
 def parse_entry_account(text: Any, field: str = "account") -> str:

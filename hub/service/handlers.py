@@ -25,13 +25,13 @@ from gpulease.hub.identities import IdentityStore
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import cluster_inventory_view, inventory_view, profile_view
-from gpulease.hub.sessions import SessionLedger
 from gpulease.spawners.cluster_availability import (
     Availability,
     cluster_availability,
     host_availability,
     unknown,
 )
+from gpulease.store.sessions import SessionLedger
 
 
 async def current_inventory(handler: BaseAPIHandler) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from gpulease.core.refusal import Refusal
 from gpulease.hub.my_servers import ServerFacts, check_profile_choice, server_states
 from gpulease.hub.service.billing_handlers import BillingHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.sessions import SessionLedger
+from gpulease.store.sessions import SessionLedger
 
 SERVER_NAME_RULE = ("server names are 1-30 characters: lowercase ASCII letters, digits and "
                     "single hyphens, starting with a letter and ending with a letter or digit "

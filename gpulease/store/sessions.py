@@ -11,6 +11,9 @@ confirmation or an end down), and a session costs ceil(billed_ms × rate /
 others at their last confirmation: no invented milliseconds.
 
 Only one hub process may meter a database: `acquire_lease` refuses a second.
+
+What a session is (and its billed time and cost) is gpulease/core/billing/sessions.py;
+this module is its table's store.
 """
 
 from __future__ import annotations
@@ -18,62 +21,20 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
 
-from gpulease.core.billing.rules import BillingError, billed_ms, parse_account, seconds_up, to_ms
+from gpulease.core.billing.rules import BillingError, billed_ms, parse_account, to_ms
+from gpulease.core.billing.sessions import TIERS, MeterConflict, Session, check_end_reason
 from gpulease.core.clock import utcnow
-from gpulease.core.units import MAX_UCR, ms_cost, seconds_text
+from gpulease.core.units import MAX_UCR, seconds_text
 from gpulease.store.db import ledger_entries, meter_lease, reading, sessions
 from gpulease.store.ledger import advisory_lock
 
-__all__ = ["END_REASONS", "MeterConflict", "Session", "SessionLedger", "pid_alive",
-           "session_from_row"]
-
-END_REASONS = ("user", "idle", "out_of_credit", "account_cap", "max_runtime", "admin",
-               "server_died", "hub_shutdown", "hub_lost", "preempted", "reservation_ended",
-               "start_failed")
-TIERS = ("on-demand", "spot", "reserved")  # gpulease.core.policy.options names them for a start
 _LEASE_ID = 1
 _open = sessions.c.ended_at.is_(None)
-
-
-@dataclass(frozen=True)
-class Session:
-    id: int
-    user: str
-    server: str
-    profile: str
-    account: str
-    rate_per_hour_ucr: int
-    started: dt.datetime
-    last_confirmed: dt.datetime
-    ended: dt.datetime | None
-    end_reason: str | None
-    requested_end_reason: str | None
-    closed_ms: int | None = None  # what a closed session was billed (its row's billed_ms)
-    tier: str = "on-demand"
-    preempted_until: dt.datetime | None = None  # being preempted: it runs until then
-    preempt_why: str | None = None
-    reservation_id: int | None = None  # tier reserved: the reservation it ran on
-
-    def billed_ms(self, now: dt.datetime | None = None) -> int:
-        """Closed: what it was billed. Open: up to the last confirmation, or to `now`
-        (on the millisecond) if given."""
-        if self.ended is not None:
-            return self.closed_ms if self.closed_ms is not None else billed_ms(
-                self.started, self.ended)
-        until = self.last_confirmed if now is None else max(to_ms(now), self.last_confirmed)
-        return billed_ms(self.started, until)
-
-    def billed_seconds(self, now: dt.datetime | None = None) -> int:
-        """`billed_ms` rounded up to the second (the API keeps it for its clients)."""
-        return seconds_up(self.billed_ms(now))
-
-    def cost(self, now: dt.datetime | None = None) -> int:
-        return ms_cost(self.billed_ms(now), self.rate_per_hour_ucr)
 
 
 def session_from_row(row: Any) -> Session:
@@ -82,20 +43,6 @@ def session_from_row(row: Any) -> Session:
                    row.ended_at, row.end_reason, row.requested_end_reason,
                    None if row.billed_ms is None else int(row.billed_ms), row.tier,
                    row.preempted_until, row.preempt_why, row.reservation_id)
-
-
-def _check_reason(reason: str) -> str:
-    if reason not in END_REASONS:
-        raise BillingError(400, f"reason: {reason!r} is not one of {', '.join(END_REASONS)}",
-                           "reason")
-    return reason
-
-
-class MeterConflict(BillingError):
-    """Another live hub process holds the meter lease of this database."""
-
-    def __init__(self, message: str):
-        super().__init__(409, message, None)
 
 
 def pid_alive(pid: int) -> bool:
@@ -219,14 +166,14 @@ class SessionLedger:
 
     def close(self, session_id: int, ended: dt.datetime, reason: str) -> Session | None:
         """Close and charge; closing a closed session returns it unchanged."""
-        _check_reason(reason)
+        check_end_reason(reason)
         with self.engine.begin() as conn:
             return self._close_in(conn, session_id, ended, reason)
 
     def close_server(self, user: str, server: str, ended: dt.datetime,
                      reason: str) -> Session | None:
         """Close the open session of a server, if it has one."""
-        _check_reason(reason)
+        check_end_reason(reason)
         with self.engine.begin() as conn:
             found = conn.execute(select(sessions.c.id).where(
                 _open, sessions.c.user_name == user, sessions.c.server_name == server)).scalar()
@@ -273,7 +220,7 @@ class SessionLedger:
 
     def request_end_reason(self, user: str, server: str, reason: str) -> bool:
         """Record why a server is being stopped, for the close that follows."""
-        _check_reason(reason)
+        check_end_reason(reason)
         with self.engine.begin() as conn:
             result = conn.execute(update(sessions).where(
                 _open, sessions.c.user_name == user, sessions.c.server_name == server,
