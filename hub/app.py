@@ -39,7 +39,6 @@ from gpulease.host.state import (
 )
 from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.hub import canonical_host
-from gpulease.hub.accounts import AccountError, ensure_first_admin
 from gpulease.hub.app_options import GPULeaseOptions
 from gpulease.hub.authenticator import LocalAccountsAuthenticator
 from gpulease.hub.body_budget import BudgetedHTTPServer
@@ -50,7 +49,6 @@ from gpulease.hub.cluster_shape import (
     resolve_namespace,
     spawner_nodes,
 )
-from gpulease.hub.context import get_context
 from gpulease.hub.hub_config import (
     SERVICE_NAME,
     HubSettings,
@@ -80,9 +78,11 @@ from gpulease.hub.queue_resume import resume_then_serve
 from gpulease.hub.server_env import ServerEnvError
 from gpulease.hub.server_env import choose as choose_server_env
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
+from gpulease.spawners.context import get_context
 from gpulease.spawners.local import LocalGPUSpawner, prestart_warm_launcher
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures
 from gpulease.spawners.warm_start import close_all as close_warm_launchers
+from gpulease.store.accounts import AccountError, ensure_first_admin
 from gpulease.store.audit import RetentionError, parse_retention
 
 gpulease_aliases = {

@@ -41,10 +41,10 @@ from traitlets import (
 )
 
 from gpulease.core.policy.user_names import is_valid_name
-from gpulease.hub.accounts import HASH_PARALLELISM, MAX_NAME_LENGTH, LocalAccountStore
 from gpulease.hub.client_address import Network, login_address, parse_trusted
 from gpulease.hub.login_throttle import LoginThrottle
 from gpulease.hub.socket_owner import ProxyHosts, ProxyPeers, peer_and_local
+from gpulease.store.accounts import HASH_PARALLELISM, MAX_NAME_LENGTH, LocalAccountStore
 from gpulease.store.db import open_database
 
 _stores: dict[str, LocalAccountStore] = {}

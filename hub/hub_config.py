@@ -71,8 +71,8 @@ def low_balance_banner(s: HubSettings):
     """
 
     def banner(user):
-        from gpulease.hub.context import get_context
         from gpulease.hub.template_values import OffLoop
+        from gpulease.spawners.context import get_context
         from gpulease.store.notices import banner_text
 
         if user is None:
@@ -97,7 +97,7 @@ def _context_of(s: HubSettings):
     """The shared gpulease context of this hub (created on first use, in the hub process)."""
 
     def get():
-        from gpulease.hub.context import get_context
+        from gpulease.spawners.context import get_context
 
         return get_context(s.db_url, s.inventory_file, s.catalog_file, s.node_name)
 

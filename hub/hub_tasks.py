@@ -24,7 +24,7 @@ from gpulease.hub.reservation_ends import end_reservations
 from gpulease.hub.server_control import HubServerControl
 
 if TYPE_CHECKING:
-    from gpulease.hub.context import GPULeaseContext
+    from gpulease.spawners.context import GPULeaseContext
 
 AUDIT_PRUNE_EVERY_MS = 24 * 3600 * 1000
 

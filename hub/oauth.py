@@ -43,9 +43,9 @@ from tornado.httpclient import HTTPClientError
 from traitlets import Float, Integer, Unicode, default
 
 from gpulease.core.clock import utcnow
-from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.identities import BoundIdentity, Identity, IdentityStore, base_name
 from gpulease.hub.oauth_handlers import SignInCallbackHandler, SignInLoginHandler
+from gpulease.store.accounts import LocalAccountStore
 from gpulease.store.audit import AuditLog
 from gpulease.store.db import open_database
 

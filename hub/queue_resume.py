@@ -31,7 +31,7 @@ from gpulease.spawners.queue_store import QueuedSpawn, QueueStore
 if TYPE_CHECKING:
     from jupyterhub.app import JupyterHub
 
-    from gpulease.hub.context import GPULeaseContext
+    from gpulease.spawners.context import GPULeaseContext
 
 # How long one start may take to be back in the queue (or admitted, or refused)
 # before the next one is sent anyway.

@@ -32,8 +32,8 @@ from gpulease.store.reservations import Booked
 
 if TYPE_CHECKING:
     from gpulease.core.billing.sessions import Key
-    from gpulease.hub.context import GPULeaseContext
     from gpulease.hub.metering import Meter
+    from gpulease.spawners.context import GPULeaseContext
 
 log = logging.getLogger("gpulease.reservations")
 

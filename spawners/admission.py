@@ -47,7 +47,7 @@ from gpulease.spawners.cpu_totals import (
 if TYPE_CHECKING:
     from gpulease.core.capacity.reservation_rules import Reservation
     from gpulease.core.model.profiles import Profile
-    from gpulease.hub.context import GPULeaseContext
+    from gpulease.spawners.context import GPULeaseContext
     from gpulease.spawners.local import LocalGPUSpawner
 
 DATABASE_DOWN = (

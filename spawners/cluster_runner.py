@@ -56,7 +56,7 @@ from gpulease.spawners.spot_preemption import (
 )
 
 if TYPE_CHECKING:
-    from gpulease.hub.context import GPULeaseContext
+    from gpulease.spawners.context import GPULeaseContext
 
 WATCH_READY_S = 10.0  # how long a start waits for the watches' first lists
 

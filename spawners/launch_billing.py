@@ -28,8 +28,8 @@ from traitlets.config import Configurable
 
 from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
-from gpulease.hub.context import GPULeaseContext
 from gpulease.spawners.admission import DATABASE_DOWN
+from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.first_answer import first_answer
 from gpulease.spawners.http_error import http_error
 from gpulease.spawners.queue_base import tell_started

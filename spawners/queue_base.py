@@ -25,7 +25,7 @@ from gpulease.core.refusal import Refusal
 from gpulease.spawners.queue import Waiting, served_order
 
 if TYPE_CHECKING:
-    from gpulease.hub.context import GPULeaseContext
+    from gpulease.spawners.context import GPULeaseContext
 
 log = logging.getLogger("gpulease.queue")
 

@@ -38,7 +38,7 @@ from gpulease.spawners.reserved_pool import ON_DEMAND, RESERVED, SPOT, Withholdi
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S, displace_first, preempt_for
 
 if TYPE_CHECKING:
-    from gpulease.hub.context import GPULeaseContext
+    from gpulease.spawners.context import GPULeaseContext
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from datetime import datetime
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.core.clock import utcnow
-from gpulease.hub.context import GPULeaseContext
 from gpulease.spawners import isolation
 from gpulease.spawners.cgroup_kill import Emptied, devices_may_go
+from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.exit_watch import wait_for_exit
 from gpulease.spawners.process_tree import end_processes_at, kill_tree, process_tree
 from gpulease.spawners.queue_runner import runner_for

@@ -31,9 +31,9 @@ from traitlets import Unicode, default
 
 from gpulease.core.policy.options import SPOT, ServerChoice, withdrawn_after_waiting
 from gpulease.core.refusal import Refusal
-from gpulease.hub.context import GPULeaseContext, get_context
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
 from gpulease.spawners.admission_options import AdmissionOptions
+from gpulease.spawners.context import GPULeaseContext, get_context
 from gpulease.spawners.http_error import http_error
 from gpulease.spawners.hub_log import join_hub_log
 from gpulease.spawners.launch_billing import LaunchBilling

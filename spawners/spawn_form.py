@@ -13,8 +13,8 @@ from functools import partial
 
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.profiles import option_value, spot_usable_by, usable_by
-from gpulease.hub.context import GPULeaseContext
 from gpulease.spawners.cluster_availability import Availability, host_availability
+from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.options_form import FormData
 
 AvailabilityOf = Callable[[DeviceRequest], Availability]

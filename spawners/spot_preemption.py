@@ -40,8 +40,8 @@ from gpulease.spawners.preemption import plan_preemptions, spot_holdings
 from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
 
 if TYPE_CHECKING:
-    from gpulease.hub.context import GPULeaseContext
     from gpulease.spawners.cluster_preemption import PreemptedPod
+    from gpulease.spawners.context import GPULeaseContext
     from gpulease.spawners.queue_base import Ticket
 
 log = logging.getLogger("gpulease.queue")

@@ -8,8 +8,8 @@ import pytest
 from argon2 import PasswordHasher
 from sqlalchemy import select
 
-from gpulease.hub import accounts
-from gpulease.hub.accounts import (
+from gpulease.store import accounts
+from gpulease.store.accounts import (
     AccountError,
     LocalAccountStore,
     ensure_first_admin,

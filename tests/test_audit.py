@@ -11,7 +11,6 @@ from sqlalchemy import func, select
 from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file, servers_saving
 from gpulease.core.policy.options import OptionsRefused, resolve_user_options
 from gpulease.core.refusal import Refusal
-from gpulease.hub.profile_store import PROFILES_FILE_ACTOR, ProfileStore
 from gpulease.hub.service.audit_handlers import MAX_LIMIT, parse_audit_query
 from gpulease.images import shipped_catalog
 from gpulease.store.audit import (
@@ -22,6 +21,7 @@ from gpulease.store.audit import (
 )
 from gpulease.store.db import audit_log
 from gpulease.store.db import profiles as profiles_table
+from gpulease.store.profiles import PROFILES_FILE_ACTOR, ProfileStore
 
 CATALOG = shipped_catalog()
 CPU, SLICE, FULL = load_profiles_file(SAMPLE_PROFILES, CATALOG)

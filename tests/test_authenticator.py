@@ -20,13 +20,13 @@ from tornado.httputil import HTTPHeaders
 from traitlets import TraitError
 
 from gpulease.hub import authenticator as authenticator_module
-from gpulease.hub.accounts import LocalAccountStore
 from gpulease.hub.authenticator import (
     LocalAccountsAuthenticator,
     default_login_threads,
     usable_cpus,
 )
 from gpulease.hub.login_throttle import MAX_DELAY_S
+from gpulease.store.accounts import LocalAccountStore
 from gpulease.store.db import sqlite_url
 
 PASSWORD = "correct horse battery"

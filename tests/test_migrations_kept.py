@@ -17,10 +17,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
 from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
-from gpulease.hub.profile_store import ProfileStore
 from gpulease.images import shipped_catalog
 from gpulease.store.db import MIGRATIONS_DIR, make_engine, sqlite_url, upgrade
 from gpulease.store.ledger import Ledger
+from gpulease.store.profiles import ProfileStore
 
 DUMP_0011 = Path(__file__).parent / "data" / "database-0011.sql"
 # sha256 of each released migration. A new migration adds a line; none changes one.

@@ -6,10 +6,10 @@ from sqlalchemy import select, update
 
 from gpulease.core.model.catalog import Catalog
 from gpulease.core.model.profiles import SAMPLE_PROFILES, ProfileError, load_profiles_file
-from gpulease.hub.profile_store import PROFILES_FILE_HASH, ApplyResult, ProfileStore
 from gpulease.images import shipped_catalog
 from gpulease.store.db import profiles as profiles_table
 from gpulease.store.db import settings
+from gpulease.store.profiles import PROFILES_FILE_HASH, ApplyResult, ProfileStore
 
 CATALOG = shipped_catalog()
 SAMPLES = load_profiles_file(SAMPLE_PROFILES, CATALOG)

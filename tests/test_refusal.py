@@ -9,12 +9,12 @@ from gpulease.core.model.profiles import ProfileError
 from gpulease.core.policy.limits import LimitError
 from gpulease.core.policy.options import OptionsRefused
 from gpulease.core.refusal import FieldError, Refusal
-from gpulease.hub.accounts import AccountError
 from gpulease.hub.server_activity import PushError
 from gpulease.hub.service.billing_views import PeriodError
 from gpulease.hub.service.errors import APIError
 from gpulease.spawners.http_error import http_error
 from gpulease.spawners.queue_runner import Refused
+from gpulease.store.accounts import AccountError
 from gpulease.store.notices import NoticeError
 
 KINDS = [

@@ -11,8 +11,8 @@ import yaml
 
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.metering import Meter
+from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.queue_runner import QueueRunner
 
 SLICE = DeviceRequest("H200", "1g.18gb")

@@ -183,7 +183,7 @@ def test_names_made_before_the_rule_are_reported_and_get_no_home(hub, admin):
     from sqlalchemy import insert
 
     from gpulease.core.clock import utcnow
-    from gpulease.hub.accounts import hash_password
+    from gpulease.store.accounts import hash_password
     from gpulease.store.db import local_accounts, open_database
 
     hub.interrupt()

@@ -15,7 +15,6 @@ from tornado import web
 from tornado.routing import Rule
 
 from gpulease.hub.body_budget import BudgetedHTTPServer
-from gpulease.hub.context import get_context
 from gpulease.hub.server_activity import ActivityStore
 from gpulease.hub.service import (
     activity_handlers,
@@ -37,6 +36,7 @@ from gpulease.hub.service import notice_handlers as n
 from gpulease.hub.service.cluster_source import source_from_env
 from gpulease.process_exit import end_process, exit_with_hub
 from gpulease.site_urls import SiteURLs
+from gpulease.spawners.context import get_context
 from gpulease.store.failed_starts import DEFAULT_LIMIT, DEFAULT_WINDOW_S, Rationing
 
 log = logging.getLogger("gpulease.service")

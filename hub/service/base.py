@@ -28,8 +28,8 @@ from gpulease.hub.caller_rights import (
     is_gpulease_admin,
     is_gpulease_auditor,
 )
-from gpulease.hub.context import GPULeaseContext
 from gpulease.hub.service.errors import APIError
+from gpulease.spawners.context import GPULeaseContext
 
 NUL_REFUSED = "text may not contain the NUL character (\\u0000)"
 

@@ -17,7 +17,6 @@ from gpulease.core.model.profiles import (
 )
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
-from gpulease.hub.accounts import AccountError, validate_password, validate_username
 from gpulease.hub.caller_rights import (
     has_hub_admin_powers,
 )
@@ -31,6 +30,7 @@ from gpulease.spawners.cluster_availability import (
     host_availability,
     unknown,
 )
+from gpulease.store.accounts import AccountError, validate_password, validate_username
 from gpulease.store.sessions import SessionLedger
 
 

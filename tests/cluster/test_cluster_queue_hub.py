@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gpulease.hub.context import GPULeaseContext
+from gpulease.spawners.context import GPULeaseContext
 from tests.cluster.conftest import ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.test_cluster_inventory_api import gpu_pod

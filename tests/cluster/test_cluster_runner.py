@@ -16,9 +16,9 @@ import asyncio
 import pytest
 
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.hub.context import GPULeaseContext
 from gpulease.spawners.cluster_runner import WATCH_READY_S, ClusterQueueRunner
 from gpulease.spawners.cluster_watch import CLUSTER_RULES
+from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.kube_rbac import grants as grants_of
 from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
 from gpulease.spawners.queue_base import Refused

@@ -24,7 +24,7 @@ from gpulease.core.model.profiles import (
     load_profiles_file,
     parse_profiles_document,
 )
-from gpulease.hub.context import GPULeaseContext
+from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.kube_rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, pods_path

@@ -35,8 +35,8 @@ import pytest
 from jupyterhub.objects import Server
 from kubernetes_asyncio.client import Configuration
 
-from gpulease.hub.context import get_context
 from gpulease.spawners import cluster_runner
+from gpulease.spawners.context import get_context
 from gpulease.spawners.kube import GPUKubeSpawner
 from gpulease.spawners.kube_rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES, grants, rules_of
 from tests.cluster.conftest import ControlPlane

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpulease.hub.context import GPULeaseContext
+from gpulease.spawners.context import GPULeaseContext
 from tests.cluster.conftest import ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.test_cluster_inventory_api import gpu_pod

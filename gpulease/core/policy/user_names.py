@@ -10,7 +10,7 @@ Every entry that creates or renames a user refuses anything else with
 `name_problem`'s words, before anything is written: JupyterHub's API and
 admin page (LocalAccountsAuthenticator.validate_username and
 gpulease.hub.hub_user_api), gpulease's api/users and `gpulease users add`
-(gpulease.hub.accounts), the first admin. Nothing is lowercased or mapped
+(gpulease.store.accounts), the first admin. Nothing is lowercased or mapped
 silently: "Alice" is refused, naming "alice". Identity providers, when they
 come, map their names into this set. Names made before the rule are reported
 at start (`outside_the_rule`, `rename_hint`); the home code refuses them

@@ -1,5 +1,9 @@
 """What the hub, its spawners and the gpulease service share in one process.
 
+The spawners' layer: it assembles the stores (gpulease/store), this host's
+inventory (gpulease/host) and the catalog; the hub creates it and sets its
+meter, the spawners and the service read it.
+
 One `GPULeaseContext` per (database, inventory, catalog) holds the engine and
 the stores built on it, so that every spawner of a hub reuses one connection
 pool and one inventory reading instead of opening its own.
@@ -11,28 +15,25 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
 from gpulease.core.billing.holds import AdmissionHolds
+from gpulease.core.billing.ports import Meter
 from gpulease.core.model.catalog import Catalog, load_catalog
 from gpulease.core.model.inventory import Inventory
 from gpulease.host.gpus import discover_inventory
-from gpulease.hub.accounts import LocalAccountStore
-from gpulease.hub.profile_store import ProfileStore
 from gpulease.images import CATALOG_PATH
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.queue_store import QueueStore
+from gpulease.store.accounts import LocalAccountStore
 from gpulease.store.audit import AuditLog
 from gpulease.store.db import open_database
 from gpulease.store.ledger import Ledger
 from gpulease.store.limits import LimitStore
 from gpulease.store.notices import NoticeStore
+from gpulease.store.profiles import ProfileStore
 from gpulease.store.reservations import ReservationStore
-
-if TYPE_CHECKING:
-    from gpulease.hub.metering import Meter
 
 log = logging.getLogger("gpulease")
 
@@ -44,7 +45,9 @@ class GPULeaseContext:
     catalog_file: str = ""
     node_name: str = "local"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # Set by the hub process (GPULeaseHub): per-second metering of its servers.
+    # Set by the hub process (GPULeaseHub), which makes it (hub/metering.py): the
+    # metering of its servers, as gpulease.core.billing.ports declares what spawners use.
+    # None where no hub meters (a spawner driven by a test, `gpulease` commands).
     meter: Meter | None = None
     # Credit held by starts in flight in this process (gpulease.core.billing.holds); made
     # with the context, not lazily, so that concurrent first starts share one.
