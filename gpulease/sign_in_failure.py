@@ -1,7 +1,7 @@
 """What a browser's failed sign-in tells the researcher, wherever it failed.
 
 JupyterHub's OAuth ends at a callback: a server's `/oauth_callback`
-(singleuser/error_page.py) and the gpulease service's (hub/service/pages.py).
+(singleuser/error_page.py) and the gpulease service's (hub/service/pages/usage.py).
 Either fails the same ways: a `state` that is stale, replayed or from another
 browser (a 4xx), or a code the hub refuses or cannot confirm (a 5xx). One
 wording for both, so a researcher reads the same advice on either page. It

@@ -2,7 +2,7 @@
 
 One wording per status for the hub's pages (templates/error.html, which
 JupyterHub also renders for the proxy's error target, `/hub/error/NNN`) and
-the gpulease service's (service/pages.py). Each page adds its own detail and
+the gpulease service's (service/pages/usage.py). Each page adds its own detail and
 a link to the hub's home page.
 """
 

@@ -8,7 +8,7 @@ log the headers it receives. So servers push instead, with their own token
 `access:services!service=gpulease`), and the culler reads what was pushed
 from the service.
 
-Pure parts here, I/O in hub/service/activity_handlers.py:
+Pure parts here, I/O in hub/service/api/activity.py:
 
 - `server_of(model)`: which server a token belongs to, from the hub's own
   answer about the token (`GET /hub/api/user`: its owner and its scopes),

@@ -3,7 +3,7 @@ gpulease service's (usage, the admin pages).
 
 Both render the same items from here, so they cannot drift: the hub's page.html loops
 over `gpulease_nav.items(...)` (a template variable, hub_config), the service's base.html
-over `nav_items` (hub/service/pages.py). Every target is a SiteURLs URL: with users'
+over `nav_items` (hub/service/pages/usage.py). Every target is a SiteURLs URL: with users'
 servers on subdomains the hub and the service are two origins, and a link between them
 is absolute; on one shared origin SiteURLs gives paths.
 

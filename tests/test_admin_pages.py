@@ -19,7 +19,7 @@ import yaml
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.units import format_credits, parse_credits
 from gpulease.host.gpus import discover_inventory
-from gpulease.hub.service import admin_forms as af
+from gpulease.hub.service.pages import forms as af
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.queue_store import QueueStore
 from gpulease.store.db import open_database, sqlite_url

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file, servers_saving
 from gpulease.core.policy.options import OptionsRefused, resolve_user_options
 from gpulease.core.refusal import Refusal
-from gpulease.hub.service.audit_handlers import MAX_LIMIT, parse_audit_query
+from gpulease.hub.service.api.audit import MAX_LIMIT, parse_audit_query
 from gpulease.images import shipped_catalog
 from gpulease.store.audit import (
     AuditLog,

@@ -18,8 +18,8 @@ from tornado import httpserver, web
 from tornado.testing import bind_unused_port
 
 from gpulease.core.refusal import Refusal
-from gpulease.hub.service import admin_forms as af
 from gpulease.hub.service.cluster_source import ClusterSource, source_from_env
+from gpulease.hub.service.pages import forms as af
 from gpulease.hub.service.views import cluster_inventory_view
 
 NODE = {"metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-H200",

@@ -14,7 +14,7 @@ import pytest
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.hub.service.admin_forms import inventory_counts, inventory_rows
+from gpulease.hub.service.pages.forms import inventory_counts, inventory_rows
 from gpulease.hub.service.views import inventory_view
 from gpulease.spawners import isolation, quarantine
 from gpulease.spawners.assignments import OUT_OF_SERVICE, AssignmentStore

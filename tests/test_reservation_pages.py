@@ -24,7 +24,7 @@ import yaml
 from sqlalchemy import func, select, update
 
 from gpulease.core.units import format_credits, parse_credits
-from gpulease.hub.service.admin_reservation_pages import form_body, price_row
+from gpulease.hub.service.pages.reservations import form_body, price_row
 from gpulease.store.db import ledger_entries, open_database, reservations, sqlite_url
 from tests.hubproc import HubProcess
 

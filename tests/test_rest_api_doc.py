@@ -19,7 +19,7 @@ from tornado.routing import PathMatches
 
 from gpulease.hub.service import openapi
 from gpulease.hub.service.app import make_app
-from gpulease.hub.service.handlers import NotFoundHandler
+from gpulease.hub.service.base import NotFoundHandler
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_PATH = ROOT / "docs" / "rest-api.yml"

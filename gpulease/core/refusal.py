@@ -4,8 +4,8 @@ A refusal carries the HTTP status to answer with, a message that names what
 was wrong and what is allowed, and the fields it is about. The model and
 billing core raise it (or one of its kinds below); it is turned into an
 answer in one place per surface: the gpulease service's handlers render its
-`body()` as JSON (hub/service/handlers.py), its pages as a page
-(hub/service/pages.py), and a spawner or a hub handler hands it to JupyterHub
+`body()` as JSON (hub/service/base.py), its pages as a page
+(hub/service/pages/usage.py), and a spawner or a hub handler hands it to JupyterHub
 as tornado's HTTP error (spawners/http_error.py, the spawners' `refuse`).
 Nothing converts it by hand.
 

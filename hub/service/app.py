@@ -16,24 +16,24 @@ from tornado.routing import Rule
 
 from gpulease.hub.body_budget import BudgetedHTTPServer
 from gpulease.hub.server_activity import ActivityStore
-from gpulease.hub.service import (
-    activity_handlers,
-    admin_pages,
-    audit_handlers,
-    body_limit,
-    failed_start_handlers,
-    hub_static,
-    inventory_handlers,
-    limit_handlers,
-    openapi,
-    pages,
-    reservation_handlers,
-    server_handlers,
+from gpulease.hub.service import body_limit, hub_static, openapi
+from gpulease.hub.service.api import (
+    activity,
+    audit,
+    failed_starts,
+    inventory,
+    limits,
+    reservations,
+    servers,
 )
-from gpulease.hub.service import billing_handlers as b
-from gpulease.hub.service import handlers as h
-from gpulease.hub.service import notice_handlers as n
+from gpulease.hub.service.api import billing as b
+from gpulease.hub.service.api import notices as n
+from gpulease.hub.service.api.profiles import ProfileHandler, ProfilesHandler
+from gpulease.hub.service.api.users import UsersHandler
+from gpulease.hub.service.base import NotFoundHandler, RootHandler
 from gpulease.hub.service.cluster_source import source_from_env
+from gpulease.hub.service.pages import admin as admin_pages
+from gpulease.hub.service.pages import usage as pages
 from gpulease.process_exit import end_process, exit_with_hub
 from gpulease.site_urls import SiteURLs
 from gpulease.spawners.context import get_context
@@ -65,11 +65,11 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         hub_api_token=env.get("JUPYTERHUB_API_TOKEN", ""),
     )
     routes = [
-        (r"", h.RootHandler),
-        (r"api/inventory", h.InventoryHandler),
-        (r"api/profiles", h.ProfilesHandler),
-        (r"api/profiles/([^/]+)", h.ProfileHandler),  # a bad slug: 400 naming the rule
-        (r"api/users", h.UsersHandler),
+        (r"", RootHandler),
+        (r"api/inventory", inventory.InventoryHandler),
+        (r"api/profiles", ProfilesHandler),
+        (r"api/profiles/([^/]+)", ProfileHandler),  # a bad slug: 400 naming the rule
+        (r"api/users", UsersHandler),
         (r"api/balance", b.BalanceHandler),
         (r"api/usage", b.UsageHandler),
         (r"api/credits", b.CreditsHandler),
@@ -79,9 +79,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"usage", pages.UsagePage),
         (r"admin/report", pages.ReportPage),
     ]
-    for module in (audit_handlers, failed_start_handlers, limit_handlers, server_handlers,
-                   admin_pages, activity_handlers, inventory_handlers, reservation_handlers,
-                   openapi):
+    for module in (audit, failed_starts, limits, servers, admin_pages, activity, inventory,
+                   reservations, openapi):
         routes += module.ROUTES
     # First: a body declared over the bound is refused before any route reads it.
     handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]
@@ -90,7 +89,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
     handlers.append((url_path_join(prefix, "oauth_callback"), pages.OAuthCallbackPage, args))
     # JupyterHub's stylesheet for the pages, as the hub serves it (hub_static.py)
     handlers.append((url_path_join(prefix, hub_static.ROUTE), hub_static.HubStaticFile))
-    handlers.append((url_path_join(prefix, "api/.*"), h.NotFoundHandler, args))
+    handlers.append((url_path_join(prefix, "api/.*"), NotFoundHandler, args))
     return web.Application(
         handlers,
         # an address no route serves: a page saying so, not tornado's bare "404: Not Found"

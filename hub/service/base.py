@@ -227,3 +227,15 @@ def hub_message(e: HTTPClientError) -> str:
         return str(e)
 
 
+class RootHandler(BaseAPIHandler):
+    """The service's root: the hub checks it is up; people and scripts see what it is."""
+
+    def get(self):
+        from gpulease import __version__
+
+        self.write_json({"service": "gpulease", "version": __version__, "api": "api/"})
+
+
+class NotFoundHandler(BaseAPIHandler):
+    def prepare(self):
+        raise APIError(404, f"No such gpulease API path: {self.request.path}")

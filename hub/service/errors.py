@@ -1,4 +1,4 @@
-"""APIError: a Refusal made by the service's handlers themselves (hub/refusal.py).
+"""APIError: a Refusal made by the service's handlers themselves (gpulease/core/refusal.py).
 
 The handlers render every Refusal the same way (BaseAPIHandler.write_error):
 {"status", "message", "errors": [{field, message}]}.

@@ -2,8 +2,8 @@
 
 Server-rendered HTML with plain forms (no JavaScript, so the CSP allows no
 script at all); see admin_base.py for who may see and post, and for the CSRF
-protection of the forms. The editor lives in admin_profile_pages.py, credits
-and limits in admin_credit_pages.py, reservations in admin_reservation_pages.py;
+protection of the forms. The editor lives in profiles.py, credits
+and limits in credits.py, reservations in reservations.py;
 this module has the read-only pages and mounts them all.
 """
 
@@ -14,15 +14,11 @@ from urllib.parse import urlencode
 
 from tornado import web
 
-from gpulease.hub.service import (
-    admin_credit_pages,
-    admin_profile_pages,
-    admin_reservation_pages,
-)
-from gpulease.hub.service import admin_forms as af
-from gpulease.hub.service.admin_base import AdminPage
-from gpulease.hub.service.audit_handlers import parse_audit_query
-from gpulease.hub.service.handlers import current_inventory
+from gpulease.hub.service.api.audit import parse_audit_query
+from gpulease.hub.service.api.inventory import current_inventory
+from gpulease.hub.service.pages import credits, profiles, reservations
+from gpulease.hub.service.pages import forms as af
+from gpulease.hub.service.pages.admin_base import AdminPage
 
 AUDIT_PAGE = 50
 AUDIT_FILTERS = ("since", "until", "actor", "target", "action")
@@ -69,7 +65,7 @@ class AuditPage(AdminPage):
 ROUTES: list[tuple[str, type[web.RequestHandler]]] = [
     (r"admin/inventory", InventoryPage),
     (r"admin/audit", AuditPage),
-    *admin_profile_pages.ROUTES,
-    *admin_credit_pages.ROUTES,
-    *admin_reservation_pages.ROUTES,
+    *profiles.ROUTES,
+    *credits.ROUTES,
+    *reservations.ROUTES,
 ]

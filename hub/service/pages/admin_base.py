@@ -24,7 +24,7 @@ from typing import Any
 from tornado import web
 
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.pages import PageHandler
+from gpulease.hub.service.pages.usage import PageHandler
 
 
 class AdminPage(PageHandler):

@@ -16,13 +16,14 @@ from tornado import web
 
 from gpulease.core.policy.limits import FIELDS as LIMIT_FIELDS
 from gpulease.core.policy.limits import LimitError, parse_limit_body, parse_subject
-from gpulease.core.refusal import FieldError, Refusal
+from gpulease.core.refusal import Refusal
 from gpulease.hub.identities import IdentityStore
 from gpulease.hub.service import billing_views as bv
-from gpulease.hub.service.admin_base import AdminPage
-from gpulease.hub.service.billing_handlers import parse_monthly_cap
+from gpulease.hub.service.api.billing import parse_monthly_cap
+from gpulease.hub.service.api.profiles import ProfileHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.handlers import ProfileHandler
+from gpulease.hub.service.pages.admin_base import AdminPage
+from gpulease.hub.service.pages.forms import refusal_by_input
 from gpulease.store.db import account_caps, ledger_entries, reading
 from gpulease.store.limits import LimitStore
 
@@ -46,14 +47,6 @@ def all_caps(engine: Engine) -> list[dict[str, Any]]:
     with reading(engine) as conn:
         return [{"account": r.account, "user": r.user_name, "monthly": bv.money(r.monthly_ucr)}
                 for r in conn.execute(query)]
-
-
-def _errors(e: Refusal) -> dict[str, list[str]]:
-    """A refusal as messages by form input (a message without a field goes to "")."""
-    by_field: dict[str, list[str]] = {}
-    for item in e.errors or [FieldError("", e.message)]:
-        by_field.setdefault(item.field, []).append(item.message)
-    return by_field
 
 
 class CreditsPage(AdminPage):
@@ -102,7 +95,7 @@ class CreditsPage(AdminPage):
         except Refusal as e:
             if e.status >= 500:
                 raise
-            await self.show(kind, values, _errors(e), 400)
+            await self.show(kind, values, refusal_by_input(e), 400)
             return
         self.see_other(f"admin/credits?entry={entry_id}")
 
@@ -167,7 +160,7 @@ class LimitsPage(AdminPage):
         except Refusal as e:
             if e.status >= 500:
                 raise
-            await self.show("cap", values, _errors(e), 400)
+            await self.show("cap", values, refusal_by_input(e), 400)
             return
         self.see_other("admin/limits?done=cap")
 

@@ -14,7 +14,7 @@
 
 The body's checks, the write and its audit entry are ReservationBase's
 (reservation_input, make_reservation, cancel_reservation), shared with the
-admin page admin/reservations (admin_reservation_pages.py), so that both accept,
+admin page admin/reservations (pages/reservations.py), so that both accept,
 refuse and record alike.
 """
 

@@ -15,6 +15,7 @@ from typing import Any
 from gpulease.core.model.catalog import Catalog
 from gpulease.core.model.gpu_models import KNOWN_MODELS, MIG_PROFILES
 from gpulease.core.model.profiles import DEFAULTS, FieldError, Profile
+from gpulease.core.refusal import Refusal
 from gpulease.core.units import credits_text, format_duration, format_quantity
 from gpulease.hub.service.billing_views import iso
 from gpulease.store.audit import AuditEntry
@@ -102,6 +103,15 @@ def field_errors(errors: Iterable[FieldError]) -> tuple[dict[str, list[str]], li
         else:
             other.append(str(error))
     return by_input, other
+
+
+def refusal_by_input(refusal: Refusal) -> dict[str, list[str]]:
+    """A refusal of a credit, limit or reservation form as messages by input name (a
+    message that names no input goes to "", shown above the form)."""
+    by_input: dict[str, list[str]] = {}
+    for item in refusal.errors or [FieldError("", refusal.message)]:
+        by_input.setdefault(item.field, []).append(item.message)
+    return by_input
 
 
 def profile_form_values(profile: Profile | None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from gpulease.hub import billing_reports
 from gpulease.hub.error_text import ErrorText, error_text
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service import hub_static
-from gpulease.hub.service.billing_handlers import BillingHandler, balance_of
+from gpulease.hub.service.api.billing import BillingHandler, balance_of
 from gpulease.hub.site_nav import SiteNav
 from gpulease.sign_in_failure import sign_in_failure
 from gpulease.site_urls import SiteURLs

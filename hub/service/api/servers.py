@@ -20,7 +20,7 @@ from gpulease.core.clock import utcnow
 from gpulease.core.policy.options import OptionsRefused, resolve_user_options
 from gpulease.core.refusal import Refusal
 from gpulease.hub.my_servers import ServerFacts, check_profile_choice, server_states
-from gpulease.hub.service.billing_handlers import BillingHandler
+from gpulease.hub.service.api.billing import BillingHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.store.sessions import SessionLedger
 

@@ -32,16 +32,17 @@ from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import Profile
 from gpulease.core.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
-from gpulease.hub.service.admin_base import AdminPage
-from gpulease.hub.service.admin_credit_pages import _errors, ledger_accounts
-from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.reservation_handlers import (
+from gpulease.hub.service.api.reservations import (
     FIELDS,
     MAX_NOTE,
     ReservationBase,
     offering_reservations,
     reservation_view,
 )
+from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.pages.admin_base import AdminPage
+from gpulease.hub.service.pages.credits import ledger_accounts
+from gpulease.hub.service.pages.forms import refusal_by_input
 from gpulease.store.db import ledger_entries, reading
 from gpulease.store.reservations import ON_END, Booked, kind_of, kind_words
 
@@ -208,7 +209,7 @@ class ReservationsPage(AdminPage, ReservationBase):
         except Refusal as e:
             if e.status >= 500:
                 raise
-            await self.show("add", values, _errors(e), e.status)
+            await self.show("add", values, refusal_by_input(e), e.status)
             return
         self.see_other(f"admin/reservations?added={view['id']}")
 
@@ -219,7 +220,7 @@ class ReservationsPage(AdminPage, ReservationBase):
         except Refusal as e:
             if e.status >= 500:
                 raise
-            await self.show("cancel", {"id": text}, _errors(e), e.status)
+            await self.show("cancel", {"id": text}, refusal_by_input(e), e.status)
             return
         self.see_other(f"admin/reservations?cancelled={view['id']}")
 

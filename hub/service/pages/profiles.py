@@ -21,10 +21,10 @@ from gpulease.core.model.profiles import (
     parse_profile,
     servers_saving,
 )
-from gpulease.hub.service import admin_forms as af
-from gpulease.hub.service.admin_base import AdminPage
+from gpulease.hub.service.api.profiles import ProfileHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.hub.service.handlers import ProfileHandler
+from gpulease.hub.service.pages import forms as af
+from gpulease.hub.service.pages.admin_base import AdminPage
 
 _OUTCOMES = {"created": "created", "updated": "saved", "unchanged": "saved (nothing changed)",
              "deleted": "deleted"}

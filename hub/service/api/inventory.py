@@ -1,24 +1,41 @@
-"""Returning an out-of-service device to the pool (admins).
-
-`POST api/inventory/{uuid}/return` `{"force": false}`: a device is out of
-service when its last server stopped but processes of it could not be ended
-(gpulease.spawners.quarantine). The hub returns it by itself once its cgroup
-is empty; this returns it sooner. While processes are still in the cgroup
-it answers 409 naming them, unless `force` is true (the admin has checked
-that they cannot use the device). 404 for a device that is not out of
-service. Recorded in the audit log.
+"""api/inventory: the devices and who holds them (GET), and an admin's return of a device
+held by a server that is gone (POST api/inventory/return).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from tornado import web
 
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.views import cluster_inventory_view, inventory_view
 from gpulease.spawners.quarantine import leftover_pids
+from gpulease.store.sessions import SessionLedger
 
+
+async def current_inventory(handler: BaseAPIHandler) -> dict[str, Any]:
+    """GET api/inventory's answer (the admin page shows the same): the embedded shape's
+    devices, or in the cluster shape (a ClusterSource in the settings) the cluster form."""
+    queue = await asyncio.to_thread(handler.ctx.queue.rows)
+    source = handler.settings.get("gpulease_cluster")
+    if source is not None:  # 502/503 refusals naming the cause when it cannot be listed
+        listed = await source.listed()
+        return cluster_inventory_view(listed.inventory, listed.at, source.namespace, queue)
+    held = await asyncio.to_thread(handler.ctx.assignments.held)
+    isolation = handler.settings.get("gpulease_isolation", {})
+    open_sessions = await asyncio.to_thread(SessionLedger(handler.ctx.engine).open_sessions)
+    tiers = {(s.user, s.server): s.tier for s in open_sessions}
+    active = await asyncio.to_thread(handler.ctx.reservations.active)
+    return inventory_view(handler.ctx.inventory, held, queue, isolation, tiers, active)
+
+
+class InventoryHandler(BaseAPIHandler):
+    async def get(self):
+        self.require_auditor()
+        self.write_json(await current_inventory(self))
 
 class ReturnDeviceHandler(BaseAPIHandler):
     async def post(self, uuid: str):

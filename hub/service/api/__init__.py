@@ -1,0 +1,1 @@
+"""The gpulease service's REST API (docs/rest-api.yml): one module per resource."""

@@ -1,0 +1,1 @@
+"""The gpulease service's pages: a researcher's usage, and the admin pages."""
