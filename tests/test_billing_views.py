@@ -10,7 +10,7 @@ import re
 import pytest
 
 from gpulease.hub.billing_reports import to_csv
-from gpulease.hub.cli_billing import format_usage_table
+from gpulease.hub.cli.billing import format_usage_table
 from gpulease.hub.service import billing_views as bv
 
 SESSION = {

@@ -105,7 +105,7 @@ def site_says():
     ("/jupyter/services/gpulease/", "http://localhost:{port}/jupyter/services/gpulease/"),
 ])
 def test_the_token_goes_only_to_the_hubs_host_or_its_subdomains(site_says, service, expected):
-    from gpulease.hub.client import HubClient
+    from gpulease.hub.cli.client import HubClient
 
     port, said = site_says
     said["service"] = service.format(port=port)

@@ -161,7 +161,7 @@ def _args():
     ([{"slug": "a", "gpu": {"model": "H200", "mig": "1g.18gb"}}], "only the profiles"),
 ])
 def test_a_token_that_cannot_see_every_profile_is_refused(capsys, profiles, says):
-    from gpulease.hub.cli_cluster import cmd_cluster
+    from gpulease.hub.cli.cluster import cmd_cluster
 
     assert cmd_cluster(_StandInHub(profiles), _args()) == 2
     captured = capsys.readouterr()
@@ -169,7 +169,7 @@ def test_a_token_that_cannot_see_every_profile_is_refused(capsys, profiles, says
 
 
 def test_an_admins_view_prints_the_configuration(capsys):
-    from gpulease.hub.cli_cluster import cmd_cluster
+    from gpulease.hub.cli.cluster import cmd_cluster
 
     admin_view = [{"slug": "a", "enabled": False, "gpu": {"model": "H200", "mig": "2g.35gb"}}]
     assert cmd_cluster(_StandInHub(admin_view), _args()) == 0

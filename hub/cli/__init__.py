@@ -12,11 +12,11 @@ import yaml
 
 from gpulease.core.policy.user_names import name_problem
 from gpulease.core.units import load_yaml_file
-from gpulease.hub.cli_billing import BILLING_COMMANDS, add_billing_parsers
-from gpulease.hub.cli_cluster import CLUSTER_COMMANDS, add_cluster_parsers, needs_hub
-from gpulease.hub.cli_limits import LIMITS_COMMANDS, add_limits_parsers
-from gpulease.hub.cli_reservations import RESERVATIONS_COMMANDS, add_reservations_parsers
-from gpulease.hub.client import ClientError, HubClient, client_from
+from gpulease.hub.cli.billing import BILLING_COMMANDS, add_billing_parsers
+from gpulease.hub.cli.client import ClientError, HubClient, client_from
+from gpulease.hub.cli.cluster import CLUSTER_COMMANDS, add_cluster_parsers, needs_hub
+from gpulease.hub.cli.limits import LIMITS_COMMANDS, add_limits_parsers
+from gpulease.hub.cli.reservations import RESERVATIONS_COMMANDS, add_reservations_parsers
 from gpulease.process_exit import end_process
 
 
@@ -246,7 +246,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClientError as e:
         print(f"gpulease: {e}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

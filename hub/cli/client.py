@@ -64,11 +64,11 @@ class HubClient:
         except requests.RequestException as e:
             raise ClientError(f"cannot reach the hub at {self.url}: {e}") from None
         if response.status_code >= 400 or response.status_code in (301, 302):
-            raise ClientError(_describe_error(response))
+            raise ClientError(describe_error(response))
         return response.json() if response.content else None
 
 
-def _describe_error(response: requests.Response) -> str:
+def describe_error(response: requests.Response) -> str:
     try:
         body = response.json()
     except ValueError:

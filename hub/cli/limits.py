@@ -7,7 +7,7 @@ import argparse
 import sys
 from urllib.parse import quote
 
-from gpulease.hub.client import HubClient
+from gpulease.hub.cli.client import HubClient
 
 
 def _count(text: str) -> int | None:

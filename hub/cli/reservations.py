@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpulease.hub.client import HubClient
+from gpulease.hub.cli.client import HubClient
 
 
 def add_reservations_parsers(sub: argparse._SubParsersAction) -> None:

@@ -15,7 +15,7 @@ import yaml
 
 from gpulease.core.model.catalog import CatalogError, load_catalog
 from gpulease.core.model.profiles import ProfileError, load_profiles_file
-from gpulease.hub.client import HubClient
+from gpulease.hub.cli.client import HubClient
 from gpulease.images import CATALOG_PATH
 from gpulease.spawners.pod_spec import MIG_STRATEGIES
 from gpulease.spawners.scheduler_config import (

@@ -8,7 +8,7 @@ import sys
 import requests
 
 from gpulease.core.units import seconds_text
-from gpulease.hub.client import ClientError, HubClient, _describe_error
+from gpulease.hub.cli.client import ClientError, HubClient, describe_error
 from gpulease.site_urls import loopback_session
 
 
@@ -84,7 +84,7 @@ def _get_text(client: HubClient, path: str, params: dict) -> str:
     except requests.RequestException as e:
         raise ClientError(f"cannot reach the hub at {client.url}: {e}") from None
     if response.status_code >= 300:
-        raise ClientError(_describe_error(response))
+        raise ClientError(describe_error(response))
     return response.text
 
 
