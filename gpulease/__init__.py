@@ -26,8 +26,9 @@ def skip_rfc3987_grammar() -> None:
     which no schema gpulease, JupyterHub or jupyter-server loads uses.
     Without it jsonschema leaves "iri" unchecked (it imports the module under
     suppress(ImportError)); every other format is checked as before. Called
-    before JupyterHub or jupyter-server is imported: by gpulease.hub and by
-    `gpulease-singleuser` (gpulease.singleuser.launch). Kernels are other
+    before JupyterHub or jupyter-server is imported, by each entry point: the
+    `gpulease` command's `up`, the service's and the culler's `__main__`, and
+    `gpulease-singleuser` (gpulease.singleuser.launch) and the warm launcher. Kernels are other
     processes and untouched.
     """
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]

@@ -1,5 +1,7 @@
-"""gpulease.hub: the hub's configuration, CLI, profiles, accounts, billing and its service."""
+"""gpulease.hub: the hub process (its configuration, app and tasks), the `gpulease` CLI,
+sign-in, metering, and the gpulease service (service/).
 
-from gpulease import skip_rfc3987_grammar
-
-skip_rfc3987_grammar()  # before JupyterHub is imported anywhere in the hub's processes
+Importing it does nothing: each entry point makes its own start-up calls (the
+`gpulease` command and the service's and culler's `__main__` skip jsonschema's
+RFC 3987 parser before JupyterHub is imported: gpulease.skip_rfc3987_grammar).
+"""

@@ -1,5 +1,9 @@
 """Entry point of the gpulease idle culler, started by the hub as a managed service."""
 
-from gpulease.idle_culler.app import main
+from gpulease import skip_rfc3987_grammar
+
+skip_rfc3987_grammar()  # before JupyterHub (through the app) is imported
+
+from gpulease.idle_culler.app import main  # noqa: E402
 
 main()

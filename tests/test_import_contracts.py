@@ -108,3 +108,21 @@ def test_no_type_only_import_points_up_either():
                 found += [f"{path.relative_to(ROOT)}:{node.lineno} {name}" for name in names
                           if any(name == f or name.startswith(f + ".") for f in forbidden)]
     assert not found, found
+
+
+def test_no_private_name_crosses_a_module():
+    """A name with a leading underscore is its module's own: no other module of gpulease
+    imports one (tests may, to test it). What two modules share is public, and named so."""
+    import ast
+
+    folders = ["hub", "spawners", "idle-culler", "singleuser", "images", "gpulease", "bench"]
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                        "gpulease"):
+                    found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}"
+                              for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, found
