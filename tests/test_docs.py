@@ -82,3 +82,17 @@ def built(path: str) -> bool:
     import subprocess
 
     return subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0
+
+
+def test_the_readme_is_a_newcomers_page_that_stays_in_the_repository():
+    """One paragraph, the two commands, the spawn page's picture, a feature table and
+    links: short, and every link a path of this repository (the prose lives in docs/)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 120, len(text.splitlines())
+    assert "](docs/images/hub-spawn.png)" in text
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert len(links) > 15, links
+    outside = [link for link in links if "://" in link or link.startswith(("..", "/"))]
+    assert not outside, outside
+    missing = [link for link in links if not (ROOT / link.split("#")[0]).exists()]
+    assert not missing, missing
