@@ -1,5 +1,5 @@
 # Example overrides for the embedded hub: `gpulease up --config jupyterhub_config.py`.
-# gpulease assembles its own configuration (gpulease.hub.hub_config); what this
+# gpulease assembles its own configuration (gpulease.hub.config.hub_config); what this
 # file sets wins over it. Every option: `gpulease up --help-all` or docs/config.md.
 c = get_config()  # noqa: F821 (provided by traitlets when the file is loaded)
 

@@ -27,7 +27,7 @@ overtaken); other kinds pass. A request fits when some node has enough free
 of its resource (cpu and memory never run out here: a full node's pods ask 192
 of 224 CPUs), so an admitted pod is always bound. The queue is served when a
 pod ends and when a waiting request gives up (queue_max_wait, 30 min, the
-hub's default in hub/app_options.py). No queue length cap (the hub's
+hub's default in hub/config/app_options.py). No queue length cap (the hub's
 queue_max_length, 500 by default, is not modelled).
 """
 

@@ -8,7 +8,7 @@ subpackages of this namespace.
 import sys
 from pkgutil import extend_path
 
-# An environment copied from an editable install (gpulease.hub.server_env) holds the
+# An environment copied from an editable install (gpulease.hub.config.server_env) holds the
 # subpackages in its site-packages: found there too when the source tree's gpulease/
 # comes first on sys.path (an interpreter started in the clone's folder).
 __path__ = extend_path(__path__, __name__)

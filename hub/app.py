@@ -39,17 +39,20 @@ from gpulease.host.state import (
 )
 from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.hub import canonical_host
-from gpulease.hub.app_options import GPULeaseOptions
-from gpulease.hub.authenticator import LocalAccountsAuthenticator
-from gpulease.hub.body_budget import BudgetedHTTPServer
-from gpulease.hub.cluster_shape import banner_lines as cluster_banner
-from gpulease.hub.cluster_shape import (
+from gpulease.hub.auth.github import GPULeaseGitHubAuthenticator
+from gpulease.hub.auth.local import LocalAccountsAuthenticator
+from gpulease.hub.auth.oauth import ProviderSignIn
+from gpulease.hub.auth.oidc import GPULeaseOIDCAuthenticator
+from gpulease.hub.billing.metering import Meter
+from gpulease.hub.config.app_options import GPULeaseOptions
+from gpulease.hub.config.cluster_shape import banner_lines as cluster_banner
+from gpulease.hub.config.cluster_shape import (
     cluster_spawner_classes,
     require_kubespawner,
     resolve_namespace,
     spawner_nodes,
 )
-from gpulease.hub.hub_config import (
+from gpulease.hub.config.hub_config import (
     SERVICE_NAME,
     HubSettings,
     hub_config,
@@ -58,25 +61,22 @@ from gpulease.hub.hub_config import (
     parse_service_address,
     project_chp,
 )
-from gpulease.hub.hub_tasks import HubTasks, prune_audit
-from gpulease.hub.hub_user_api import with_checked_names
-from gpulease.hub.interrupted_start import with_interruptible_starts
-from gpulease.hub.isolation_check import (
+from gpulease.hub.config.isolation_check import (
     decide,
     reachability_error,
     server_env_paths,
     unreachable,
 )
-from gpulease.hub.metering import Meter
-from gpulease.hub.named_servers import refusing_limit
+from gpulease.hub.config.server_env import ServerEnvError
+from gpulease.hub.config.server_env import choose as choose_server_env
+from gpulease.hub.hub_tasks import HubTasks, prune_audit
+from gpulease.hub.interrupted_start import with_interruptible_starts
 from gpulease.hub.notifier import Notifier, announce, backends_from_env
-from gpulease.hub.oauth import ProviderSignIn
-from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
-from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.origins import OriginError, is_loopback, plan_origins
 from gpulease.hub.queue_resume import resume_then_serve
-from gpulease.hub.server_env import ServerEnvError
-from gpulease.hub.server_env import choose as choose_server_env
+from gpulease.hub.web.body_budget import BudgetedHTTPServer
+from gpulease.hub.web.hub_user_api import with_checked_names
+from gpulease.hub.web.named_servers import refusing_limit
 from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.context import get_context
 from gpulease.spawners.local import LocalGPUSpawner, prestart_warm_launcher
@@ -112,7 +112,7 @@ def _free_port() -> int:
 
 
 class GPULeaseHub(GPULeaseOptions, JupyterHub):
-    """The embedded gpulease hub (its own options: gpulease.hub.app_options)."""
+    """The embedded gpulease hub (its own options: gpulease.hub.config.app_options)."""
 
     name = "gpulease"
     description = "gpulease: GPU notebooks on JupyterHub, billed by the millisecond."
@@ -409,7 +409,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # default for it. A body declared larger is refused (400) before any of it is
         # read, one sent chunked is cut past the bound; and what bodies over 16 KiB
         # hold at once is bounded too, each must arrive within a minute
-        # (gpulease.hub.body_budget).
+        # (gpulease.hub.web.body_budget).
         HTTPServer.configure(BudgetedHTTPServer, max_body_size=HUB_MAX_BODY_BYTES)
         self._warm_line = "" if self._cluster else prestart_warm_launcher(self.config)
         if self._warm_line:

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from tornado.ioloop import PeriodicCallback
 
-from gpulease.hub.metering import beat_at
-from gpulease.hub.reservation_ends import end_reservations
-from gpulease.hub.server_control import HubServerControl
+from gpulease.hub.billing.metering import beat_at
+from gpulease.hub.billing.reservation_ends import end_reservations
+from gpulease.hub.billing.server_control import HubServerControl
 
 if TYPE_CHECKING:
     from gpulease.spawners.context import GPULeaseContext

@@ -8,7 +8,7 @@ servers on subdomains the hub and the service are two origins, and a link betwee
 is absolute; on one shared origin SiteURLs gives paths.
 
 Who sees an item is who may open its page, decided by the same rule the page applies:
-the admin pages need a gpulease auditor or admin (hub/caller_rights.py), read
+the admin pages need a gpulease auditor or admin (hub/auth/caller_rights.py), read
 from the viewer's scopes as both the hub (its page's `expanded_scopes`) and the service
 (its login token's `scopes`) have them.
 """
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpulease.hub.caller_rights import has_hub_admin_powers, is_gpulease_auditor
+from gpulease.hub.auth.caller_rights import has_hub_admin_powers, is_gpulease_auditor
 from gpulease.site_urls import SiteURLs
 
 PRODUCT = "gpulease"

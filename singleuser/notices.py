@@ -42,7 +42,7 @@ def notices_url(env: Mapping[str, str]) -> str | None:
 
 def service_url(env: Mapping[str, str], path: str) -> str | None:
     """`path` of the gpulease service, under `GPULEASE_SERVICE_URL`: the service's own
-    address, set by the spawner (gpulease.hub.hub_config). Never guessed from the hub's
+    address, set by the spawner (gpulease.hub.config.hub_config). Never guessed from the hub's
     URLs: under a subdomain host the service has an origin of its own."""
     if env.get("GPULEASE_SERVICE_URL"):
         return url_path_join(env["GPULEASE_SERVICE_URL"], path)

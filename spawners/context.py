@@ -45,7 +45,7 @@ class GPULeaseContext:
     catalog_file: str = ""
     node_name: str = "local"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # Set by the hub process (GPULeaseHub), which makes it (hub/metering.py): the
+    # Set by the hub process (GPULeaseHub), which makes it (hub/billing/metering.py): the
     # metering of its servers, as gpulease.core.billing.ports declares what spawners use.
     # None where no hub meters (a spawner driven by a test, `gpulease` commands).
     meter: Meter | None = None

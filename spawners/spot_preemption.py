@@ -9,7 +9,7 @@ that spot servers hold the room for gets it, in the queue's order: the servers
 the rule (spawners/preemption.py, plan_preemptions) chooses are told at once (a
 `preemption_warning` notice with its deadline: JupyterLab's banner and the hub's pages show it) and
 given `grace_s` seconds to save; the meter then stops each with reason
-`preempted`, billed up to the deadline (gpulease.hub.metering.Meter.preempt).
+`preempted`, billed up to the deadline (gpulease.hub.billing.metering.Meter.preempt).
 Their devices come back like any stop's, and the queue's next pass places the
 waiting start. Devices of servers already being preempted count as coming free
 (to the first start that can use them), so one start never preempts twice.

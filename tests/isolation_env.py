@@ -2,9 +2,9 @@
 
 Where the project's .venv is out of their reach — its interpreter pyenv's
 under /root, or the whole clone under /root (mode 0700) — `gpulease up` as
-root would run servers from a copy of it (gpulease.hub.server_env). Tests
+root would run servers from a copy of it (gpulease.hub.config.server_env). Tests
 run the hub itself from such a copy, made once per session in /tmp with
-the same code (gpulease.hub.server_env.build: the project's installed
+the same code (gpulease.hub.config.server_env.build: the project's installed
 packages, its code and Jupyter's data hard-linked, so the servers are the
 same JupyterLab with the same extensions), so that the hubs and the mock
 servers the tests start use one interpreter every account can run.
@@ -22,8 +22,8 @@ import time
 from functools import cache
 from pathlib import Path
 
-from gpulease.hub import server_env
-from gpulease.hub.isolation_check import server_env_paths, unreachable
+from gpulease.hub.config import server_env
+from gpulease.hub.config.isolation_check import server_env_paths, unreachable
 from gpulease.singleuser import SERVER_SCRIPT
 
 ROOT = Path(__file__).resolve().parent.parent

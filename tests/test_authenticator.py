@@ -19,13 +19,13 @@ import pytest
 from tornado.httputil import HTTPHeaders
 from traitlets import TraitError
 
-from gpulease.hub import authenticator as authenticator_module
-from gpulease.hub.authenticator import (
+from gpulease.hub.auth import local as authenticator_module
+from gpulease.hub.auth.local import (
     LocalAccountsAuthenticator,
     default_login_threads,
     usable_cpus,
 )
-from gpulease.hub.login_throttle import MAX_DELAY_S
+from gpulease.hub.auth.login_throttle import MAX_DELAY_S
 from gpulease.store.accounts import LocalAccountStore
 from gpulease.store.db import sqlite_url
 

@@ -12,7 +12,7 @@ import socket
 import pytest
 from tornado import web
 
-from gpulease.hub.body_budget import BodyBudget, BudgetedHTTPServer
+from gpulease.hub.web.body_budget import BodyBudget, BudgetedHTTPServer
 
 KIB = 1 << 10
 

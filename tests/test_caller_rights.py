@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulease.hub.caller_rights import (
+from gpulease.hub.auth.caller_rights import (
     ADMIN_SCOPE,
     AUDIT_SCOPE,
     has_hub_admin_powers,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulease.hub.client_address import login_address, normalise, parse_trusted
+from gpulease.hub.auth.client_address import login_address, normalise, parse_trusted
 
 PROXY = "127.0.0.1"  # the hub's own configurable-http-proxy
 INGRESS = parse_trusted(["10.0.0.0/24", "fd00::/8"])

@@ -102,7 +102,7 @@ def test_the_service_counts_the_nodes_the_spawner_admits_to():
     """gpulease up hands the service the admin's node selector and GPU tolerations."""
     from traitlets.config import Config
 
-    from gpulease.hub.cluster_shape import spawner_nodes
+    from gpulease.hub.config.cluster_shape import spawner_nodes
     from gpulease.hub.service.cluster_source import source_from_env
     from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
 

@@ -15,8 +15,13 @@ import pytest
 from traitlets.config import Config
 
 from gpulease.host.state import StateDir, StateError
-from gpulease.hub.cluster_shape import resolve_namespace
-from gpulease.hub.hub_config import SERVICE_NAME, HubSettings, hub_config, parse_service_address
+from gpulease.hub.config.cluster_shape import resolve_namespace
+from gpulease.hub.config.hub_config import (
+    SERVICE_NAME,
+    HubSettings,
+    hub_config,
+    parse_service_address,
+)
 from tests.test_up_command import run_up
 
 

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from gpulease.hub.app_options import GPULeaseOptions
-from gpulease.hub.authenticator import LocalAccountsAuthenticator
-from gpulease.hub.oauth import ProviderSignIn
-from gpulease.hub.oauth_github import GPULeaseGitHubAuthenticator
-from gpulease.hub.oauth_oidc import GPULeaseOIDCAuthenticator
+from gpulease.hub.auth.github import GPULeaseGitHubAuthenticator
+from gpulease.hub.auth.local import LocalAccountsAuthenticator
+from gpulease.hub.auth.oauth import ProviderSignIn
+from gpulease.hub.auth.oidc import GPULeaseOIDCAuthenticator
+from gpulease.hub.config.app_options import GPULeaseOptions
 from gpulease.singleuser.activity_push import ActivityPusher
 from gpulease.singleuser.kernel_pool import PooledKernelManager
 from gpulease.spawners.admission_options import AdmissionOptions

@@ -2,8 +2,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpulease.host.state import StateDir
-from gpulease.hub.caller_rights import ADMIN_SCOPE
-from gpulease.hub.hub_config import CLI_SERVICE_NAME, SERVICE_NAME, HubSettings, hub_config
+from gpulease.hub.auth.caller_rights import ADMIN_SCOPE
+from gpulease.hub.config.hub_config import CLI_SERVICE_NAME, SERVICE_NAME, HubSettings, hub_config
 
 
 def settings(tmp_path) -> HubSettings:
@@ -37,7 +37,7 @@ def test_service_and_cli_token_roles(tmp_path):
 def test_culler_service_and_its_role(tmp_path):
     from dataclasses import replace
 
-    from gpulease.hub.hub_config import CULLER_SERVICE_NAME
+    from gpulease.hub.config.hub_config import CULLER_SERVICE_NAME
 
     s = replace(settings(tmp_path), culler={"port": "9998", "interval": "30"})
     c = hub_config(s)
@@ -65,7 +65,7 @@ def test_culler_stale_after_is_a_hub_option_that_reaches_the_culler(tmp_path):
     from traitlets import TraitError
 
     from gpulease.hub.app import GPULeaseHub
-    from gpulease.hub.hub_config import CULLER_SERVICE_NAME
+    from gpulease.hub.config.hub_config import CULLER_SERVICE_NAME
     from gpulease.idle_culler.app import parse_args
 
     culler = GPULeaseHub(culler_stale_after="90s")._culler_settings("declared")
@@ -84,7 +84,7 @@ def test_the_cluster_shapes_culler_reads_pods_through_prometheus_and_the_metrics
     from dataclasses import replace
 
     from gpulease.hub.app import GPULeaseHub
-    from gpulease.hub.hub_config import CULLER_SERVICE_NAME, kube_client_environment
+    from gpulease.hub.config.hub_config import CULLER_SERVICE_NAME, kube_client_environment
     from gpulease.idle_culler.app import parse_args
 
     hub = GPULeaseHub(shape="cluster", culler_prometheus_url="http://prometheus.monitoring:9090")

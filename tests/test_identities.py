@@ -9,9 +9,9 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from gpulease.core.policy.user_names import is_valid_name
+from gpulease.hub.auth.github import github_groups
+from gpulease.hub.auth.oauth import provider_groups, provider_unreachable
 from gpulease.hub.identities import Identity, IdentityStore, base_name, candidate_names
-from gpulease.hub.oauth import provider_groups, provider_unreachable
-from gpulease.hub.oauth_github import github_groups
 from gpulease.store.accounts import LocalAccountStore
 
 ISS = "https://idp.uni.example/realms/research"

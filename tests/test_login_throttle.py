@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gpulease.hub.login_throttle import MAX_DELAY_S, LoginThrottle, Recorded, Verdict
+from gpulease.hub.auth.login_throttle import MAX_DELAY_S, LoginThrottle, Recorded, Verdict
 
 IP = "10.0.0.1"
 OTHER = "192.0.2.9"

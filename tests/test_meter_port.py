@@ -12,7 +12,7 @@ import inspect
 import typing
 
 from gpulease.core.billing import ports
-from gpulease.hub.metering import Meter
+from gpulease.hub.billing.metering import Meter
 from gpulease.store.sessions import SessionLedger
 
 

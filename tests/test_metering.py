@@ -26,8 +26,8 @@ from gpulease.core.billing.enforcement import (
 from gpulease.core.billing.rules import month_start, to_ms
 from gpulease.core.billing.sessions import MeterConflict
 from gpulease.core.clock import utcnow
+from gpulease.hub.billing.metering import Meter
 from gpulease.hub.member_caps import capped_spends
-from gpulease.hub.metering import Meter
 
 RATE = 3_600_000_000  # 1 credit a second
 

@@ -54,6 +54,20 @@ def test_the_paths_configurations_name_import(path):
     assert resolve(path) is not None
 
 
+@pytest.mark.parametrize("old, new", [
+    ("gpulease.hub.authenticator.LocalAccountsAuthenticator",
+     "gpulease.hub.auth.local.LocalAccountsAuthenticator"),
+    ("gpulease.hub.oauth_oidc.GPULeaseOIDCAuthenticator",
+     "gpulease.hub.auth.oidc.GPULeaseOIDCAuthenticator"),
+    ("gpulease.hub.oauth_github.GPULeaseGitHubAuthenticator",
+     "gpulease.hub.auth.github.GPULeaseGitHubAuthenticator"),
+])
+def test_an_authenticators_old_path_is_the_same_class(old, new):
+    """The modules left at the old paths re-export, never copy: one class, configured
+    under one name (c.GPULeaseOIDCAuthenticator.*) whichever path a config uses."""
+    assert resolve(old) is resolve(new)
+
+
 def test_the_entry_points_and_scripts_resolve():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = [*project["scripts"].values(),

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 from traitlets import TraitError
 
-from gpulease.hub.app_options import GPULeaseOptions
-from gpulease.hub.hub_config import hub_config
+from gpulease.hub.config.app_options import GPULeaseOptions
+from gpulease.hub.config.hub_config import hub_config
 from tests.test_hub_config import settings
 
 

@@ -1,11 +1,11 @@
-"""The end of a reservation for its running servers: the decision (hub/reservation_ends.py
+"""The end of a reservation for its running servers: the decision (hub/billing/reservation_ends.py
 end_steps), pure."""
 
 import datetime as dt
 
 from gpulease.core.billing.sessions import LiveSession
 from gpulease.core.capacity.reservation_rules import Reservation
-from gpulease.hub.reservation_ends import end_steps
+from gpulease.hub.billing.reservation_ends import end_steps
 from gpulease.store.reservations import Booked
 
 T0 = dt.datetime(2026, 12, 7, 9)

@@ -22,7 +22,7 @@ import pytest
 
 from gpulease.core.billing.rules import to_ms
 from gpulease.core.clock import utcnow
-from gpulease.hub.metering import Meter
+from gpulease.hub.billing.metering import Meter
 from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.cgroup_kill import cgroup_pids, remove_dirs
 from gpulease.spawners.cgroups import parse_mounts

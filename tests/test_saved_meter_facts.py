@@ -1,5 +1,5 @@
 """A server found running with no session after a hub restart is metered from what is
-saved (hub/server_control.py saved_meter_facts): on its reservation only while its user
+saved (hub/billing/server_control.py saved_meter_facts): on its reservation only while its user
 still holds it."""
 
 import datetime as dt
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.profiles import parse_profile
-from gpulease.hub.server_control import saved_meter_facts
+from gpulease.hub.billing.server_control import saved_meter_facts
 from gpulease.images import shipped_catalog
 from gpulease.spawners.assignments import Holder
 

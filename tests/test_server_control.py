@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from gpulease.hub.server_control import HubServerControl
+from gpulease.hub.billing.server_control import HubServerControl
 
 ANSWERED = dt.datetime(2026, 12, 1, 9, 0, 0, 121_000)
 

@@ -1,5 +1,5 @@
 """Where a root hub keeps what per-user accounts must reach: the state folder's default and
-the copy of the servers' environment (gpulease.host.state, gpulease.hub.server_env).
+the copy of the servers' environment (gpulease.host.state, gpulease.hub.config.server_env).
 The whole path, `make run` from a clone in a 0700 folder: test_fresh_clone.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpulease.host.state import SHARED_STATE_BASE, default_state_root
-from gpulease.hub.server_env import ServerEnvError, _mirror, build, editable_packages
+from gpulease.hub.config.server_env import ServerEnvError, _mirror, build, editable_packages
 from tests.isolation_env import shared_tmpdir
 
 ROOT = Path(__file__).resolve().parent.parent

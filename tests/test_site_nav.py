@@ -19,8 +19,8 @@ from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader
 from jupyterhub._data import DATA_FILES_PATH
 from tornado.template import Loader
 
-from gpulease.hub.caller_rights import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
-from gpulease.hub.hub_config import SERVICE_NAME
+from gpulease.hub.auth.caller_rights import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
+from gpulease.hub.config.hub_config import SERVICE_NAME
 from gpulease.hub.service import hub_static
 from gpulease.hub.site_nav import PRODUCT, SiteNav, nav_items
 from gpulease.site_urls import SiteURLs

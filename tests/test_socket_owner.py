@@ -17,7 +17,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from gpulease.hub.socket_owner import (
+from gpulease.hub.auth.socket_owner import (
     ProxyPeers,
     connections,
     owner_uid,

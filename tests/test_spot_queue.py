@@ -11,7 +11,7 @@ import yaml
 
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.hub.metering import Meter
+from gpulease.hub.billing.metering import Meter
 from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.queue_runner import QueueRunner
 
@@ -329,7 +329,7 @@ def test_a_preemption_asks_for_heartbeats_at_its_deadline_and_for_its_kill(engin
 
 
 async def test_the_hub_beats_at_the_moment_asked():
-    from gpulease.hub.metering import beat_at
+    from gpulease.hub.billing.metering import beat_at
 
     beats: list[dt.datetime] = []
 

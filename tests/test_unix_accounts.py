@@ -19,7 +19,7 @@ from gpulease.host.unix_accounts import (
     choose_uid,
     unix_name,
 )
-from gpulease.hub.isolation_check import decide, unreachable
+from gpulease.hub.config.isolation_check import decide, unreachable
 from gpulease.spawners.cgroups import Mechanism
 
 

@@ -15,11 +15,11 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest
 from traitlets import TraitError
 
 from gpulease.host.state import StateDir
-from gpulease.hub.app_options import GPULeaseOptions
-from gpulease.hub.hub_config import HubSettings, hub_config
-from gpulease.hub.named_servers import NAMED_SERVER_LIMIT, named_server_refusal, refusing_limit
+from gpulease.hub.config.app_options import GPULeaseOptions
+from gpulease.hub.config.hub_config import HubSettings, hub_config
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.body_limit import MAX_BODY_BYTES, DeclaresTooMuch, declared_length
+from gpulease.hub.web.named_servers import NAMED_SERVER_LIMIT, named_server_refusal, refusing_limit
 from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.cpu_totals import (
     CpuOnlyServer,

@@ -21,7 +21,7 @@ from gpulease.core.policy.user_names import (
 )
 from gpulease.host.state import StateError, checked_home, ensure_home, prepare_state_dir
 from gpulease.host.unix_accounts import UnixAccount, UnixAccountError, own_home
-from gpulease.hub.authenticator import LocalAccountsAuthenticator
+from gpulease.hub.auth.local import LocalAccountsAuthenticator
 from gpulease.store.accounts import AccountError, validate_username
 
 VALID = ["a", "alice", "ab-c", "a1", "x-1-2", "a" * 32, "a" + "-" * 30 + "z", "admin"]

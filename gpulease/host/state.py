@@ -4,7 +4,7 @@
                        secret, proxy token, the CLI's token and URL
     <state>/homes/     mode 0755; homes/<user> is that user's home (0700)
     <state>/server-env/  as root, when per-user accounts cannot reach gpulease's
-                       own environment: the copy servers run from (gpulease.hub.server_env)
+                       own environment: the copy servers run from (gpulease.hub.config.server_env)
 
 The hub refuses to start when `private/` can be read by anyone else: it holds
 what lets a reader forge cookies or rewrite the ledger.

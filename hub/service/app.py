@@ -14,7 +14,6 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.routing import Rule
 
-from gpulease.hub.body_budget import BudgetedHTTPServer
 from gpulease.hub.server_activity import ActivityStore
 from gpulease.hub.service import body_limit, hub_static, openapi
 from gpulease.hub.service.api import (
@@ -34,6 +33,7 @@ from gpulease.hub.service.base import NotFoundHandler, RootHandler
 from gpulease.hub.service.cluster_source import source_from_env
 from gpulease.hub.service.pages import admin as admin_pages
 from gpulease.hub.service.pages import usage as pages
+from gpulease.hub.web.body_budget import BudgetedHTTPServer
 from gpulease.process_exit import end_process, exit_with_hub
 from gpulease.site_urls import SiteURLs
 from gpulease.spawners.context import get_context
@@ -101,7 +101,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         gpulease_prefix=prefix,
         # the hub's, this service's and servers' URLs (links across origins)
         gpulease_urls=site_urls_from_env(env),
-        # how users are kept apart on this host (gpulease.hub.isolation_check)
+        # how users are kept apart on this host (gpulease.hub.config.isolation_check)
         gpulease_isolation=json.loads(env.get("GPULEASE_ISOLATION") or "{}"),
         # what servers pushed of their kernels and terminals, for the culler
         gpulease_server_activity=ActivityStore(since=datetime.now(UTC)),
@@ -131,7 +131,7 @@ def main() -> None:
     async def serve() -> None:
         # The backstop for bodies without a length (chunked): cut past the bound. And
         # bodies over 16 KiB held at once are bounded, each within a minute
-        # (gpulease.hub.body_budget).
+        # (gpulease.hub.web.body_budget).
         server = BudgetedHTTPServer(app, max_body_size=body_limit.MAX_BODY_BYTES)
         server.listen(port, address=listen)
         log.info("gpulease service listening on %s:%d", listen or "every address", port)

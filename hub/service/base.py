@@ -21,7 +21,7 @@ from tornado.log import gen_log
 
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import json_loads
-from gpulease.hub.caller_rights import (
+from gpulease.hub.auth.caller_rights import (
     ADMIN_SCOPE,
     AUDIT_SCOPE,
     HUB_ADMIN_SCOPE,

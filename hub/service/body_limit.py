@@ -24,9 +24,9 @@ from __future__ import annotations
 from tornado import httputil, web
 from tornado.routing import Matcher
 
-from gpulease.hub.body_budget import declared_length
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
+from gpulease.hub.web.body_budget import declared_length
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB
 DRAIN_BYTES = 64 << 20  # read on and dropped before the 413, up to this

@@ -1,6 +1,6 @@
 """What the billing heartbeat must do about running servers (pure decisions).
 
-The heartbeat (`gpulease.hub.metering.Meter.heartbeat`) gathers facts — the
+The heartbeat (`gpulease.hub.billing.metering.Meter.heartbeat`) gathers facts — the
 open sessions, the servers the hub counts as running, balances, members'
 caps — and these functions decide:
 

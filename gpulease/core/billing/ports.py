@@ -1,6 +1,6 @@
 """What the spawners need of the hub's meter, declared.
 
-The hub makes one meter per process (hub/metering.py's `Meter` is it) and hands it
+The hub makes one meter per process (hub/billing/metering.py's `Meter` is it) and hands it
 to the spawners through their context (spawners/context.py, `meter`). Spawners
 open a session when a server's code can first run and close it when its devices
 are released, mark a server alive, preempt spot servers and read which sessions

@@ -2,7 +2,7 @@
 
 A session is billed from its start (rounded up to the millisecond) to its last
 confirmation or its end (rounded down): gpulease/store/sessions.py stores them,
-the hub's meter (hub/metering.py) keeps the open ones in memory as LiveSession.
+the hub's meter (hub/billing/metering.py) keeps the open ones in memory as LiveSession.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ volume names (DNS labels). Valid names are safe for all of them:
 Every entry that creates or renames a user refuses anything else with
 `name_problem`'s words, before anything is written: JupyterHub's API and
 admin page (LocalAccountsAuthenticator.validate_username and
-gpulease.hub.hub_user_api), gpulease's api/users and `gpulease users add`
+gpulease.hub.web.hub_user_api), gpulease's api/users and `gpulease users add`
 (gpulease.store.accounts), the first admin. Nothing is lowercased or mapped
 silently: "Alice" is refused, naming "alice". Identity providers, when they
 come, map their names into this set. Names made before the rule are reported

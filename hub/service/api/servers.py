@@ -121,7 +121,7 @@ class CreateServerHandler(ServerAPIHandler):
         return saved
 
     async def call_hub(self, method: str, path: str, body: dict) -> Any:
-        # 409 names the limit of named servers (gpulease.hub.named_servers) or a clash
+        # 409 names the limit of named servers (gpulease.hub.web.named_servers) or a clash
         return await self.hub_call(method, path, body, doing="store the server", answers={
             400: lambda m: Refusal.of_field("name", m, 400),
             409: lambda m: Refusal.of_field("name", m, 409),

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from gpulease.core.refusal import Refusal
-from gpulease.hub.caller_rights import (
+from gpulease.hub.auth.caller_rights import (
     has_hub_admin_powers,
 )
 from gpulease.hub.identities import IdentityStore

@@ -32,7 +32,7 @@ from gpulease.store.reservations import Booked
 
 if TYPE_CHECKING:
     from gpulease.core.billing.sessions import Key
-    from gpulease.hub.metering import Meter
+    from gpulease.hub.billing.metering import Meter
     from gpulease.spawners.context import GPULeaseContext
 
 log = logging.getLogger("gpulease.reservations")

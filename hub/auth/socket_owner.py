@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpulease.hub.client_address import normalise
+from gpulease.hub.auth.client_address import normalise
 
 TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 ESTABLISHED = "01"

@@ -1,6 +1,6 @@
 """The hub's side of the billing heartbeat: JupyterHub's servers, seen and stopped from inside.
 
-`HubServerControl` implements `gpulease.hub.metering.HubServers` over the
+`HubServerControl` implements `gpulease.hub.billing.metering.HubServers` over the
 running JupyterHub app: which servers run, polling one, stopping one as the
 REST API's DELETE would (a pending start included: its spawn is cancelled
 first), and killing one whose stop does not complete. The decisions of what

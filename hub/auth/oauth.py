@@ -1,8 +1,8 @@
 """Sign-in through an identity provider: oauthenticator's, configured for gpulease.
 
-`GPULeaseOIDCAuthenticator` (hub/oauth_oidc.py: any OpenID Connect provider:
+`GPULeaseOIDCAuthenticator` (hub/auth/oidc.py: any OpenID Connect provider:
 Keycloak, Dex, Entra ID, Google) subclasses oauthenticator's
-GenericOAuthenticator, and `GPULeaseGitHubAuthenticator` (hub/oauth_github.py)
+GenericOAuthenticator, and `GPULeaseGitHubAuthenticator` (hub/auth/github.py)
 its GitHubOAuthenticator. What `ProviderSignIn` adds to both:
 
 - names: the provider's name for someone (`username_claim`, lowercased)
@@ -43,8 +43,8 @@ from tornado.httpclient import HTTPClientError
 from traitlets import Float, Integer, Unicode, default
 
 from gpulease.core.clock import utcnow
+from gpulease.hub.auth.handlers import SignInCallbackHandler, SignInLoginHandler
 from gpulease.hub.identities import BoundIdentity, Identity, IdentityStore, base_name
-from gpulease.hub.oauth_handlers import SignInCallbackHandler, SignInLoginHandler
 from gpulease.store.accounts import LocalAccountStore
 from gpulease.store.audit import AuditLog
 from gpulease.store.db import open_database

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 from traitlets.config import Config
 
 from gpulease.host.state import StateDir
-from gpulease.hub.caller_rights import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
-from gpulease.hub.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
-from gpulease.hub.named_servers import NAMED_SERVER_LIMIT
+from gpulease.hub.auth.caller_rights import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
+from gpulease.hub.config.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
+from gpulease.hub.web.named_servers import NAMED_SERVER_LIMIT
 from gpulease.site_urls import SiteURLs
 from gpulease.spawners.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
@@ -55,7 +55,7 @@ SERVICE_SCOPES = [
 ]
 
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"  # hub/templates
 
 # JupyterHub's own defaults for a start that does not wait in gpulease's queue:
 # Spawner.start_timeout and JupyterHub.concurrent_spawn_limit.
@@ -67,11 +67,11 @@ def low_balance_banner(s: HubSettings):
     """template_vars callable: `gpulease_banner()` in page.html, the page user's notices
     (suspend warnings, stops) and low-balance warning, if any. The balance comes
     from the meter's memory (refreshed every heartbeat); the notices cost one
-    small query, in a worker thread (gpulease.hub.template_values).
+    small query, in a worker thread (gpulease.hub.web.template_values).
     """
 
     def banner(user):
-        from gpulease.hub.template_values import OffLoop
+        from gpulease.hub.web.template_values import OffLoop
         from gpulease.spawners.context import get_context
         from gpulease.store.notices import banner_text
 
@@ -110,8 +110,8 @@ def hub_page_handlers(s: HubSettings) -> list[tuple]:
     The home page's default-profile form posts here with the hub's own cookie
     and _xsrf: a hub page has no OAuth cookie of the gpulease service.
     """
-    from gpulease.hub.home_page import DefaultProfileFormHandler
     from gpulease.hub.site_handler import SiteHandler
+    from gpulease.hub.web.home_page import DefaultProfileFormHandler
 
     return [(r"/gpulease/default-profile", DefaultProfileFormHandler,
              {"get_ctx": _context_of(s)}),
@@ -192,7 +192,7 @@ class HubSettings:
     failed_start_window_s: int = FAILED_START_WINDOW_S
     cpu_only_cpu_per_user: str = CPU_ONLY_CPU_PER_USER
     cpu_only_memory_per_user: str = CPU_ONLY_MEMORY_PER_USER
-    # Isolation between users (gpulease.hub.isolation_check.IsolationPlan.settings()):
+    # Isolation between users (gpulease.hub.config.isolation_check.IsolationPlan.settings()):
     # the spawner's unix_*/resource_limits/device_* options; shown by api/inventory.
     isolation: dict = field(default_factory=dict)
     # GPULeaseHub.shape: embedded (LocalGPUSpawner) or cluster (GPUKubeSpawner, pods
@@ -236,7 +236,7 @@ def kube_client_environment(kubeconfig: str, environ: dict[str, str] | None = No
 
 def project_chp() -> str | None:
     """configurable-http-proxy installed by npm inside the project, if there is one."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the checkout (hub/config/ is two below)
     candidate = root / "node_modules" / ".bin" / "configurable-http-proxy"
     return str(candidate) if candidate.exists() else None
 
@@ -265,8 +265,8 @@ def service_direct_url(s: HubSettings, host: str = "127.0.0.1") -> str:
 
 def hub_config(s: HubSettings) -> Config:
     from gpulease.hub.error_text import error_text
-    from gpulease.hub.home_page import home_template_var
     from gpulease.hub.site_nav import SiteNav
+    from gpulease.hub.web.home_page import home_template_var
 
     c = Config()
     hub = c.JupyterHub
@@ -279,9 +279,9 @@ def hub_config(s: HubSettings) -> Config:
     hub.pid_file = ""
     cluster = s.shape == "cluster"
     hub.spawner_class = (CLUSTER_SPAWNER if cluster else "gpulease.spawners.local.LocalGPUSpawner")
-    hub.authenticator_class = "gpulease.hub.authenticator.LocalAccountsAuthenticator"
+    hub.authenticator_class = "gpulease.hub.auth.local.LocalAccountsAuthenticator"
     hub.allow_named_servers = True
-    # Refused with 409 naming it beyond (gpulease.hub.named_servers); yours wins.
+    # Refused with 409 naming it beyond (gpulease.hub.web.named_servers); yours wins.
     hub.named_server_limit_per_user = NAMED_SERVER_LIMIT
     # Ctrl-C stops the embedded box's servers; a cluster's pods outlive a hub restart
     # (an upgrade, a rescheduled hub pod), their sessions carried on (Meter.recover).
@@ -290,7 +290,7 @@ def hub_config(s: HubSettings) -> Config:
     hub.template_paths = [str(TEMPLATES)]
     hub.template_vars = {
         "gpulease_banner": low_balance_banner(s),
-        # the home page's servers, profiles and default profile (hub/home_page.py)
+        # the home page's servers, profiles and default profile (hub/web/home_page.py)
         "gpulease_home": home_template_var(_context_of(s)),
         # error.html's wording per status; JupyterHub calls a callable value with
         # the page's user, so this one returns the function itself
@@ -412,7 +412,7 @@ def hub_config(s: HubSettings) -> Config:
     auth = c.LocalAccountsAuthenticator
     auth.db_url = s.db_url
     auth.admin_users = {s.admin_name}
-    # Sign-in through a provider (hub/oauth.py, docs/auth.md): its identities are
+    # Sign-in through a provider (hub/auth/oauth.py, docs/auth.md): its identities are
     # mapped to names in gpulease's database; GPULeaseHub.admin_groups make hub admins
     # (and gpulease-admin, load_roles above).
     signin = c.ProviderSignIn

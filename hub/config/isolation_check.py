@@ -6,7 +6,7 @@ the start banner. `unreachable` lists what a per-user account could not
 reach (the Python environment servers run with, the homes folder), so that
 the hub refuses to start with the folder to fix instead of failing every
 spawn later. (What the hub does first so that the defaults are reachable:
-gpulease.hub.server_env and gpulease.host.state.default_state_root.)
+gpulease.hub.config.server_env and gpulease.host.state.default_state_root.)
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ def choose(configured: str, *, accounts: bool, state_root: Path) -> tuple[str, s
     GPULeaseHub.server_env when set; else gpulease's own environment, unless per-user
     accounts cannot reach it: then its copy, refreshed now, in the state folder.
     """
-    from gpulease.hub.isolation_check import server_env_paths, unreachable
+    from gpulease.hub.config.isolation_check import server_env_paths, unreachable
 
     if configured:
         return configured, f"Server environment: {configured} (GPULeaseHub.server_env)"

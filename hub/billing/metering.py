@@ -58,7 +58,7 @@ from gpulease.core.billing.sessions import Key, LiveSession, Session
 from gpulease.core.clock import utcnow
 from gpulease.core.notices import render_account_cap
 from gpulease.core.units import format_credits, seconds_text
-from gpulease.hub import metrics
+from gpulease.hub.billing import metrics
 from gpulease.hub.member_caps import capped_spends
 from gpulease.store.ledger import Ledger
 from gpulease.store.sessions import SessionLedger
@@ -66,7 +66,7 @@ from gpulease.store.sessions import SessionLedger
 log = logging.getLogger("gpulease.metering")
 
 class HubServers(Protocol):
-    """The hub's side of the heartbeat (gpulease.hub.server_control over JupyterHub)."""
+    """The hub's side of the heartbeat (gpulease.hub.billing.server_control over JupyterHub)."""
 
     async def is_running(self, user: str, server: str) -> bool:
         """Its process runs (polls it: a dead one has its session closed there)."""

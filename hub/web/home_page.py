@@ -26,7 +26,7 @@ from gpulease.core.policy.options import OptionsRefused, price_text
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub.identities import IdentityStore
 from gpulease.hub.my_servers import ServerFacts, ServerState, check_profile_choice, server_states
-from gpulease.hub.template_values import OffLoop
+from gpulease.hub.web.template_values import OffLoop
 from gpulease.spawners.http_error import http_error
 from gpulease.store.sessions import SessionLedger
 
@@ -108,7 +108,7 @@ def home_data(ctx: Any, name: str, groups: set[str], facts: list[ServerFacts]) -
 def home_template_var(get_ctx):
     """template_vars callable: `gpulease_home()` in home.html, computed only when called
     (template vars are built for every hub page), in a worker thread
-    (gpulease.hub.template_values)."""
+    (gpulease.hub.web.template_values)."""
 
     def for_user(user):
         if user is None:
