@@ -143,7 +143,7 @@ def in_parallel(bench: Bench, work: Callable[[Run], None], runs: list[Run],
 
 def server_pid(user: str, server: str, candidates: list[int]) -> int:
     """The server process of user/server among the hub's descendants (gpulease's
-    servers run gpulease-singleuser, spawners/process_spec.py)."""
+    servers run gpulease-singleuser, spawners/local/process_spec.py)."""
     for pid in candidates:
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()

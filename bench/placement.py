@@ -7,7 +7,7 @@ A seeded discrete-event simulation (bench/placement_sim.py) of 1,000 nodes of
 1 × 2g.35gb, 1 × 3g.71gb), offered the same requests under three policies:
 
 - gpulease: the packing scheduler gpulease configures, read from
-  spawners/scheduler_config.py `scheduler_configuration` for the three MIG
+  spawners/kube/scheduler_config.py `scheduler_configuration` for the three MIG
   profiles (MostAllocated over nvidia.com/gpu and each MIG resource at weight
   10, cpu and memory 1; BalancedAllocation off; every feasible node scored);
 - default: kube-scheduler's default profile (LeastAllocated over cpu and
@@ -74,7 +74,7 @@ from bench.scheduler_model import (  # noqa: E402
     num_feasible_nodes_to_find,
     policy_from_config,
 )
-from gpulease.spawners.scheduler_config import scheduler_configuration  # noqa: E402
+from gpulease.spawners.kube.scheduler_config import scheduler_configuration  # noqa: E402
 
 GIB = 1 << 30
 TARGET_RATIO = 1.10

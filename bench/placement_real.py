@@ -10,7 +10,7 @@ each NODES/2 kwok nodes of 8 H200s (224 CPUs, 2 TiB), half of them MIG in the
 balanced layout (nvidia.com/mig-1g.18gb 16, mig-2g.35gb 8, mig-3g.71gb 8 per
 node; the `mixed` strategy), half whole cards (nvidia.com/gpu 8). One pool's
 pods name gpulease's packing scheduler (the control plane's kube-scheduler
-binary run again with spawners/scheduler_config.py's configuration, as
+binary run again with spawners/kube/scheduler_config.py's configuration, as
 tests/cluster/packing_scheduler.py runs it: leader election on, its own
 ServiceAccount), the other's the default scheduler. The nodes are bind-only
 (kwok keeps them Ready; nothing runs their pods): a pod's start is its binding.

@@ -77,11 +77,11 @@ from gpulease.hub.queue_resume import resume_then_serve
 from gpulease.hub.web.body_budget import BudgetedHTTPServer
 from gpulease.hub.web.hub_user_api import with_checked_names
 from gpulease.hub.web.named_servers import refusing_limit
-from gpulease.spawners.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.context import get_context
-from gpulease.spawners.local import LocalGPUSpawner, prestart_warm_launcher
+from gpulease.spawners.local.cgroups import HostReader, choose_mechanism
+from gpulease.spawners.local.spawner import LocalGPUSpawner, prestart_warm_launcher
+from gpulease.spawners.local.warm_start import close_all as close_warm_launchers
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures
-from gpulease.spawners.warm_start import close_all as close_warm_launchers
 from gpulease.store.accounts import AccountError, ensure_first_admin
 from gpulease.store.audit import RetentionError, parse_retention
 

@@ -76,7 +76,7 @@ class HubTasks:
             self.log.exception("audit log pruning failed")
 
     async def _recheck_out_of_service(self) -> None:
-        from gpulease.spawners import isolation, quarantine
+        from gpulease.spawners.local import isolation, quarantine
 
         try:
             await asyncio.to_thread(quarantine.recheck, self.ctx.assignments,

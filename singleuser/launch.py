@@ -3,7 +3,7 @@
 The same `jupyterhub.singleuser` server `jupyterhub-singleuser` runs, with the
 same arguments and environment; only jsonschema's RFC 3987 grammar is not
 built at import (gpulease.skip_rfc3987_grammar), which saves about 1.5 s of
-every server's start. The spawners run this script (spawners/process_spec.py).
+every server's start. The spawners run this script (spawners/local/process_spec.py).
 """
 
 from __future__ import annotations

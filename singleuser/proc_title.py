@@ -4,7 +4,7 @@ The kernel shows a process's command line and environment from the memory its
 exec filled: for a server forked by the warm launcher, the launcher's
 (`python -m gpulease.singleuser.warm_launcher 5`, its clean environment). `ps`,
 an admin's tools and the researcher would see that. The launcher is started
-with room in both (spawners/warm_start.py: ARGV_ROOM, ENV_ROOM); the child
+with room in both (spawners/local/warm_start.py: ARGV_ROOM, ENV_ROOM); the child
 writes its own command line (interpreter, script, arguments: what exec'ing
 the script gives) and environment over them, and, while still root, moves
 their ends to fit (PR_SET_MM, where the kernel lets it; elsewhere what is

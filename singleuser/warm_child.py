@@ -1,6 +1,6 @@
 """A server forked by the warm launcher: it becomes the researcher's, then runs the server.
 
-What a cold start gets from Popen and gpulease.spawners.isolation.preexec_for,
+What a cold start gets from Popen and gpulease.spawners.local.isolation.preexec_for,
 in the same order, before anything of the researcher's can run (their
 ~/.jupyter config, their user-site packages and the kernels come later):
 

@@ -4,7 +4,7 @@ A server's start is mostly Python importing the same modules every time
 (jupyter_server, JupyterLab, JupyterHub's single-user extension: ~1.4 s of
 ~1.8 s, bench/click_to_kernel_profile.md). The hub starts this launcher once,
 with a clean environment and no descriptor of its own but the control socket
-(gpulease.spawners.warm_start): it is a new program, not a fork of the hub, so
+(gpulease.spawners.local.warm_start): it is a new program, not a fork of the hub, so
 nothing of the hub (secrets, tokens, database handles) is in its memory. It
 imports the server's modules, says it is ready, and then only waits.
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from gpulease.core.capacity.reservation_rules import Reservation
     from gpulease.core.model.profiles import Profile
     from gpulease.spawners.context import GPULeaseContext
-    from gpulease.spawners.local import LocalGPUSpawner
+    from gpulease.spawners.local.spawner import LocalGPUSpawner
 
 DATABASE_DOWN = (
     "gpulease's database cannot be reached, so no device can be placed safely; "

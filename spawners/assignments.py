@@ -73,7 +73,7 @@ class OutOfService:
     user: str
     server: str
     profile: str
-    cgroup: dict  # kind, unit, dirs (gpulease.spawners.cgroup_kill.Emptied.state)
+    cgroup: dict  # kind, unit, dirs (gpulease.spawners.local.cgroup_kill.Emptied.state)
     detail: str  # what was left in it
     since: dt.datetime
 

@@ -4,7 +4,7 @@ The start form (spawners/spawn_form.py) and `api/profiles` show, per GPU
 profile, how many devices of its kind are free and what a start would meet.
 In the cluster shape that is the cluster's answer, decided here over the
 same ClusterInventory and the same rules as admission
-(spawners/cluster_runner.py): the fair queue's `plan_cluster` with the
+(spawners/kube/cluster_runner.py): the fair queue's `plan_cluster` with the
 starts admitted but not yet bound given room first, and the starts already
 waiting served before this one. Limits and credit are the user's own and are
 shown elsewhere. In the embedded shape the host's devices are counted the

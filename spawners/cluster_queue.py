@@ -15,7 +15,7 @@ scheduler has yet to place them, and they must not be counted twice.
 Where spot pods yield (`spot_yields`: both tiers have their PriorityClass), an
 on-demand request counts what spot servers hold as free: it is admitted, its pod
 is made at the higher priority, and kube-scheduler's preemption picks the spot
-pods that make room (gpulease tells them: spawners/cluster_preemption.py). A spot
+pods that make room (gpulease tells them: spawners/kube/cluster_preemption.py). A spot
 request only ever takes what is free.
 """
 

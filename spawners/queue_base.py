@@ -3,7 +3,7 @@
 A start that cannot have its GPUs now waits here, in arrival order, until a
 pass of its shape's runner settles it: `QueueRunner` (spawners/queue_runner.py)
 claims devices on the embedded box, `ClusterQueueRunner`
-(spawners/cluster_runner.py) admits a pod to the cluster's counted capacity.
+(spawners/kube/cluster_runner.py) admits a pod to the cluster's counted capacity.
 Every decision of one runner happens under its one asyncio lock. The queue is
 in memory; its `spawn_queue` rows mirror it for the gpulease service.
 """

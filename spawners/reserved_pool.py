@@ -20,7 +20,7 @@ no on-demand or reserved server holds), the idle units that fit on the nodes
 must not become fewer (`units_fitting`, best fit, largest units first). A start
 on a reservation may make them fewer by its own unit only. The placement avoids
 such nodes (`splitting_nodes`, `place_keeping_units`); in the cluster the pod is
-kept to the node admitted (spawners/cluster_runner.py).
+kept to the node admitted (spawners/kube/cluster_runner.py).
 
 Kinds without an active reservation have no room limit: absent from the maps.
 """

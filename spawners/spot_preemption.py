@@ -2,7 +2,7 @@
 
 On the embedded box gpulease chooses the victims (preempt_for); in the cluster
 shape kube-scheduler does, and gpulease tells them and ends their sessions
-(tell_preempted, from spawners/cluster_preemption.py's reading of their pods).
+(tell_preempted, from spawners/kube/cluster_preemption.py's reading of their pods).
 
 At each pass over the queue (QueueRunner.serve), every waiting on-demand start
 that spot servers hold the room for gets it, in the queue's order: the servers
@@ -40,8 +40,8 @@ from gpulease.spawners.preemption import plan_preemptions, spot_holdings
 from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
 
 if TYPE_CHECKING:
-    from gpulease.spawners.cluster_preemption import PreemptedPod
     from gpulease.spawners.context import GPULeaseContext
+    from gpulease.spawners.kube.cluster_preemption import PreemptedPod
     from gpulease.spawners.queue_base import Ticket
 
 log = logging.getLogger("gpulease.queue")

@@ -1,5 +1,5 @@
 """bench/billing_servers.server_pid finds a server by the script servers run now
-(`gpulease-singleuser`, spawners/process_spec.py), so `make bench` measures billing."""
+(`gpulease-singleuser`, spawners/local/process_spec.py), so `make bench` measures billing."""
 
 from __future__ import annotations
 

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from gpulease.spawners.cgroup_kill import (
+from gpulease.spawners.local.cgroup_kill import (
     Emptied,
     cgroup_pids,
     devices_may_go,
     empty_cgroup,
     remove_dirs,
 )
-from gpulease.spawners.cgroups import HostReader, parse_mounts
+from gpulease.spawners.local.cgroups import HostReader, parse_mounts
 
 NO_SUCH_PID = 4_194_305  # above the kernel's largest pid_max: never a process
 

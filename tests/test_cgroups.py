@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpulease.spawners.cgroups import (
+from gpulease.spawners.local.cgroups import (
     HostFacts,
     Limits,
     choose_mechanism,
@@ -19,7 +19,7 @@ from gpulease.spawners.cgroups import (
     systemd_command,
     unit_name,
 )
-from gpulease.spawners.devices import (
+from gpulease.spawners.local.devices import (
     BASIC_DEVICES,
     DeviceRule,
     mig_cap_files,
@@ -28,7 +28,7 @@ from gpulease.spawners.devices import (
     parse_cap_minor,
     rules_for,
 )
-from gpulease.spawners.process_spec import filter_server_env
+from gpulease.spawners.local.process_spec import filter_server_env
 
 MOUNTS_V1 = """\
 tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0

@@ -1,11 +1,11 @@
 """Reading kube-scheduler's preemption of a spot server from its pod
-(spawners/cluster_preemption.py): pure, over pods as the watch sees them."""
+(spawners/kube/cluster_preemption.py): pure, over pods as the watch sees them."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from gpulease.spawners.cluster_preemption import preempted_pod
+from gpulease.spawners.kube.cluster_preemption import preempted_pod
 
 DISRUPTED = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
              "message": "default-scheduler: preempting to accommodate a higher priority pod",

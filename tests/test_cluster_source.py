@@ -223,7 +223,7 @@ def test_both_forms_are_what_docs_rest_api_yml_says():
 def test_the_cli_prints_the_cluster_form(capsys):
     from types import SimpleNamespace
 
-    from gpulease.hub.cli.main import cmd_inventory
+    from gpulease.hub.cli.commands import cmd_inventory
     from gpulease.spawners.cluster_inventory import ClusterInventory, Hold, node_from_object
 
     cordoned = {**NODE, "spec": {"unschedulable": True}}

@@ -24,8 +24,8 @@ import time
 import psutil
 import pytest
 
-from gpulease.spawners.cgroups import HostReader, choose_mechanism
-from gpulease.spawners.device_holders import holders
+from gpulease.spawners.local.cgroups import HostReader, choose_mechanism
+from gpulease.spawners.local.device_holders import holders
 from tests.hubproc import HubProcess, run_in_kernel
 from tests.isolation_env import isolation_gate, shared_tmpdir
 

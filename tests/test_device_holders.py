@@ -1,6 +1,6 @@
 """Which GPU nodes are a device's own, and which holders of them are tenant code."""
 
-from gpulease.spawners.device_holders import exclusive_nodes, is_tenant
+from gpulease.spawners.local.device_holders import exclusive_nodes, is_tenant
 
 
 def test_a_mig_parent_node_is_shared_its_capabilities_are_its_own():

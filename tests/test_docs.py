@@ -13,7 +13,7 @@ from gpulease.hub.config.app_options import GPULeaseOptions
 from gpulease.singleuser.activity_push import ActivityPusher
 from gpulease.singleuser.kernel_pool import PooledKernelManager
 from gpulease.spawners.admission_options import AdmissionOptions
-from gpulease.spawners.local import LocalGPUSpawner
+from gpulease.spawners.local.spawner import LocalGPUSpawner
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -131,9 +131,9 @@ def test_clearing_the_failed_starts_of_a_name_outside_the_rule_is_refused_naming
 
 def test_security_doc_gives_the_grace_the_cluster_shape_really_uses():
     """docs/security.md says a start that does not answer has its pod killed with no
-    grace period; spawners/kube.py deletes it with KILL_GRACE_S (1 s), as
+    grace period; spawners/kube/spawner.py deletes it with KILL_GRACE_S (1 s), as
     docs/admin.md and docs/cluster.md say."""
-    from gpulease.spawners.kube import KILL_GRACE_S
+    from gpulease.spawners.kube.spawner import KILL_GRACE_S
 
     text = " ".join((ROOT / "docs" / "security.md").read_text().split())
     if KILL_GRACE_S != 0:

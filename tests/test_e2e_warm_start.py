@@ -1,7 +1,7 @@
 """End to end: servers forked warm hold nothing of the hub, and their first kernel is waiting.
 
 A real `gpulease up` as root with per-user accounts and cgroups (CI): ada's
-and bob's servers are forked by the warm launcher (spawners/warm_start.py).
+and bob's servers are forked by the warm launcher (spawners/local/warm_start.py).
 What ada's server holds is read from /proc as root: its memory and its open
 descriptors. The kernel started with the server (singleuser/kernel_pool.py)
 is looked for in the listings and asked for the way JupyterLab asks. A second

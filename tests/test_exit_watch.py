@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gpulease.core.clock import utcnow
-from gpulease.spawners.exit_watch import watch_exit
+from gpulease.spawners.local.exit_watch import watch_exit
 
 
 def test_the_end_of_a_process_is_told_at_once_and_only_once():
@@ -53,7 +53,7 @@ def test_a_stop_waits_for_its_exit_in_a_hub_with_more_than_1024_descriptors():
     import os
     import resource
 
-    from gpulease.spawners.exit_watch import wait_for_exit
+    from gpulease.spawners.local.exit_watch import wait_for_exit
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1200:

@@ -107,7 +107,7 @@ def test_device_nodes_of_every_gpu_and_mig_device_exist(inventory):
     import os
     import stat
 
-    from gpulease.spawners.devices import nvml_device_map
+    from gpulease.spawners.local.devices import nvml_device_map
 
     mapping = nvml_device_map()
     assert set(mapping) == set(inventory.device_uuids()) | {

@@ -2,8 +2,8 @@
 the realistic values files in helm/gpulease/ci/, and what the rendered objects say.
 
 What is written once in Python is compared with what the chart renders: the hub's
-Role and ClusterRole (spawners/kube_rbac.py), the packing scheduler's configuration
-(spawners/scheduler_config.py) and rights. The rendered hub configuration is run as
+Role and ClusterRole (spawners/kube/rbac.py), the packing scheduler's configuration
+(spawners/kube/scheduler_config.py) and rights. The rendered hub configuration is run as
 the hub runs it. Core manifests are validated offline with kubernetes-validate
 --strict for the two newest Kubernetes versions it ships. Installing the chart into
 the real control plane is tests/cluster/test_helm_install.py.
@@ -22,14 +22,14 @@ from traitlets.config import Config
 
 from gpulease.core.model.catalog import load_catalog
 from gpulease.core.model.profiles import load_profiles_file
-from gpulease.images import shipped_catalog
-from gpulease.spawners.kube_rbac import (
+from gpulease.images import CATALOG_PATH, shipped_catalog
+from gpulease.spawners.kube.rbac import (
     HUB_CLUSTER_ROLE_RULES,
     HUB_ROLE_RULES,
     SCHEDULER_CLUSTER_ROLES,
     scheduler_lease_rules,
 )
-from gpulease.spawners.scheduler_config import (
+from gpulease.spawners.kube.scheduler_config import (
     SchedulerSettings,
     profiles_mig,
     scheduler_configuration,
@@ -269,7 +269,7 @@ def test_the_rendered_hub_configuration_is_the_one_the_hub_runs(case, tmp_path, 
     # the profiles file is the values' profiles, and gpulease loads it
     catalog_file = c.GPULeaseHub.get("catalog_file")
     assert bool(catalog_file) == bool(v.get("catalog"))
-    catalog = load_catalog(catalog_file)
+    catalog = load_catalog(catalog_file or CATALOG_PATH)
     profiles = load_profiles_file(tmp_path / "profiles.yaml", catalog)
     assert [p.slug for p in profiles] == [p["slug"] for p in v["profiles"]]
 

@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpulease.spawners.cgroups import HostReader, choose_mechanism, unit_name
-from gpulease.spawners.isolation import hub_tag
+from gpulease.spawners.local.cgroups import HostReader, choose_mechanism, unit_name
+from gpulease.spawners.local.isolation import hub_tag
 from tests.hubproc import HubProcess, run_in_kernel
 from tests.isolation_env import hub_python, isolation_gate, shared_tmpdir
 

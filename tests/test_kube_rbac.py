@@ -1,4 +1,4 @@
-"""The hub's Role and ClusterRole (spawners/kube_rbac.py): docs/cluster.md shows exactly them,
+"""The hub's Role and ClusterRole (spawners/kube/rbac.py): docs/cluster.md shows exactly them,
 and the objects made from them bind one ServiceAccount to both. (That the rules are enough
 and each needed is tests/cluster/test_hub_rbac.py, on the real API server.)"""
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from gpulease.spawners.kube_rbac import (
+from gpulease.spawners.kube.rbac import (
     HUB_CLUSTER_ROLE_RULES,
     HUB_ROLE_RULES,
     SCHEDULER_CLUSTER_ROLES,

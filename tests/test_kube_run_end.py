@@ -1,4 +1,4 @@
-"""GPUKubeSpawner's end of a run: how its billing session closes (spawners/kube.py).
+"""GPUKubeSpawner's end of a run: how its billing session closes (spawners/kube/spawner.py).
 
 No cluster here: kubespawner's stop and poll are replaced by stand-ins (named
 so) doing what kubespawner's do to the spawner; the meter is a recorder of
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from kubespawner import KubeSpawner
 
-from gpulease.spawners.kube import GPUKubeSpawner
+from gpulease.spawners.kube.spawner import GPUKubeSpawner
 
 
 class RecordingMeter:
@@ -109,7 +109,7 @@ def test_kill_now_shortens_the_grace_and_removes_at_once_only_a_pod_no_kubelet_k
     30 s after it (its node's kubelet does not act)."""
     from datetime import UTC, datetime, timedelta
 
-    from gpulease.spawners.kube import KILL_GRACE_S, KUBELET_SILENT_S, kill_grace
+    from gpulease.spawners.kube.spawner import KILL_GRACE_S, KUBELET_SILENT_S, kill_grace
 
     now = datetime(2026, 1, 1, 12, tzinfo=UTC)
 

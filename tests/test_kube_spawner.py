@@ -11,7 +11,7 @@ import pytest
 from gpulease.core.model.catalog import Image
 from gpulease.core.model.profiles import GpuSpec, Profile
 from gpulease.core.policy.options import ServerChoice
-from gpulease.spawners.kube import HOME_CLAIM, GPUKubeSpawner, pod_options
+from gpulease.spawners.kube.spawner import HOME_CLAIM, GPUKubeSpawner, pod_options
 
 GiB = 1024**3
 

@@ -16,9 +16,9 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.hub.service.pages.forms import inventory_counts, inventory_rows
 from gpulease.hub.service.views import inventory_view
-from gpulease.spawners import isolation, quarantine
 from gpulease.spawners.assignments import OUT_OF_SERVICE, AssignmentStore
-from gpulease.spawners.cgroup_kill import empty_cgroup
+from gpulease.spawners.local import isolation, quarantine
+from gpulease.spawners.local.cgroup_kill import empty_cgroup
 from gpulease.spawners.queue_runner import holdings_from
 
 NO_SUCH_PID = 4_194_305
@@ -101,7 +101,7 @@ def test_an_admin_returns_it(store, stuck):
 
 def test_a_stale_cgroup_that_cannot_be_emptied_refuses_the_next_start(monkeypatch, stuck):
     """The next run must not share a cgroup (and its devices) with what is left."""
-    from gpulease.spawners import cgroups
+    from gpulease.spawners.local import cgroups
 
     monkeypatch.setattr(isolation, "remove_plan",
                         lambda plan, wait_s: cgroups.remove_plan(

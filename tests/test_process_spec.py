@@ -1,7 +1,7 @@
 import sys
 from pathlib import Path
 
-from gpulease.spawners.process_spec import build_process_spec, device_env, singleuser_command
+from gpulease.spawners.local.process_spec import build_process_spec, device_env, singleuser_command
 
 
 def test_exactly_the_placed_devices_are_visible():

@@ -1,4 +1,4 @@
-"""The end of a run (spawners/run_end.py): when the session of a server that ended
+"""The end of a run (spawners/local/run_end.py): when the session of a server that ended
 closes, on a real database and, where root may make one, a real cgroup v1 freezer.
 
 The spawner is a stand-in (`Run`: the attributes RunEnd reads, no JupyterHub): its
@@ -24,9 +24,9 @@ from gpulease.core.billing.rules import to_ms
 from gpulease.core.clock import utcnow
 from gpulease.hub.billing.metering import Meter
 from gpulease.spawners.assignments import AssignmentStore
-from gpulease.spawners.cgroup_kill import cgroup_pids, remove_dirs
-from gpulease.spawners.cgroups import parse_mounts
-from gpulease.spawners.run_end import RunEnd
+from gpulease.spawners.local.cgroup_kill import cgroup_pids, remove_dirs
+from gpulease.spawners.local.cgroups import parse_mounts
+from gpulease.spawners.local.run_end import RunEnd
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
 RATE = 3_600_000_000  # 1 credit a second
@@ -125,7 +125,7 @@ def test_a_stop_racing_the_poll_that_found_its_server_dead_releases_nothing_earl
     ending what the server left in it; a cgroup that could not be emptied then had
     its devices in the pool, not out of service. The slow emptying is a stand-in
     (a sleep before the real cgroup's end) for many processes or a slow kernel."""
-    from gpulease.spawners import run_end
+    from gpulease.spawners.local import run_end
 
     folder = _freezer_cgroup()
     if folder is None:

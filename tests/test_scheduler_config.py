@@ -1,4 +1,4 @@
-"""The packing scheduler's configuration (spawners/scheduler_config.py) and its CLI, without a hub.
+"""The packing scheduler's configuration (spawners/kube/scheduler_config.py) and its CLI, without a hub.
 
 The real kube-scheduler loading it, and placing pods with it, is in
 tests/cluster/test_packing_scheduler.py; the configuration following the
@@ -12,8 +12,9 @@ import yaml
 
 from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
 from gpulease.hub import cli
+from gpulease.hub.cli import commands
 from gpulease.images import shipped_catalog
-from gpulease.spawners.scheduler_config import (
+from gpulease.spawners.kube.scheduler_config import (
     SchedulerSettings,
     gpu_resources,
     profiles_mig,
@@ -129,15 +130,15 @@ def test_inventory_summary_shows_fragmentation():
     """`gpulease inventory` on a cluster: 8 GPUs free in ones start no 8-GPU request."""
     spread = [_node(f"n{i}", 1) for i in range(8)]
     packed = [_node("n0", 8), *(_node(f"n{i}", 0) for i in range(1, 8))]
-    assert cli.cluster_summary(spread) == [
+    assert commands.cluster_summary(spread) == [
         "H200 nvidia.com/gpu: 8/64 free on 8 nodes; 0 wholly free; the most one start can get "
         "now: 1"]
-    assert cli.cluster_summary(packed) == [
+    assert commands.cluster_summary(packed) == [
         "H200 nvidia.com/gpu: 8/64 free on 8 nodes; 1 wholly free; the most one start can get "
         "now: 8"]
     # a cordoned node's free GPUs start nothing
     cordoned = [_node("n0", 8, schedulable=False), _node("n1", 2)]
-    assert cli.cluster_summary(cordoned)[0].endswith("on 1 node; 0 wholly free; the most one "
+    assert commands.cluster_summary(cordoned)[0].endswith("on 1 node; 0 wholly free; the most one "
                                                      "start can get now: 2")
 
 
@@ -153,7 +154,7 @@ class _StandInHub:
 
 
 def _args():
-    return cli.build_parser().parse_args(["cluster", "scheduler-config"])
+    return commands.build_parser().parse_args(["cluster", "scheduler-config"])
 
 
 @pytest.mark.parametrize("profiles, says", [

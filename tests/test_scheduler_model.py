@@ -32,7 +32,7 @@ from bench.scheduler_model import (  # noqa: E402
     schedule,
     weighted_score,
 )
-from gpulease.spawners.scheduler_config import scheduler_configuration  # noqa: E402
+from gpulease.spawners.kube.scheduler_config import scheduler_configuration  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 MIG_1G, MIG_2G, MIG_3G = (f"nvidia.com/mig-{p}" for p in ("1g.18gb", "2g.35gb", "3g.71gb"))

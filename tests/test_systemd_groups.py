@@ -19,8 +19,8 @@ from decimal import Decimal
 import pytest
 
 from gpulease.host.unix_accounts import UnixAccount
-from gpulease.spawners.cgroups import Limits, systemd_command
-from gpulease.spawners.isolation import Prepared, own_groups, preexec_for
+from gpulease.spawners.local.cgroups import Limits, systemd_command
+from gpulease.spawners.local.isolation import Prepared, own_groups, preexec_for
 
 # What systemd-run --scope does after the scope exists: setresgid, setresuid, exec.
 FAKE_SYSTEMD_RUN = f"""#!{sys.executable}
@@ -103,8 +103,8 @@ esac
 
 def test_a_scope_is_emptied_through_its_cgroup_then_stopped(tmp_path, monkeypatch):
     """systemd mode's stop: where systemd says the scope lives, cgroup.kill, then `stop`."""
-    from gpulease.spawners.cgroup_kill import remove_dirs
-    from gpulease.spawners.isolation import cleanup
+    from gpulease.spawners.local.cgroup_kill import remove_dirs
+    from gpulease.spawners.local.isolation import cleanup
     from tests.test_cgroup_kill import _attack_and_stop_with, _make, _mounts
 
     _, v2 = _mounts()

@@ -26,8 +26,8 @@ import pytest
 from sqlalchemy import insert
 
 from gpulease.core.clock import utcnow
-from gpulease.spawners.cgroup_kill import empty_cgroup
-from gpulease.spawners.cgroups import HostReader, choose_mechanism
+from gpulease.spawners.local.cgroup_kill import empty_cgroup
+from gpulease.spawners.local.cgroups import HostReader, choose_mechanism
 from gpulease.store.db import make_engine, out_of_service
 from tests.hubproc import HubProcess, run_in_kernel
 from tests.isolation_env import isolation_gate, shared_tmpdir

@@ -20,7 +20,7 @@ from gpulease.host.unix_accounts import (
     unix_name,
 )
 from gpulease.hub.config.isolation_check import decide, unreachable
-from gpulease.spawners.cgroups import Mechanism
+from gpulease.spawners.local.cgroups import Mechanism
 
 
 def test_plain_names_get_the_prefix():
@@ -128,7 +128,7 @@ def test_the_start_banner_says_what_holds():
 def test_server_runs_under_its_unix_name_without_allow_root():
     from pathlib import Path
 
-    from gpulease.spawners.process_spec import build_process_spec
+    from gpulease.spawners.local.process_spec import build_process_spec
 
     spec = build_process_spec(user="ada", home=Path("/s/homes/ada"), device_uuids=(),
                               local_env=None, run_as_uid=61234, profile_slug="cpu",

@@ -1,4 +1,4 @@
-"""The warm launcher and its children, without a hub (spawners/warm_start.py,
+"""The warm launcher and its children, without a hub (spawners/local/warm_start.py,
 singleuser/warm_launcher.py, singleuser/warm_child.py).
 
 A real launcher process imports the server's modules and forks. The requests
@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpulease.spawners.process_spec import warm_request, why_not_warm
-from gpulease.spawners.warm_start import WarmLauncher, WarmStartError
+from gpulease.spawners.local.process_spec import warm_request, why_not_warm
+from gpulease.spawners.local.warm_start import WarmLauncher, WarmStartError
 from tests.isolation_env import shared_tmpdir
 from tests.processes import process_memory
 
@@ -66,7 +66,7 @@ def test_a_server_reaped_before_the_hub_looks_still_gives_its_exit_status(
     """The race a busy box hits: the server exits at once and the launcher reaps it before
     the hub opens its pidfd. The hub takes the launcher's word for the status instead of
     failing the start with "the forked server is gone"."""
-    from gpulease.spawners import warm_start
+    from gpulease.spawners.local import warm_start
 
     real = warm_start.launcher_child
 
@@ -174,7 +174,7 @@ def test_json_requests_roundtrip():
 
 
 def test_a_failed_launcher_is_not_started_again_at_every_start(tmp_path, monkeypatch):
-    from gpulease.spawners import warm_start
+    from gpulease.spawners.local import warm_start
 
     monkeypatch.setattr(warm_start, "_launchers", {})
     broken = str(tmp_path / "no-python")
@@ -241,7 +241,7 @@ def test_the_child_is_made_dumpable_only_once_its_socket_is_closed(tmp_path):
 
 
 def test_the_hub_acts_on_the_launchers_pid_not_the_childs_word():
-    from gpulease.spawners.warm_process import launcher_child, read_answer
+    from gpulease.spawners.local.warm_process import launcher_child, read_answer
 
     ours, theirs = socket.socketpair()
     theirs.sendall(b'{"ready": true, "forked": 1}\n{"forked": 4242}\n')
@@ -252,7 +252,7 @@ def test_the_hub_acts_on_the_launchers_pid_not_the_childs_word():
 
 def test_a_child_that_is_not_ready_in_time_is_killed_and_the_server_starts_cold(
         tmp_path, monkeypatch):
-    from gpulease.spawners import warm_start
+    from gpulease.spawners.local import warm_start
 
     stuck = tmp_path / "cgroup"
     stuck.mkdir()
@@ -279,7 +279,7 @@ def _children(pid: int) -> list[int]:
 
 
 def test_a_launcher_that_never_gets_ready_is_killed(tmp_path, monkeypatch):
-    from gpulease.spawners import warm_start
+    from gpulease.spawners.local import warm_start
 
     fake = tmp_path / "python3"
     fake.write_text("#!/bin/sh\nexec sleep 60\n")
@@ -294,7 +294,7 @@ def test_a_launcher_that_never_gets_ready_is_killed(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the launcher runs as root only when the hub does")
 def test_an_environment_others_may_change_is_not_run_by_the_root_launcher(tmp_path):
-    from gpulease.spawners.warm_start import root_would_run_others_code
+    from gpulease.spawners.local.warm_start import root_would_run_others_code
 
     env = tmp_path / "env"
     site = env / "lib" / "python3.11" / "site-packages"
@@ -366,7 +366,7 @@ def test_only_gpulease_own_server_script_is_forked(tmp_path):
     """The child runs gpulease.singleuser.launch in-process: an image whose script is
     another Python program (a wrapper of its own) starts cold, as that program."""
     from gpulease.singleuser import SERVER_SCRIPT
-    from gpulease.spawners.warm_start import check_script
+    from gpulease.spawners.local.warm_start import check_script
 
     ours = str(Path(sys.executable).parent / SERVER_SCRIPT)
     assert check_script(ours) == (check_script(ours)[0], "")
@@ -381,8 +381,8 @@ def test_a_cancelled_warm_start_kills_the_server_it_forked(monkeypatch):
     must not leave a server running that the hub no longer knows of."""
     import asyncio
 
-    from gpulease.spawners import isolation
-    from gpulease.spawners.local import LocalGPUSpawner
+    from gpulease.spawners.local import isolation
+    from gpulease.spawners.local.spawner import LocalGPUSpawner
 
     class Child:
         pid = 4242
@@ -478,7 +478,7 @@ def test_the_launch_moment_is_the_childs_report_within_the_fork_and_now():
     from datetime import timedelta
 
     from gpulease.core.clock import utcnow
-    from gpulease.spawners.warm_start import in_cgroup_moment
+    from gpulease.spawners.local.warm_start import in_cgroup_moment
 
     asked = utcnow() - timedelta(seconds=2)
     reported = time.time() - 1

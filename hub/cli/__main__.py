@@ -2,6 +2,6 @@
 
 import sys
 
-from gpulease.hub.cli.main import main
+from gpulease.hub.cli.commands import main
 
 sys.exit(main())

@@ -3,7 +3,7 @@
 It is generated from the profiles — the hub's (through api/profiles, as
 `profiles export` reads them) or a profiles file — because kube-scheduler
 scores only the extended resources it is told by exact name: a MIG profile
-added to the hub needs the next configuration (spawners/scheduler_config.py).
+added to the hub needs the next configuration (spawners/kube/scheduler_config.py).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from gpulease.core.model.catalog import CatalogError, load_catalog
 from gpulease.core.model.profiles import ProfileError, load_profiles_file
 from gpulease.hub.cli.client import HubClient
 from gpulease.images import CATALOG_PATH
-from gpulease.spawners.pod_spec import MIG_STRATEGIES
-from gpulease.spawners.scheduler_config import (
+from gpulease.spawners.kube.scheduler_config import (
     DEFAULT_SCHEDULER_NAME,
     SchedulerSettings,
     profiles_mig,
     scheduler_configuration,
 )
+from gpulease.spawners.pod_spec import MIG_STRATEGIES
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:

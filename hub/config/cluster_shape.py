@@ -36,7 +36,7 @@ def require_kubespawner() -> None:
 def cluster_spawner_classes() -> list[type]:
     """GPUKubeSpawner, for --help-all, when kubespawner (gpulease[cluster]) is installed."""
     try:
-        from gpulease.spawners.kube import GPUKubeSpawner
+        from gpulease.spawners.kube.spawner import GPUKubeSpawner
     except ImportError:
         return []
     return [GPUKubeSpawner]

@@ -21,7 +21,7 @@ from pathlib import Path
 from gpulease.host.scripts import shebang_interpreter
 from gpulease.host.unix_accounts import UnixAccountPolicy, blocking_dir
 from gpulease.singleuser import SERVER_SCRIPT
-from gpulease.spawners.cgroups import Mechanism
+from gpulease.spawners.local.cgroups import Mechanism
 
 
 @dataclass(frozen=True)

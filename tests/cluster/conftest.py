@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gpulease.images import shipped_catalog
-from gpulease.spawners.scheduler_config import profiles_mig
+from gpulease.spawners.kube.scheduler_config import profiles_mig
 from tests.cluster.controlplane import TOOLS, attach, detach, missing_tools
 from tests.cluster.faults import FaultProxy
 from tests.cluster.kube import Kube, KubeError

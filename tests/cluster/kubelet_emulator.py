@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from gpulease.spawners.cgroup_kill import empty_cgroup, remove_dirs
+from gpulease.spawners.local.cgroup_kill import empty_cgroup, remove_dirs
 from tests.cluster import pod_plan
 from tests.cluster.kube import Kube, KubeError
 

@@ -1,9 +1,9 @@
 """gpulease's packing kube-scheduler as a real process beside the test control plane's own.
 
 The control plane's kube-scheduler binary, run with the configuration gpulease
-generates (spawners/scheduler_config.py `scheduler_configuration`), leader
+generates (spawners/kube/scheduler_config.py `scheduler_configuration`), leader
 election on, as a ServiceAccount holding exactly the objects the Helm chart
-deploys for it (spawners/kube_rbac.py `scheduler_rbac_objects`), with a token
+deploys for it (spawners/kube/rbac.py `scheduler_rbac_objects`), with a token
 from the real TokenRequest API. Its own --secure-port on loopback; ready when
 its /healthz answers and it holds its Lease (a scheduler that is not the leader
 binds nothing).
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from gpulease.spawners.kube_rbac import scheduler_rbac_objects
-from gpulease.spawners.scheduler_config import (
+from gpulease.spawners.kube.rbac import scheduler_rbac_objects
+from gpulease.spawners.kube.scheduler_config import (
     DEFAULT_SCHEDULER_NAME,
     SchedulerSettings,
     scheduler_configuration,

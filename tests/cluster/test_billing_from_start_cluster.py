@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from gpulease.images import shipped_catalog
-from gpulease.spawners.pod_start import k8s_time
+from gpulease.spawners.kube.pod_start import k8s_time
 from tests.cluster.conftest import POD_UID, ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode

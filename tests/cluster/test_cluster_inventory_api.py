@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gpulease.site_urls import loopback_session
-from gpulease.spawners.cluster_watch import CLUSTER_RULES
+from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES
 from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode

@@ -1,4 +1,4 @@
-"""The cluster shape's admission (spawners/cluster_runner.py) on the real control plane.
+"""The cluster shape's admission (spawners/kube/cluster_runner.py) on the real control plane.
 
 What GPUKubeSpawner.start awaits before it makes a pod, driven as the spawner
 drives it: admit, make the pod (here by the test, with the spawner's labels),
@@ -16,10 +16,10 @@ import asyncio
 import pytest
 
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.spawners.cluster_runner import WATCH_READY_S, ClusterQueueRunner
-from gpulease.spawners.cluster_watch import CLUSTER_RULES
 from gpulease.spawners.context import GPULeaseContext
-from gpulease.spawners.kube_rbac import grants as grants_of
+from gpulease.spawners.kube.cluster_runner import WATCH_READY_S, ClusterQueueRunner
+from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES
+from gpulease.spawners.kube.rbac import grants as grants_of
 from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
 from gpulease.spawners.queue_base import Refused
 from tests.cluster.conftest import POOL_LABEL, ControlPlane

@@ -1,4 +1,4 @@
-"""ClusterWatch (spawners/cluster_watch.py) on the real API server, through the fault proxy
+"""ClusterWatch (spawners/kube/cluster_watch.py) on the real API server, through the fault proxy
 with a ServiceAccount holding only CLUSTER_RULES: the inventory follows nodes appearing,
 cordoned, losing a GPU and going away, counts every pod's GPUs, and a watch that is dropped,
 expired (410) or refused is listed again and misses nothing."""
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from gpulease.spawners.cluster_watch import CLUSTER_RULES, ClusterWatch
-from gpulease.spawners.kube_rbac import grants as grants_of
-from gpulease.spawners.kube_rbac import rules_of
+from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES, ClusterWatch
+from gpulease.spawners.kube.rbac import grants as grants_of
+from gpulease.spawners.kube.rbac import rules_of
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.faults import Fault, FaultProxy
 from tests.cluster.kube import Kube, pods_path

@@ -17,7 +17,7 @@ from kubernetes_asyncio.config import kube_config
 from gpulease.core.model.catalog import Image
 from gpulease.core.model.profiles import GpuSpec, Profile
 from gpulease.core.policy.options import ServerChoice
-from gpulease.spawners.kube import GPUKubeSpawner, pod_options
+from gpulease.spawners.kube.spawner import GPUKubeSpawner, pod_options
 from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode

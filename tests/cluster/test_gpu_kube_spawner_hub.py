@@ -2,7 +2,7 @@
 
 The hub runs `jupyterhub` with GPUKubeSpawner (not yet `gpulease up`: the
 cluster shape is not wired into it, docs/cluster.md) and a ServiceAccount
-holding only gpulease's hub Role and ClusterRole (spawners/kube_rbac.py);
+holding only gpulease's hub Role and ClusterRole (spawners/kube/rbac.py);
 gpulease's database holds the sample profiles, a 2-GPU one and the user's
 credit. A MIG-slice and a
 2-GPU start go through gpulease's admission (options, rights, credit),
@@ -25,7 +25,7 @@ from gpulease.core.model.profiles import (
     parse_profiles_document,
 )
 from gpulease.spawners.context import GPULeaseContext
-from gpulease.spawners.kube_rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES
+from gpulease.spawners.kube.rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpulease.spawners.cluster_watch import CLUSTER_RULES
+from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES
 from gpulease.store.db import open_database, sqlite_url
 from gpulease.store.ledger import Ledger
 from tests.cluster.conftest import POOL_LABEL, ControlPlane

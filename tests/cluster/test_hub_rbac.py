@@ -1,4 +1,4 @@
-"""The hub's Role and ClusterRole (spawners/kube_rbac.py) are enough, and each grant is needed.
+"""The hub's Role and ClusterRole (spawners/kube/rbac.py) are enough, and each grant is needed.
 
 GPUKubeSpawner runs here in-process, as JupyterHub drives it, with kubespawner's
 client holding a real ServiceAccount token (TokenRequest) bound to exactly the
@@ -35,10 +35,10 @@ import pytest
 from jupyterhub.objects import Server
 from kubernetes_asyncio.client import Configuration
 
-from gpulease.spawners import cluster_runner
 from gpulease.spawners.context import get_context
-from gpulease.spawners.kube import GPUKubeSpawner
-from gpulease.spawners.kube_rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES, grants, rules_of
+from gpulease.spawners.kube import cluster_runner
+from gpulease.spawners.kube.rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES, grants, rules_of
+from gpulease.spawners.kube.spawner import GPUKubeSpawner
 from tests.cluster.conftest import ControlPlane
 from tests.cluster.faults import FaultProxy
 from tests.cluster.kube import Kube

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from kubespawner import KubeSpawner
 
-from gpulease.spawners.kube import GPUKubeSpawner
+from gpulease.spawners.kube.spawner import GPUKubeSpawner
 from gpulease.spawners.launch_billing import StartFailed
 
 T0 = "2026-12-06T10:00:01Z"

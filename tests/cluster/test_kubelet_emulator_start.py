@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from gpulease.spawners.pod_start import k8s_time, launched_at
+from gpulease.spawners.kube.pod_start import k8s_time, launched_at
 from tests.cluster.conftest import ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode

@@ -2,8 +2,8 @@
 control plane's default scheduler.
 
 The scheduler (tests/cluster/packing_scheduler.py) runs the configuration
-spawners/scheduler_config.py generates for hub/samples' profiles, with leader
-election, as a ServiceAccount holding exactly spawners/kube_rbac.py
+spawners/kube/scheduler_config.py generates for hub/samples' profiles, with leader
+election, as a ServiceAccount holding exactly spawners/kube/rbac.py
 `scheduler_rbac_objects`. Pods here need only be bound: their nodes are
 `bind_only` (kwok keeps them Ready, nothing runs their pods), so each pod is
 deleted with grace 0 after its test.
@@ -23,8 +23,8 @@ import yaml
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import kube_config
 
-from gpulease.spawners.kube import GPUKubeSpawner, pod_options
-from gpulease.spawners.scheduler_config import GPU_WEIGHT, gpu_resources, profiles_mig
+from gpulease.spawners.kube.scheduler_config import GPU_WEIGHT, gpu_resources, profiles_mig
+from gpulease.spawners.kube.spawner import GPUKubeSpawner, pod_options
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode

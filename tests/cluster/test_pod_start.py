@@ -1,4 +1,4 @@
-"""gpulease.spawners.pod_start: a server pod's start and end read from its JSON (no cluster)."""
+"""gpulease.spawners.kube.pod_start: a server pod's start and end read from its JSON (no cluster)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from gpulease.spawners import pod_start
-from gpulease.spawners.pod_start import (
+from gpulease.spawners.kube import pod_start
+from gpulease.spawners.kube.pod_start import (
     PREEMPTED,
     SERVER_DIED,
     START_FAILED,

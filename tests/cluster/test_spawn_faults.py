@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from gpulease.spawners.cluster_runner import WATCH_READY_S
+from gpulease.spawners.kube.cluster_runner import WATCH_READY_S
 from tests.cluster.conftest import ControlPlane
 from tests.cluster.faults import Fault, FaultProxy
 from tests.cluster.kube import Kube, pods_path

@@ -40,7 +40,7 @@ seccompProfile:
 {{- end -}}
 
 {{/* The MIG resources the profiles use, under the mixed strategy, sorted
-     (spawners/scheduler_config.py gpu_resources; tests compare the two). */}}
+     (spawners/kube/scheduler_config.py gpu_resources; tests compare the two). */}}
 {{- define "gpulease.migResources" -}}
 {{- $names := list -}}
 {{- if eq .Values.gpu.migStrategy "mixed" -}}

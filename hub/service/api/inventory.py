@@ -12,7 +12,7 @@ from tornado import web
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import cluster_inventory_view, inventory_view
-from gpulease.spawners.quarantine import leftover_pids
+from gpulease.spawners.local.quarantine import leftover_pids
 from gpulease.store.sessions import SessionLedger
 
 

@@ -15,7 +15,7 @@ In every case the cgroup counts as empty only when its `cgroup.procs` lists
 no pid (zombies are not listed: they hold no device, no memory). A cgroup
 that still has members at the deadline (a process in uninterruptible sleep
 on a hung driver or file system) is reported, and its devices stay out of
-service (gpulease.spawners.quarantine) until it empties.
+service (gpulease.spawners.local.quarantine) until it empties.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ file writes; `join_plan` runs in the server's process between fork and exec,
 as root, before the process drops to the user's uid, so every child of the
 server is born inside the limits. `remove_plan` ends everything in a
 stopped server's cgroups (cgroup.kill, the v1 freezer, or kill rounds:
-gpulease.spawners.cgroup_kill) before it removes them.
+gpulease.spawners.local.cgroup_kill) before it removes them.
 
 Names (`unit_name`) are unambiguous across every pair of user and server
 names: one tenant's start or stop never touches another's cgroup or unit.
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from gpulease.spawners.cgroup_kill import Emptied, empty_cgroup, remove_dirs
-from gpulease.spawners.devices import DeviceRule
+from gpulease.spawners.local.cgroup_kill import Emptied, empty_cgroup, remove_dirs
+from gpulease.spawners.local.devices import DeviceRule
 
 PARENT = "gpulease"  # our folder at the top of each hierarchy
 CPU_PERIOD_US = 100_000

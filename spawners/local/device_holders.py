@@ -18,7 +18,7 @@ tenant (the stopped server's own account, or any process inside a gpulease
 server's cgroup) are SIGKILLed. The driver's own daemons and the hub (root,
 or outside every gpulease cgroup) are left alone. A holder that cannot be
 ended keeps the device out of service like a cgroup that cannot be emptied
-(gpulease.spawners.quarantine).
+(gpulease.spawners.local.quarantine).
 """
 
 from __future__ import annotations

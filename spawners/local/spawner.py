@@ -30,21 +30,20 @@ from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
 from gpulease.host.state import StateDir, StateError, ensure_home
 from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
-from gpulease.spawners import isolation
-from gpulease.spawners.cgroups import CgroupError
-from gpulease.spawners.exit_watch import wait_for_exit, watch_server_exit
 from gpulease.spawners.http_error import http_error
 from gpulease.spawners.launch_billing import StartFailed
-from gpulease.spawners.process_spec import (
+from gpulease.spawners.local import isolation
+from gpulease.spawners.local.cgroups import CgroupError
+from gpulease.spawners.local.exit_watch import wait_for_exit, watch_server_exit
+from gpulease.spawners.local.process_spec import (
     build_process_spec,
     filter_server_env,
     warm_request,
     why_not_warm,
 )
-from gpulease.spawners.process_tree import kill_tree
-from gpulease.spawners.run_end import RunEnd
-from gpulease.spawners.spawn_core import GPULeaseSpawnCore
-from gpulease.spawners.warm_start import (
+from gpulease.spawners.local.process_tree import kill_tree
+from gpulease.spawners.local.run_end import RunEnd
+from gpulease.spawners.local.warm_start import (
     WarmChild,
     WarmLauncher,
     WarmStartError,
@@ -52,6 +51,7 @@ from gpulease.spawners.warm_start import (
     check_script,
     launcher_for,
 )
+from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 
 
 class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
@@ -104,7 +104,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
     warm_start = Bool(
         True, config=True,
         help="Fork each server from a launcher that has already imported the server "
-        "(spawners/warm_start.py): about 1.5 s less to a server's first answer. False: each "
+        "(spawners/local/warm_start.py): about 1.5 s less to a server's first answer. False: each "
         "server starts as a new program. Set by `gpulease up` from GPULeaseHub.warm_start.",
     )
 
@@ -119,7 +119,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
 
     def make_preexec_fn(self, name):
         # Join the server's cgroup, then become the user's Unix account
-        # (spawners/isolation.py); neither without per-user accounts and limits.
+        # (spawners/local/isolation.py); neither without per-user accounts and limits.
         prepared = self.gpulease_isolation
         return isolation.preexec_for(prepared) if prepared else None
 
@@ -269,7 +269,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             return "it is no longer running"
         return f"signal {-status}" if status < 0 else f"exit status {status}"
 
-    # --- warm starts (spawners/warm_start.py, singleuser/warm_launcher.py) ---------------
+    # --- warm starts (spawners/local/warm_start.py, singleuser/warm_launcher.py) ---------------
 
     async def _launch(self, script: str) -> tuple[str, int, datetime]:
         """Fork the server from its environment's warm launcher, or start it cold; where

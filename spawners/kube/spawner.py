@@ -12,10 +12,10 @@ from kubespawner's defaults:
   deleting a named server (or the user) never deletes the home
   (`delete_forever`);
 - a GPU pod is made only once gpulease admits it to the cluster's counted
-  capacity, at once or from the fair queue (spawners/cluster_runner.py);
+  capacity, at once or from the fair queue (spawners/kube/cluster_runner.py);
 - the billing session opens at the notebook container's start (`startedAt`,
   after scheduling and the image pull: the researcher's code runs from there,
-  gpulease.spawners.pod_start) and closes when its pod is stopped or found
+  gpulease.spawners.kube.pod_start) and closes when its pod is stopped or found
   gone; the first answer only marks the server ready;
 - a start whose code fails it (its container exits before it answers, or it
   does not answer within `http_timeout`: its pod is then deleted with the
@@ -48,16 +48,16 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.policy.options import ON_DEMAND, ServerChoice
 from gpulease.core.refusal import Refusal
 from gpulease.singleuser import SERVER_SCRIPT
-from gpulease.spawners import pod_start
 from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
-from gpulease.spawners.cluster_runner import ClusterQueueRunner, cluster_runner_for
-from gpulease.spawners.kube_pod_kill import (  # noqa: F401 - the tests read these here
+from gpulease.spawners.kube import pod_start
+from gpulease.spawners.kube.cluster_runner import ClusterQueueRunner, cluster_runner_for
+from gpulease.spawners.kube.pod_kill import (  # noqa: F401 - the tests read these here
     KILL_GRACE_S,
     KUBELET_SILENT_S,
     PodKill,
     kill_grace,
 )
-from gpulease.spawners.kube_reflectors import ReflectorUpkeep
+from gpulease.spawners.kube.reflectors import ReflectorUpkeep
 from gpulease.spawners.launch_billing import StartFailed
 from gpulease.spawners.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,

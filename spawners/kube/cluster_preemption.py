@@ -10,7 +10,7 @@ scheduler adds the pod condition `DisruptionTarget` (reason
 `PreemptionByScheduler`); the delete uses the pod's own grace period, and a spot
 pod's preStop sleep keeps the server running until the deadline its user is told
 (spawners/pod_spec.py tier_pod). This module reads that from a pod as the watch
-sees it; spawners/cluster_runner.py tells the user and the meter.
+sees it; spawners/kube/cluster_runner.py tells the user and the meter.
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ from datetime import datetime
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.core.clock import utcnow
-from gpulease.spawners import isolation
-from gpulease.spawners.cgroup_kill import Emptied, devices_may_go
 from gpulease.spawners.context import GPULeaseContext
-from gpulease.spawners.exit_watch import wait_for_exit
-from gpulease.spawners.process_tree import end_processes_at, kill_tree, process_tree
+from gpulease.spawners.local import isolation
+from gpulease.spawners.local.cgroup_kill import Emptied, devices_may_go
+from gpulease.spawners.local.exit_watch import wait_for_exit
+from gpulease.spawners.local.process_tree import end_processes_at, kill_tree, process_tree
 from gpulease.spawners.queue_runner import runner_for
 
 
@@ -136,7 +136,7 @@ class RunEnd:
         when they were ended; with neither known, now. The devices go back to
         the pool only once the server's cgroup is empty; when it cannot be
         emptied they are out of service until it is
-        (gpulease.spawners.quarantine, checked on every heartbeat).
+        (gpulease.spawners.local.quarantine, checked on every heartbeat).
 
         One at a time: a stop that comes while a poll releases its dead server
         finds the cgroup taken and would give the devices back while the poll

@@ -31,7 +31,7 @@ Who needs what:
 
 from __future__ import annotations
 
-from gpulease.spawners.cluster_watch import CLUSTER_RULES
+from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES
 
 HUB_ROLE_RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
@@ -78,7 +78,7 @@ def hub_rbac_objects(namespace: str, account: str = "gpulease-hub") -> list[dict
     ]
 
 
-# The packing scheduler (spawners/scheduler_config.py) is the stock kube-scheduler
+# The packing scheduler (spawners/kube/scheduler_config.py) is the stock kube-scheduler
 # binary: it needs what the cluster's own scheduler holds, the bootstrap ClusterRoles
 # every cluster has and keeps in step with its version (system:kube-scheduler: nodes,
 # pods, bindings, events, the storage and DRA objects its plugins read;

@@ -6,7 +6,7 @@ environment, stdin on /dev/null, and no descriptor but one end of a control
 socket pair. `spawn` sends it the other end of a fresh socket pair per
 server; the forked child reads its request there, answers with its pid or why
 it could not become the server, and the launcher later writes its exit status
-there. `WarmChild` (spawners/warm_process.py) reads that as Popen's `poll` and `wait` do, so
+there. `WarmChild` (spawners/local/warm_process.py) reads that as Popen's `poll` and `wait` do, so
 LocalGPUSpawner's stop, exit watch and billing treat both kinds of start alike.
 
 One launcher per interpreter, kept here for the hub's life: the default
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from gpulease.core.clock import utcnow
 from gpulease.host.scripts import shebang_interpreter
-from gpulease.spawners.warm_process import WarmChild, launcher_child, read_answer, read_exit
+from gpulease.spawners.local.warm_process import WarmChild, launcher_child, read_answer, read_exit
 
 log = logging.getLogger(__name__)
 

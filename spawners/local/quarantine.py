@@ -1,7 +1,7 @@
 """Devices out of service, and their return once nothing of their last server is left.
 
 A stopped server's devices go back to the pool only when its cgroup is
-empty (LocalGPUSpawner._release, gpulease.spawners.cgroup_kill). When it
+empty (LocalGPUSpawner._release, gpulease.spawners.local.cgroup_kill). When it
 cannot be emptied, the devices are out of service (AssignmentStore
 .take_out_of_service) and `recheck`, on every heartbeat of the hub, kills
 what is left again and returns them once the cgroup is empty. An admin may
@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 
 from gpulease.spawners.assignments import AssignmentStore, OutOfService
-from gpulease.spawners.cgroup_kill import Emptied, cgroup_pids
+from gpulease.spawners.local.cgroup_kill import Emptied, cgroup_pids
 
 log = logging.getLogger(__name__)
 

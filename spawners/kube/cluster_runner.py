@@ -39,10 +39,10 @@ from gpulease.spawners.cluster_inventory import (
     select_nodes,
     too_old_nodes,
 )
-from gpulease.spawners.cluster_preemption import preempted_pod
 from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
-from gpulease.spawners.cluster_watch import ClusterWatch
 from gpulease.spawners.displacement import in_the_cluster
+from gpulease.spawners.kube.cluster_preemption import preempted_pod
+from gpulease.spawners.kube.cluster_watch import ClusterWatch
 from gpulease.spawners.queue import Waiting, queue_places_refusal
 from gpulease.spawners.queue_base import QueueBase, Refused, Ticket, log
 from gpulease.spawners.queue_runner import asks

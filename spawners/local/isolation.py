@@ -5,9 +5,9 @@ the home handed to it, the cgroup with the profile's CPU, memory and device
 nodes), passes `preexec_for` to Popen (join the cgroup, then drop to the
 user's uid and own groups, between fork and exec) and `cleanup` when the
 server stops: it ends everything in the cgroup and says whether it is empty
-(a server's devices are released only then: gpulease.spawners.quarantine).
+(a server's devices are released only then: gpulease.spawners.local.quarantine).
 `hub_secrets` lists the values that must never reach a server's
-environment (gpulease.spawners.process_spec.filter_server_env drops them).
+environment (gpulease.spawners.local.process_spec.filter_server_env drops them).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from gpulease.host.unix_accounts import (
     ensure_unix_account,
     own_home,
 )
-from gpulease.spawners.cgroup_kill import Emptied, cgroup_pids, empty_cgroup
-from gpulease.spawners.cgroups import (
+from gpulease.spawners.local.cgroup_kill import Emptied, cgroup_pids, empty_cgroup
+from gpulease.spawners.local.cgroups import (
     CgroupError,
     CgroupPlan,
     HostReader,
@@ -45,8 +45,8 @@ from gpulease.spawners.cgroups import (
     systemd_command,
     unit_name,
 )
-from gpulease.spawners.device_holders import end_holders, exclusive_nodes
-from gpulease.spawners.devices import (
+from gpulease.spawners.local.device_holders import end_holders, exclusive_nodes
+from gpulease.spawners.local.devices import (
     allowed_nodes,
     node_id,
     node_paths,

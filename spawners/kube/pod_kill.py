@@ -1,12 +1,12 @@
 """Killing a server's pod: a stop that did not complete, and a start that failed.
 
-A mixin of GPUKubeSpawner (spawners/kube.py), kept apart so that the spawner's
+A mixin of GPUKubeSpawner (spawners/kube/spawner.py), kept apart so that the spawner's
 module stays about kubespawner's path. Both kills delete the pod with
 KILL_GRACE_S through one `_delete_pod`: `kill_now` (the heartbeat's, for a stop
 that hangs) and a start that did not answer or failed after its pod was made
 (`_failed_start`: killed, billed for what ran, and why said). The pure readings
 of a pod (when it started and ended, whose doing its failure was) are
-spawners/pod_start.py's; this is the I/O around them.
+spawners/kube/pod_start.py's; this is the I/O around them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from kubernetes_asyncio.client import ApiException, V1DeleteOptions
 from gpulease.core.clock import utcnow
 from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
-from gpulease.spawners import pod_start
 from gpulease.spawners.http_error import http_error
+from gpulease.spawners.kube import pod_start
 from gpulease.spawners.launch_billing import StartFailed
 
 KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)
