@@ -25,6 +25,7 @@ import pytest
 import requests
 import yaml
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES
 from tests.browser import devices_seen_in_lab, wait_for_jupyterlab
 from tests.hubproc import HubProcess
 
@@ -37,7 +38,7 @@ IDLE_S = 40  # the brief profile's idle timeout; the culler warns 20 s before
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     base = tmp_path_factory.mktemp("browser_lab")
-    profiles = yaml.safe_load((ROOT / "hub" / "samples" / "profiles.yaml").read_text())
+    profiles = yaml.safe_load((SAMPLE_PROFILES).read_text())
     brief = next(p for p in profiles["profiles"] if p["slug"] == "h200-1g")
     profiles["profiles"].append({**brief, "slug": "brief", "display_name": "Brief slice",
                                  "idle_timeout": f"{IDLE_S}s", "min_run": "1m"})

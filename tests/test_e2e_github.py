@@ -8,19 +8,19 @@ setting. Organisations and teams become groups; a team decides a profile.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES
 from tests.github_double import GitHubDouble, GitHubUser
 from tests.hubproc import HubProcess, free_port
 from tests.oidc_provider import xsrf_headers
 
 pytestmark = pytest.mark.e2e
 
-SAMPLE = Path(__file__).resolve().parent.parent / "hub" / "samples" / "profiles.yaml"
+SAMPLE = SAMPLE_PROFILES
 
 
 @pytest.fixture(scope="module")

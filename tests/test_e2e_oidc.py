@@ -9,12 +9,12 @@ researcher may rent; changing them there changes it at the hub.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES
 from tests.hubproc import HubProcess, free_port
 from tests.oidc_provider import (
     OIDCProvider,
@@ -26,7 +26,7 @@ from tests.oidc_provider import (
 
 pytestmark = pytest.mark.e2e
 
-SAMPLE = Path(__file__).resolve().parent.parent / "hub" / "samples" / "profiles.yaml"
+SAMPLE = SAMPLE_PROFILES
 REFRESH_S = 2  # auth_refresh_age of this hub
 
 ACCOUNTS = {

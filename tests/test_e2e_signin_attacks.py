@@ -25,6 +25,7 @@ import pytest
 import requests
 import yaml
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES
 from tests.hubproc import HubProcess, free_port
 from tests.oidc_provider import (
     CLIENT_ID,
@@ -41,7 +42,7 @@ from tests.oidc_provider import (
 
 pytestmark = pytest.mark.e2e
 
-SAMPLE = Path(__file__).resolve().parent.parent / "hub" / "samples" / "profiles.yaml"
+SAMPLE = SAMPLE_PROFILES
 OTHER_CLIENT = "other-app"
 OTHER_REDIRECT = "http://127.0.0.1:9/other/callback"
 

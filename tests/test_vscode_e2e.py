@@ -25,6 +25,7 @@ import yaml
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES
 from gpulease.singleuser.ws_token import accepts_url_token, is_websocket_handshake
 from tests.hubproc import HubProcess
 from tests.vscode_client import (
@@ -71,7 +72,7 @@ def test_only_a_genuine_handshake_from_a_non_browser_client_may_carry_the_token(
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     base = tmp_path_factory.mktemp("vscode")
-    profiles = yaml.safe_load((ROOT / "hub" / "samples" / "profiles.yaml").read_text())
+    profiles = yaml.safe_load((SAMPLE_PROFILES).read_text())
     for p in profiles["profiles"]:
         if p["slug"] == "cpu":
             p["groups"] = ["lab"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES
 from gpulease.images import shipped_catalog
 from gpulease.spawners.kube.scheduler_config import profiles_mig
 from tests.cluster.controlplane import TOOLS, attach, detach, missing_tools
@@ -120,10 +121,10 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def packing_scheduler(control_plane: ControlPlane) -> Iterator[PackingScheduler]:
-    """gpulease's packing kube-scheduler for hub/samples' profiles (every MIG profile there),
+    """gpulease's packing kube-scheduler for the sample profiles (every MIG profile there),
     leader election on, as its own ServiceAccount (tests/cluster/packing_scheduler.py).
     Module scope: it runs for the tests of one module, not beside all the others."""
-    samples = Path(__file__).resolve().parents[2] / "hub" / "samples" / "profiles.yaml"
+    samples = SAMPLE_PROFILES
     profiles = yaml.safe_load(samples.read_text())["profiles"]
     with running_packing_scheduler(control_plane.state, control_plane.admin(),
                                    profiles_mig(profiles),

@@ -2,7 +2,7 @@
 control plane's default scheduler.
 
 The scheduler (tests/cluster/packing_scheduler.py) runs the configuration
-spawners/kube/scheduler_config.py generates for hub/samples' profiles, with leader
+spawners/kube/scheduler_config.py generates for the sample profiles, with leader
 election, as a ServiceAccount holding exactly spawners/kube/rbac.py
 `scheduler_rbac_objects`. Pods here need only be bound: their nodes are
 `bind_only` (kwok keeps them Ready, nothing runs their pods), so each pod is
@@ -16,13 +16,13 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import kube_config
 
+from gpulease.core.model.profiles import SAMPLE_PROFILES
 from gpulease.spawners.kube.scheduler_config import GPU_WEIGHT, gpu_resources, profiles_mig
 from gpulease.spawners.kube.spawner import GPUKubeSpawner, pod_options
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
@@ -31,7 +31,7 @@ from tests.cluster.nodes import GpuNode
 from tests.cluster.packing_scheduler import PackingScheduler, running_packing_scheduler
 from tests.cluster.test_gpu_kube_spawner import slice_choice
 
-SAMPLES = Path(__file__).resolve().parents[2] / "hub" / "samples" / "profiles.yaml"
+SAMPLES = SAMPLE_PROFILES
 SLICE = "nvidia.com/mig-1g.18gb"
 DEFAULT = "default-scheduler"
 
