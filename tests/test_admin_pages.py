@@ -333,6 +333,24 @@ def test_granting_and_adjusting_credits_through_the_forms(hub, admin):
 
 
 @e2e
+@pytest.mark.parametrize("page, field, allowed", [
+    ("admin/credits", "kind", "kind must be grant or adjustment"),
+    ("admin/limits", "form", "form must be cap or limit"),
+    ("admin/reservations", "form", "form must be add or cancel"),
+])
+def test_a_form_the_page_does_not_have_is_refused_naming_the_ones_it_has(
+        hub, admin, page, field, allowed):
+    """Every admin page with several forms dispatches the same way (AdminPage.dispatch_form):
+    an unknown one is a 400 that names what the page takes, and nothing is written."""
+    entries = len(audit(hub, "user:bob"))
+    assert get(admin, hub, page).status_code == 200  # the page sets its form token's cookie
+    r = post(admin, hub, page, {field: "bogus", "account": "user:bob", "amount": "1"})
+    text = htmllib.unescape(r.text)
+    assert r.status_code == 400 and allowed in text and "'bogus'" in text, text[-1500:]
+    assert len(audit(hub, "user:bob")) == entries
+
+
+@e2e
 def test_caps_and_limits_through_the_forms(hub, admin):
     hub.grant(hub.admin_token, "group:lab", "50")
     page = get(admin, hub, "admin/limits")

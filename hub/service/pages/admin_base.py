@@ -19,11 +19,14 @@ the CSP stays without any script source.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tornado import web
 
+from gpulease.core.refusal import Refusal
 from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.pages.forms import refusal_by_input
 from gpulease.hub.service.pages.usage import PageHandler
 
 
@@ -62,6 +65,36 @@ class AdminPage(PageHandler):
         """The posted form as text values (tornado keeps them as bytes)."""
         return {name: [v.decode("utf-8", "replace") for v in values]
                 for name, values in self.request.body_arguments.items()}
+
+    async def dispatch_form(self, field: str,
+                            handlers: Mapping[str, Callable[[], Awaitable[None]]]) -> None:
+        """A page with several forms: run the handler the posted `field` names; a value
+        it does not know is a 400 naming the ones it does."""
+        chosen = self.get_body_argument(field, "")
+        handler = handlers.get(chosen)
+        if handler is None:
+            raise APIError(400, f"{field} must be {' or '.join(handlers)}, got {chosen!r}")
+        await handler()
+
+    async def submit(self, form: str, values: Mapping[str, str],
+                     act: Callable[[], Awaitable[str]], status: int | None = None) -> None:
+        """Every admin form's one way through a post: run `act`, which saves and returns
+        the page to see next (post/redirect/get); a refusal (not a 5xx) shows the form
+        `form` again with what was typed and the refusal's messages by input, with
+        `status` (default: the refusal's own)."""
+        try:
+            target = await act()
+        except Refusal as e:
+            if e.status >= 500:
+                raise
+            await self.show(form, dict(values), refusal_by_input(e), status or e.status)
+            return
+        self.see_other(target)
+
+    async def show(self, form: str, values: dict[str, str], errors: dict[str, list[str]],
+                   status: int) -> None:
+        """The page again with one form's values and errors (each page with forms)."""
+        raise NotImplementedError(f"{type(self).__name__} has no forms")
 
     def see_other(self, path: str) -> None:
         """Post/redirect/get: a reload after saving does not post the form again."""

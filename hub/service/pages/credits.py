@@ -9,6 +9,7 @@ write_entry, write_cap; gpulease/store/limits.py's parsers), so the page and
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -16,14 +17,12 @@ from tornado import web
 
 from gpulease.core.policy.limits import FIELDS as LIMIT_FIELDS
 from gpulease.core.policy.limits import LimitError, parse_limit_body, parse_subject
-from gpulease.core.refusal import Refusal
 from gpulease.hub.identities import IdentityStore
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.api.billing import parse_monthly_cap
 from gpulease.hub.service.api.profiles import ProfileHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.pages.admin_base import AdminPage
-from gpulease.hub.service.pages.forms import refusal_by_input
 from gpulease.store.db import account_caps, ledger_entries, reading
 from gpulease.store.limits import LimitStore
 
@@ -84,20 +83,18 @@ class CreditsPage(AdminPage):
 
     async def post(self):
         self.editor()
-        kind = self.get_body_argument("kind", "")
-        if kind not in ENTRY_KINDS:
-            raise APIError(400, f"kind must be grant or adjustment, got {kind!r}")
+        await self.dispatch_form("kind", {kind: partial(self._entry, kind)
+                                          for kind in ENTRY_KINDS})
+
+    async def _entry(self, kind: str) -> None:
         values = {n: self.get_body_argument(n, "") for n in ("account", "amount", "note")}
-        try:
+
+        async def save() -> str:
             account, amount, note = await self.entry_input(
                 kind, values["account"].strip(), values["amount"].strip(), values["note"])
-            entry_id = await self.write_entry(kind, account, amount, note)
-        except Refusal as e:
-            if e.status >= 500:
-                raise
-            await self.show(kind, values, refusal_by_input(e), 400)
-            return
-        self.see_other(f"admin/credits?entry={entry_id}")
+            return f"admin/credits?entry={await self.write_entry(kind, account, amount, note)}"
+
+        await self.submit(kind, values, save, status=400)
 
 
 def _entry_or_none(engine: Engine, entry_id: int) -> dict[str, Any] | None:
@@ -134,17 +131,12 @@ class LimitsPage(AdminPage):
 
     async def post(self):
         self.editor()
-        form = self.get_body_argument("form", "")
-        if form == "cap":
-            await self._set_cap()
-        elif form == "limit":
-            await self._set_limit()
-        else:
-            raise APIError(400, f"form must be cap or limit, got {form!r}")
+        await self.dispatch_form("form", {"cap": self._set_cap, "limit": self._set_limit})
 
     async def _set_cap(self) -> None:
         values = {n: self.get_body_argument(n, "").strip() for n in ("account", "user", "monthly")}
-        try:
+
+        async def save() -> str:
             account = values["account"]
             if not account.startswith("group:") or not await self.run(
                     self.ledger.account_exists, account):
@@ -157,12 +149,9 @@ class LimitsPage(AdminPage):
             monthly = parse_monthly_cap(values["monthly"] or None)
             await self.hub_user(values["user"], missing=400)
             await self.write_cap(account, values["user"], monthly)
-        except Refusal as e:
-            if e.status >= 500:
-                raise
-            await self.show("cap", values, refusal_by_input(e), 400)
-            return
-        self.see_other("admin/limits?done=cap")
+            return "admin/limits?done=cap"
+
+        await self.submit("cap", values, save, status=400)
 
     async def _set_limit(self) -> None:
         values = {n: self.get_body_argument(n, "").strip() for n in ("subject", *LIMIT_FIELDS)}

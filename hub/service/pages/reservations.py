@@ -39,10 +39,8 @@ from gpulease.hub.service.api.reservations import (
     offering_reservations,
     reservation_view,
 )
-from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.pages.admin_base import AdminPage
 from gpulease.hub.service.pages.credits import ledger_accounts
-from gpulease.hub.service.pages.forms import refusal_by_input
 from gpulease.store.db import ledger_entries, reading
 from gpulease.store.reservations import ON_END, Booked, kind_of, kind_words
 
@@ -191,38 +189,27 @@ class ReservationsPage(AdminPage, ReservationBase):
 
     async def post(self):
         self.editor()
-        form = self.get_body_argument("form", "")
-        if form == "add":
-            await self._add()
-        elif form == "cancel":
-            await self._cancel()
-        else:
-            raise APIError(400, f"form must be add or cancel, got {form!r}")
+        await self.dispatch_form("form", {"add": self._add, "cancel": self._cancel})
 
     async def _add(self) -> None:
         values = {n: self.get_body_argument(n, "") for n in FIELDS}
         for name in ("account", "profile", "units", "start", "end", "on_end"):
             values[name] = values[name].strip()
-        try:
-            asked = await self.reservation_input(form_body(values))
-            view = await self.make_reservation(asked)
-        except Refusal as e:
-            if e.status >= 500:
-                raise
-            await self.show("add", values, refusal_by_input(e), e.status)
-            return
-        self.see_other(f"admin/reservations?added={view['id']}")
+
+        async def save() -> str:
+            view = await self.make_reservation(await self.reservation_input(form_body(values)))
+            return f"admin/reservations?added={view['id']}"
+
+        await self.submit("add", values, save)
 
     async def _cancel(self) -> None:
         text = self.get_body_argument("id", "").strip()
-        try:
+
+        async def save() -> str:
             view, _refund = await self.cancel_reservation(await self.booked(text))
-        except Refusal as e:
-            if e.status >= 500:
-                raise
-            await self.show("cancel", {"id": text}, refusal_by_input(e), e.status)
-            return
-        self.see_other(f"admin/reservations?cancelled={view['id']}")
+            return f"admin/reservations?cancelled={view['id']}"
+
+        await self.submit("cancel", {"id": text}, save)
 
 
 ROUTES: list[tuple[str, type[web.RequestHandler]]] = [
