@@ -26,8 +26,8 @@ from sqlalchemy import Engine, create_engine, event, insert, make_url, text
 from gpulease.core.billing.rules import to_ms
 from gpulease.core.billing.sessions import LiveSession
 from gpulease.core.clock import utcnow
-from gpulease.hub import billing_reports
 from gpulease.hub.billing.metering import Meter
+from gpulease.store import billing_reports
 from gpulease.store.db import ledger_entries, open_database
 from gpulease.store.sessions import SessionLedger
 

@@ -14,7 +14,7 @@ from sqlalchemy import insert
 from gpulease.core.billing.rules import billed_seconds
 from gpulease.core.clock import iso_z
 from gpulease.core.units import MAX_UCR, ms_cost
-from gpulease.hub.billing_reports import USAGE_COLUMNS, report, spend_per_day, to_csv, usage
+from gpulease.store.billing_reports import USAGE_COLUMNS, report, spend_per_day, to_csv, usage
 from gpulease.store.db import sessions
 from gpulease.store.ledger import Ledger
 from gpulease.store.sessions import SessionLedger

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from gpulease.hub.billing_reports import to_csv
 from gpulease.hub.cli.billing import format_usage_table
 from gpulease.hub.service import billing_views as bv
+from gpulease.store.billing_reports import to_csv
 
 SESSION = {
     "user": "alice", "server": "", "profile": "h200-1g", "tier": "spot", "account": "user:alice",

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from gpulease.core.billing.my_servers import ServerFacts, server_states
 from gpulease.core.billing.sessions import Session
-from gpulease.hub.my_servers import ServerFacts, server_states
 from tests.hubproc import HubProcess
 
 NOW = dt.datetime(2025, 3, 1, 12, 0, 0)

@@ -1,4 +1,4 @@
-"""Identities from a sign-in provider and the hub names they get (gpulease.hub.identities)."""
+"""Identities from a sign-in provider and the hub names they get (gpulease.store.identities)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from tornado.httpclient import HTTPClientError
 from gpulease.core.policy.user_names import is_valid_name
 from gpulease.hub.auth.github import github_groups
 from gpulease.hub.auth.oauth import provider_groups, provider_unreachable
-from gpulease.hub.identities import Identity, IdentityStore, base_name, candidate_names
 from gpulease.store.accounts import LocalAccountStore
+from gpulease.store.identities import Identity, IdentityStore, base_name, candidate_names
 
 ISS = "https://idp.uni.example/realms/research"
 

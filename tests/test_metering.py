@@ -27,7 +27,7 @@ from gpulease.core.billing.rules import month_start, to_ms
 from gpulease.core.billing.sessions import MeterConflict
 from gpulease.core.clock import utcnow
 from gpulease.hub.billing.metering import Meter
-from gpulease.hub.member_caps import capped_spends
+from gpulease.store.member_caps import capped_spends
 
 RATE = 3_600_000_000  # 1 credit a second
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, insert, select, text
 
-from gpulease.hub.billing_reports import report, usage
+from gpulease.store.billing_reports import report, usage
 from gpulease.store.db import (
     MIGRATIONS_DIR,
     ledger_entries,

@@ -1,7 +1,7 @@
 import datetime as dt
 
 from gpulease.core.billing.sessions import Session
-from gpulease.hub.suspended import suspended_servers
+from gpulease.core.billing.suspended import suspended_servers
 
 T = dt.datetime(2026, 11, 30, 12, 0, 0)
 

@@ -10,7 +10,7 @@ from oauthenticator.github import GitHubOAuthenticator
 from traitlets import default
 
 from gpulease.hub.auth.oauth import ProviderSignIn
-from gpulease.hub.identities import Identity
+from gpulease.store.identities import Identity
 
 ORGS_PER_PAGE = 100
 MAX_ORG_PAGES = 10  # 1,000 organisations: more is someone's robot, not a researcher

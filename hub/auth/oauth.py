@@ -9,7 +9,7 @@ its GitHubOAuthenticator. What `ProviderSignIn` adds to both:
   is what `allowed_users`, `admin_users` and `blocked_users` list and what
   GitHub's org checks ask about — never a hub name, and JupyterHub makes no
   hub user of them; once a login is allowed, the identity (issuer, subject)
-  is given its hub name (gpulease.hub.identities) and the user is that name
+  is given its hub name (gpulease.store.identities) and the user is that name
   from then on;
 - groups: the provider's groups (entries that are not group names left out)
   are the hub's (`manage_groups`), re-read at
@@ -44,10 +44,10 @@ from traitlets import Float, Integer, Unicode, default
 
 from gpulease.core.clock import utcnow
 from gpulease.hub.auth.handlers import SignInCallbackHandler, SignInLoginHandler
-from gpulease.hub.identities import BoundIdentity, Identity, IdentityStore, base_name
 from gpulease.store.accounts import LocalAccountStore
 from gpulease.store.audit import AuditLog
 from gpulease.store.db import open_database
+from gpulease.store.identities import BoundIdentity, Identity, IdentityStore, base_name
 
 IDENTITY_KEY = "gpulease_identity"  # in auth_state: the identity a hub user signed in as
 MAX_GROUP_NAME = 255  # JupyterHub's groups.name column

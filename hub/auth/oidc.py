@@ -13,7 +13,7 @@ from tornado.httpclient import HTTPClientError
 from traitlets import Bool, Unicode, default
 
 from gpulease.hub.auth.oauth import ProviderSignIn, provider_host_of
-from gpulease.hub.identities import Identity
+from gpulease.store.identities import Identity
 
 # The ID token stored at the last login or refresh, in the refresh being made now.
 _STORED_ID_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(

@@ -59,8 +59,8 @@ from gpulease.core.clock import utcnow
 from gpulease.core.notices import render_account_cap
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub.billing import metrics
-from gpulease.hub.member_caps import capped_spends
 from gpulease.store.ledger import Ledger
+from gpulease.store.member_caps import capped_spends
 from gpulease.store.sessions import SessionLedger
 
 log = logging.getLogger("gpulease.metering")

@@ -15,7 +15,7 @@ from xml.sax.saxutils import escape, quoteattr
 from gpulease.core.clock import iso_z
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import format_credits
-from gpulease.hub import billing_reports
+from gpulease.store import billing_reports
 
 USAGE_COLUMNS = billing_reports.USAGE_COLUMNS
 REPORT_COLUMNS = ["key", "sessions", "billed_seconds", "billed_ms", "cost"]

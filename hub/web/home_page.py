@@ -20,14 +20,19 @@ from jupyterhub.handlers import BaseHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from gpulease.core.billing.my_servers import (
+    ServerFacts,
+    ServerState,
+    check_profile_choice,
+    server_states,
+)
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import usable_by
 from gpulease.core.policy.options import OptionsRefused, price_text
 from gpulease.core.units import format_credits, seconds_text
-from gpulease.hub.identities import IdentityStore
-from gpulease.hub.my_servers import ServerFacts, ServerState, check_profile_choice, server_states
 from gpulease.hub.web.template_values import OffLoop
 from gpulease.spawners.http_error import http_error
+from gpulease.store.identities import IdentityStore
 from gpulease.store.sessions import SessionLedger
 
 log = logging.getLogger("gpulease")

@@ -21,10 +21,10 @@ from gpulease.core.model.profiles import usable_by
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import parse_credits
-from gpulease.hub import billing_reports
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
+from gpulease.store import billing_reports
 from gpulease.store.db import ledger_entries, reading
 from gpulease.store.ledger import Ledger
 from gpulease.store.sessions import SessionLedger

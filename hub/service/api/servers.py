@@ -16,10 +16,10 @@ from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 from tornado.escape import url_escape
 
+from gpulease.core.billing.my_servers import ServerFacts, check_profile_choice, server_states
 from gpulease.core.clock import utcnow
 from gpulease.core.policy.options import OptionsRefused, resolve_user_options
 from gpulease.core.refusal import Refusal
-from gpulease.hub.my_servers import ServerFacts, check_profile_choice, server_states
 from gpulease.hub.service.api.billing import BillingHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.store.sessions import SessionLedger

@@ -9,10 +9,10 @@ from gpulease.core.refusal import Refusal
 from gpulease.hub.auth.caller_rights import (
     has_hub_admin_powers,
 )
-from gpulease.hub.identities import IdentityStore
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.store.accounts import AccountError, validate_password, validate_username
+from gpulease.store.identities import IdentityStore
 
 
 class UsersHandler(BaseAPIHandler):

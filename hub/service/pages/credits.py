@@ -17,13 +17,13 @@ from tornado import web
 
 from gpulease.core.policy.limits import FIELDS as LIMIT_FIELDS
 from gpulease.core.policy.limits import LimitError, parse_limit_body, parse_subject
-from gpulease.hub.identities import IdentityStore
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.api.billing import parse_monthly_cap
 from gpulease.hub.service.api.profiles import ProfileHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.pages.admin_base import AdminPage
 from gpulease.store.db import account_caps, ledger_entries, reading
+from gpulease.store.identities import IdentityStore
 from gpulease.store.limits import LimitStore
 
 ENTRY_KINDS = {"grant": "Grant", "adjustment": "Adjustment"}

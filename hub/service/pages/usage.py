@@ -17,7 +17,6 @@ from tornado import web
 from gpulease.core.clock import utcnow
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import seconds_text
-from gpulease.hub import billing_reports
 from gpulease.hub.error_text import ErrorText, error_text
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service import hub_static
@@ -25,6 +24,7 @@ from gpulease.hub.service.api.billing import BillingHandler, balance_of
 from gpulease.hub.site_nav import SiteNav
 from gpulease.sign_in_failure import sign_in_failure
 from gpulease.site_urls import SiteURLs
+from gpulease.store import billing_reports
 
 CHART_DAYS = 30
 

@@ -15,12 +15,12 @@ from typing import Any
 
 from gpulease.core.billing.rules import seconds_up
 from gpulease.core.billing.sessions import Session
+from gpulease.core.billing.suspended import suspended_servers
 from gpulease.core.clock import iso_z  # as api/usage: to the millisecond
 from gpulease.core.model.catalog import Catalog
 from gpulease.core.model.profiles import Profile, saved_profile
 from gpulease.core.policy.options import ServerChoice, resolve_user_options
 from gpulease.core.units import format_credits
-from gpulease.hub.suspended import suspended_servers
 
 STATES = ("running", "pending", "queued", "suspended", "stopped")
 
