@@ -23,9 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.figures import figure, target  # noqa: E402
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, Hold, fit  # noqa: E402
 from gpulease.core.capacity.placement import NoFit  # noqa: E402
 from gpulease.core.model.device_request import DeviceRequest  # noqa: E402
-from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold, fit  # noqa: E402
 
 SLICE = "nvidia.com/mig-1g.18gb"
 

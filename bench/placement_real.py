@@ -26,7 +26,7 @@ share of cpu and memory (a card 24 CPUs and 224 GiB, a slice of compute
 24/7 CPUs and 32 GiB).
 
 In front of each pool gpulease's own queue decides when a pod is made, the
-same for both: spawners/cluster_queue.py plan_cluster over the pool's
+same for both: gpulease/core/capacity/cluster_queue.py plan_cluster over the pool's
 inventory (bound pods' holds, admitted pods not yet bound given room first):
 oldest first per kind, a waiting request keeping every node that could ever
 run it from later requests of its kind (the head is not overtaken), other
@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.figures import figure, target  # noqa: E402
 from bench.placement_real_lane import SLICES, Api, Lane, Request, watch_lane  # noqa: E402
-from gpulease.spawners.cluster_inventory import ClusterNode, node_from_object  # noqa: E402
+from gpulease.core.capacity.cluster_inventory import ClusterNode, node_from_object  # noqa: E402
 from tests.cluster.conftest import POOL_LABEL, ControlPlane  # noqa: E402
 from tests.cluster.controlplane import attach, detach, missing_tools  # noqa: E402
 from tests.cluster.nodes import GpuNode, node_object  # noqa: E402

@@ -1,9 +1,9 @@
 """One pool of bench/placement_real.py: gpulease's queue in front of one kube-scheduler.
 
 A Lane holds the pool's requests as gpulease's cluster admission does: the
-queue (spawners/cluster_queue.py plan_cluster, the real function), the pods
+queue (gpulease/core/capacity/cluster_queue.py plan_cluster, the real function), the pods
 made and not yet bound (given room first), the bound pods' holds per node
-(spawners/cluster_inventory.py). Its pods are made and deleted through a pool
+(gpulease/core/capacity/cluster_inventory.py). Its pods are made and deleted through a pool
 of threads, each with its own kept-alive HTTPS connection to the API server;
 a watch of the lane's namespace reports bindings and deletions. All its state
 is changed by the bench's one loop (`step`), from an inbox the threads fill.
@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, Hold
+from gpulease.core.capacity.cluster_queue import plan_cluster
+from gpulease.core.capacity.queue import Waiting
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
-from gpulease.spawners.cluster_queue import plan_cluster
-from gpulease.spawners.queue import Waiting
 
 MODEL = "H200"
 SLICES = {"1g.18gb": 1, "2g.35gb": 2, "3g.71gb": 3}  # compute slices of 7 per GPU

@@ -18,8 +18,8 @@ scheduler_model.schedule; tests/test_scheduler_model.py checks the two agree
 decision by decision.
 
 gpulease's queue in front, the same for every policy, as
-spawners/cluster_queue.py plan_cluster decides (with
-spawners/cluster_inventory.py fit and nodes_for): oldest first per kind (a MIG
+gpulease/core/capacity/cluster_queue.py plan_cluster decides (with
+gpulease/core/capacity/cluster_inventory.py fit and nodes_for): oldest first per kind (a MIG
 profile; whole cards of the model); a waiting request keeps every node that
 could ever run it from later requests of its kind, and for whole cards every
 node can run each size, so that queue is strictly FIFO (an 8-GPU head is not

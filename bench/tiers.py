@@ -5,7 +5,8 @@
 A seeded simulation (bench/tiers_sim.py) of a lab's week on a 64-GPU cluster
 (4 nodes × 8 whole H200s, 4 × 8 H200s in MIG mode), run twice on the same
 on-demand trace: without spot demand, and with it. Every queue and preemption
-decision is gpulease's own code (spawners/queue.py plan, spawners/preemption.py
+decision is gpulease's own code (gpulease/core/capacity/queue.py plan,
+gpulease/core/capacity/preemption.py
 plan_preemptions). Printed, side by side: GPU utilisation, on-demand p95 wait
 (a start that gave up after queue_max_wait counts as that long), preempted
 GPU-hours and revenue in credits.
@@ -16,7 +17,7 @@ GPU-hours and revenue in credits.
   time its victims are given to save;
 - `preemption_p99_ms`: the preemption decision for one waiting on-demand request
   on 1,000 nodes × 8 H200s (half whole cards, half MIG) with every device held,
-  about two thirds by spot servers, on the pass's index (spawners/preemption.py
+  about two thirds by spot servers, on the pass's index (gpulease/core/capacity/preemption.py
   SpotIndex, built once a pass, as the queue builds it: its build is timed
   apart, and so is the whole pass for five waiting starts). Target < 1 ms.
 """
@@ -34,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.figures import figure, target  # noqa: E402
 from bench.tiers_sim import HOUR, KINDS, cluster, simulate, trace  # noqa: E402
+from gpulease.core.capacity.preemption import SpotHolding, SpotIndex, plan_preemptions  # noqa: E402
 from gpulease.core.model.inventory import Inventory  # noqa: E402
-from gpulease.spawners.preemption import SpotHolding, SpotIndex, plan_preemptions  # noqa: E402
 
 
 def _p95(values: list[float]) -> float:

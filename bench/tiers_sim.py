@@ -4,9 +4,9 @@ without spot demand beside the same on-demand trace.
 The cluster: 8 nodes of 8 H200s, the first four whole cards, the last four in
 MIG mode in the balanced layout (per GPU 2 × 1g.18gb, 1 × 2g.35gb,
 1 × 3g.71gb), as a declared inventory. Every decision is gpulease's own code:
-the queue's pass (spawners/queue.py `plan`: on-demand in arrival order, then
+the queue's pass (gpulease/core/capacity/queue.py `plan`: on-demand in arrival order, then
 spot; a waiting request keeps what it could use from later ones) and, with
-spot, the preemption pass after it (spawners/preemption.py `plan_preemptions`
+spot, the preemption pass after it (gpulease/core/capacity/preemption.py `plan_preemptions`
 over the running spot servers, as spawners/spot_preemption.py runs it). A pass
 runs at every arrival, end and give-up; a preempted server ends `grace_s` after
 it is chosen (billed to then) and what it would still have used is counted as
@@ -30,10 +30,10 @@ import heapq
 from dataclasses import dataclass, field
 from random import Random
 
+from gpulease.core.capacity.preemption import SpotHolding, plan_preemptions
+from gpulease.core.capacity.queue import Waiting, plan
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory, parse_declared_inventory
-from gpulease.spawners.preemption import SpotHolding, plan_preemptions
-from gpulease.spawners.queue import Waiting, plan
 
 HOUR = 3600.0
 DAY = 86400.0

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from gpulease.core.model.profiles import Profile, saved_profile, usable_by
-from gpulease.spawners.queue_store import QueuedSpawn, QueueStore
+from gpulease.store.queue_store import QueuedSpawn, QueueStore
 
 if TYPE_CHECKING:
     from jupyterhub.app import JupyterHub

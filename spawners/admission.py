@@ -24,9 +24,6 @@ from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import saved_profile
 from gpulease.core.policy.options import (
     CHOSEN_BY_REQUEST,
-    ON_DEMAND,
-    RESERVED,
-    SPOT,
     ServerChoice,
     options_summary,
     plain_options,
@@ -36,6 +33,7 @@ from gpulease.core.policy.options import (
 )
 from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
+from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
 from gpulease.core.units import format_credits, format_duration, rate_cost
 from gpulease.spawners.cpu_totals import (
     CpuOnlyServer,

@@ -11,13 +11,13 @@ from __future__ import annotations
 from traitlets import Float, Integer
 from traitlets.config import Configurable
 
+from gpulease.core.capacity.queue import QUEUE_PLACES_PER_USER
 from gpulease.spawners.cpu_totals import (
     CPU_ONLY_CPU_PER_USER,
     CPU_ONLY_MEMORY_PER_USER,
     CoresCap,
     MemoryCap,
 )
-from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S
 
 

@@ -24,15 +24,15 @@ from gpulease.core.model.catalog import Catalog, load_catalog
 from gpulease.core.model.inventory import Inventory
 from gpulease.host.gpus import discover_inventory
 from gpulease.images import CATALOG_PATH
-from gpulease.spawners.assignments import AssignmentStore
-from gpulease.spawners.queue_store import QueueStore
 from gpulease.store.accounts import LocalAccountStore
+from gpulease.store.assignments import AssignmentStore
 from gpulease.store.audit import AuditLog
 from gpulease.store.db import open_database
 from gpulease.store.ledger import Ledger
 from gpulease.store.limits import LimitStore
 from gpulease.store.notices import NoticeStore
 from gpulease.store.profiles import ProfileStore
+from gpulease.store.queue_store import QueueStore
 from gpulease.store.reservations import ReservationStore
 
 log = logging.getLogger("gpulease")

@@ -15,13 +15,14 @@ from decimal import ROUND_HALF_UP, Decimal
 from html import escape
 
 from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left
+from gpulease.core.capacity.cluster_availability import FREE, NEVER, UNKNOWN, Availability
 from gpulease.core.model.catalog import Image
 from gpulease.core.model.gpu_models import GPU_MEMORY, mig_memory_bytes
 from gpulease.core.model.profiles import Profile
-from gpulease.core.policy.options import ON_DEMAND, SPOT, price_text
+from gpulease.core.policy.options import price_text
 from gpulease.core.refusal import Refusal
+from gpulease.core.tiers import ON_DEMAND, SPOT
 from gpulease.core.units import format_credits, format_duration, rate_cost
-from gpulease.spawners.cluster_availability import FREE, NEVER, UNKNOWN, Availability
 from gpulease.spawners.http_error import http_error
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpulease.core.model.gpu_models import GFD_PRODUCTS
 from gpulease.core.model.profiles import GpuSpec, Profile
-from gpulease.core.policy.options import SPOT
+from gpulease.core.tiers import RESERVATION_LABEL, SPOT, TIER_LABEL
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_STRATEGIES = ("mixed", "single")
@@ -26,12 +26,6 @@ MIG_STRATEGIES = ("mixed", "single")
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 )
-# Every server's pod says its tier (on-demand | spot); believed in the servers'
-# namespace only, as the user label is (cluster_inventory.hold_from_pod).
-TIER_LABEL = "gpulease.io/tier"
-# A pod on a reservation's unit (tier reserved) says which (spawners/cluster_queue.py counts
-# the units in use by it); believed where the tier label is.
-RESERVATION_LABEL = "gpulease.io/reservation"
 # A spot pod's SIGTERM comes this long after its grace period, for the server to stop.
 SPOT_STOP_S = 10
 # jovyan in the Jupyter images; a user's pod never runs as root.
@@ -146,7 +140,7 @@ def avoiding(terms: list[dict[str, Any]], nodes: frozenset[str]) -> list[dict[st
 
 def only_on(terms: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
     """nodeSelectorTerms that also keep the pod to `node` (the one admitted, where that
-    matters to reserved units: spawners/reserved_pool.py)."""
+    matters to reserved units: gpulease/core/capacity/reserved_pool.py)."""
     on = {"key": "metadata.name", "operator": "In", "values": [node]}
     return [{**t, "matchFields": [*t.get("matchFields", []), on]} for t in terms] or [
         {"matchFields": [on]}]

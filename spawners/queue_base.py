@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from gpulease.core.capacity.queue import Waiting, served_order
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.refusal import Refusal
-from gpulease.spawners.queue import Waiting, served_order
 
 if TYPE_CHECKING:
     from gpulease.spawners.context import GPULeaseContext
@@ -78,7 +78,8 @@ class QueueBase:
         return None
 
     def entries(self) -> list[Waiting]:
-        """The waiting tickets as the queue's decision takes them (spawners/queue.py)."""
+        """The waiting tickets as the queue's decision takes them
+        (gpulease/core/capacity/queue.py)."""
         return [Waiting(t, t.request, t.spot, t.reservation) for t in self.waiting]
 
     def released(self) -> None:

@@ -18,15 +18,16 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpulease.core.capacity.displacement import on_the_box
 from gpulease.core.capacity.placement import NoFit, Placement, free_summary, place
+from gpulease.core.capacity.queue import Waiting, plan, queue_places_refusal, restricted
+from gpulease.core.capacity.reserved_pool import Withholding, withholding
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
 from gpulease.core.policy.limits import Holding, check_limits
+from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
 from gpulease.core.units import format_duration
-from gpulease.spawners.assignments import Holder, held_by
-from gpulease.spawners.displacement import on_the_box
-from gpulease.spawners.queue import Waiting, plan, queue_places_refusal, restricted
 from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progress: re-exported)
     QueueBase,
     Refused,
@@ -34,8 +35,8 @@ from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progr
     queue_progress,
     tell_started,
 )
-from gpulease.spawners.reserved_pool import ON_DEMAND, RESERVED, SPOT, Withholding, withholding
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S, displace_first, preempt_for
+from gpulease.store.assignments import Holder, held_by
 
 if TYPE_CHECKING:
     from gpulease.spawners.context import GPULeaseContext
@@ -189,7 +190,8 @@ class QueueRunner(QueueBase):
     async def _displace_for(self, waiting: Collection[Ticket], held: Mapping[str, Holder],
                             withheld: Withholding) -> None:
         """The first waiting holder's start that on-demand servers in reserved capacity
-        keep out displaces them (spawners/displacement.py), one displacement at a time."""
+        keep out displaces them (gpulease/core/capacity/displacement.py), one displacement at a
+        time."""
         meter = self.ctx.meter
         if meter is None or meter.preempting or meter.queue_resuming:
             return  # what is being preempted comes free first

@@ -29,8 +29,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from traitlets import Unicode, default
 
-from gpulease.core.policy.options import SPOT, ServerChoice, withdrawn_after_waiting
+from gpulease.core.policy.options import ServerChoice, withdrawn_after_waiting
 from gpulease.core.refusal import Refusal
+from gpulease.core.tiers import SPOT
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
 from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.context import GPULeaseContext, get_context

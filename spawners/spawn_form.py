@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from gpulease.core.capacity.cluster_availability import Availability, host_availability
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.profiles import option_value, spot_usable_by, usable_by
-from gpulease.spawners.cluster_availability import Availability, host_availability
 from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.options_form import FormData
 

@@ -6,7 +6,7 @@ shape kube-scheduler does, and gpulease tells them and ends their sessions
 
 At each pass over the queue (QueueRunner.serve), every waiting on-demand start
 that spot servers hold the room for gets it, in the queue's order: the servers
-the rule (spawners/preemption.py, plan_preemptions) chooses are told at once (a
+the rule (gpulease/core/capacity/preemption.py, plan_preemptions) chooses are told at once (a
 `preemption_warning` notice with its deadline: JupyterLab's banner and the hub's pages show it) and
 given `grace_s` seconds to save; the meter then stops each with reason
 `preempted`, billed up to the deadline (gpulease.hub.billing.metering.Meter.preempt).
@@ -16,7 +16,7 @@ waiting start. Devices of servers already being preempted count as coming free
 
 A holder's start that neither free devices nor spot servers make room for
 displaces on-demand servers standing in reserved capacity (displace, the rule in
-spawners/displacement.py), in both shapes, the same way: told, then stopped at
+gpulease/core/capacity/displacement.py), in both shapes, the same way: told, then stopped at
 the deadline with reason `preempted`; one displacement at a time (`displacing`).
 """
 
@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.core.billing.enforcement import PREEMPTED
+from gpulease.core.capacity.displacement import Displacement
+from gpulease.core.capacity.preemption import plan_preemptions, spot_holdings
+from gpulease.core.capacity.reserved_pool import NO_WITHHOLDING, Withholding
 from gpulease.core.clock import utcnow
 from gpulease.core.notices import subject_for
 from gpulease.core.policy.options import price_text
-from gpulease.spawners.assignments import HELD, Holder
-from gpulease.spawners.displacement import Displacement
-from gpulease.spawners.preemption import plan_preemptions, spot_holdings
-from gpulease.spawners.reserved_pool import NO_WITHHOLDING, Withholding
+from gpulease.store.assignments import HELD, Holder
 
 if TYPE_CHECKING:
     from gpulease.spawners.context import GPULeaseContext
@@ -182,7 +182,7 @@ def displacing(meter) -> bool:
 async def displace(ctx: GPULeaseContext, ticket: Ticket, chosen: Displacement,
                    grace_s: float) -> tuple[str, ...]:
     """Tell the on-demand servers `chosen` for a holder's waiting start that they are
-    stopped at the end of the grace period (spawners/displacement.py), as a preempted
+    stopped at the end of the grace period (gpulease/core/capacity/displacement.py), as a preempted
     spot server is; returns the "user/server" names told."""
     meter = ctx.meter
     deadline = utcnow() + dt.timedelta(seconds=grace_s)
@@ -209,8 +209,8 @@ async def displace(ctx: GPULeaseContext, ticket: Ticket, chosen: Displacement,
 async def displace_first(ctx: GPULeaseContext, waiting: Sequence[Ticket], grace_s: float,
                          choose: Callable[[Ticket, dict, set], Displacement | None]) -> None:
     """Displace for the first waiting holder's start that `choose(ticket, started, own)`
-    finds a displacement for (the shape's reading of spawners/displacement.py): `started`
-    the running on-demand servers' session ids, `own` those charged to the ticket's
+    finds a displacement for (the shape's reading of gpulease/core/capacity/displacement.py):
+    `started` the running on-demand servers' session ids, `own` those charged to the ticket's
     reservation's account."""
     meter = ctx.meter
     started = {key: live.session_id for key, live in meter.live.items()

@@ -20,9 +20,9 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.units import format_credits, parse_credits
 from gpulease.host.gpus import discover_inventory
 from gpulease.hub.service.pages import forms as af
-from gpulease.spawners.assignments import AssignmentStore
-from gpulease.spawners.queue_store import QueueStore
+from gpulease.store.assignments import AssignmentStore
 from gpulease.store.db import open_database, sqlite_url
+from gpulease.store.queue_store import QueueStore
 from tests.hubproc import HubProcess
 
 e2e = pytest.mark.e2e  # the tests that start a hub (the pure ones below do not)

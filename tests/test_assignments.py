@@ -21,8 +21,8 @@ from gpulease.core.model.inventory import (
     load_declared_inventory,
     parse_declared_inventory,
 )
-from gpulease.spawners import assignments as assignments_module
-from gpulease.spawners.assignments import AssignmentStore, Holder, ReconcileReport
+from gpulease.store import assignments as assignments_module
+from gpulease.store.assignments import AssignmentStore, Holder, ReconcileReport
 from gpulease.store.db import assignments, make_engine
 
 SLICE = DeviceRequest("H200", "1g.18gb")
@@ -197,7 +197,7 @@ def _check_race(results: list, store: AssignmentStore) -> None:
 
 
 def test_race_50_threads_for_7_slices(engine, demo, caplog):
-    caplog.set_level(logging.WARNING, logger="gpulease.spawners.assignments")
+    caplog.set_level(logging.WARNING, logger="gpulease.store.assignments")
     race = _race_engine(engine, 50)
     try:
         store = AssignmentStore(race)

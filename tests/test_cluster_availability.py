@@ -1,15 +1,11 @@
-"""What users are shown of a profile's GPUs (spawners/cluster_availability.py): pure, and the
+"""What users are shown of a profile's GPUs (gpulease/core/capacity/cluster_availability.py): pure, and the
 start form built from it whatever the shape (spawners/spawn_form.py, options_form)."""
 
 from __future__ import annotations
 
 import json
 
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.inventory import DEMO_INVENTORY, load_declared_inventory
-from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
-from gpulease.images import shipped_catalog
-from gpulease.spawners.cluster_availability import (
+from gpulease.core.capacity.cluster_availability import (
     FREE,
     NEVER,
     QUEUE,
@@ -18,7 +14,11 @@ from gpulease.spawners.cluster_availability import (
     host_availability,
     unknown,
 )
-from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, Hold
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import DEMO_INVENTORY, load_declared_inventory
+from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
+from gpulease.images import shipped_catalog
 from gpulease.spawners.options_form import FormData, render_options_form
 
 SLICE = DeviceRequest("H200", "1g.18gb")

@@ -1,12 +1,10 @@
-"""The cluster shape's inventory and capacity decision (spawners/cluster_inventory.py): pure."""
+"""The cluster shape's inventory and capacity decision (gpulease/core/capacity/cluster_inventory.py): pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpulease.core.capacity.placement import NoFit
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.spawners.cluster_inventory import (
+from gpulease.core.capacity.cluster_inventory import (
     ClusterInventory,
     ClusterNode,
     Hold,
@@ -14,6 +12,8 @@ from gpulease.spawners.cluster_inventory import (
     hold_from_pod,
     node_from_object,
 )
+from gpulease.core.capacity.placement import NoFit
+from gpulease.core.model.device_request import DeviceRequest
 from tests.cluster.nodes import GpuNode, node_object
 
 SLICE = DeviceRequest("H200", "1g.18gb")
@@ -129,7 +129,7 @@ def test_cordoned_nodes_and_the_single_strategy():
 def _reference_fit(request: DeviceRequest, inventory: ClusterInventory,
                    pending: tuple[DeviceRequest, ...]) -> str | None:
     """The decision by brute force: every node, the fewest left over, then by name."""
-    from gpulease.spawners.cluster_inventory import kinds_offered
+    from gpulease.core.capacity.cluster_inventory import kinds_offered
     free = {n.name: dict(r) for n, r in ((n, inventory.free()[n.name]) for n in inventory.nodes)}
 
     def pick(wanted: DeviceRequest):
@@ -177,7 +177,7 @@ def test_the_indexed_decision_is_the_brute_force_one():
 
 
 def test_a_taint_is_tolerated_by_kubernetes_rule():
-    from gpulease.spawners.cluster_inventory import tolerated
+    from gpulease.core.capacity.cluster_inventory import tolerated
 
     taint = ("nvidia.com/gpu", "present", "NoSchedule")
     assert tolerated(taint, [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])

@@ -1,11 +1,11 @@
-"""The cluster shape's fair queue (spawners/cluster_queue.py): pure, no cluster."""
+"""The cluster shape's fair queue (gpulease/core/capacity/cluster_queue.py): pure, no cluster."""
 
 from __future__ import annotations
 
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, Hold
+from gpulease.core.capacity.cluster_queue import plan_cluster
+from gpulease.core.capacity.queue import Waiting
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
-from gpulease.spawners.cluster_queue import plan_cluster
-from gpulease.spawners.queue import Waiting
 
 EIGHT = DeviceRequest("H200", None, 8)
 ONE = DeviceRequest("H200", None, 1)

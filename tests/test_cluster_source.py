@@ -199,9 +199,9 @@ async def test_the_cluster_form_and_its_page_tables(stand_in: StandIn):
 def test_both_forms_are_what_docs_rest_api_yml_says():
     import jsonschema
 
+    from gpulease.core.capacity.cluster_inventory import ClusterInventory, Hold, node_from_object
     from gpulease.core.model.inventory import parse_declared_inventory
     from gpulease.hub.service.views import inventory_view
-    from gpulease.spawners.cluster_inventory import ClusterInventory, Hold, node_from_object
 
     doc = yaml.safe_load((Path(__file__).parent.parent / "docs" / "rest-api.yml").read_text())
     validator = jsonschema.Draft202012Validator(
@@ -223,8 +223,8 @@ def test_both_forms_are_what_docs_rest_api_yml_says():
 def test_the_cli_prints_the_cluster_form(capsys):
     from types import SimpleNamespace
 
+    from gpulease.core.capacity.cluster_inventory import ClusterInventory, Hold, node_from_object
     from gpulease.hub.cli.commands import cmd_inventory
-    from gpulease.spawners.cluster_inventory import ClusterInventory, Hold, node_from_object
 
     cordoned = {**NODE, "spec": {"unschedulable": True}}
     view = cluster_inventory_view(ClusterInventory((node_from_object(cordoned),), (

@@ -1,21 +1,21 @@
-"""Which on-demand servers a holder's start displaces (spawners/displacement.py): the
+"""Which on-demand servers a holder's start displaces (gpulease/core/capacity/displacement.py): the
 rule over counts, then its readings of the embedded box and of the cluster."""
 
 import datetime as dt
 
-from gpulease.core.capacity.reservation_rules import Reservation
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
-from gpulease.spawners.cluster_queue import cluster_withholding
-from gpulease.spawners.displacement import (
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, Hold
+from gpulease.core.capacity.cluster_queue import cluster_withholding
+from gpulease.core.capacity.displacement import (
     Displacement,
     OnDemandServer,
     in_the_cluster,
     on_the_box,
     to_displace,
 )
-from gpulease.spawners.reserved_pool import HeldBy, withholding
+from gpulease.core.capacity.reservation_rules import Reservation
+from gpulease.core.capacity.reserved_pool import HeldBy, withholding
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import parse_declared_inventory
 
 T0 = dt.datetime(2026, 12, 7, 9)
 H = dt.timedelta(hours=1)

@@ -44,7 +44,7 @@ def test_readme_opens_with_the_two_commands():
 
 def test_the_architecture_page_is_linked_and_names_modules_that_exist():
     """docs/architecture.md is the project's own design page: the README links it, and
-    every module it names by its path (`spawners/queue.py`) exists."""
+    every module it names by its path (`gpulease/core/capacity/queue.py`) exists."""
     import re
     from pathlib import Path
 
@@ -59,7 +59,7 @@ def test_the_architecture_page_is_linked_and_names_modules_that_exist():
 
 
 # A repository path as the docs write it: in backticks or as a link's target, under one of
-# the project's folders ("`spawners/queue.py`", "[testing](docs/testing.md)").
+# the project's folders ("`gpulease/core/capacity/queue.py`", "[testing](docs/testing.md)").
 REPO_PATH = re.compile(
     r"(?:`|\]\()((?:\.ci|hub|spawners|idle-culler|singleuser|gpulease|images|helm|tests|bench"
     r"|docs|scripts)/[\w./-]*[\w/])(?=[`)#]|\s)")

@@ -11,13 +11,7 @@ import logging
 
 import pytest
 
-from gpulease.core.capacity.placement import NoFit, place
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.drivers import driver_from_labels, driver_version, new_enough, newest
-from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.core.model.profiles import GpuSpec
-from gpulease.images import shipped_catalog
-from gpulease.spawners.cluster_inventory import (
+from gpulease.core.capacity.cluster_inventory import (
     ClusterInventory,
     ClusterNode,
     fit,
@@ -25,7 +19,13 @@ from gpulease.spawners.cluster_inventory import (
     nodes_for,
     too_old_nodes,
 )
-from gpulease.spawners.cluster_queue import Waiting, plan_cluster
+from gpulease.core.capacity.cluster_queue import Waiting, plan_cluster
+from gpulease.core.capacity.placement import NoFit, place
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.drivers import driver_from_labels, driver_version, new_enough, newest
+from gpulease.core.model.inventory import parse_declared_inventory
+from gpulease.core.model.profiles import GpuSpec
+from gpulease.images import shipped_catalog
 from gpulease.spawners.pod_spec import avoiding
 from tests.cluster.nodes import GpuNode, node_object
 

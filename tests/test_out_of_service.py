@@ -16,10 +16,10 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.hub.service.pages.forms import inventory_counts, inventory_rows
 from gpulease.hub.service.views import inventory_view
-from gpulease.spawners.assignments import OUT_OF_SERVICE, AssignmentStore
 from gpulease.spawners.local import isolation, quarantine
 from gpulease.spawners.local.cgroup_kill import empty_cgroup
 from gpulease.spawners.queue_runner import holdings_from
+from gpulease.store.assignments import OUT_OF_SERVICE, AssignmentStore
 
 NO_SUCH_PID = 4_194_305
 CARD = DeviceRequest("H200")

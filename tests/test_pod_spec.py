@@ -87,7 +87,8 @@ def test_unknown_models_and_strategies_are_refused_by_name():
 
 
 def test_a_spot_pod_is_lower_priority_and_keeps_running_through_its_grace_period():
-    from gpulease.spawners.pod_spec import SPOT_STOP_S, TIER_LABEL, tier_pod
+    from gpulease.core.tiers import TIER_LABEL
+    from gpulease.spawners.pod_spec import SPOT_STOP_S, tier_pod
 
     on_demand = tier_pod("on-demand", "lab-on-demand", "lab-spot", 120)
     assert on_demand.priority_class == "lab-on-demand" and on_demand.pre_stop_sleep_s == 0

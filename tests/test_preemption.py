@@ -1,12 +1,17 @@
 """The preemption rule is pure: the request, the inventory, what is held and the spot
-servers in; the spot servers to preempt (or None) out (spawners/preemption.py)."""
+servers in; the spot servers to preempt (or None) out (gpulease/core/capacity/preemption.py)."""
 
 import random
 
 from gpulease.core.capacity.placement import NoFit, place
+from gpulease.core.capacity.preemption import (
+    Preemption,
+    SpotHolding,
+    choose_victims,
+    plan_preemptions,
+)
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.spawners.preemption import Preemption, SpotHolding, choose_victims, plan_preemptions
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 
@@ -133,7 +138,7 @@ def test_a_thousand_full_nodes_give_one_victim_the_latest():
 
 
 def test_one_index_for_a_pass_answers_each_request_as_a_fresh_choice():
-    from gpulease.spawners.preemption import SpotIndex
+    from gpulease.core.capacity.preemption import SpotIndex
 
     rng = random.Random(11)
     inventory = _inv({f"n{i}": [{"model": "H200"}] * 8 for i in range(6)})
@@ -233,7 +238,7 @@ def test_the_fewest_then_the_latest_as_a_search_of_every_set_finds_them():
 def test_no_preemption_for_a_start_the_queue_would_hold_back_for_an_earlier_one():
     """Attack: a one-card start behind a blocked two-card one preempted a spot server whose
     card the queue then kept for the two-card start, idle, while both waited."""
-    from gpulease.spawners.queue import Waiting, plan
+    from gpulease.core.capacity.queue import Waiting, plan
 
     inventory = _inv({"a": [{"model": "H200"}] * 2})
     held = {_card("a", 0), _card("a", 1)}

@@ -1,4 +1,4 @@
-"""plan_preemptions against the queue's own pass (spawners/queue.py plan), at random.
+"""plan_preemptions against the queue's own pass (gpulease/core/capacity/queue.py plan), at random.
 
 Once every chosen victim and every server still being preempted (not `unneeded`)
 has gone, the queue's own pass gives the devices of every victim to a waiting
@@ -12,10 +12,10 @@ import random
 
 import pytest
 
+from gpulease.core.capacity.preemption import SpotHolding, plan_preemptions
+from gpulease.core.capacity.queue import Waiting, plan
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.spawners.preemption import SpotHolding, plan_preemptions
-from gpulease.spawners.queue import Waiting, plan
 
 
 def _case(rng: random.Random):

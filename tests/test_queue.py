@@ -1,9 +1,9 @@
 """The queue's decision is pure: who may start now, never delaying an earlier request."""
 
 from gpulease.core.capacity.placement import place
+from gpulease.core.capacity.queue import Waiting, plan, position, restricted, usable_devices
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.spawners.queue import Waiting, plan, position, restricted, usable_devices
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 CARD = DeviceRequest("H200")

@@ -14,7 +14,7 @@ from decimal import Decimal
 
 from gpulease.core.model.profiles import GpuSpec, Profile
 from gpulease.hub.queue_resume import Resume, ServerNow, Skip, plan_resume, resume_in_order
-from gpulease.spawners.queue_store import QueuedSpawn, QueueStore
+from gpulease.store.queue_store import QueuedSpawn, QueueStore
 
 T0 = dt.datetime(2025, 1, 1)
 SLICE = Profile(slug="slice", display_name="Slice", description="",

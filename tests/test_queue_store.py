@@ -1,6 +1,6 @@
 """The queue's rows (SQLite and PostgreSQL): positions, counts per profile, cleanup."""
 
-from gpulease.spawners.queue_store import QueueStore
+from gpulease.store.queue_store import QueueStore
 
 
 def test_rows_positions_and_counts(engine):

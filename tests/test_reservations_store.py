@@ -15,7 +15,7 @@ from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.core.model.profiles import parse_profile
 from gpulease.core.refusal import Refusal
 from gpulease.images import shipped_catalog
-from gpulease.spawners.assignments import AssignmentStore
+from gpulease.store.assignments import AssignmentStore
 from gpulease.store.ledger import Ledger
 from gpulease.store.reservations import ReservationStore
 

@@ -1,20 +1,17 @@
-"""What reservations withhold (spawners/reserved_pool.py), and how the queue and the
+"""What reservations withhold (gpulease/core/capacity/reserved_pool.py), and how the queue and the
 preemption plan honour it: pure, over a declared inventory."""
 
 import datetime as dt
 
 import pytest
 
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, Hold
+from gpulease.core.capacity.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.core.capacity.placement import place
+from gpulease.core.capacity.preemption import SpotHolding, plan_preemptions
+from gpulease.core.capacity.queue import Waiting, plan
 from gpulease.core.capacity.reservation_rules import Reservation
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.spawners.cluster_inventory import ClusterInventory, ClusterNode, Hold
-from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
-from gpulease.spawners.pod_spec import only_on
-from gpulease.spawners.preemption import SpotHolding, plan_preemptions
-from gpulease.spawners.queue import Waiting, plan
-from gpulease.spawners.reserved_pool import (
+from gpulease.core.capacity.reserved_pool import (
     NO_WITHHOLDING,
     HeldBy,
     SplitsUnits,
@@ -23,6 +20,9 @@ from gpulease.spawners.reserved_pool import (
     units_free_now,
     withholding,
 )
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import parse_declared_inventory
+from gpulease.spawners.pod_spec import only_on
 
 T0 = dt.datetime(2026, 12, 7, 9)
 H = dt.timedelta(hours=1)

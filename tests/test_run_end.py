@@ -23,11 +23,11 @@ import pytest
 from gpulease.core.billing.rules import to_ms
 from gpulease.core.clock import utcnow
 from gpulease.hub.billing.metering import Meter
-from gpulease.spawners.assignments import AssignmentStore
 from gpulease.spawners.local.cgroup_kill import cgroup_pids, remove_dirs
 from gpulease.spawners.local.cgroups import parse_mounts
 from gpulease.spawners.local.run_end import RunEnd
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
+from gpulease.store.assignments import AssignmentStore
 
 RATE = 3_600_000_000  # 1 credit a second
 

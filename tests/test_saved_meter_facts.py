@@ -9,7 +9,7 @@ from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.profiles import parse_profile
 from gpulease.hub.billing.server_control import saved_meter_facts
 from gpulease.images import shipped_catalog
-from gpulease.spawners.assignments import Holder
+from gpulease.store.assignments import Holder
 
 T0 = dt.datetime(2026, 12, 7, 9)
 PROFILE = parse_profile({"slug": "slice", "display_name": "Slice",

@@ -122,7 +122,8 @@ async def test_a_spot_start_that_waited_is_refused_if_spot_was_withdrawn_meanwhi
     admin removed the spot price) started on spot after its wait."""
     from dataclasses import replace
 
-    from gpulease.core.policy.options import SPOT, ServerChoice
+    from gpulease.core.policy.options import ServerChoice
+    from gpulease.core.tiers import SPOT
     from tests.test_queue_resume import SLICE as PROFILE
 
     profile = replace(PROFILE, spot_price_per_hour_ucr=100_000, spot_groups=("lab",))

@@ -14,6 +14,7 @@ import pytest
 from tornado.httputil import HTTPHeaders, HTTPServerRequest
 from traitlets import TraitError
 
+from gpulease.core.capacity.queue import queue_places_refusal
 from gpulease.host.state import StateDir
 from gpulease.hub.config.app_options import GPULeaseOptions
 from gpulease.hub.config.hub_config import HubSettings, hub_config
@@ -27,7 +28,6 @@ from gpulease.spawners.cpu_totals import (
     parse_cores_cap,
     parse_memory_cap,
 )
-from gpulease.spawners.queue import queue_places_refusal
 
 GI = 2**30
 

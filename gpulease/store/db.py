@@ -87,7 +87,8 @@ assignments = Table(
     Column("released_at", DateTime, nullable=True),
     Column("release_reason", String(64), nullable=True),
     # on-demand | spot | reserved: what the claim was for (reservations withhold capacity
-    # from on-demand starts: spawners/reserved_pool.py); reserved: on which reservation.
+    # from on-demand starts: gpulease/core/capacity/reserved_pool.py); reserved: on which
+    # reservation.
     Column("tier", String(16), nullable=False, server_default="on-demand"),
     Column("reservation_id", Integer, nullable=True),
 )

@@ -27,8 +27,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
 
 from gpulease.core.billing.rules import BillingError, billed_ms, parse_account, to_ms
-from gpulease.core.billing.sessions import TIERS, MeterConflict, Session, check_end_reason
+from gpulease.core.billing.sessions import MeterConflict, Session, check_end_reason
 from gpulease.core.clock import utcnow
+from gpulease.core.tiers import ALL_TIERS
 from gpulease.core.units import MAX_UCR, seconds_text
 from gpulease.store.db import ledger_entries, meter_lease, reading, sessions
 from gpulease.store.ledger import advisory_lock
@@ -92,8 +93,8 @@ class SessionLedger:
              rate_per_hour_ucr: int, started: dt.datetime, tier: str = "on-demand",
              reservation_id: int | None = None) -> Session:
         """Open a session; a session of the same server left open (a crash) closes first."""
-        if tier not in TIERS:
-            raise BillingError(400, f"tier: {tier!r} is not one of {', '.join(TIERS)}", "tier")
+        if tier not in ALL_TIERS:
+            raise BillingError(400, f"tier: {tier!r} is not one of {', '.join(ALL_TIERS)}", "tier")
         if (isinstance(rate_per_hour_ucr, bool) or not isinstance(rate_per_hour_ucr, int)
                 or not 0 <= rate_per_hour_ucr <= MAX_UCR):
             raise BillingError(400, f"rate: {rate_per_hour_ucr!r} is not a non-negative "

@@ -324,7 +324,7 @@ class Meter:
 
     def preempt(self, key: Key, deadline: datetime, why: str, on_demand: bool = False) -> bool:
         """Stop `key`, a running spot server (or, `on_demand`, an on-demand one displaced
-        from reserved capacity: spawners/displacement.py), from `deadline` with reason
+        from reserved capacity: gpulease/core/capacity/displacement.py), from `deadline` with reason
         preempted. False when it is no running session of that tier or is being
         preempted already. A server on a reservation is never preempted."""
         live = self.live.get(key)

@@ -17,7 +17,8 @@ from jupyterhub import orm
 
 from gpulease.core.billing.enforcement import RunningServer
 from gpulease.core.model.profiles import option_value
-from gpulease.core.policy.options import ON_DEMAND, RESERVED, SPOT, rate_for
+from gpulease.core.policy.options import rate_for
+from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
 
 log = logging.getLogger("gpulease.metering")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
+from gpulease.core.capacity.queue import QUEUE_PLACES_PER_USER
 from gpulease.core.units import parse_duration
 from gpulease.hub.notifier import WebhookURL
 from gpulease.spawners.cpu_totals import (
@@ -18,7 +19,6 @@ from gpulease.spawners.cpu_totals import (
     CoresCap,
     MemoryCap,
 )
-from gpulease.spawners.queue import QUEUE_PLACES_PER_USER
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S
 from gpulease.store.failed_starts import DEFAULT_LIMIT as DEFAULT_FAILED_START_LIMIT
 

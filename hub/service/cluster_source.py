@@ -4,7 +4,7 @@ The gpulease service runs in the cluster shape when `GPULEASE_CLUSTER_NAMESPACE`
 is set (`gpulease up` sets it, and passes `KUBECONFIG` through). This thin
 adapter is its only Kubernetes I/O: it lists the Nodes and the live Pods of
 every namespace (in pages, so 1,000 nodes are a few requests) and makes them
-the pure ClusterInventory (spawners/cluster_inventory.py) with the same
+the pure ClusterInventory (gpulease/core/capacity/cluster_inventory.py) with the same
 functions the spawner's ClusterWatch uses. A listing is kept for
 `cache_s` seconds, and concurrent requests share one listing, so that page
 reloads do not list the whole cluster each time. It needs only `list` on
@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gpulease.core.refusal import Refusal
-from gpulease.spawners.cluster_inventory import (
+from gpulease.core.capacity.cluster_inventory import (
     ClusterInventory,
     hold_from_pod,
     node_from_object,
     select_nodes,
 )
+from gpulease.core.refusal import Refusal
 
 CACHE_S = 3.0  # how long one listing answers api/inventory and the page
 PAGE_SIZE = 500  # objects per list request (the API server's `limit`)

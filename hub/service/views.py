@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from gpulease.core.capacity.cluster_availability import FREE, Availability
+from gpulease.core.capacity.cluster_inventory import ClusterInventory
 from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.model.inventory import Inventory
 from gpulease.core.model.profiles import Profile
-from gpulease.spawners.assignments import Holder
-from gpulease.spawners.cluster_availability import FREE, Availability
-from gpulease.spawners.cluster_inventory import ClusterInventory
-from gpulease.spawners.queue_store import QueuedSpawn
+from gpulease.store.assignments import Holder
+from gpulease.store.queue_store import QueuedSpawn
 from gpulease.store.reservations import kind_words
 
 
@@ -142,8 +142,8 @@ def profile_view(
 ) -> dict[str, Any]:
     """A profile as in the file, plus `availability` {free, total, queued, state}.
 
-    `shown`: its GPUs as spawners/cluster_availability.py counts them (this host's, or the
-    cluster's); None for a profile without a GPU. `queued`: spawns of this profile waiting
+    `shown`: its GPUs as gpulease/core/capacity/cluster_availability.py counts them (this host's,
+    or the cluster's); None for a profile without a GPU. `queued`: spawns of this profile waiting
     in the queue (QueueStore.waiting_by_profile).
     """
     spec = {"slug": profile.slug, **profile.to_spec()}

@@ -4,7 +4,7 @@ In the cluster shape gpulease does not choose the victims: an on-demand pod at
 the higher PriorityClass that does not fit makes kube-scheduler's
 DefaultPreemption pick lower-priority pods on one node (the fewest, the lowest
 priority, the most recently started among equals — the rule of
-spawners/preemption.py, which gpulease's admission mirrors by counting what spot
+gpulease/core/capacity/preemption.py, which gpulease's admission mirrors by counting what spot
 pods hold as free for an on-demand start). Before it deletes a victim the
 scheduler adds the pod condition `DisruptionTarget` (reason
 `PreemptionByScheduler`); the delete uses the pod's own grace period, and a spot
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from gpulease.spawners.cluster_inventory import hold_from_pod
+from gpulease.core.capacity.cluster_inventory import hold_from_pod
 
 DISRUPTION = "DisruptionTarget"
 BY_SCHEDULER = "PreemptionByScheduler"

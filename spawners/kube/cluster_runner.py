@@ -3,9 +3,9 @@
 gpulease decides whether and when a GPU pod may be made; kube-scheduler then
 decides where. A start is admitted when some schedulable node of its model
 (and of the spawner's node selector) has that many free of its resource, as
-the cluster inventory counts them (spawners/cluster_inventory.py `fit`, over
+the cluster inventory counts them (gpulease/core/capacity/cluster_inventory.py `fit`, over
 the ClusterWatch's picture); only then does GPUKubeSpawner make the pod. A
-start that does not fit waits in the fair queue (spawners/cluster_queue.py
+start that does not fit waits in the fair queue (gpulease/core/capacity/cluster_queue.py
 decides who goes first); the watch wakes a pass whenever a pod or node
 changes, so capacity a stop frees goes to the head of the queue within
 seconds.
@@ -28,25 +28,25 @@ from typing import TYPE_CHECKING
 
 from kubernetes_asyncio import client
 
-from gpulease.core.capacity.placement import NoFit
-from gpulease.core.clock import utcnow
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.policy.limits import Holding, check_limits
-from gpulease.core.units import format_duration
-from gpulease.spawners.cluster_inventory import (
+from gpulease.core.capacity.cluster_inventory import (
     ClusterInventory,
     fit,
     select_nodes,
     too_old_nodes,
 )
-from gpulease.spawners.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
-from gpulease.spawners.displacement import in_the_cluster
+from gpulease.core.capacity.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
+from gpulease.core.capacity.displacement import in_the_cluster
+from gpulease.core.capacity.placement import NoFit
+from gpulease.core.capacity.queue import Waiting, queue_places_refusal
+from gpulease.core.capacity.reserved_pool import Withholding
+from gpulease.core.clock import utcnow
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.policy.limits import Holding, check_limits
+from gpulease.core.units import format_duration
 from gpulease.spawners.kube.cluster_preemption import preempted_pod
 from gpulease.spawners.kube.cluster_watch import ClusterWatch
-from gpulease.spawners.queue import Waiting, queue_places_refusal
 from gpulease.spawners.queue_base import QueueBase, Refused, Ticket, log
 from gpulease.spawners.queue_runner import asks
-from gpulease.spawners.reserved_pool import Withholding
 from gpulease.spawners.spot_preemption import (
     SPOT_GRACE_S,
     displace_first,
@@ -291,8 +291,8 @@ class ClusterQueueRunner(QueueBase):
     async def _displace_for(self, waiting: Sequence[Ticket], inventory: ClusterInventory,
                             withheld: Withholding) -> None:
         """The first waiting holder's start that on-demand pods in reserved capacity keep
-        out displaces them (spawners/displacement.py), one displacement at a time: their
-        servers are stopped at the deadline through the hub, and the pods go."""
+        out displaces them (gpulease/core/capacity/displacement.py), one displacement at a time:
+        their servers are stopped at the deadline through the hub, and the pods go."""
         meter = self.ctx.meter
         if meter is None or displacing(meter) or meter.queue_resuming:
             return

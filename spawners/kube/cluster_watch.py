@@ -3,7 +3,7 @@
 Two watches (list, then watch from that list's resourceVersion) hold the
 cluster's Nodes and its Pods in every namespace: pods outside gpulease take
 GPUs too, and the inventory must count them. `inventory()` turns what they
-hold into the pure ClusterInventory (spawners/cluster_inventory.py) that
+hold into the pure ClusterInventory (gpulease/core/capacity/cluster_inventory.py) that
 admission decides on; it is rebuilt only after a change.
 
 A watch here never gives up: a failed list or watch is tried again after a
@@ -28,7 +28,11 @@ from typing import Any
 
 from kubernetes_asyncio import client, watch
 
-from gpulease.spawners.cluster_inventory import ClusterInventory, hold_from_pod, node_from_object
+from gpulease.core.capacity.cluster_inventory import (
+    ClusterInventory,
+    hold_from_pod,
+    node_from_object,
+)
 
 log = logging.getLogger("gpulease.cluster")
 # What the watches need, cluster-wide (a ClusterRole; docs/cluster.md).

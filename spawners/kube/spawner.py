@@ -43,12 +43,13 @@ from kubernetes_asyncio.client import (
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 
+from gpulease.core.capacity.cluster_availability import Availability, cluster_availability, unknown
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.policy.options import ON_DEMAND, ServerChoice
+from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
+from gpulease.core.tiers import ON_DEMAND
 from gpulease.singleuser import SERVER_SCRIPT
-from gpulease.spawners.cluster_availability import Availability, cluster_availability, unknown
 from gpulease.spawners.kube import pod_start
 from gpulease.spawners.kube.cluster_runner import ClusterQueueRunner, cluster_runner_for
 from gpulease.spawners.kube.pod_kill import (  # noqa: F401 - the tests read these here

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gpulease.spawners.assignments import AssignmentStore, OutOfService
 from gpulease.spawners.local.cgroup_kill import Emptied, cgroup_pids
+from gpulease.store.assignments import AssignmentStore, OutOfService
 
 log = logging.getLogger(__name__)
 

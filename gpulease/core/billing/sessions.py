@@ -16,7 +16,6 @@ from gpulease.core.units import ms_cost
 END_REASONS = ("user", "idle", "out_of_credit", "account_cap", "max_runtime", "admin",
                "server_died", "hub_shutdown", "hub_lost", "preempted", "reservation_ended",
                "start_failed")
-TIERS = ("on-demand", "spot", "reserved")  # gpulease.core.policy.options names them for a start
 
 
 @dataclass(frozen=True)

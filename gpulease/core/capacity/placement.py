@@ -131,7 +131,7 @@ def place(request: DeviceRequest, inventory: Inventory, held: Collection[str],
           avoid_nodes: Collection[str] = ()) -> Placement:
     """Devices for `request` that nobody holds; NoFit (422 or 503) otherwise.
 
-    `avoid_nodes`: full cards are not placed there (spawners/reserved_pool.py keeps
+    `avoid_nodes`: full cards are not placed there (gpulease/core/capacity/reserved_pool.py keeps
     reserved units of several cards together); a MIG slice is one device, never avoided."""
     held = set(held)
     devices = _devices(inventory)

@@ -3,8 +3,9 @@
 A notebook image's catalog entry names `min_driver`, the oldest driver its CUDA
 version runs on. A GPU whose driver is older (NVML's version on the embedded
 box; GPU feature discovery's labels in the cluster) is never given to a server
-of that image: the placement functions (gpulease/core/capacity/placement.py, spawners/queue.py,
-spawners/cluster_inventory.py) pass over it, and when no GPU of the request's
+of that image: the placement functions (gpulease/core/capacity/placement.py,
+gpulease/core/capacity/queue.py,
+gpulease/core/capacity/cluster_inventory.py) pass over it, and when no GPU of the request's
 kind has a new enough driver the start is refused 422 naming the image, the
 driver it needs and the newest driver there is. A GPU that declares no driver
 (an inventory file without `driver`, a node without the labels) is not checked.

@@ -15,13 +15,11 @@ from gpulease.core.model.catalog import Catalog, Image
 from gpulease.core.model.profiles import FieldError, Profile, spot_usable_by, usable_by
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import kind_of, shown
+from gpulease.core.tiers import ON_DEMAND, REQUESTABLE, RESERVED, SPOT
 from gpulease.core.units import format_credits
 
 ALLOWED_KEYS = ("profile", "image", "account", "tier")
-ON_DEMAND = "on-demand"
-SPOT = "spot"
-RESERVED = "reserved"  # chosen by the hub for a holder's start, never in user_options
-TIERS = (ON_DEMAND, SPOT)
+TIERS = REQUESTABLE  # reserved is chosen by the hub for a holder's start
 
 CHOSEN_BY_REQUEST = "request"
 CHOSEN_BY_DEFAULT = "default profile"

@@ -6,6 +6,12 @@ import asyncio
 from collections.abc import Callable
 from functools import partial
 
+from gpulease.core.capacity.cluster_availability import (
+    Availability,
+    cluster_availability,
+    host_availability,
+    unknown,
+)
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.profiles import (
     ProfileError,
@@ -19,12 +25,6 @@ from gpulease.core.shown import shown
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import profile_view
-from gpulease.spawners.cluster_availability import (
-    Availability,
-    cluster_availability,
-    host_availability,
-    unknown,
-)
 
 
 class ProfilesHandler(BaseAPIHandler):

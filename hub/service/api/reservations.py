@@ -31,22 +31,22 @@ from typing import Any
 from tornado import web
 
 from gpulease.core.billing.rules import parse_account
+from gpulease.core.capacity.cluster_inventory import kinds_offered
+from gpulease.core.capacity.cluster_queue import cluster_usage
 from gpulease.core.capacity.reservation_rules import (
     DeviceKind,
     devices_for_units,
     hour_up,
     whole_hours,
 )
+from gpulease.core.capacity.reserved_pool import HeldBy, units_free_now
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import Profile, usable_by
 from gpulease.core.refusal import Refusal
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
-from gpulease.spawners.assignments import held_by
-from gpulease.spawners.cluster_inventory import kinds_offered
-from gpulease.spawners.cluster_queue import cluster_usage
-from gpulease.spawners.reserved_pool import HeldBy, units_free_now
+from gpulease.store.assignments import held_by
 from gpulease.store.reservations import ON_END, Booked, kind_words
 
 FIELDS = ("account", "profile", "units", "start", "end", "on_end", "note")

@@ -1,9 +1,9 @@
 """The cluster shape's queue decision: which waiting spawns may start now. Pure.
 
-The same fairness rule as the embedded queue (spawners/queue.py): the queue
+The same fairness rule as the embedded queue (gpulease/core/capacity/queue.py): the queue
 is served in order, and a request may start ahead of an earlier waiting one
 only if it cannot delay it. In the cluster gpulease never picks devices, only
-counts per node and resource (spawners/cluster_inventory.py), so an earlier
+counts per node and resource (gpulease/core/capacity/cluster_inventory.py), so an earlier
 request that does not fit now keeps every node that could ever run it: later
 requests of its kind do not start there, and an 8-GPU request at the head is
 not overtaken forever by 1-GPU requests taking each GPU as it frees. Requests
@@ -25,18 +25,18 @@ from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpulease.core.capacity.placement import NoFit
-from gpulease.core.capacity.reservation_rules import Reservation
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.spawners.cluster_inventory import (
+from gpulease.core.capacity.cluster_inventory import (
     ClusterInventory,
     Kind,
     fit,
     kinds_offered,
     nodes_for,
 )
-from gpulease.spawners.queue import Waiting, served_order
-from gpulease.spawners.reserved_pool import NO_WITHHOLDING, HeldBy, Withholding, rooms
+from gpulease.core.capacity.placement import NoFit
+from gpulease.core.capacity.queue import Waiting, served_order
+from gpulease.core.capacity.reservation_rules import Reservation
+from gpulease.core.capacity.reserved_pool import NO_WITHHOLDING, HeldBy, Withholding, rooms
+from gpulease.core.model.device_request import DeviceRequest
 
 
 @dataclass
@@ -112,8 +112,8 @@ class AdmittedStart:
 def cluster_withholding(inventory: ClusterInventory,
                         admitted: Mapping[tuple[str, str], AdmittedStart],
                         active: Sequence[Reservation]) -> Withholding:
-    """What reservations withhold in the cluster (spawners/reserved_pool.py's rule): the
-    devices of each kind are the spawner's nodes' allocatable; they are held by the bound
+    """What reservations withhold in the cluster (gpulease/core/capacity/reserved_pool.py's rule):
+    the devices of each kind are the spawner's nodes' allocatable; they are held by the bound
     pods (gpulease's by their tier label, anyone else's as on demand) and by the admitted
     starts whose pods are not bound yet."""
     if not active:

@@ -35,8 +35,7 @@ from gpulease.core.capacity.placement import NoFit, Placement, place
 from gpulease.core.capacity.reservation_rules import DeviceKind, Reservation
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-
-ON_DEMAND, SPOT, RESERVED = "on-demand", "spot", "reserved"
+from gpulease.core.tiers import RESERVED, SPOT
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,7 @@ def units_free_now(total: Mapping[tuple[DeviceKind, str], int],
     `active` reservations already promise, each unit whole on one node.
 
     A reservation beginning now is refused what only displacing running servers would
-    give: only a period that begins later displaces (spawners/displacement.py), so
+    give: only a period that begins later displaces (gpulease/core/capacity/displacement.py), so
     nobody can stop others' servers by reserving the hour under way."""
     room: dict[str, int] = {}
     for (of, node), count in total.items():

@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, kinds_offered
+from gpulease.core.capacity.cluster_queue import plan_cluster
 from gpulease.core.capacity.placement import NoFit, availability, place
+from gpulease.core.capacity.queue import Waiting
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-from gpulease.spawners.cluster_inventory import ClusterInventory, kinds_offered
-from gpulease.spawners.cluster_queue import plan_cluster
-from gpulease.spawners.queue import Waiting
 
 FREE = "free"  # a start would be admitted now
 QUEUE = "queue"  # it would wait in the queue (no room now, or others wait first)

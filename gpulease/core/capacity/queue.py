@@ -23,14 +23,14 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from gpulease.core.capacity.placement import NoFit, Placement, matches
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.inventory import Inventory
-from gpulease.spawners.reserved_pool import (
+from gpulease.core.capacity.reserved_pool import (
     NO_WITHHOLDING,
     SplitsUnits,
     Withholding,
     place_keeping_units,
 )
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 
 # The default of GPULeaseHub.queue_places_per_user (and the spawner's trait), here only.
 QUEUE_PLACES_PER_USER = 3

@@ -25,11 +25,8 @@ from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.drivers import driver_from_labels, new_enough, too_old
 from gpulease.core.model.gpu_models import model_key_from_gfd_product
-from gpulease.core.policy.options import SPOT
+from gpulease.core.tiers import ALL_TIERS, RESERVATION_LABEL, SPOT, TIER_LABEL
 from gpulease.core.units import parse_quantity
-from gpulease.spawners.pod_spec import RESERVATION_LABEL, TIER_LABEL
-
-TIERS = ("on-demand", "spot", "reserved")
 
 GPU_PREFIX = "nvidia.com/"
 USER_LABEL = "hub.jupyter.org/username"
@@ -242,7 +239,7 @@ def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | Non
             if ours else "")
     labels = meta.get("labels") or {}
     tier = labels.get(TIER_LABEL, "on-demand") if user else "on-demand"
-    if tier not in TIERS:
+    if tier not in ALL_TIERS:
         tier = "on-demand"
     reservation = labels.get(RESERVATION_LABEL, "") if tier == "reserved" else ""
     return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
@@ -305,7 +302,7 @@ def fit(request: DeviceRequest, inventory: ClusterInventory,
     """The node `request` would fit on now (after room for `pending`); NoFit 422 or 503.
 
     `reserved`: per kind, nodes whose free capacity is kept for earlier waiting
-    requests (the fair queue, spawners/cluster_queue.py); `request` is not
+    requests (the fair queue, gpulease/core/capacity/cluster_queue.py); `request` is not
     placed there.
 
     O(largest free count + pending) per decision: the index is built once per

@@ -4,7 +4,7 @@ A reservation is checked against other reservations when it is made, not
 against the on-demand servers that will be running when its period begins:
 they were admitted before it, and none can be told how long it will run. From
 the period's start no new on-demand start takes the reserved devices
-(spawners/reserved_pool.py), but the servers already on them keep running. When
+(gpulease/core/capacity/reserved_pool.py), but the servers already on them keep running. When
 a holder then starts on an idle unit and no device is free for it (and no spot
 server's would do), the capacity must still be there as promised: on-demand
 servers standing in reserved capacity are stopped for it, with notice, like a
@@ -39,11 +39,12 @@ from collections import defaultdict
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, kinds_offered, too_old_nodes
 from gpulease.core.capacity.placement import matches
+from gpulease.core.capacity.reserved_pool import HeldBy, Withholding
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-from gpulease.spawners.cluster_inventory import ClusterInventory, kinds_offered, too_old_nodes
-from gpulease.spawners.reserved_pool import ON_DEMAND, SPOT, HeldBy, Withholding
+from gpulease.core.tiers import ON_DEMAND, SPOT
 
 
 @dataclass(frozen=True)

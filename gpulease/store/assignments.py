@@ -27,10 +27,11 @@ from sqlalchemy import Connection, Engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from gpulease.core.capacity.placement import NoFit, Placement, free_summary
+from gpulease.core.capacity.reserved_pool import HeldBy, place_keeping_units, withholding
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-from gpulease.spawners.reserved_pool import ON_DEMAND, HeldBy, place_keeping_units, withholding
+from gpulease.core.tiers import ON_DEMAND
 from gpulease.store.db import assignments, out_of_service, reading
 from gpulease.store.reservations import active_in
 
@@ -54,7 +55,7 @@ class Holder:
     profile: str
     since: dt.datetime
     state: str = HELD  # HELD | OUT_OF_SERVICE
-    tier: str = ON_DEMAND  # what the claim was for (spawners/reserved_pool.py)
+    tier: str = ON_DEMAND  # what the claim was for (gpulease/core/capacity/reserved_pool.py)
     reservation_id: int | None = None
 
     def held_by(self) -> HeldBy:
@@ -115,7 +116,7 @@ class AssignmentStore:
         """Place `request` and record it; a server's earlier devices are released first.
 
         On a host with reservations active, what they withhold is checked in the same
-        transaction (spawners/reserved_pool.py): NoFit 503 when this start's tier may
+        transaction (gpulease/core/capacity/reserved_pool.py): NoFit 503 when this start's tier may
         not have the devices now."""
         for attempt in range(1, CLAIM_ATTEMPTS + 1):
             try:

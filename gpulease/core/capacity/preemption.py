@@ -38,15 +38,15 @@ from heapq import heapify, heappop
 from itertools import accumulate, combinations
 
 from gpulease.core.capacity.placement import NoFit, matches
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.inventory import Inventory
-from gpulease.spawners.queue import Waiting, plan, usable_devices
-from gpulease.spawners.reserved_pool import (
+from gpulease.core.capacity.queue import Waiting, plan, usable_devices
+from gpulease.core.capacity.reserved_pool import (
     NO_WITHHOLDING,
     SplitsUnits,
     Withholding,
     place_keeping_units,
 )
+from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.model.inventory import Inventory
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
 
     `held`: the devices held and not coming free; `leaving`: the servers already
     being preempted and their devices (not in `held`, not in `spot`). As the
-    queue's own pass (spawners/queue.py plan) serves them, a request that fits
+    queue's own pass (gpulease/core/capacity/queue.py plan) serves them, a request that fits
     in what is free or coming free takes it (later ones do not count on it);
     else it gets the victims `choose_victims` picks among the spot servers not
     yet chosen, and the devices it will be given are kept from later requests. A
@@ -274,7 +274,7 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
     No spot server is preempted for nothing.
 
     Reservations (`withholding`, and `reservation_of` a start on one): a start its
-    tier may not have now (spawners/reserved_pool.py) preempts nobody; a holder's
+    tier may not have now (gpulease/core/capacity/reserved_pool.py) preempts nobody; a holder's
     start on its reservation preempts like an on-demand one."""
     spot = list(spot)
     leaving = dict(leaving or {})
