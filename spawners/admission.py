@@ -22,6 +22,12 @@ from gpulease.core.billing.holds import Hold, held_on
 from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import saved_profile
+from gpulease.core.policy.cpu_totals import (
+    CpuOnlyServer,
+    cpu_only_refusal,
+    parse_cores_cap,
+    parse_memory_cap,
+)
 from gpulease.core.policy.options import (
     CHOSEN_BY_REQUEST,
     ServerChoice,
@@ -35,12 +41,6 @@ from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
 from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
 from gpulease.core.units import format_credits, format_duration, rate_cost
-from gpulease.spawners.cpu_totals import (
-    CpuOnlyServer,
-    cpu_only_refusal,
-    parse_cores_cap,
-    parse_memory_cap,
-)
 
 if TYPE_CHECKING:
     from gpulease.core.capacity.reservation_rules import Reservation

@@ -15,6 +15,12 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest
 from traitlets import TraitError
 
 from gpulease.core.capacity.queue import queue_places_refusal
+from gpulease.core.policy.cpu_totals import (
+    CpuOnlyServer,
+    cpu_only_refusal,
+    parse_cores_cap,
+    parse_memory_cap,
+)
 from gpulease.host.state import StateDir
 from gpulease.hub.config.app_options import GPULeaseOptions
 from gpulease.hub.config.hub_config import HubSettings, hub_config
@@ -22,12 +28,6 @@ from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.body_limit import MAX_BODY_BYTES, DeclaresTooMuch, declared_length
 from gpulease.hub.web.named_servers import NAMED_SERVER_LIMIT, named_server_refusal, refusing_limit
 from gpulease.spawners.admission_options import AdmissionOptions
-from gpulease.spawners.cpu_totals import (
-    CpuOnlyServer,
-    cpu_only_refusal,
-    parse_cores_cap,
-    parse_memory_cap,
-)
 
 GI = 2**30
 

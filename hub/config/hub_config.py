@@ -17,12 +17,12 @@ from urllib.parse import urlsplit
 from traitlets.config import Config
 
 from gpulease.core.capacity.queue import QUEUE_PLACES_PER_USER
+from gpulease.core.policy.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.host.state import StateDir
 from gpulease.hub.auth.caller_rights import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
 from gpulease.hub.config.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
 from gpulease.hub.web.named_servers import NAMED_SERVER_LIMIT
 from gpulease.site_urls import SiteURLs
-from gpulease.spawners.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S
 from gpulease.store.failed_starts import DEFAULT_LIMIT as FAILED_START_LIMIT
 from gpulease.store.failed_starts import DEFAULT_WINDOW_S as FAILED_START_WINDOW_S

@@ -8,8 +8,8 @@ CPU-only servers, with it, would exceed `GPULeaseHub.cpu_only_cpu_per_user`
 or `cpu_only_memory_per_user`. GPU servers are bounded by the GPU limits and
 are not counted here.
 
-`cpu_only_refusal` is the pure decision; `CoresCap` and `MemoryCap` the
-traitlets of the two caps (GPULeaseHub's and LocalGPUSpawner's), validated.
+`cpu_only_refusal` is the pure decision; spawners/cap_traits.py's `CoresCap` and
+`MemoryCap` the traitlets of the two caps (GPULeaseHub's and LocalGPUSpawner's).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-
-from traitlets import TraitError, Unicode
 
 from gpulease.core.units import format_quantity, parse_cpu, parse_quantity
 
@@ -45,36 +43,6 @@ def parse_memory_cap(value: object) -> int | None:
     except ValueError as e:
         raise ValueError(f"{e} ({_CAP_HINT})") from None
     return cap or None
-
-
-class _CapText(Unicode):
-    """A cap as text, checked by `parse` when set (its error names the option)."""
-
-    @staticmethod
-    def parse(value: object) -> object:
-        raise NotImplementedError
-
-    def validate(self, obj, value):
-        value = super().validate(obj, value)
-        try:
-            self.parse(value)
-        except ValueError as e:
-            raise TraitError(f"{self.name}: {e}") from None
-        return value
-
-
-class CoresCap(_CapText):
-    """A cores cap as text ("16", "0.5"; "0": none)."""
-
-    info_text = "cores like 16 or 0.5, or 0 for no limit"
-    parse = staticmethod(parse_cores_cap)
-
-
-class MemoryCap(_CapText):
-    """A memory cap as a quantity ("64Gi"; "0": none)."""
-
-    info_text = "a quantity like 64Gi, or 0 for no limit"
-    parse = staticmethod(parse_memory_cap)
 
 
 @dataclass(frozen=True)
