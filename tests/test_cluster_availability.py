@@ -104,7 +104,7 @@ def test_the_service_counts_the_nodes_the_spawner_admits_to():
 
     from gpulease.hub.config.cluster_shape import spawner_nodes
     from gpulease.hub.service.cluster_source import source_from_env
-    from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
+    from gpulease.spawners.kube.pod_spec import DEFAULT_GPU_TOLERATIONS
 
     config = Config()
     config.GPUKubeSpawner.node_selector = {"pool": "gpu"}

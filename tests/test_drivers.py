@@ -26,7 +26,7 @@ from gpulease.core.model.drivers import driver_from_labels, driver_version, new_
 from gpulease.core.model.inventory import parse_declared_inventory
 from gpulease.core.model.profiles import GpuSpec
 from gpulease.images import shipped_catalog
-from gpulease.spawners.pod_spec import avoiding
+from gpulease.spawners.kube.pod_spec import avoiding
 from tests.cluster.nodes import GpuNode, node_object
 
 PYTORCH = shipped_catalog().get("pytorch")  # CUDA 12.6: driver 560.28 or newer

@@ -1,4 +1,4 @@
-"""The cluster shape's pod needs, from a profile (spawners/pod_spec.py): pure, no cluster."""
+"""The cluster shape's pod needs, from a profile (spawners/kube/pod_spec.py): pure, no cluster."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from gpulease.core.model.gpu_models import GFD_PRODUCTS, KNOWN_MODELS, model_key_from_gfd_product
 from gpulease.core.model.profiles import GpuSpec, Profile
-from gpulease.spawners.pod_spec import (
+from gpulease.spawners.kube.pod_spec import (
     ClusterGpus,
     gpu_resource,
     kubespawner_traits,
@@ -88,7 +88,7 @@ def test_unknown_models_and_strategies_are_refused_by_name():
 
 def test_a_spot_pod_is_lower_priority_and_keeps_running_through_its_grace_period():
     from gpulease.core.tiers import TIER_LABEL
-    from gpulease.spawners.pod_spec import SPOT_STOP_S, tier_pod
+    from gpulease.spawners.kube.pod_spec import SPOT_STOP_S, tier_pod
 
     on_demand = tier_pod("on-demand", "lab-on-demand", "lab-spot", 120)
     assert on_demand.priority_class == "lab-on-demand" and on_demand.pre_stop_sleep_s == 0

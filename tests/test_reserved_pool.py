@@ -22,7 +22,7 @@ from gpulease.core.capacity.reserved_pool import (
 )
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import parse_declared_inventory
-from gpulease.spawners.pod_spec import only_on
+from gpulease.spawners.kube.pod_spec import only_on
 
 T0 = dt.datetime(2026, 12, 7, 9)
 H = dt.timedelta(hours=1)

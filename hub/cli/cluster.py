@@ -17,13 +17,13 @@ from gpulease.core.model.catalog import CatalogError, load_catalog
 from gpulease.core.model.profiles import ProfileError, load_profiles_file
 from gpulease.hub.cli.client import HubClient
 from gpulease.images import CATALOG_PATH
+from gpulease.spawners.kube.pod_spec import MIG_STRATEGIES
 from gpulease.spawners.kube.scheduler_config import (
     DEFAULT_SCHEDULER_NAME,
     SchedulerSettings,
     profiles_mig,
     scheduler_configuration,
 )
-from gpulease.spawners.pod_spec import MIG_STRATEGIES
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:

@@ -68,7 +68,7 @@ def spawner_nodes(user_config: Config) -> dict:
     """The nodes GPUKubeSpawner admits GPU starts to, as the admin's config sets them: its
     `node_selector` and `gpu_tolerations`. The gpulease service counts the availability it
     shows (api/profiles) on the same nodes (GPULEASE_CLUSTER_NODES)."""
-    from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
+    from gpulease.spawners.kube.pod_spec import DEFAULT_GPU_TOLERATIONS
 
     nodes = {"node_selector": {}, "tolerations": [dict(t) for t in DEFAULT_GPU_TOLERATIONS]}
     for section in ("KubeSpawner", "GPUKubeSpawner"):  # the subclass's own wins

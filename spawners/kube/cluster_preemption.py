@@ -9,7 +9,7 @@ pods hold as free for an on-demand start). Before it deletes a victim the
 scheduler adds the pod condition `DisruptionTarget` (reason
 `PreemptionByScheduler`); the delete uses the pod's own grace period, and a spot
 pod's preStop sleep keeps the server running until the deadline its user is told
-(spawners/pod_spec.py tier_pod). This module reads that from a pod as the watch
+(spawners/kube/pod_spec.py tier_pod). This module reads that from a pod as the watch
 sees it; spawners/kube/cluster_runner.py tells the user and the meter.
 """
 

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpulease.spawners.pod_spec import MIG_STRATEGIES
+from gpulease.spawners.kube.pod_spec import MIG_STRATEGIES
 
 CONFIG_API = "kubescheduler.config.k8s.io/v1"
 DEFAULT_SCHEDULER_NAME = "gpulease-scheduler"

@@ -3,7 +3,7 @@
 gpulease decides whether and when a request may run (GPULeaseSpawnCore: the
 options, rights, credit and limits, the first answer and billing); Kubernetes
 decides where. What a profile asks of the cluster is a plain decision
-(gpulease.spawners.pod_spec): this class only hands it to kubespawner's own
+(gpulease.spawners.kube.pod_spec): this class only hands it to kubespawner's own
 options before kubespawner makes the pod, and adds what gpulease keeps apart
 from kubespawner's defaults:
 
@@ -58,9 +58,7 @@ from gpulease.spawners.kube.pod_kill import (  # noqa: F401 - the tests read the
     PodKill,
     kill_grace,
 )
-from gpulease.spawners.kube.reflectors import ReflectorUpkeep
-from gpulease.spawners.launch_billing import StartFailed
-from gpulease.spawners.pod_spec import (
+from gpulease.spawners.kube.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,
     MIG_STRATEGIES,
     ClusterGpus,
@@ -70,6 +68,8 @@ from gpulease.spawners.pod_spec import (
     pod_needs,
     tier_pod,
 )
+from gpulease.spawners.kube.reflectors import ReflectorUpkeep
+from gpulease.spawners.launch_billing import StartFailed
 from gpulease.spawners.queue_base import Refused
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 

@@ -19,8 +19,8 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.kube.cluster_runner import WATCH_READY_S, ClusterQueueRunner
 from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES
+from gpulease.spawners.kube.pod_spec import DEFAULT_GPU_TOLERATIONS
 from gpulease.spawners.kube.rbac import grants as grants_of
-from gpulease.spawners.pod_spec import DEFAULT_GPU_TOLERATIONS
 from gpulease.spawners.queue_base import Refused
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.faults import Fault, FaultProxy

@@ -11,7 +11,7 @@ from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 
 from gpulease.core.model.profiles import GpuSpec, Profile
-from gpulease.spawners.pod_spec import ClusterGpus, kubespawner_traits, pod_needs
+from gpulease.spawners.kube.pod_spec import ClusterGpus, kubespawner_traits, pod_needs
 from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode
