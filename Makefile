@@ -46,7 +46,8 @@ test: install lint cluster-tools
 	PYTEST=$(BIN)/pytest scripts/run-tests $(PYTEST_ARGS)
 
 # Every benchmark, one after another (bench/suite.py; bench/README.md says what each
-# measures): about an hour on 2 cores. bench-quick runs each in its quick mode, as CI
+# measures): about 25 minutes on 2 cores (22 in the last full run). bench-quick runs
+# each in its quick mode, as CI
 # does after the tests, to check that all still run and print their figures.
 # ARGS="--only spawn" runs one.
 bench: install cluster-tools

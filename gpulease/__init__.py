@@ -1,8 +1,10 @@
 """gpulease: GPU notebook rental on JupyterHub.
 
-The code lives in the top-level component folders (hub/, spawners/,
-idle-culler/, singleuser/, images/), which pyproject.toml maps to the
-subpackages of this namespace.
+The components live in the top-level folders (hub/, spawners/, idle-culler/,
+singleuser/, images/), which pyproject.toml maps to the subpackages of this
+namespace; the shared layers below them (core/, store/, host/) and a few modules
+any component may import (process_exit, sign_in_failure, site_urls) live here
+(docs/architecture.md).
 """
 
 import sys

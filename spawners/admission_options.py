@@ -1,7 +1,8 @@
-"""LocalGPUSpawner's options for admission: the queue and the per-user limits.
+"""The spawners' options for admission: the queue and the per-user limits.
 
-A mixin of the spawner (as GPULeaseOptions is of GPULeaseHub), kept apart so
-that the spawner's module stays about its behaviour. `gpulease up` sets each
+A mixin of GPULeaseSpawnCore, so of both shapes' spawners (as GPULeaseOptions is
+of GPULeaseHub), kept apart so that the spawn path's module stays about its
+behaviour. `gpulease up` sets each
 from the GPULeaseHub option of that name (hub_config); docs/config.md lists
 them under LocalGPUSpawner (tests/test_docs.py checks).
 """

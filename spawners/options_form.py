@@ -3,7 +3,7 @@
 One card per profile the user may use: its GPU (model, MIG slice, memory),
 CPU and memory, image choice, price per hour and per second, what is free
 now and how many wait, and how long the user's balance lasts on it. The
-spawner gathers the data (`LocalGPUSpawner._render_form`); this module only
+spawner gathers the data (`GPULeaseSpawnCore._render_form`); this module only
 renders it. Every text that comes from an admin or a user is escaped.
 """
 

@@ -37,6 +37,7 @@ from gpulease.core.capacity.reserved_pool import NO_WITHHOLDING, Withholding
 from gpulease.core.clock import utcnow
 from gpulease.core.notices import subject_for
 from gpulease.core.policy.options import price_text
+from gpulease.core.tiers import ON_DEMAND, SPOT
 from gpulease.store.assignments import HELD, Holder
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
         return ()
     live = meter.live
     spot = {key for key, session in live.items()
-            if session.tier == "spot" and key not in meter.preempting}
+            if session.tier == SPOT and key not in meter.preempting}
     claimed = {uuid: ((h.user, h.server), h.since.timestamp())
                for uuid, h in held.items() if h.state == HELD}
     holdings = spot_holdings(claimed, ctx.inventory, spot)
@@ -175,7 +176,7 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
 
 def displacing(meter) -> bool:
     """Whether an on-demand server is being displaced now (one displacement at a time)."""
-    return any(key in meter.live and meter.live[key].tier == "on-demand"
+    return any(key in meter.live and meter.live[key].tier == ON_DEMAND
                for key in meter.preempting)
 
 
@@ -214,7 +215,7 @@ async def displace_first(ctx: GPULeaseContext, waiting: Sequence[Ticket], grace_
     reservation's account."""
     meter = ctx.meter
     started = {key: live.session_id for key, live in meter.live.items()
-               if live.tier == "on-demand" and key not in meter.preempting}
+               if live.tier == ON_DEMAND and key not in meter.preempting}
     if not started or all(ticket.reservation is None for ticket in waiting):
         return
     account_of = {r.id: r.account for r in await asyncio.to_thread(ctx.reservations.active)}

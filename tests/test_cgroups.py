@@ -127,7 +127,7 @@ UNIT_CHARS = re.compile(r"^[A-Za-z0-9:_.\\-]+$")
 
 
 def _names() -> list[str]:
-    """Valid user names (DESIGN.md) built from pieces that collide when joined with '-'."""
+    """Valid user names (gpulease/core/policy/user_names.py) built from pieces that collide when joined with '-'."""
     parts = ["a", "ab", "c", "ab-c", "c-default", "default", "d", "x1", "b-c-d", "z" * 30]
     names = set(parts)
     for x, y in itertools.product(parts, repeat=2):

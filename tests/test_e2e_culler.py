@@ -419,7 +419,7 @@ def test_h_nothing_privileged_reaches_a_users_server(hub, admin):
     huge = {"kernels": [], "terminals": None, "pad": "x" * 300_000}
     r = push_direct(huge)
     assert r.status_code == 413 and "at most 262144 bytes" in r.json()["message"], r.text
-    # Pushing as fast as she can is rationed before any body is read (hub/push_rate.py),
+    # Pushing as fast as she can is rationed before any body is read (hub/service/push_rate.py),
     # and the culler's read of everyone's state stays quick.
     answers = [push_direct(forged) for _ in range(30)]
     limited = [r for r in answers if r.status_code == 429]

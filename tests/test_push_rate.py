@@ -1,6 +1,6 @@
-"""The push ration (hub/push_rate.py): gpulease's own pusher is never refused, a flood is."""
+"""The push ration (hub/service/push_rate.py): gpulease's own pusher is never refused, a flood is."""
 
-from gpulease.hub.push_rate import PushRate
+from gpulease.hub.service.push_rate import PushRate
 
 
 def test_one_push_a_second_is_never_refused():

@@ -1,4 +1,4 @@
-"""Refusal: one type for what gpulease refuses, with one rendering (hub/refusal.py)."""
+"""Refusal: one type for what gpulease refuses, with one rendering (gpulease/core/refusal.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gpulease.core.model.profiles import ProfileError
 from gpulease.core.policy.limits import LimitError
 from gpulease.core.policy.options import OptionsRefused
 from gpulease.core.refusal import FieldError, Refusal
-from gpulease.hub.server_activity import PushError
+from gpulease.hub.service.activity_store import PushError
 from gpulease.hub.service.billing_views import PeriodError
 from gpulease.hub.service.errors import APIError
 from gpulease.spawners.http_error import http_error

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpulease.hub.server_activity import (
+from gpulease.hub.service.activity_store import (
     MAX_KERNELS,
     ActivityStore,
     PushError,

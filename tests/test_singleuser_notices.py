@@ -305,7 +305,7 @@ def test_the_server_pushes_its_kernels_with_its_own_token_promptly(server, servi
     """What the culler knows of a server's kernels is what the server pushed: with
     its own token, at start, and within seconds of a kernel starting or ending. The
     body is what the gpulease service accepts (validated by the service's own parser)."""
-    from gpulease.hub.server_activity import parse_push
+    from gpulease.hub.service.activity_store import parse_push
 
     deadline = time.monotonic() + 20
     while not service.pushes:  # the first push goes out when the server starts

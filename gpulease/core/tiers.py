@@ -21,7 +21,7 @@ ALL_TIERS = (ON_DEMAND, SPOT, RESERVED)
 REQUESTABLE = (ON_DEMAND, SPOT)
 
 # Every server's pod says its tier; believed in the servers' namespace only, as the user
-# label is (spawners' cluster_inventory.hold_from_pod).
+# label is (gpulease/core/capacity/cluster_inventory.py, hold_from_pod).
 TIER_LABEL = "gpulease.io/tier"
 # A pod on a reservation's unit (tier reserved) says which (the cluster queue counts the
 # units in use by it); believed where the tier label is.

@@ -3,8 +3,8 @@
 What belongs here: the tables and the engine (advisory locks included), the
 alembic migrations, one store per group of tables (accounts, audit,
 identities, notices, profiles, reservations, member caps, billing reports,
-assignments, the queue, the ledger, sessions, limits), and the context that
-hands the stores to the hub and the spawners.
+assignments, the queue, the ledger, sessions, limits). The context that hands
+them to the hub and the spawners is spawners/context.py.
 
 What it may import: gpulease.host, gpulease.core, the standard library and the
 database's packages (SQLAlchemy, alembic). Never gpulease.spawners or

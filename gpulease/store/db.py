@@ -1,7 +1,7 @@
 """gpulease's own database: tables, engine, migrations.
 
-gpulease keeps its state (profiles, device assignments, local accounts, and
-later the billing ledger) in its own database, separate from JupyterHub's, so
+gpulease keeps its state (profiles, device assignments, local accounts, the
+billing ledger and sessions) in its own database, separate from JupyterHub's, so
 that it can live on PostgreSQL in the cluster shape (`billing_db_url`) and so
 that its schema evolves through its own Alembic migrations.
 

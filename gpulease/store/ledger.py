@@ -10,7 +10,7 @@ gpulease/core/billing/rules.py; this module is the store.
 
 Which hub users exist is the caller's knowledge, not the ledger's: it checks
 the syntax of `user:NAME` accounts only. A group account exists once it has a
-row (DESIGN.md: "a group account exists once credits are granted to it").
+row: a group account exists once credits are granted to it (docs/admin.md).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine, case, delete, func, insert, select, u
 from gpulease.core.billing.rules import BillingError, billed_ms, parse_account, to_ms
 from gpulease.core.billing.sessions import MeterConflict, Session, check_end_reason
 from gpulease.core.clock import utcnow
-from gpulease.core.tiers import ALL_TIERS
+from gpulease.core.tiers import ALL_TIERS, ON_DEMAND
 from gpulease.core.units import MAX_UCR, seconds_text
 from gpulease.store.db import ledger_entries, meter_lease, reading, sessions
 from gpulease.store.ledger import advisory_lock
@@ -90,7 +90,7 @@ class SessionLedger:
 
     # --- writing ------------------------------------------------------------------
     def open(self, user: str, server: str, profile: str, account: str,
-             rate_per_hour_ucr: int, started: dt.datetime, tier: str = "on-demand",
+             rate_per_hour_ucr: int, started: dt.datetime, tier: str = ON_DEMAND,
              reservation_id: int | None = None) -> Session:
         """Open a session; a session of the same server left open (a crash) closes first."""
         if tier not in ALL_TIERS:
@@ -142,7 +142,7 @@ class SessionLedger:
                 user_name=row.user_name, server_name=row.server_name,
                 profile_slug=row.profile_slug, account=row.account,
                 rate_per_hour_ucr=rate_per_hour_ucr, started_at=at,
-                last_confirmed_at=max(at, row.last_confirmed_at), tier="on-demand",
+                last_confirmed_at=max(at, row.last_confirmed_at), tier=ON_DEMAND,
             )).inserted_primary_key[0]
             return session_from_row(conn.execute(
                 select(sessions).where(sessions.c.id == new_id)).one())

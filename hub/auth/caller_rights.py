@@ -14,7 +14,7 @@ carries no more power in gpulease than it carries in the hub:
 - auditor: an admin, or the token holds gpulease's audit scope.
 
 Browser logins (the service's OAuth cookie) qualify because the service's
-`oauth_client_allowed_scopes` (hub_config.py) ask for these scopes; the hub
+`oauth_client_allowed_scopes` (hub/config/hub_config.py) ask for these scopes; the hub
 grants each login only those its user holds.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# The service's own scopes (hub_config.py declares them to the hub as custom scopes).
+# The service's own scopes (hub/config/hub_config.py declares them to the hub as custom scopes).
 ADMIN_SCOPE = "custom:gpulease:admin"
 AUDIT_SCOPE = "custom:gpulease:audit"
 # A hub admin's token counts as a gpulease admin only while it holds this

@@ -1,6 +1,7 @@
 """Per-second metering in the hub process: sessions, heartbeat, credit enforcement.
 
 The pure rules (what a session costs, what a balance is) live in
+`gpulease.core.billing.rules` and `gpulease.core.billing.sessions`, the stores in
 `gpulease.store.ledger` and `gpulease.store.sessions`; this module is the hub-side
 loop around them:
 
@@ -57,6 +58,7 @@ from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left, month
 from gpulease.core.billing.sessions import Key, LiveSession, Session
 from gpulease.core.clock import utcnow
 from gpulease.core.notices import render_account_cap
+from gpulease.core.tiers import ON_DEMAND, SPOT
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub.billing import metrics
 from gpulease.store.ledger import Ledger
@@ -175,7 +177,7 @@ class Meter:
     # --- sessions -----------------------------------------------------------------
 
     def open(self, user: str, server: str, profile: str, account: str, rate_per_hour_ucr: int,
-             started: datetime, tier: str = "on-demand",
+             started: datetime, tier: str = ON_DEMAND,
              reservation_id: int | None = None) -> Session:
         session = self.sessions.open(user, server, profile, account, rate_per_hour_ucr, started,
                                      tier, reservation_id)
@@ -328,7 +330,7 @@ class Meter:
         preempted. False when it is no running session of that tier or is being
         preempted already. A server on a reservation is never preempted."""
         live = self.live.get(key)
-        tier = "on-demand" if on_demand else "spot"
+        tier = ON_DEMAND if on_demand else SPOT
         if live is None or live.tier != tier or key in self.preempting:
             return False
         self.preempting[key] = Preempting(deadline, why, live.session_id)

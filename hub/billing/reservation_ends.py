@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from gpulease.core.billing.enforcement import RESERVATION_ENDED, StopOrder, StopProgress
 from gpulease.core.billing.sessions import LiveSession
 from gpulease.core.clock import utcnow
+from gpulease.core.tiers import ON_DEMAND, RESERVED
 from gpulease.store.reservations import Booked
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def end_steps(live: Mapping[Key, LiveSession], booked: Mapping[int, Booked],
     reservation is told once, one started after the others were told too)."""
     steps = EndSteps([], [])
     for key, session in sorted(live.items()):
-        if session.tier != "reserved" or session.reservation_id is None:
+        if session.tier != RESERVED or session.reservation_id is None:
             continue
         b = booked.get(session.reservation_id)
         if b is None:
@@ -82,7 +83,7 @@ async def end_reservations(ctx: GPULeaseContext, notice_s: float) -> None:
     if meter is None:
         return
     ids = {s.reservation_id for s in meter.live.values()
-           if s.tier == "reserved" and s.reservation_id is not None}
+           if s.tier == RESERVED and s.reservation_id is not None}
     if not ids:
         return
     found = await asyncio.to_thread(lambda: {i: ctx.reservations.get(i) for i in ids})
@@ -143,8 +144,8 @@ async def _continue_on_demand(ctx: GPULeaseContext, meter: Meter, key: Key,
     if session is None:
         return
     meter.live[key] = LiveSession(session.id, session.profile, session.account,
-                                  session.rate_per_hour_ucr, live.last_alive, "on-demand")
-    await asyncio.to_thread(ctx.assignments.retier, user, server, "on-demand")
+                                  session.rate_per_hour_ucr, live.last_alive, ON_DEMAND)
+    await asyncio.to_thread(ctx.assignments.retier, user, server, ON_DEMAND)
     await asyncio.to_thread(ctx.notices.clear, user, server, [NOTICE])
     log.warning("%s/%s: reservation %d ended at %s; goes on on demand (session %d, %s µcr/h)",
                 user, server or "(default)", b.id, until.isoformat(), session.id,

@@ -1,1 +1,1 @@
-"""The gpulease hub service: REST API (and, later, pages) at /services/gpulease/."""
+"""The gpulease hub service at /services/gpulease/: its REST API (api/) and pages (pages/)."""

@@ -14,8 +14,8 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.routing import Rule
 
-from gpulease.hub.server_activity import ActivityStore
 from gpulease.hub.service import body_limit, hub_static, openapi
+from gpulease.hub.service.activity_store import ActivityStore
 from gpulease.hub.service.api import (
     activity,
     audit,

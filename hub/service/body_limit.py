@@ -16,7 +16,7 @@ HTTP server's max_body_size, 100 MB by default). Here:
   it. Tornado answers that itself, before any handler runs, with a bare 400:
   the size is known only once the bound is crossed, mid-body.
 
-`PUT api/server-activity` has its own, lower bound (hub/server_activity.py).
+`PUT api/server-activity` has its own, lower bound (hub/service/activity_store.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def inventory_view(
     isolation: dict | None = None, tiers: Mapping[tuple[str, str], str] | None = None,
     reservations: Sequence[Reservation] = (),
 ) -> dict[str, Any]:
-    """DESIGN.md's `api/inventory`: devices free, held (by whom), out of service or gone.
+    """`api/inventory` (docs/rest-api.yml): devices free, held (by whom), out of service or gone.
 
     `out_of_service`: the device's last server stopped but its cgroup could
     not be emptied; `holder` is that server. Also the queue. `tiers`: the tier

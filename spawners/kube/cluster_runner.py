@@ -42,6 +42,7 @@ from gpulease.core.capacity.reserved_pool import Withholding
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.policy.limits import Holding, check_limits
+from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
 from gpulease.core.units import format_duration
 from gpulease.spawners.kube.cluster_preemption import preempted_pod
 from gpulease.spawners.kube.cluster_watch import ClusterWatch
@@ -233,7 +234,7 @@ class ClusterQueueRunner(QueueBase):
     def _admit(self, key: tuple[str, str], request: DeviceRequest, spot: bool,
                reservation: int | None, node: str) -> None:
         self.admitted[key] = request
-        tier = "spot" if spot else "reserved" if reservation is not None else "on-demand"
+        tier = SPOT if spot else RESERVED if reservation is not None else ON_DEMAND
         self.admitted_as[key] = AdmittedStart(request, tier, reservation, node)
         self._running.discard(key)
 
@@ -250,7 +251,7 @@ class ClusterQueueRunner(QueueBase):
         inventory = await self.inventory()
         used: dict[int, set[tuple[str, str]]] = {}
         for hold in inventory.holds:
-            if hold.user and hold.tier == "reserved" and hold.reservation is not None:
+            if hold.user and hold.tier == RESERVED and hold.reservation is not None:
                 used.setdefault(hold.reservation, set()).add((hold.user, hold.server))
         for key, start in self.admitted_as.items():
             if start.reservation is not None:
@@ -309,7 +310,7 @@ class ClusterQueueRunner(QueueBase):
         if any(ticket.reservation is not None for ticket in self.waiting):
             return
         for key in [k for k in meter.preempting
-                    if k in meter.live and meter.live[k].tier == "on-demand"]:
+                    if k in meter.live and meter.live[k].tier == ON_DEMAND]:
             await withdraw(self.ctx, key, "no holder's start waits for its GPU any more")
 
     async def _timed_out(self, ticket: Ticket, max_wait: float) -> Refused:

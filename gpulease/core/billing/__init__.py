@@ -1,2 +1,4 @@
-"""Billing rules: what a start must hold back, when a balance stops a server, and, as
-they move here, billed time and sessions. Integer micro-credits, UTC."""
+"""Billing rules: accounts and billed time (rules.py), sessions (sessions.py), what a
+start must hold back (holds.py), when a balance or a cap stops a server
+(enforcement.py), what the home page shows of a researcher's servers (my_servers.py,
+suspended.py), and the meter the spawners use (ports.py). Integer micro-credits, UTC."""

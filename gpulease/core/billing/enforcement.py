@@ -21,6 +21,7 @@ import datetime as dt
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpulease.core.tiers import ON_DEMAND
 from gpulease.core.units import format_credits
 
 Key = tuple[str, str]  # (user, server name)
@@ -53,7 +54,7 @@ class RunningServer:
     launched_at: dt.datetime | None = None
     # When the hub started it (JupyterHub's `started`), for the log of the gap.
     started_at: dt.datetime | None = None
-    tier: str = "on-demand"
+    tier: str = ON_DEMAND
     reservation_id: int | None = None  # tier reserved: the reservation it runs on
 
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from gpulease.core.billing.enforcement import Preempting
 from gpulease.core.billing.sessions import Key, LiveSession, Session
+from gpulease.core.tiers import ON_DEMAND
 
 
 class SessionRecords(Protocol):
@@ -58,7 +59,7 @@ class Meter(Protocol):
     sessions: SessionRecords
 
     def open(self, user: str, server: str, profile: str, account: str, rate_per_hour_ucr: int,
-             started: dt.datetime, tier: str = "on-demand",
+             started: dt.datetime, tier: str = ON_DEMAND,
              reservation_id: int | None = None) -> Session:
         """Open the server's session, billed from `started`."""
 

@@ -34,7 +34,7 @@ def parse_account(text: str, *, default_user: str | None = None) -> str:
                            "account")
     value = text.strip()
     if not value and default_user is not None:
-        # An omitted account means the caller's personal one (DESIGN.md step 1).
+        # An omitted account means the caller's personal one (docs/user.md).
         return f"user:{default_user}"
     kind, sep, name = value.partition(":")
     if not sep:

@@ -11,6 +11,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from gpulease.core.billing.rules import BillingError, billed_ms, seconds_up, to_ms
+from gpulease.core.tiers import ON_DEMAND
 from gpulease.core.units import ms_cost
 
 END_REASONS = ("user", "idle", "out_of_credit", "account_cap", "max_runtime", "admin",
@@ -32,7 +33,7 @@ class Session:
     end_reason: str | None
     requested_end_reason: str | None
     closed_ms: int | None = None  # what a closed session was billed (its row's billed_ms)
-    tier: str = "on-demand"
+    tier: str = ON_DEMAND
     preempted_until: dt.datetime | None = None  # being preempted: it runs until then
     preempt_why: str | None = None
     reservation_id: int | None = None  # tier reserved: the reservation it ran on
@@ -81,5 +82,5 @@ class LiveSession:
     account: str
     rate_per_hour_ucr: int
     last_alive: dt.datetime
-    tier: str = "on-demand"
+    tier: str = ON_DEMAND
     reservation_id: int | None = None  # tier reserved: the reservation it runs on

@@ -1,2 +1,4 @@
-"""Capacity rules: where a server's devices come from (placement) and, as they move
-here, who waits, who makes way and what is held for whom."""
+"""Capacity rules: where a server's devices come from (placement), who waits and in
+what order (queue), who makes way (preemption, displacement), what is held for whom
+(reserved_pool, reservation_rules), and the cluster's inventory, queue and
+availability (cluster_*)."""

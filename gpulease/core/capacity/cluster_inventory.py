@@ -25,7 +25,7 @@ from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.drivers import driver_from_labels, new_enough, too_old
 from gpulease.core.model.gpu_models import model_key_from_gfd_product
-from gpulease.core.tiers import ALL_TIERS, RESERVATION_LABEL, SPOT, TIER_LABEL
+from gpulease.core.tiers import ALL_TIERS, ON_DEMAND, RESERVATION_LABEL, RESERVED, SPOT, TIER_LABEL
 from gpulease.core.units import parse_quantity
 
 GPU_PREFIX = "nvidia.com/"
@@ -112,7 +112,7 @@ class Hold:
     user: str = ""  # gpulease's pods only
     server: str = ""
     spot: bool = False  # a gpulease spot server's pod: kube-scheduler may preempt it
-    tier: str = "on-demand"  # a gpulease server's (its pod's label); others' pods: on-demand
+    tier: str = ON_DEMAND  # a gpulease server's (its pod's label); others' pods: on-demand
     reservation: int | None = None  # tier reserved: the reservation whose unit it runs on
 
     @property
@@ -238,10 +238,10 @@ def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | Non
     user = (annotations.get(USER_ANNOTATION) or meta.get("labels", {}).get(USER_LABEL, "")
             if ours else "")
     labels = meta.get("labels") or {}
-    tier = labels.get(TIER_LABEL, "on-demand") if user else "on-demand"
+    tier = labels.get(TIER_LABEL, ON_DEMAND) if user else ON_DEMAND
     if tier not in ALL_TIERS:
-        tier = "on-demand"
-    reservation = labels.get(RESERVATION_LABEL, "") if tier == "reserved" else ""
+        tier = ON_DEMAND
+    reservation = labels.get(RESERVATION_LABEL, "") if tier == RESERVED else ""
     return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
                 dict(wanted), user, meta.get("annotations", {}).get(SERVER_ANNOTATION, "") if user
                 else "", tier == SPOT, tier,

@@ -37,6 +37,7 @@ from gpulease.core.capacity.queue import Waiting, served_order
 from gpulease.core.capacity.reservation_rules import Reservation
 from gpulease.core.capacity.reserved_pool import NO_WITHHOLDING, HeldBy, Withholding, rooms
 from gpulease.core.model.device_request import DeviceRequest
+from gpulease.core.tiers import ON_DEMAND
 
 
 @dataclass
@@ -104,7 +105,7 @@ class AdmittedStart:
     """A start admitted whose pod is not bound yet: what it asks, on which tier."""
 
     request: DeviceRequest
-    tier: str = "on-demand"
+    tier: str = ON_DEMAND
     reservation: int | None = None
     node: str | None = None  # where it fits (where it is pinned, or likely to go)
 

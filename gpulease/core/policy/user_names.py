@@ -11,10 +11,10 @@ Every entry that creates or renames a user refuses anything else with
 admin page (LocalAccountsAuthenticator.validate_username and
 gpulease.hub.web.hub_user_api), gpulease's api/users and `gpulease users add`
 (gpulease.store.accounts), the first admin. Nothing is lowercased or mapped
-silently: "Alice" is refused, naming "alice". Identity providers, when they
-come, map their names into this set. Names made before the rule are reported
-at start (`outside_the_rule`, `rename_hint`); the home code refuses them
-(gpulease.host.state.checked_home).
+silently: "Alice" is refused, naming "alice". Identity providers (OpenID Connect
+and GitHub, hub/auth/) map their names into this set (gpulease/store/identities.py).
+Names made before the rule are reported at start (`outside_the_rule`,
+`rename_hint`); the home code refuses them (gpulease.host.state.checked_home).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
   stored for the server the token belongs to (hub/server_activity.server_of),
   never for a user or server named in the body. 204; 400 field by field; 403
   for a token that is not one server's own; 413 over 256 KiB; 429 with
-  `Retry-After` beyond the push ration (hub/push_rate.py), before the body
+  `Retry-After` beyond the push ration (hub/service/push_rate.py), before the body
   is read.
 - `GET api/server-activity[?user=NAME...]` — gpulease admins (the culler):
   `{"since", "now", "servers": [{"user", "server", "pushed", "kernels":
@@ -25,8 +25,7 @@ from tornado import web
 
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import json_loads
-from gpulease.hub.push_rate import PushRate
-from gpulease.hub.server_activity import (
+from gpulease.hub.service.activity_store import (
     MAX_BODY_BYTES,
     ActivityStore,
     iso,
@@ -35,6 +34,7 @@ from gpulease.hub.server_activity import (
 )
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
+from gpulease.hub.service.push_rate import PushRate
 
 # A refusal before the body is read: tornado then closes the connection, and says
 # so only with this header. Without it the hub's proxy kept the connection for its

@@ -8,7 +8,7 @@ any cross-site form post. We use JupyterHub's own XSRF scheme rather than a
 second one: every form carries `_xsrf` (`{% module xsrf_form_html() %}`,
 whose value is HubAuthenticated.xsrf_token: signed with the service's cookie
 secret and bound to this login's session and token). HubOAuth already refuses
-cookie authentication on a POST whose `_xsrf` does not match; `post_prepare`
+cookie authentication on a POST whose `_xsrf` does not match; `check_form_token` (from `prepare`)
 checks it once more, explicitly, so that a missing or stale token is a clear
 403 ("reload the page") rather than a puzzling "not logged in". The app keeps
 tornado's own `xsrf_cookies=False`: the JSON API is called with tokens in the

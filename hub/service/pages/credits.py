@@ -1,7 +1,7 @@
 """Admin pages: credit balances with grant/adjust forms; member caps and GPU limits.
 
 The forms run the API's own checks and writes (BillingHandler.entry_input,
-write_entry, write_cap; gpulease/store/limits.py's parsers), so the page and
+write_entry, write_cap; gpulease/core/policy/limits.py's parsers), so the page and
 `POST api/credits|adjustments`, `PUT api/accounts/.../caps/...` and
 `PUT api/limits/...` accept the same input and audit the same way.
 """

@@ -16,6 +16,7 @@ from gpulease.core.model.catalog import Catalog
 from gpulease.core.model.gpu_models import KNOWN_MODELS, MIG_PROFILES
 from gpulease.core.model.profiles import DEFAULTS, FieldError, Profile
 from gpulease.core.refusal import Refusal
+from gpulease.core.tiers import SPOT
 from gpulease.core.units import credits_text, format_duration, format_quantity
 from gpulease.hub.service.billing_views import iso
 from gpulease.store.audit import AuditEntry
@@ -224,7 +225,7 @@ def cluster_node_tables(view: Mapping[str, Any]) -> list[dict[str, Any]]:
             for h in r.get("holders") or []:
                 who = (f"{h['user']}/{h.get('server') or '(default)'}" if h.get("user")
                        else f"{h.get('pod', '')} (not gpulease's)")
-                spot = ", spot" if h.get("tier") == "spot" else ""
+                spot = ", spot" if h.get("tier") == SPOT else ""
                 holders.append(f"{who} ×{h.get('count', 0)}{spot}")
             rows.append({"resource": r.get("resource", ""), "allocatable": r.get("allocatable", 0),
                          "free": r.get("free", 0), "holders": holders})
