@@ -28,7 +28,7 @@ ANSWER_LIMIT = 64 * 1024  # what the hub reads, at most, before a server is runn
 
 
 class WarmChild:
-    def __init__(self, pid: int, pidfd: int, sock: socket.socket, args: list[str]):
+    def __init__(self, pid: int, pidfd: int, sock: socket.socket | None, args: list[str]):
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
@@ -42,7 +42,7 @@ class WarmChild:
     def already_ended(cls, pid: int, returncode: int, args: list[str]) -> WarmChild:
         """A server that ended, and was reaped, before the hub could open its pidfd (a
         command that exits at once): the status the launcher wrote is its returncode."""
-        child = cls(pid, -1, None, args)  # type: ignore[arg-type]
+        child = cls(pid, -1, None, args)
         child.returncode = returncode
         return child
 
