@@ -61,6 +61,12 @@ class PodKill:
         reflector = self.pod_reflector
         return reflector.pods.get(self._pod_key()) if reflector is not None else None
 
+    def _gone_pod(self, uid: str | None) -> dict | None:
+        """This server's pod (of `uid`) as it was when the pod watch saw it go (None: not
+        seen going, or another pod of that name)."""
+        last_seen = getattr(self.pod_reflector, "last_seen", None)
+        return last_seen(self._pod_key(), uid) if last_seen is not None and uid else None
+
     def _node_of(self, pod: dict | None) -> dict | None:
         """The Node `pod` is bound to, as the cluster watch holds it (None: not known)."""
         node = ((pod or {}).get("spec") or {}).get("nodeName")
@@ -110,7 +116,7 @@ class PodKill:
             if pod is not None and uid and (pod.get("metadata") or {}).get("uid") != uid:
                 pod = None  # another pod of that name: this one is gone
             if pod_start.ended(pod):
-                return pod_start.ended_at(pod or last, utcnow())
+                return pod_start.ended_at(pod or self._gone_pod(uid) or last, utcnow())
             last = pod
             if asyncio.get_running_loop().time() > deadline:
                 await self._delete_pod(0, "its kubelet did not kill it")

@@ -4,7 +4,8 @@ kubespawner starts one reflector of each kind for every spawner, in whichever ca
 asks first; a caller cancelled during its first list, or a watch that gives up after
 failing for a while, leaves a dead reflector that kubespawner keeps handing out. This
 mixin starts them so that they run and restarts them when they give up
-(_start_reflector says how).
+(_start_reflector says how). Its pod watch also keeps the last object of each pod
+that went (PodEndReflector), so that a killed start is billed to its container's end.
 """
 
 from __future__ import annotations
@@ -15,8 +16,64 @@ from functools import partial
 from typing import Any
 
 from kubespawner import KubeSpawner
+from kubespawner.spawner import PodReflector
+from traitlets import validate
 
 REFLECTOR_RESTART_PAUSES_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # then 30 s each time
+GONE_PODS_KEPT = 512  # the last objects of gone pods a pod watch keeps (oldest dropped)
+
+
+class _GonePods(dict):
+    """A pod watch's pods, which hand each pod they drop to `gone` (kubespawner's watch
+    pops a pod on its DELETED event)."""
+
+    def __init__(self, pods: dict, gone: dict[str, dict]) -> None:
+        super().__init__(pods)
+        self._gone = gone
+
+    def pop(self, key, *default):
+        pod = super().pop(key, *default)
+        if isinstance(pod, dict):
+            _keep(self._gone, key, pod)
+        return pod
+
+
+def _keep(gone: dict[str, dict], key: str, pod: dict) -> None:
+    gone.pop(key, None)
+    gone[key] = pod
+    while len(gone) > GONE_PODS_KEPT:
+        gone.pop(next(iter(gone)))
+
+
+class PodEndReflector(PodReflector):
+    """kubespawner's pod watch, which also keeps the last object of each pod that went
+    (`gone`, by the same "namespace/name" key as `pods`).
+
+    A pod deleted with a short grace is seen "deleting, running", then gone: the
+    object the watch's DELETED event carries has the containers' finishedAt, but
+    kubespawner drops it, and a poll that missed the last update in between had no
+    end to bill to but its own moment (a killed start billed past its end).
+    A pod missing from a new list (a watch restarted while it went) is kept too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.gone: dict[str, dict] = {}
+        super().__init__(*args, **kwargs)
+
+    @validate("resources")
+    def _remember_gone(self, proposal: Any) -> _GonePods:
+        new = proposal.value
+        for key, pod in dict(getattr(self, "resources", None) or {}).items():
+            if key not in new:
+                _keep(self.gone, key, pod)
+        return _GonePods(new, self.gone)
+
+    def last_seen(self, key: str, uid: str | None) -> dict | None:
+        """The pod of `key` (and `uid`, if given) as the watch holds it, or as it last
+        was when it went (None: neither)."""
+        for pod in (self.pods.get(key), self.gone.get(key)):
+            if pod is not None and (uid is None or (pod.get("metadata") or {}).get("uid") == uid):
+                return pod
+        return None
 
 
 def _never_ran(reflector: Any) -> bool:
@@ -52,6 +109,8 @@ class ReflectorUpkeep:
         watches; kubespawner then halts the hub (user namespaces) or keeps handing
         out the dead reflector, and spawns and polls wait on a watch that sees
         nothing. Here a reflector that gave up is replaced at once."""
+        if kind == "pods" and reflector_class is PodReflector:
+            reflector_class = PodEndReflector
         registered = self.__class__.reflectors.get(self._get_reflector_key(kind))
         if registered is not None and _never_ran(registered):
             replace = True

@@ -10,6 +10,9 @@ from types import SimpleNamespace
 import pytest
 from kubespawner import KubeSpawner
 
+from gpulease.spawners.kube.pod_kill import POD_END_POLL_S
+from gpulease.spawners.kube.pod_start import K8S_TIME_STEP, k8s_time
+from gpulease.spawners.kube.reflectors import PodEndReflector
 from gpulease.spawners.kube.spawner import GPUKubeSpawner
 from gpulease.spawners.launch_billing import StartFailed
 
@@ -111,3 +114,44 @@ def test_a_container_that_exited_before_its_pod_ran_fails_the_start_as_its_own(s
                        r"exited with status 7\)"):
         spawner.is_pod_running(pod(EXITED, phase="Failed"))
     assert spawner.is_pod_running(pod(RUNNING)) is True
+
+
+def test_a_pod_watch_keeps_the_last_object_of_a_pod_that_went(no_cluster):
+    """kubespawner's watch drops a pod on its DELETED event; ours keeps that last object
+    (the one with its containers' finishedAt), and a pod missing from a new list too."""
+    async def run() -> None:
+        watch = PodEndReflector(namespace="gpulease")
+        watch.resources = {"gpulease/jupyter-ada": pod(RUNNING),
+                           "gpulease/jupyter-bob": pod(RUNNING, uid="b1")}
+        ended = pod(EXITED, phase="Failed")
+        watch.resources["gpulease/jupyter-ada"] = ended  # the watch's last MODIFIED
+        watch.resources.pop("gpulease/jupyter-ada", None)  # its DELETED, as kubespawner does
+        assert "gpulease/jupyter-ada" not in watch.pods
+        assert watch.last_seen("gpulease/jupyter-ada", "u1") is ended
+        assert watch.last_seen("gpulease/jupyter-ada", "u2") is None  # not that pod
+        watch.resources = {}  # a new list (the watch restarted) without bob's pod
+        assert watch.last_seen("gpulease/jupyter-bob", "b1")["metadata"]["uid"] == "b1"
+        watch.resources = {"gpulease/jupyter-ada": pod(RUNNING, uid="u2")}  # a new one
+        assert watch.last_seen("gpulease/jupyter-ada", "u2")["metadata"]["uid"] == "u2"
+        assert watch.last_seen("gpulease/jupyter-ada", "u1") is ended
+    asyncio.run(run())
+
+
+def test_a_killed_pod_that_went_between_two_looks_ends_at_its_containers_end(
+        spawner, monkeypatch):
+    """A killed start's pod is seen "deleting, running", then gone: its end is its
+    container's finishedAt from the object it went with, not the moment it was seen gone
+    (which billed a killed start past its end)."""
+    async def run():
+        watch = PodEndReflector(namespace="gpulease")
+        monkeypatch.setattr(GPUKubeSpawner, "pod_reflector", property(lambda s: watch))
+        deleting = pod(RUNNING)
+        deleting["metadata"]["deletionTimestamp"] = T0
+        watch.resources = {"gpulease/jupyter-ada": deleting}
+        end = asyncio.ensure_future(spawner._pod_end("u1"))
+        await asyncio.sleep(POD_END_POLL_S * 3)
+        assert not end.done()  # its container still runs
+        watch.resources["gpulease/jupyter-ada"] = pod(EXITED, phase="Failed")
+        watch.resources.pop("gpulease/jupyter-ada")  # both before the next look
+        return await end
+    assert asyncio.run(run()) == k8s_time(T0) + K8S_TIME_STEP
