@@ -43,7 +43,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script: make `bench.*` and `tests.hubproc` importable
+sys.path.insert(0, str(ROOT))  # run as a script: make `bench.*` and `tests.support.hubproc` importable
 
 from bench.billing_cluster import TARGETS as CLUSTER_TARGETS  # noqa: E402
 from bench.billing_cluster import add_cluster_arguments, cluster_figures  # noqa: E402
@@ -60,7 +60,7 @@ from bench.postgres import NoPostgres, postgres_server  # noqa: E402
 from bench.procs import interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.store.db import sqlite_url  # noqa: E402
 from tests.cluster.controlplane import missing_tools  # noqa: E402
-from tests.hubproc import CHP  # noqa: E402
+from tests.support.hubproc import CHP  # noqa: E402
 
 PARTS = ("servers", "kill", "heartbeat", "report", "cluster")
 DEFAULT_PARTS = PARTS[:4]  # the cluster part only when asked for (--only cluster)

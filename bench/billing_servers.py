@@ -40,7 +40,7 @@ import yaml
 from bench.billing_client import Aborted, Client, Run
 from bench.procs import Children
 from gpulease.singleuser import SERVER_SCRIPT
-from tests.hubproc import HubProcess
+from tests.support.hubproc import HubProcess
 
 __all__ = ["Aborted", "bench_kill", "bench_servers", "running_hub"]
 

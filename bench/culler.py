@@ -1,6 +1,6 @@
 """Idle culler: one decision pass over 10,000 servers, and a replayed simulated week.
 
-  pass   10,000 simulated servers behind a FAKE hub (tests/culler_fakehub.py's
+  pass   10,000 simulated servers behind a FAKE hub (tests/support/culler_fakehub.py's
          FakeCullerHub, in a process of its own on loopback): paginated users,
          the kernel state the servers pushed to the gpulease service (one
          `GET api/server-activity` for all of them: the culler never contacts
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.figures import figure, target  # noqa: E402
 from gpulease.idle_culler.policy import SUSPEND, decide, observe  # noqa: E402
 from gpulease.idle_culler.signals import KernelState, ServerSnapshot  # noqa: E402
-from tests.culler_fakehub import (  # noqa: E402
+from tests.support.culler_fakehub import (  # noqa: E402
     DECIDE_AT,
     REF,
     TOKEN,

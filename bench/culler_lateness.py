@@ -40,7 +40,7 @@ import yaml
 from bench.billing_servers import parse_z
 from bench.procs import Children, interrupts_clean_up
 from gpulease.hub.config.app_options import GPULeaseOptions
-from tests.hubproc import HubProcess
+from tests.support.hubproc import HubProcess
 
 TIMEOUT_S = 60
 ADMIN_PASSWORD = "bench-admin-pw-123"

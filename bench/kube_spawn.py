@@ -59,7 +59,7 @@ from tests.cluster.test_kubespawner import (  # noqa: E402
     home_volume,
     hub_kubeconfig,
 )
-from tests.isolation_env import hub_python  # noqa: E402
+from tests.support.isolation_env import hub_python  # noqa: E402
 
 PROFILE = "slice"  # tests/cluster/test_gpulease_up_cluster.py PROFILES: one 1g.18gb slice
 IMAGE = "pytorch"  # the profile's image, whose stand-in the stock pods run too

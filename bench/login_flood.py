@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.figures import figure, target  # noqa: E402
 from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
-from tests.hubproc import HubProcess  # noqa: E402
+from tests.support.hubproc import HubProcess  # noqa: E402
 
 FLOODERS = 50
 TARGETS = [f"target{i}" for i in range(10)]  # existing users whose passwords are sprayed

@@ -32,7 +32,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.figures import figure, target  # noqa: E402
-from tests.hubproc import HubProcess  # noqa: E402
+from tests.support.hubproc import HubProcess  # noqa: E402
 
 NODES, GPUS_PER_NODE = 125, 8
 PROFILES = 100

@@ -14,7 +14,7 @@ kept in sorted lists by score (their positions in the node list). A decision
 is the highest score level with a node in the search window (kube-scheduler's
 numFeasibleNodesToFind from nextStartNodeIndex, found by bisection), a tie
 broken with the same random draw, over the same scan order, as
-scheduler_model.schedule; tests/test_scheduler_model.py checks the two agree
+scheduler_model.schedule; tests/unit/spawners/kube/test_scheduler_model.py checks the two agree
 decision by decision.
 
 gpulease's queue in front, the same for every policy, as

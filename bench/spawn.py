@@ -48,7 +48,7 @@ from typing import Any
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.hubproc` importable
+sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.support.hubproc` importable
 
 from bench.figures import figure, target  # noqa: E402
 from bench.kernel_client import PHASES, Phases, click_to_kernel  # noqa: E402
@@ -56,7 +56,7 @@ from bench.procs import Children, interrupts_clean_up, save_logs  # noqa: E402
 from gpulease.core.model.inventory import DEMO_INVENTORY  # noqa: E402
 from gpulease.singleuser import SERVER_SCRIPT  # noqa: E402
 from gpulease.site_urls import loopback_session  # noqa: E402
-from tests.hubproc import CHP, HubProcess, free_port  # noqa: E402
+from tests.support.hubproc import CHP, HubProcess, free_port  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 USER = "bench"

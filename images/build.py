@@ -8,7 +8,7 @@ references are the tags), the hub image is not in the catalog. An image whose
 FROM is another image of the plan is built after it. Every build runs from the
 repository root, the context the Dockerfiles' COPY expects.
 
-tests/test_images.py checks the plan and the Dockerfiles statically (the build
+tests/checks/test_images.py checks the plan and the Dockerfiles statically (the build
 machines run no container engine).
 """
 

@@ -30,12 +30,12 @@ from urllib.parse import quote, urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.browser import (  # noqa: E402
+from tests.support.browser import (  # noqa: E402
     chromium_path,
     run_cell_in_new_notebook,
     wait_for_jupyterlab,
 )
-from tests.hubproc import HubProcess  # noqa: E402
+from tests.support.hubproc import HubProcess  # noqa: E402
 
 OUT = ROOT / "docs" / "images"
 VIEWPORT = {"width": 1280, "height": 800}

@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.browser import chromium_path  # noqa: E402
-from tests.hubproc import HubProcess  # noqa: E402
+from tests.support.browser import chromium_path  # noqa: E402
+from tests.support.hubproc import HubProcess  # noqa: E402
 
 OUT = ROOT / "docs" / "images"
 ADMIN_PW = "admin-secret-pw"

@@ -56,7 +56,7 @@ class SetupError(Exception):
 # is defined (kept, a warm server's JupyterLab could save no setting or workspace:
 # 500, "Permission denied: '/nonexistent'"). jupyterlab's extension point imports
 # LabApp from jupyterlab.labapp when the server starts, so it gets the new class.
-# tests/test_warm_start.py looks for any other such module or class default.
+# tests/integration/host/test_warm_start.py looks for any other such module or class default.
 REIMPORT_AS_RESEARCHER = ("send2trash.plat_other", "jupyterlab.labapp")
 
 

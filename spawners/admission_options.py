@@ -4,7 +4,7 @@ A mixin of GPULeaseSpawnCore, so of both shapes' spawners (as GPULeaseOptions is
 of GPULeaseHub), kept apart so that the spawn path's module stays about its
 behaviour. `gpulease up` sets each
 from the GPULeaseHub option of that name (hub_config); docs/config.md lists
-them under LocalGPUSpawner (tests/test_docs.py checks).
+them under LocalGPUSpawner (tests/checks/test_docs.py checks).
 """
 
 from __future__ import annotations

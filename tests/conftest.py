@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from gpulease.store.db import open_database
-from tests import browser_cookies
-from tests.databases import PostgresCopies, SqliteTemplate
+from tests.support import browser_cookies
+from tests.support.databases import PostgresCopies, SqliteTemplate
 
 browser_cookies.install()  # Domain=localhost cookies kept as browsers keep them
 
@@ -82,7 +82,7 @@ def _postgres_copies() -> Iterator[PostgresCopies]:
 @pytest.fixture(params=DB_KINDS)
 def db_url(request, tmp_path) -> Iterator[str]:
     """gpulease's database URL, once on SQLite and once on PostgreSQL: a migrated,
-    empty database of the test's own (a copy of one migrated once: tests/databases.py)."""
+    empty database of the test's own (a copy of one migrated once: tests/support/databases.py)."""
     if request.param == "sqlite":
         yield request.getfixturevalue("_sqlite_template").copy_to(tmp_path / "gpulease.sqlite")
         return
@@ -103,7 +103,7 @@ def engine(db_url):
 
 
 # --- browser tests: a screenshot of every page when one fails ------------------
-pytest_plugins = ["tests.browser"]
+pytest_plugins = ["tests.support.browser"]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -117,14 +117,14 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed and hasattr(item, "_gpulease_browser_contexts"):
-        from tests.browser import save_screenshots
+        from tests.support.browser import save_screenshots
 
         for path in save_screenshots(item):
             report.sections.append(("screenshot", str(path)))
     if report.when == "call":
         item._gpulease_started = call.start
     if report.failed:
-        from tests.hubproc import hub_tracebacks
+        from tests.support.hubproc import hub_tracebacks
 
         tracebacks = hub_tracebacks(getattr(item, "_gpulease_started", call.start) - 1)
         if tracebacks:

@@ -2,7 +2,7 @@
 
 Kept apart from the application's behaviour (gpulease.hub.app) so that each
 stays readable; every option has a help text, a default, and a row in
-docs/config.md (tests/test_docs.py checks).
+docs/config.md (tests/checks/test_docs.py checks).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ it brings over what changed (an edited source file, a package upgrade) and
 drops what is gone, so each `gpulease up` serves the code of the clone.
 
 `gpulease up` (gpulease.hub.app) keeps this copy in the state folder's
-server-env/; the tests (tests/isolation_env.py) keep theirs in /tmp.
+server-env/; the tests (tests/support/isolation_env.py) keep theirs in /tmp.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from tornado import web
 HUB_STATIC = Path(DATA_FILES_PATH) / "static"  # what the hub serves at /hub/static/
 STYLESHEET = "css/style.min.css"
 _ICONS = "components/@fortawesome/fontawesome-free/"
-# the stylesheet and what it imports (tests/test_site_nav.py reads its @imports)
+# the stylesheet and what it imports (tests/e2e/test_site_nav.py reads its @imports)
 FILES = (
     STYLESHEET,
     _ICONS + "css/fontawesome.css",

@@ -30,7 +30,7 @@ from tests.cluster.faults import FaultProxy
 from tests.cluster.kube import Kube, KubeError
 from tests.cluster.nodes import GpuNode, node_object
 from tests.cluster.packing_scheduler import PackingScheduler, running_packing_scheduler
-from tests.isolation_env import hub_python
+from tests.support.isolation_env import hub_python
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 POOL_LABEL = "gpulease.test/pool"

@@ -34,7 +34,7 @@ from gpulease.spawners.kube.scheduler_config import (
 )
 from tests.cluster.controlplane import ControlPlaneError, _free_ports, _healthy, _tail
 from tests.cluster.kube import Kube, KubeError
-from tests.processes import stop_process
+from tests.support.processes import stop_process
 
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 READY_S = 60

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpulease.singleuser import SERVER_SCRIPT
 from tests.cluster.conftest import POD_UID, ControlPlane
-from tests.isolation_env import hub_python
+from tests.support.isolation_env import hub_python
 
 
 def ours() -> Path:

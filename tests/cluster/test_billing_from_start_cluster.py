@@ -50,7 +50,7 @@ from tests.cluster.test_gpulease_up_cluster import (
     start,
     wait_for,
 )
-from tests.hubproc import HubProcess
+from tests.support.hubproc import HubProcess
 
 HTTP_TIMEOUT_S = 5  # where a start must fail for want of an answer
 SLOW_HTTP_TIMEOUT_S = 30  # where a server works WORK_S before it answers

@@ -1,6 +1,6 @@
 """api/inventory's cluster form and the inventory page, on the real API server.
 
-A real `gpulease up --GPULeaseHub.shape=cluster` (tests/hubproc.py: the real
+A real `gpulease up --GPULeaseHub.shape=cluster` (tests/support/hubproc.py: the real
 proxy and the gpulease service, which the hub gives GPULEASE_CLUSTER_NAMESPACE
 and its KUBECONFIG), with a ServiceAccount token holding only the
 inventory's ClusterRole (CLUSTER_RULES). GPU nodes of mixed MIG layouts and
@@ -27,7 +27,7 @@ from tests.cluster.kube import Kube, pods_path
 from tests.cluster.nodes import GpuNode
 from tests.cluster.rbac import RBAC, grant_cluster, service_account_token
 from tests.cluster.test_gpulease_up_cluster import SUBDOMAIN_HOST
-from tests.hubproc import HubProcess
+from tests.support.hubproc import HubProcess
 
 PW = "admin-secret-pw"
 

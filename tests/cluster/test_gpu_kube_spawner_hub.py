@@ -37,7 +37,7 @@ from tests.cluster.test_kubespawner import (
     stop_keeping_home,
     wait_ready,
 )
-from tests.hubproc import require_chp, run_in_kernel
+from tests.support.hubproc import require_chp, run_in_kernel
 
 # The stock hub's settings, with GPUKubeSpawner and gpulease's database instead.
 GPU_HUB_CONFIG = HUB_CONFIG.split('c.JupyterHub.spawner_class')[0] + """

@@ -1,6 +1,6 @@
 """`gpulease up` in the cluster shape, end to end on the test control plane.
 
-A real `gpulease up --GPULeaseHub.shape=cluster` (tests/hubproc.py: the real
+A real `gpulease up --GPULeaseHub.shape=cluster` (tests/support/hubproc.py: the real
 proxy, the gpulease service and culler) whose kubeconfig is a ServiceAccount
 token holding Zero to JupyterHub's hub Role in the users' namespace and the
 inventory's ClusterRole; the Kubernetes details (node selector, storage) are
@@ -31,7 +31,7 @@ from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
 from tests.cluster.rbac import grant_cluster
 from tests.cluster.test_kubespawner import home_volume, hub_kubeconfig
-from tests.hubproc import HubProcess
+from tests.support.hubproc import HubProcess
 
 PW = "admin-secret-pw"
 HEARTBEAT = 1.0

@@ -35,9 +35,9 @@ from tests.cluster.packing_scheduler import SchedulerProcess, token_kubeconfig
 from tests.cluster.test_kubespawner import home_volume
 from tests.cluster.test_packing_scheduler import place, pod, pool
 from tests.cluster.test_pod_spec_cluster import _manifest
-from tests.helm import CHART, VALUES_FILES, helm, values_args
-from tests.hubproc import HubProcess, free_port
-from tests.oidc_provider import (
+from tests.support.helm import CHART, VALUES_FILES, helm, values_args
+from tests.support.hubproc import HubProcess, free_port
+from tests.support.oidc_provider import (
     CLIENT_ID,
     CLIENT_SECRET,
     OIDCProvider,

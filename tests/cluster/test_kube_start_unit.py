@@ -1,6 +1,6 @@
 """GPUKubeSpawner's start between its container's start and its first answer, without a
 cluster: the pod watch is a stand-in holding one pod, the meter a recorder
-(tests/test_kube_run_end.py does the same for the end of a run)."""
+(tests/unit/spawners/kube/test_kube_run_end.py does the same for the end of a run)."""
 
 from __future__ import annotations
 

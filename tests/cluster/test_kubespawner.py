@@ -24,8 +24,8 @@ from tests.cluster.conftest import POD_UID, POOL_LABEL, SINGLEUSER_IMAGE, Contro
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
 from tests.cluster.rbac import grant, grant_cluster, service_account_token
-from tests.hubproc import CHP, free_port, require_chp, run_in_kernel
-from tests.processes import stop_process
+from tests.support.hubproc import CHP, free_port, require_chp, run_in_kernel
+from tests.support.processes import stop_process
 
 # What z2jh's hub Role grants (templates/hub/rbac.yaml).
 HUB_RULES = [

@@ -20,8 +20,8 @@ from tests.cluster.test_gpulease_up_cluster import (  # noqa: F401 (cluster_hub:
     pod_of,
     start,
 )
-from tests.hubproc import HubProcess
-from tests.test_e2e_queue import queue_of, wait_for_progress
+from tests.e2e.test_queue import queue_of, wait_for_progress
+from tests.support.hubproc import HubProcess
 
 SLICES = 7  # cluster_hub's node: 7 x 1g.18gb
 WAITING = "Waiting for a free H200 slice 1g.18gb: position 1 in the queue"

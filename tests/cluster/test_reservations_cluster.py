@@ -35,7 +35,7 @@ from tests.cluster.test_gpulease_up_cluster import (
 )
 from tests.cluster.test_kubespawner import home_volume
 from tests.cluster.test_spot_cluster import CLASSES, _priority_classes
-from tests.test_e2e_reservations import _begin_now
+from tests.e2e.test_reservations import _begin_now
 
 GRACE = 4
 PROFILES = {"profiles": [

@@ -1,7 +1,7 @@
 """VS Code's JupyterHub extension against `gpulease up` in the cluster shape.
 
-The extension's own traffic (tests/vscode_client.py, the same sequence as the
-embedded box's tests/test_vscode_e2e.py) against
+The extension's own traffic (tests/support/vscode_client.py, the same sequence as the
+embedded box's tests/e2e/test_vscode.py) against
 `gpulease up --GPULeaseHub.shape=cluster` on the test control plane
 (cluster_hub_at): a user with a password mints a token, lists her servers,
 starts one with NO body, and runs code on a kernel over the websocket with
@@ -28,8 +28,8 @@ from tests.cluster.kube import Kube
 from tests.cluster.nodes import GpuNode
 from tests.cluster.pod_plan import DEVICES_ANNOTATION
 from tests.cluster.test_gpulease_up_cluster import PROFILES, PW, SLICE, cluster_hub_at
-from tests.hubproc import HubProcess
-from tests.vscode_client import extension_sequence, revoke, wait_kernel_activity
+from tests.support.hubproc import HubProcess
+from tests.support.vscode_client import extension_sequence, revoke, wait_kernel_activity
 
 CPU = {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1Gi",
        "images": ["pytorch"], "price_per_hour": "0.10", "min_run": "1s"}

@@ -1,5 +1,5 @@
 // promtool checks and unit-tests the alert rules of helm/gpulease
-// (tests/test_alert_rules.py). scripts/cluster-tools builds it. Prometheus's own
+// (tests/checks/test_alert_rules.py). scripts/cluster-tools builds it. Prometheus's own
 // go.mod has no replace directives at this version; copy any a later one has.
 module gpulease.test/cluster-tools/prometheus
 
