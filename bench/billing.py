@@ -43,7 +43,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script: make `bench.*` and `tests.support.hubproc` importable
+sys.path.insert(0, str(ROOT))  # run as a script: `bench.*`, `tests.support.hubproc` importable
 
 from bench.billing_cluster import TARGETS as CLUSTER_TARGETS  # noqa: E402
 from bench.billing_cluster import add_cluster_arguments, cluster_figures  # noqa: E402

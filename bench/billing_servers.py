@@ -1,6 +1,6 @@
 """Billing through the real hub: the `servers` and `kill` parts of bench/billing.py.
 
-  servers    `gpulease up` (tests/hubproc.HubProcess) with a `cpu` profile at
+  servers    `gpulease up` (tests/support/hubproc.py's HubProcess) with a `cpu` profile at
              3.6 credits/h; N named servers (real JupyterLab) of random lengths
              (most short, some of a minute or more), at most C at once, each
              removed once stopped. Each server's interval is measured by the

@@ -1,6 +1,6 @@
 """Suspend lateness on a real hub: the `lateness` part of bench/culler.py.
 
-One `gpulease up` (tests/hubproc.HubProcess) with the culler at its shipped
+One `gpulease up` (tests/support/hubproc.py's HubProcess) with the culler at its shipped
 interval (GPULeaseOptions.culler_interval, not overridden), a `cpu` profile
 with `idle_timeout: 60s`, one user with credit, and N named servers (real
 JupyterLab) started at most B at a time. Nobody touches a server once it is

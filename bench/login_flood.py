@@ -1,6 +1,6 @@
 """The hub's API while wrong-password logins flood its login form.
 
-A real `gpulease up` (tests/hubproc.HubProcess). One prober sends
+A real `gpulease up` (tests/support/hubproc.py's HubProcess). One prober sends
 `GET /hub/api/user` with a token through the proxy, one request every 50 ms,
 and times each; 50 flooders, each from its own loopback address (127.0.0.10
 to .59: all of 127.0.0.0/8 is this machine on Linux), post wrong passwords

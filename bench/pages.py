@@ -1,6 +1,6 @@
 """The spawn page at scale: 100 profiles and 1,000 GPUs in inventory.
 
-A real `gpulease up` (tests/hubproc.HubProcess) with a declared inventory of
+A real `gpulease up` (tests/support/hubproc.py's HubProcess) with a declared inventory of
 1,000 GPUs (125 nodes of 8 H200s: half cut into seven 1g.18gb MIG slices,
 half whole) and 100 profiles (MIG slices, whole cards, CPU only; some limited
 to a group). A researcher logged in through the real login form loads

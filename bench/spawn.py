@@ -4,7 +4,7 @@ Starts two hubs side by side, each on its own free loopback ports and temp state
 
   stock     `python -m jupyterhub` with SimpleLocalProcessSpawner and NullAuthenticator;
             a service token with an admin role creates the user and its token
-  gpulease  `gpulease up` (tests/hubproc.HubProcess) with LocalGPUSpawner on the
+  gpulease  `gpulease up` (tests/support/hubproc.py's HubProcess) with LocalGPUSpawner on the
             declared demo inventory, spawning the `h200-1g` MIG profile, so that
             options resolution, placement and the assignment record are all on the path
 
@@ -48,7 +48,7 @@ from typing import Any
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script: make `bench.procs`, `tests.support.hubproc` importable
+sys.path.insert(0, str(ROOT))  # run as a script: `bench.procs`, `tests.support` importable
 
 from bench.figures import figure, target  # noqa: E402
 from bench.kernel_client import PHASES, Phases, click_to_kernel  # noqa: E402

@@ -1,6 +1,6 @@
 """Screenshots of gpulease's pages for the README and docs: `make screenshots`.
 
-Starts a throwaway hub (tests/hubproc.HubProcess: the demo inventory of H200 slices
+Starts a throwaway hub (tests/support/hubproc.py's HubProcess: the demo inventory of H200 slices
 and a whole H200, the sample profiles) in a temporary folder, with its admin and a
 researcher, ada, who has credit, a stopped CPU server that ran (a session on her
 usage page) and a running H200 slice. A headless system Chromium (Playwright, never

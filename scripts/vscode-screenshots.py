@@ -1,6 +1,6 @@
 """Take the hub-side screenshots of docs/vscode.md: `python scripts/vscode-screenshots.py`.
 
-Starts a throwaway hub (tests/hubproc.HubProcess, demo inventory) in a
+Starts a throwaway hub (tests/support/hubproc.py's HubProcess, demo inventory) in a
 temporary folder, makes a user `vera` with a named server `vscode` that
 remembers the H200 slice profile, logs in with a headless system Chromium
 (Playwright, never a downloaded browser) and saves 1280x720 PNGs into

@@ -9,17 +9,13 @@ local environment starts `jupyterhub.tests.mocksu`), so a start takes about a se
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.support.hubproc import HubProcess
-from tests.support.isolation_env import mock_server_catalog
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_PW = "admin-secret-pw"
 PROFILES = {"profiles": [
     # 6 credits/h: its 10-minute minimum run costs exactly 1 credit
     {"slug": "paid", "display_name": "Paid CPU", "cpu": 1, "memory": "1Gi", "images": ["mock"],
@@ -35,28 +31,12 @@ INVENTORY = {"nodes": [{"name": "local", "gpus": [
     {"model": "H200", "memory": "141Gi", "driver": "580.159", "mig": ["1g.18gb"]}]}]}
 
 
-def _files(base: Path) -> list[str]:
-    catalog = mock_server_catalog(base)
-    (base / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
-    (base / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY))
-    (base / "config.py").write_text("c.Spawner.poll_interval = 1\n")
-    return [f"--profiles={base / 'profiles.yaml'}", f"--inventory={base / 'inventory.yaml'}",
-            f"--catalog={catalog}", f"--config={base / 'config.py'}",
-            "--GPULeaseHub.culler_enabled=False", "--GPULeaseHub.queue_max_wait=0",
-            '--GPULeaseHub.admin_groups=["gladmins"]']
-
-
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("admission")
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=_files(base)).start()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def admin(hub):
-    return hub.token_for("admin", ADMIN_PW)
+def hub_options() -> HubOptions:
+    return HubOptions(profiles=PROFILES, inventory=INVENTORY, mock_catalog=True,
+                      config="c.Spawner.poll_interval = 1\n",
+                      args=["--GPULeaseHub.culler_enabled=False", "--GPULeaseHub.queue_max_wait=0",
+                            '--GPULeaseHub.admin_groups=["gladmins"]'])
 
 
 def server_path(user: str, server: str) -> str:

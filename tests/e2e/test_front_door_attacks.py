@@ -18,7 +18,7 @@ servers, and what stops it:
   chunked is cut past it: JupyterHub's HTTP server buffered up to 100 MB of each
   request in the hub's memory, from anyone, before any login was checked.
 
-Servers run JupyterHub's mock single-user server (tests/isolation_env.mock_server_catalog).
+Servers run JupyterHub's mock single-user server (tests/support/isolation_env.py's mock_server_catalog).
 """
 
 from __future__ import annotations
@@ -33,18 +33,15 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
-import yaml
 
 from gpulease.host.unix_accounts import GECOS_MARK, choose_uid
-from tests.support.hubproc import HubProcess, free_port
-from tests.support.isolation_env import hub_python, mock_server_catalog
+from tests.support.hubproc import HubOptions, free_port
+from tests.support.isolation_env import hub_python
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_PW = "admin-secret-pw"
 MAX_RUNTIME_S = 6
 PROFILES = {"profiles": [
     {"slug": "cpu1", "display_name": "1 core", "cpu": 1, "memory": "1Gi", "images": ["mock"],
@@ -56,25 +53,11 @@ PROFILES = {"profiles": [
 MIB = 1 << 20
 
 
-def _files(base: Path) -> list[str]:
-    catalog = mock_server_catalog(base)
-    (base / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
-    return [f"--profiles={base / 'profiles.yaml'}", f"--catalog={catalog}",
-            "--GPULeaseHub.culler_interval=1", "--GPULeaseHub.heartbeat_interval=1",
-            "--Spawner.poll_interval=1"]
-
-
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("front-door")
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=_files(base)).start()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def admin(hub):
-    return hub.token_for("admin", ADMIN_PW)
+def hub_options() -> HubOptions:
+    return HubOptions(profiles=PROFILES, mock_catalog=True,
+                      args=["--GPULeaseHub.culler_interval=1", "--GPULeaseHub.heartbeat_interval=1",
+                            "--Spawner.poll_interval=1"])
 
 
 def test_a_profile_named_as_a_list_of_one_still_gets_its_max_runtime(hub, admin):

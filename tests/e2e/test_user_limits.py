@@ -3,7 +3,7 @@ a seventeenth core, a fourth queue place, a 2 MiB body and a 400-day usage query
 refused with the documented status and a message naming the limit, and leave nothing
 half-written (no server row, no queue row, no session, the saved options as they were).
 
-Servers run JupyterHub's mock single-user server (tests/isolation_env.mock_server_catalog);
+Servers run JupyterHub's mock single-user server (tests/support/isolation_env.py's mock_server_catalog);
 the inventory is one MIG slice, so a second slice start waits in the queue. Every limit
 is at its default. The pure decisions are tested in tests/unit/core/policy/test_user_limits.py.
 """
@@ -16,19 +16,15 @@ import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests
-import yaml
 
 from gpulease.core.clock import utcnow
-from tests.support.hubproc import HubProcess
-from tests.support.isolation_env import mock_server_catalog
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_PW = "admin-secret-pw"
 FREE = {"images": ["mock"], "price_per_hour": "0", "min_run": "0"}
 PROFILES = {"profiles": [
     {"slug": "slice", "display_name": "Slice", "gpu": {"model": "H200", "mig": "1g.18gb"},
@@ -45,28 +41,12 @@ CONFIG = ('c.Spawner.poll_interval = 1\n'
 MIB = 1 << 20
 
 
-def _files(base: Path) -> list[str]:
-    catalog = mock_server_catalog(base)
-    (base / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
-    (base / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY))
-    (base / "config.py").write_text(CONFIG)
-    return [f"--profiles={base / 'profiles.yaml'}", f"--inventory={base / 'inventory.yaml'}",
-            f"--catalog={catalog}", f"--config={base / 'config.py'}",
-            "--GPULeaseHub.culler_enabled=False", "--GPULeaseHub.queue_max_wait=5m",
-            "--LocalGPUSpawner.queue_poll_interval=1"]
-
-
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("user-limits")
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=_files(base)).start()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def admin(hub):
-    return hub.token_for("admin", ADMIN_PW)
+def hub_options() -> HubOptions:
+    return HubOptions(profiles=PROFILES, inventory=INVENTORY, mock_catalog=True, config=CONFIG,
+                      args=["--GPULeaseHub.culler_enabled=False",
+                            "--GPULeaseHub.queue_max_wait=5m",
+                            "--LocalGPUSpawner.queue_poll_interval=1"])
 
 
 def _path(user: str, server: str) -> str:

@@ -29,7 +29,7 @@ import requests
 import yaml
 
 from gpulease.site_urls import SiteURLs, loopback_session
-from tests.support.isolation_env import hub_python, relocate_state
+from tests.support.isolation_env import hub_python, mock_server_catalog, relocate_state
 
 ROOT = Path(__file__).resolve().parents[2]
 CHP = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -163,7 +163,7 @@ class HubOptions:
 
     profiles: dict | None = None  # --profiles (a profiles.yaml's content)
     inventory: dict | None = None  # --inventory
-    catalog: Path | None = None  # --catalog (a file the module wrote)
+    mock_catalog: bool = False  # --catalog: mock_server_catalog's (servers in milliseconds)
     config: str | None = None  # --config (a gpulease_config.py's text)
     args: Sequence[str] = ()  # more command-line options
     users: Sequence[str] = ()  # local accounts made, with password_of(name)
@@ -175,8 +175,8 @@ class HubOptions:
             if content is not None:
                 (base / f"{name}.yaml").write_text(yaml.safe_dump(content))
                 out.append(f"--{name}={base / f'{name}.yaml'}")
-        if self.catalog is not None:
-            out.append(f"--catalog={self.catalog}")
+        if self.mock_catalog:
+            out.append(f"--catalog={mock_server_catalog(base)}")
         if self.config is not None:
             (base / "gpulease_config.py").write_text(self.config)
             out.append(f"--config={base / 'gpulease_config.py'}")
