@@ -1,6 +1,6 @@
 """Every gpulease URL from one place: the hub's, the gpulease service's, each server's.
 
-With a subdomain host (on by default, gpulease.hub.origins) JupyterHub serves each
+With a subdomain host (on by default, gpulease.hub.web.origins) JupyterHub serves each
 user's servers from an origin of their own (`ada.<host>`) and each routed service from
 its own (`gpulease--service.<host>`), so a link between the hub's pages, the service's
 pages and a server is never a relative path: it is built here, from what JupyterHub

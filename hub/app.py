@@ -38,7 +38,6 @@ from gpulease.host.state import (
     write_cli_file,
 )
 from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
-from gpulease.hub import canonical_host
 from gpulease.hub.auth.github import GPULeaseGitHubAuthenticator
 from gpulease.hub.auth.local import LocalAccountsAuthenticator
 from gpulease.hub.auth.oauth import ProviderSignIn
@@ -69,14 +68,15 @@ from gpulease.hub.config.isolation_check import (
 )
 from gpulease.hub.config.server_env import ServerEnvError
 from gpulease.hub.config.server_env import choose as choose_server_env
-from gpulease.hub.hub_tasks import HubTasks, prune_audit
-from gpulease.hub.interrupted_start import with_interruptible_starts
-from gpulease.hub.notifier import Notifier, announce, backends_from_env
-from gpulease.hub.origins import OriginError, is_loopback, plan_origins
-from gpulease.hub.queue_resume import resume_then_serve
+from gpulease.hub.servers.interrupted_start import with_interruptible_starts
+from gpulease.hub.servers.notifier import Notifier, announce, backends_from_env
+from gpulease.hub.servers.queue_resume import resume_then_serve
+from gpulease.hub.servers.tasks import HubTasks, prune_audit
+from gpulease.hub.web import canonical_host
 from gpulease.hub.web.body_budget import BudgetedHTTPServer
 from gpulease.hub.web.hub_user_api import with_checked_names
 from gpulease.hub.web.named_servers import refusing_limit
+from gpulease.hub.web.origins import OriginError, is_loopback, plan_origins
 from gpulease.spawners.context import get_context
 from gpulease.spawners.local.cgroups import HostReader, choose_mechanism
 from gpulease.spawners.local.spawner import LocalGPUSpawner, prestart_warm_launcher
@@ -428,7 +428,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     def _resume_queue(self) -> None:
         """Start again what the previous hub left queued, now that the hub, its proxy and
-        services are up: through the hub's REST API (gpulease.hub.queue_resume says why)."""
+        services are up: through the hub's REST API (gpulease.hub.servers.queue_resume says why)."""
         left, self._left_queued = getattr(self, "_left_queued", []), []
         token = self._service_map[SERVICE_NAME].api_token if left else ""
         self._resuming = resume_then_serve(self, self._ctx, left, token, self.log,

@@ -149,7 +149,7 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
         on_demand, ctx.inventory, set(held) - set().union(*leaving.values()), holdings,
         {key: frozenset(devices) for key, devices in leaving.items()}, withheld,
         {ticket: ticket.reservation for ticket, _ in on_demand})
-    # (after a restart, not before every queued start is back: hub/queue_resume.py)
+    # (after a restart, not before every queued start is back: hub/servers/queue_resume.py)
     for key in () if meter.queue_resuming else decided.unneeded:
         await withdraw(ctx, key, "no waiting start needs its GPU any more")
     told = []

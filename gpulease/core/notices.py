@@ -2,7 +2,7 @@
 
 The hub's notices, the idle culler's and the credit enforcer's all say it in
 these words, on the hub's page and in the mail or webhook message alike
-(hub/notifier.py sends them).
+(hub/servers/notifier.py sends them).
 """
 
 from __future__ import annotations

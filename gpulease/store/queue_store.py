@@ -6,7 +6,7 @@ can show who waits, in which order, for which profile. A row exists exactly
 while its spawn waits: it is removed when the spawn is placed, refused,
 cancelled or gives up. The rows outlive the hub: one killed leaves them, one
 stopping (Ctrl-C, SIGTERM) keeps them (`keep_rows`), and the next hub starts
-those spawns again in their order (gpulease.hub.queue_resume).
+those spawns again in their order (gpulease.hub.servers.queue_resume).
 """
 
 from __future__ import annotations

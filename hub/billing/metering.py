@@ -117,7 +117,7 @@ class Meter:
     preempting: dict[Key, Preempting] = field(default_factory=dict)
     # While the hub starts again the spawns the previous one left queued (one at a
     # time), a preemption it restored may be for a start not yet back in the queue:
-    # none is taken back until they all are (gpulease.hub.queue_resume.resume_then_serve).
+    # none is taken back until they all are (gpulease.hub.servers.queue_resume.resume_then_serve).
     queue_resuming: bool = False
     # (server, reservation) pairs told that the reservation is ending (reservation_ends)
     told_of_ends: set[tuple[Key, int]] = field(default_factory=set)

@@ -13,7 +13,7 @@ from traitlets.config import Configurable
 from gpulease.core.capacity.queue import QUEUE_PLACES_PER_USER
 from gpulease.core.policy.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.core.units import parse_duration
-from gpulease.hub.notifier import WebhookURL
+from gpulease.hub.servers.notifier import WebhookURL
 from gpulease.spawners.cap_traits import CoresCap, MemoryCap
 from gpulease.spawners.spot_preemption import SPOT_GRACE_S
 from gpulease.store.failed_starts import DEFAULT_LIMIT as DEFAULT_FAILED_START_LIMIT

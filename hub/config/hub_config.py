@@ -110,8 +110,8 @@ def hub_page_handlers(s: HubSettings) -> list[tuple]:
     The home page's default-profile form posts here with the hub's own cookie
     and _xsrf: a hub page has no OAuth cookie of the gpulease service.
     """
-    from gpulease.hub.site_handler import SiteHandler
     from gpulease.hub.web.home_page import DefaultProfileFormHandler
+    from gpulease.hub.web.site_handler import SiteHandler
 
     return [(r"/gpulease/default-profile", DefaultProfileFormHandler,
              {"get_ctx": _context_of(s)}),
@@ -163,7 +163,7 @@ class HubSettings:
     admin_groups: tuple[str, ...] = ()
     auditor_groups: tuple[str, ...] = ()
     # Where browsers reach the hub (JupyterHub.public_url, with the base URL), and the
-    # host users' servers get subdomains of (gpulease.hub.origins; "": the hub's origin).
+    # host users' servers get subdomains of (gpulease.hub.web.origins; "": the hub's origin).
     public_url: str = "http://127.0.0.1:8000/"
     subdomain_host: str = ""
     cookie_host_prefix: bool = False  # JupyterHub.cookie_host_prefix_enabled (https)
@@ -264,14 +264,14 @@ def service_direct_url(s: HubSettings, host: str = "127.0.0.1") -> str:
 
 
 def hub_config(s: HubSettings) -> Config:
-    from gpulease.hub.error_text import error_text
-    from gpulease.hub.site_nav import SiteNav
+    from gpulease.hub.web.error_text import error_text
     from gpulease.hub.web.home_page import home_template_var
+    from gpulease.hub.web.site_nav import SiteNav
 
     c = Config()
     hub = c.JupyterHub
     hub.db_url = s.state.hub_db_url
-    # Each user's servers on an origin of their own (gpulease.hub.origins).
+    # Each user's servers on an origin of their own (gpulease.hub.web.origins).
     hub.subdomain_host = s.subdomain_host
     hub.public_url = s.public_url if s.subdomain_host else ""
     hub.cookie_host_prefix_enabled = s.cookie_host_prefix
@@ -295,7 +295,7 @@ def hub_config(s: HubSettings) -> Config:
         # error.html's wording per status; JupyterHub calls a callable value with
         # the page's user, so this one returns the function itself
         "gpulease_error_text": lambda _user: error_text,
-        # the one navigation bar of the hub's and the service's pages (hub/site_nav.py)
+        # the one navigation bar of the hub's and the service's pages (hub/web/site_nav.py)
         "gpulease_nav": lambda _user: SiteNav(s.page_urls),
     }
     hub.services = [

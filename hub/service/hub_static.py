@@ -1,6 +1,6 @@
 """JupyterHub's stylesheet, served by the gpulease service for its own pages.
 
-The service's pages look like the hub's (one site: hub/site_nav.py has their one
+The service's pages look like the hub's (one site: hub/web/site_nav.py has their one
 navigation bar): they link JupyterHub's own stylesheet, Bootstrap with the hub's
 colours and font, and the icon font it imports. With users' servers on subdomains
 the service is an origin of its own, and its pages' policy allows styles and fonts

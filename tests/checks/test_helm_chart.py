@@ -363,7 +363,7 @@ def template(*sets: str) -> tuple[int, str]:
 def test_an_install_that_cannot_know_the_domain_of_the_users_servers_is_refused():
     """Each user's servers get an origin of their own, USER.<domain>: with no Ingress host
     and no hub.subdomainHost nothing says the domain, and the install is refused naming
-    what to set, rather than a hub that crash-loops (gpulease.hub.origins refuses to start
+    what to set, rather than a hub that crash-loops (gpulease.hub.web.origins refuses to start
     the cluster shape without one)."""
     status, stderr = template()
     assert status != 0

@@ -45,7 +45,7 @@ PROFILES = {"profiles": [
      "images": ["pytorch"], "price_per_hour": "3600", "min_run": "1s"},
 ]}
 # The cluster's proxy is reachable beyond a loopback, so `up` in the cluster shape needs a
-# domain for the users' servers (gpulease.hub.origins): here the test box's own,
+# domain for the users' servers (gpulease.hub.web.origins): here the test box's own,
 # USER.localhost:PORT, which browsers and the tests' clients reach on loopback.
 SUBDOMAIN_HOST = "--subdomain-host=http://localhost:{port}"
 # The admin's own config: what only they know of their cluster (KubeSpawner's options).

@@ -1,4 +1,4 @@
-"""The cluster shape's queue survives a hub restart (gpulease.hub.queue_resume), through
+"""The cluster shape's queue survives a hub restart (gpulease.hub.servers.queue_resume), through
 `gpulease up` on the test control plane (test_gpulease_up_cluster.py's cluster_hub).
 
 Every MIG slice of the pool is held by another tenant's pods; alice's start waits in

@@ -1,4 +1,4 @@
-"""End to end: the admission queue survives a hub restart (gpulease.hub.queue_resume).
+"""End to end: the admission queue survives a hub restart (gpulease.hub.servers.queue_resume).
 
 The hub of tests/e2e/test_queue.py (two 1g.18gb slices, the mock single-user
 server): two servers hold both slices, more starts wait in the queue, the hub is

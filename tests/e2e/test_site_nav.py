@@ -1,7 +1,7 @@
 """One site, on a real hub: the navigation bar on a hub page and on a service page is the
 same, item for item, for a researcher, an auditor and an admin, and the service's pages
-load the hub's stylesheet (hub/site_nav.py, hub/templates/page.html, the service's
-base.html, hub/service/hub_static.py; tests/unit/hub/test_site_nav.py holds the rule and
+load the hub's stylesheet (hub/web/site_nav.py, hub/templates/page.html, the service's
+base.html, hub/service/hub_static.py; tests/unit/hub/web/test_site_nav.py holds the rule and
 both templates rendered without a hub).
 """
 
@@ -13,9 +13,9 @@ from urllib.parse import urljoin
 import pytest
 
 from gpulease.hub.service import hub_static
-from gpulease.hub.site_nav import PRODUCT
+from gpulease.hub.web.site_nav import PRODUCT
 from tests.support.hubproc import ADMIN_PW, HubOptions, password_of
-from tests.unit.hub.test_site_nav import AUDIT_PAGES, EVERYONE, bar
+from tests.unit.hub.web.test_site_nav import AUDIT_PAGES, EVERYONE, bar
 
 # --- a real hub ---------------------------------------------------------------------------
 

@@ -198,7 +198,7 @@ class HubProcess:
     @property
     def url(self) -> str:
         """The hub's address; API calls with a token work on any host name it listens on,
-        a browser's pages are sent to its public URL (hub.canonical_host)."""
+        a browser's pages are sent to its public URL (hub/web/canonical_host.py)."""
         return f"{self.scheme}://localhost:{self.port}"
 
     @property

@@ -36,7 +36,7 @@ class SessionRecords(Protocol):
 
 class Announce(Protocol):
     """Post a notice the hub raises itself and tell its user by their channel; never
-    raises (hub/notifier.py's `announce`, bound to the hub's store and backends)."""
+    raises (hub/servers/notifier.py's `announce`, bound to the hub's store and backends)."""
 
     def __call__(self, kind: str, user: str, server: str, profile: str | None,
                  minutes: float | None, rendered: tuple[str, str] | None = None,
@@ -51,7 +51,7 @@ class Meter(Protocol):
     # Spot (or displaced) servers told they are preempted, by (user, server).
     preempting: dict[Key, Preempting]
     # While the hub restarts the spawns its predecessor left queued, no preemption is
-    # taken back (hub/queue_resume.py).
+    # taken back (hub/servers/queue_resume.py).
     queue_resuming: bool
     # Writes that failed while the database was unreachable, retried each heartbeat.
     deferred: list[Callable[[], object]]

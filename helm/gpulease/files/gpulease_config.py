@@ -58,7 +58,7 @@ c.LocalAccountsAuthenticator.trusted_proxies = chart["trustedProxies"]
 if chart["publicUrl"]:
     c.JupyterHub.public_url = chart["publicUrl"]
 # Each user's servers on an origin of their own, USER.<domain> (hub.subdomainHost, else
-# the Ingress's host; gpulease.hub.origins), or all on the hub's (hub.allowSharedOrigin).
+# the Ingress's host; gpulease.hub.web.origins), or all on the hub's (hub.allowSharedOrigin).
 c.JupyterHub.subdomain_host = chart["subdomainHost"]
 c.GPULeaseHub.allow_shared_origin = chart["allowSharedOrigin"]
 

@@ -89,7 +89,7 @@ seccompProfile:
 {{- end -}}
 
 {{/* JupyterHub.subdomain_host: each user's servers at USER.<domain>, the gpulease
-     service at gpulease--service.<domain> (gpulease.hub.origins). hub.subdomainHost, else
+     service at gpulease--service.<domain> (gpulease.hub.web.origins). hub.subdomainHost, else
      the first Ingress host's origin; "" only with hub.allowSharedOrigin; else refused. */}}
 {{- define "gpulease.subdomainHost" -}}
 {{- $hub := .Values.hub -}}

@@ -20,7 +20,7 @@ from jupyterhub.utils import url_path_join
 
 from gpulease.core.notices import subject_for
 from gpulease.core.refusal import Refusal
-from gpulease.hub.notifier import Notifier, backends_from_env, dispatch
+from gpulease.hub.servers.notifier import Notifier, backends_from_env, dispatch
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.billing_views import iso, parse_time
 from gpulease.hub.service.errors import APIError

@@ -17,11 +17,11 @@ from tornado import web
 from gpulease.core.clock import utcnow
 from gpulease.core.refusal import Refusal
 from gpulease.core.units import seconds_text
-from gpulease.hub.error_text import ErrorText, error_text
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service import hub_static
 from gpulease.hub.service.api.billing import BillingHandler, balance_of
-from gpulease.hub.site_nav import SiteNav
+from gpulease.hub.web.error_text import ErrorText, error_text
+from gpulease.hub.web.site_nav import SiteNav
 from gpulease.sign_in_failure import sign_in_failure
 from gpulease.site_urls import SiteURLs
 from gpulease.store import billing_reports
@@ -58,7 +58,7 @@ class PageHandler(BillingHandler):
         return ns
 
     def _nav_items(self, nav: SiteNav) -> list:
-        """The bar's items for the caller (hub/site_nav.py), none for no one signed in."""
+        """The bar's items for the caller (hub/web/site_nav.py), none for no one signed in."""
         model = self.current_user
         if not isinstance(model, dict) or not model.get("name"):
             return []

@@ -107,7 +107,7 @@ def test_heartbeat_confirms_and_stops_accounts_at_zero(meter):
 
 def test_low_balance_notice(meter):
     """A balance turning low posts a `credit_low` notice and notifies the user, once."""
-    from gpulease.hub.notifier import announce
+    from gpulease.hub.servers.notifier import announce
     from gpulease.store.notices import NoticeStore
 
     sent = []
@@ -304,7 +304,7 @@ def test_a_stop_is_not_killed_before_it_had_a_heartbeat(meter):
 
 
 def test_a_member_at_their_cap_is_stopped_with_account_cap_and_told(meter):
-    from gpulease.hub.notifier import announce
+    from gpulease.hub.servers.notifier import announce
     from gpulease.store.notices import NoticeStore
 
     store = NoticeStore(meter.engine)

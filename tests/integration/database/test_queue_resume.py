@@ -1,4 +1,4 @@
-"""The rule for spawns left queued by a previous hub (gpulease.hub.queue_resume.plan_resume).
+"""The rule for spawns left queued by a previous hub (gpulease.hub.servers.queue_resume.plan_resume).
 
 Pure: the rows, what the new hub knows of each server, the profiles in; what starts
 again (in order, with which options) and what is skipped (and why) out. The hub's
@@ -13,7 +13,7 @@ from dataclasses import replace
 from decimal import Decimal
 
 from gpulease.core.model.profiles import GpuSpec, Profile
-from gpulease.hub.queue_resume import Resume, ServerNow, Skip, plan_resume, resume_in_order
+from gpulease.hub.servers.queue_resume import Resume, ServerNow, Skip, plan_resume, resume_in_order
 from gpulease.store.queue_store import QueuedSpawn, QueueStore
 
 T0 = dt.datetime(2025, 1, 1)

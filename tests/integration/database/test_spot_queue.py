@@ -242,7 +242,7 @@ async def test_once_the_queue_is_back_a_restored_preemption_nobody_needs_is_take
     disabled meanwhile, say): the pass after the resume takes her preemption back."""
     import logging
 
-    from gpulease.hub.queue_resume import resume_then_serve
+    from gpulease.hub.servers.queue_resume import resume_then_serve
     from gpulease.spawners import queue_runner
 
     _running(ctx, "sue", "spot", utcnow() - dt.timedelta(minutes=5))

@@ -108,14 +108,14 @@ def test_user_config_file_wins_over_gpulease_defaults(tmp_path):
 
 @pytest.mark.parametrize("ip,warned", [("127.0.0.1", False), ("0.0.0.0", True), ("::", True)])
 def test_loopback_detection(ip, warned):
-    from gpulease.hub.origins import is_loopback
+    from gpulease.hub.web.origins import is_loopback
 
     assert is_loopback(ip) is not warned
 
 
 def test_a_hub_beyond_loopback_without_a_subdomain_host_refuses_to_start(tmp_path):
     # Its users' servers would share the hub's origin: a page one of them serves could
-    # act as an admin who opens it (hub/origins.py). The message names both ways out.
+    # act as an admin who opens it (hub/web/origins.py). The message names both ways out.
     result = run_up(f"--state={tmp_path / 's'}", "--ip=0.0.0.0", "--port=1")
     assert result.returncode == 1, result.stderr[-2000:]
     err = result.stderr

@@ -1,4 +1,4 @@
-"""hub/canonical_host: a browser's page request on another host name goes to the hub's.
+"""hub/web/canonical_host.py: a browser's page request on another host name goes to the hub's.
 
 A tornado application standing in for the hub's (the same install() the hub calls in
 init_tornado_application), asked as a browser and as clients ask.
@@ -12,7 +12,7 @@ import pytest
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-from gpulease.hub import canonical_host
+from gpulease.hub.web import canonical_host
 
 PUBLIC = "http://localhost:8000/"
 NAVIGATE = {"Sec-Fetch-Mode": "navigate", "Accept": "text/html"}

@@ -22,7 +22,7 @@ from aiosmtpd.smtp import AuthResult
 from gpulease.core.notices import render
 from gpulease.host.state import StateDir
 from gpulease.hub.config.hub_config import HubSettings, hub_config
-from gpulease.hub.notifier import SmtpNotifier, WebhookNotifier, backends_from_env, dispatch
+from gpulease.hub.servers.notifier import SmtpNotifier, WebhookNotifier, backends_from_env, dispatch
 from gpulease.store.notices import KINDS, Prefs
 from tests.support.hubproc import free_port
 

@@ -1,10 +1,10 @@
-"""hub/origins.plan_origins: which origins `gpulease up` serves, decided without a hub."""
+"""hub/web/origins.py, plan_origins: which origins `gpulease up` serves, decided without a hub."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpulease.hub.origins import SHARED_ORIGIN_WARNING, OriginError, plan_origins
+from gpulease.hub.web.origins import SHARED_ORIGIN_WARNING, OriginError, plan_origins
 
 BASE = dict(scheme="http", ip="127.0.0.1", port=8000, base_url="/", subdomain_host="",
             public_url="", allow_shared_origin=False, cluster=False)

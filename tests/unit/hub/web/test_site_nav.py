@@ -17,10 +17,10 @@ from tornado.template import Loader
 from gpulease.hub.auth.caller_rights import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_SCOPE
 from gpulease.hub.config.hub_config import SERVICE_NAME
 from gpulease.hub.service import hub_static
-from gpulease.hub.site_nav import PRODUCT, SiteNav, nav_items
+from gpulease.hub.web.site_nav import PRODUCT, SiteNav, nav_items
 from gpulease.site_urls import SiteURLs
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SUBDOMAINS = SiteURLs("http://localhost:8000/", "http://localhost:8000")
 SHARED = SiteURLs("/")
 EVERYONE = ["Servers", "Usage", "Token"]

@@ -12,7 +12,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from gpulease.hub.error_text import error_text
+from gpulease.hub.web.error_text import error_text
 from gpulease.singleuser import error_page
 from tests.support.singleuser_app import hub_server_app
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from tornado import httputil, web
 from tornado.routing import Matcher, Rule
 
-from gpulease.hub.origins import DEFAULT_PORTS
+from gpulease.hub.web.origins import DEFAULT_PORTS
 
 
 def host_and_port(netloc: str, scheme: str) -> tuple[str, int]:
