@@ -21,7 +21,7 @@ from gpulease.core.model.gpu_models import GPU_MEMORY, mig_memory_bytes
 from gpulease.core.model.profiles import Profile
 from gpulease.core.policy.options import price_text
 from gpulease.core.refusal import Refusal
-from gpulease.core.tiers import ON_DEMAND, SPOT
+from gpulease.core.tiers import ON_DEMAND, SPOT, tier
 from gpulease.core.units import format_credits, format_duration, rate_cost
 from gpulease.spawners.http_error import http_error
 
@@ -41,6 +41,9 @@ class FormData:
     selected_account: str | None = None
     spot: frozenset[str] = frozenset()  # profiles the user may start on the spot tier
     selected_tier: str | None = None
+    # By profile slug: the requestable tiers beside on demand the user may start it on
+    # (spot's, and any registered one's); a profile left out offers those of `spot`.
+    tiers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 STYLE = """
@@ -141,18 +144,25 @@ SPOT_WARNING = ("may be interrupted when an on-demand start needs its GPU, after
 
 
 def _tier_choice(profile: Profile, data: FormData, checked: bool) -> str:
-    """On demand or spot, both prices shown, for a profile the user may start on spot."""
-    if profile.slug not in data.spot or profile.spot_price_per_hour_ucr is None:
+    """On demand and each other tier the user may start the profile on (spot), every
+    price shown, and what a preemptible tier risks."""
+    others = data.tiers.get(profile.slug) or ((SPOT,) if profile.slug in data.spot else ())
+    others = tuple(name for name in others if profile.offers(name))
+    if not others:
         return ""
     slug = escape(profile.slug)
-    spot = checked and data.selected_tier == SPOT
+    chosen = data.selected_tier if checked and data.selected_tier in others else ON_DEMAND
+
+    def option(name: str, shown_as: str) -> str:
+        risk = f": {escape(SPOT_WARNING)}" if tier(name).preemptible else ""
+        return (f'<option value="{escape(name)}"{" selected" if name == chosen else ""}>'
+                f'{escape(shown_as)} — {escape(price_text(profile.price_of(name) or 0))} '
+                f'credits/h{risk}</option>')
+
     return (f'<div class="gl-image gpulease-tier">Tier: <select name="tier_{slug}" '
             f'aria-label="tier for {escape(profile.display_name)}">'
-            f'<option value="{ON_DEMAND}"{"" if spot else " selected"}>on demand — '
-            f'{escape(price_text(profile.price_per_hour_ucr))} credits/h</option>'
-            f'<option value="{SPOT}"{" selected" if spot else ""}>spot — '
-            f'{escape(price_text(profile.spot_price_per_hour_ucr))} credits/h: '
-            f'{escape(SPOT_WARNING)}</option></select></div>')
+            + option(ON_DEMAND, "on demand") + "".join(option(name, name) for name in others)
+            + '</select></div>')
 
 
 def _image_options(profile: Profile, data: FormData, checked: bool) -> str:

@@ -13,7 +13,8 @@ from functools import partial
 
 from gpulease.core.capacity.cluster_availability import Availability, host_availability
 from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.profiles import option_value, spot_usable_by, usable_by
+from gpulease.core.model.profiles import option_value, spot_usable_by, tier_usable_by, usable_by
+from gpulease.core.tiers import ON_DEMAND, REQUESTABLE
 from gpulease.spawners.context import GPULeaseContext
 from gpulease.spawners.options_form import FormData
 
@@ -47,4 +48,7 @@ def spawn_form_data(ctx: GPULeaseContext, name: str, groups: set[str], saved: di
         selected_account=option_value(saved, "account"),
         spot=frozenset(p.slug for p in profiles if spot_usable_by(p, groups)),
         selected_tier=option_value(saved, "tier"),
+        tiers={p.slug: tuple(t for t in REQUESTABLE
+                             if t != ON_DEMAND and tier_usable_by(p, t, groups))
+               for p in profiles},
     )

@@ -18,7 +18,7 @@ from jupyterhub import orm
 from gpulease.core.billing.enforcement import RunningServer
 from gpulease.core.model.profiles import option_value
 from gpulease.core.policy.options import rate_for
-from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
+from gpulease.core.tiers import ON_DEMAND, REQUESTABLE, RESERVED
 
 log = logging.getLogger("gpulease.metering")
 
@@ -52,7 +52,8 @@ def saved_meter_facts(ctx: Any, user: str, options: dict | None, server: str = "
     for r in ctx.reservations.active():
         if r.id in claimed and r.account in holds:
             return profile.slug, r.account, 0, RESERVED, r.id
-    tier = SPOT if option_value(options, "tier") == SPOT and profile.offers_spot else ON_DEMAND
+    saved = option_value(options, "tier")
+    tier = saved if saved in REQUESTABLE and profile.offers(saved) else ON_DEMAND
     return profile.slug, account, rate_for(profile, tier), tier, None
 
 

@@ -8,6 +8,7 @@ every problem at once, field by field, so an admin fixes a file in one pass.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -19,6 +20,7 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.gpu_models import KNOWN_MODELS, valid_mig_profiles
 from gpulease.core.refusal import FieldError, Refusal
 from gpulease.core.shown import shown
+from gpulease.core.tiers import SPOT, Tier, registered, tier
 from gpulease.core.units import (
     MAX_PRICE_PER_HOUR_UCR,
     credits_text,
@@ -40,6 +42,9 @@ KEYS = ("slug", "display_name", "description", "gpu", "cpu", "memory", "images",
         "min_run", "idle_timeout",
         "max_runtime", "groups", "enabled")
 GPU_KEYS = ("model", "mig", "count")
+# The price fields of the built-in tiers, each parsed by its own rule below and kept in
+# its own attribute (price_per_hour_ucr...); a registered tier's is in `tier_prices`.
+BUILT_IN_PRICES = ("price_per_hour", "spot_price_per_hour", "reserved_price_per_hour")
 DEFAULTS = {"min_run": "10m", "idle_timeout": "30m", "max_runtime": "0"}
 _ABSENT = object()  # a key the profile leaves out (not a null given)
 
@@ -83,10 +88,29 @@ class Profile:
     # Reservations (None: not offered): units held over a period, charged once at this
     # rate per unit and hour (gpulease/core/capacity/reservation_rules.py).
     reserved_price_per_hour_ucr: int | None = None
+    # The prices of the tiers registered beyond the built-in three, by the tier's price
+    # field ({"preview_price_per_hour": µcr}); a tier left out is not offered.
+    tier_prices: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     @property
     def is_cpu_only(self) -> bool:
         return self.gpu is None
+
+    @property
+    def prices(self) -> dict[str, int]:
+        """Every price the profile gives, by price field (a tier's record names its own)."""
+        built_in = zip(BUILT_IN_PRICES, (self.price_per_hour_ucr, self.spot_price_per_hour_ucr,
+                                         self.reserved_price_per_hour_ucr), strict=True)
+        return {name: price for name, price in (*built_in, *self.tier_prices.items())
+                if price is not None}
+
+    def price_of(self, tier_name: str) -> int | None:
+        """The price per hour on tier `tier_name` (its record's price field); None: the
+        profile does not offer the tier."""
+        return self.prices.get(tier(tier_name).price_field)
+
+    def offers(self, tier_name: str) -> bool:
+        return self.price_of(tier_name) is not None
 
     @property
     def offers_spot(self) -> bool:
@@ -114,6 +138,7 @@ class Profile:
             **({"spot_groups": list(self.spot_groups)} if self.spot_groups else {}),
             **({"reserved_price_per_hour": credits_text(self.reserved_price_per_hour_ucr)}
                if self.offers_reservations else {}),
+            **{name: credits_text(price) for name, price in self.tier_prices.items()},
             min_run=format_duration(self.min_run_s),
             idle_timeout=format_duration(self.idle_timeout_s),
             max_runtime=format_duration(self.max_runtime_s),
@@ -217,26 +242,48 @@ def _price(p: _Problems, data: dict, name: str, price: int | None) -> int | None
     return None
 
 
+def _parse_tier_price(record: Tier, data: dict, price: int | None, gpu: object,
+                      p: _Problems) -> int | None:
+    """The price of tier `record` (its price field; None: left out, or wrong). A
+    preemptible tier's is below price_per_hour, on GPU profiles only."""
+    name = record.price_field
+    if data.get(name) is None:
+        return None
+    value = _price(p, data, name, _attempt(p, name, parse_credits, data[name]))
+    if value is None or not record.preemptible:
+        return value
+    if gpu is None:
+        p.add(name, f"{record.name} is for GPU profiles (it is preempted to free GPUs); "
+                    "leave it out of a CPU-only profile")
+    elif price is not None and value >= price:
+        p.add(name, f"must be below price_per_hour ({credits_text(price)}), got "
+                    f"{shown(data[name])}: {record.name} is the cheaper, interruptible tier")
+    else:
+        return value
+    return None
+
+
 def _parse_spot(data: dict, price: int | None, gpu: object,
                 p: _Problems) -> tuple[int | None, tuple[str, ...]]:
     """spot_price_per_hour (below price_per_hour, GPU profiles only) and spot_groups."""
-    spot = None
-    if data.get("spot_price_per_hour") is not None:
-        spot = _price(p, data, "spot_price_per_hour", _attempt(
-            p, "spot_price_per_hour", parse_credits, data["spot_price_per_hour"]))
-        if spot is not None and gpu is None:
-            p.add("spot_price_per_hour", "spot is for GPU profiles (it is preempted to free "
-                                         "GPUs); leave it out of a CPU-only profile")
-        elif spot is not None and price is not None and spot >= price:
-            p.add("spot_price_per_hour",
-                  f"must be below price_per_hour ({credits_text(price)}), got "
-                  f"{shown(data['spot_price_per_hour'])}: spot is the cheaper, interruptible "
-                  "tier")
+    spot = _parse_tier_price(tier(SPOT), data, price, gpu, p)
     groups = _parse_groups(data.get("spot_groups", []), p, "spot_groups")
     if groups and data.get("spot_price_per_hour") is None:
         p.add("spot_groups", "names who may use spot, but the profile offers none: set "
                              "spot_price_per_hour too, or leave spot_groups out")
     return spot, groups or ()
+
+
+def _parse_tier_prices(data: dict, price: int | None, gpu: object,
+                       p: _Problems) -> dict[str, int]:
+    """The prices of the tiers registered beyond the built-in three, by price field."""
+    prices = {}
+    for record in registered():
+        if record.price_field not in BUILT_IN_PRICES:
+            value = _parse_tier_price(record, data, price, gpu, p)
+            if value is not None:
+                prices[record.price_field] = value
+    return prices
 
 
 def _parse_reserved(data: dict, price: int | None, gpu: object, p: _Problems) -> int | None:
@@ -254,6 +301,11 @@ def _parse_reserved(data: dict, price: int | None, gpu: object, p: _Problems) ->
               f"{shown(data['reserved_price_per_hour'])}: a reservation is paid up front, "
               "at a discount")
     return reserved
+
+
+def profile_keys() -> tuple[str, ...]:
+    """A profile's keys: KEYS, and the price field of each tier registered beyond them."""
+    return KEYS + tuple(t.price_field for t in registered() if t.price_field not in KEYS)
 
 
 def _attempt(p: _Problems, name: str, parse, value: object):
@@ -281,11 +333,12 @@ def parse_profile(
     still be read; new and changed profiles are always checked.
     """
     p = _Problems(where)
+    keys = profile_keys()
     if not isinstance(data, dict):
-        p.add("profile", f"must be a mapping of {_names(KEYS)}, got {shown(data)}")
+        p.add("profile", f"must be a mapping of {_names(keys)}, got {shown(data)}")
         raise ProfileError(p.errors)
-    for key in sorted(str(k) for k in data if k not in KEYS):
-        p.add(key, f"unknown key; allowed: {_names(KEYS)}")
+    for key in sorted(str(k) for k in data if k not in keys):
+        p.add(key, f"unknown key; allowed: {_names(keys)}")
     given = data.get("slug", slug)
     if slug is not None and given != slug:
         p.add("slug", f"{shown(given)} differs from the profile being written, {shown(slug)}")
@@ -308,6 +361,7 @@ def parse_profile(
         p, data, "price_per_hour", parse_credits, 'credits per hour like "1.20"'))
     spot_price, spot_groups = _parse_spot(data, price, gpu, p)
     reserved_price = _parse_reserved(data, price, gpu, p)
+    tier_prices = _parse_tier_prices(data, price, gpu, p)
     durations = {
         name: _attempt(p, name, parse_duration, data.get(name, default))
         for name, default in DEFAULTS.items()
@@ -326,7 +380,7 @@ def parse_profile(
         min_run_s=durations["min_run"], idle_timeout_s=durations["idle_timeout"],
         max_runtime_s=durations["max_runtime"], groups=groups, enabled=enabled,
         spot_price_per_hour_ucr=spot_price, spot_groups=spot_groups,
-        reserved_price_per_hour_ucr=reserved_price,
+        reserved_price_per_hour_ucr=reserved_price, tier_prices=tier_prices,
     )
 
 
@@ -381,10 +435,19 @@ def usable_by(profile: Profile, user_groups: set[str]) -> bool:
     return not profile.groups or bool(set(profile.groups) & set(user_groups))
 
 
+def tier_usable_by(profile: Profile, tier_name: str, user_groups: set[str]) -> bool:
+    """Whether a user in `user_groups` may start `profile` on tier `tier_name`: the profile
+    has a price in the tier's field and the user may use it (spot: and is in spot_groups,
+    where the profile names any: the one tier with groups of its own)."""
+    if not profile.offers(tier_name) or not usable_by(profile, user_groups):
+        return False
+    return (tier_name != SPOT or not profile.spot_groups
+            or bool(set(profile.spot_groups) & set(user_groups)))
+
+
 def spot_usable_by(profile: Profile, user_groups: set[str]) -> bool:
     """Whether a user in `user_groups` may start `profile` on the spot tier."""
-    return (profile.offers_spot and usable_by(profile, user_groups)
-            and (not profile.spot_groups or bool(set(profile.spot_groups) & set(user_groups))))
+    return tier_usable_by(profile, SPOT, user_groups)
 
 
 def option_value(user_options: object, key: str) -> str | None:

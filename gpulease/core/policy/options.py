@@ -12,14 +12,14 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpulease.core.model.catalog import Catalog, Image
-from gpulease.core.model.profiles import FieldError, Profile, spot_usable_by, usable_by
+from gpulease.core.model.profiles import FieldError, Profile, tier_usable_by, usable_by
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import kind_of, shown
-from gpulease.core.tiers import ON_DEMAND, REQUESTABLE, RESERVED, SPOT
+from gpulease.core.tiers import ON_DEMAND, REQUESTABLE, RESERVED, UnknownTier, tier
 from gpulease.core.units import format_credits
 
 ALLOWED_KEYS = ("profile", "image", "account", "tier")
-TIERS = REQUESTABLE  # reserved is chosen by the hub for a holder's start
+TIERS = REQUESTABLE  # reserved is chosen by the hub for a holder's start (the records say)
 
 CHOSEN_BY_REQUEST = "request"
 CHOSEN_BY_DEFAULT = "default profile"
@@ -48,14 +48,19 @@ class OptionsRefused(Refusal):
         super().__init__(message, errors or (), status=status)
 
 
-def rate_for(profile: Profile, tier: str | None) -> int:
-    """The price per hour of `profile` on `tier` (on demand unless spot is offered; a
-    reserved unit is paid for by its reservation)."""
-    if tier == RESERVED:
+def rate_for(profile: Profile, tier_name: str | None) -> int:
+    """The price per hour of `profile` on tier `tier_name`: the profile's price in the
+    tier's price field (the on-demand price where it gives none, or the tier is not
+    known); nothing for a tier that is not metered (a reserved unit is paid for by its
+    reservation)."""
+    try:
+        record = tier(tier_name or ON_DEMAND)
+    except UnknownTier:
+        return profile.price_per_hour_ucr
+    if not record.metered:
         return 0
-    if tier == SPOT and profile.spot_price_per_hour_ucr is not None:
-        return profile.spot_price_per_hour_ucr
-    return profile.price_per_hour_ucr
+    price = profile.price_of(record.name)
+    return price if price is not None else profile.price_per_hour_ucr
 
 
 def _refuse(status: int, field: str, message: str) -> OptionsRefused:
@@ -180,38 +185,41 @@ def _choose_account(
 
 
 def withdrawn_after_waiting(profile: Profile | None, slug: str, user_groups: set[str],
-                            tier: str) -> tuple[str, str] | None:
+                            tier_name: str) -> tuple[str, str] | None:
     """(field, why) a start that waited in the queue may no longer run as asked (the
-    profile as it is now: deleted, disabled or restricted meanwhile; for spot, its
-    offer and spot groups too), or None."""
+    profile as it is now: deleted, disabled or restricted meanwhile; for a requested
+    tier, its price on the profile and, for spot, the spot groups too), or None."""
     if profile is None or not profile.enabled:
         return "profile", (f"profile {slug} was {'deleted' if profile is None else 'disabled'} "
                            "while the start waited")
     if not usable_by(profile, user_groups):
         return "profile", (f"profile {slug} is restricted to group(s) "
                            f"{', '.join(profile.groups)}, and you are no longer in any of them")
-    if tier == SPOT and not profile.offers_spot:
-        return "tier", (f"profile {slug} no longer offers spot; start it on demand, or another "
-                        "profile with a spot price")
-    if tier == SPOT and not spot_usable_by(profile, user_groups):
-        return "tier", (f"spot on profile {slug} is only for members of group(s) "
+    if tier_name not in REQUESTABLE:
+        return None  # the hub's choice (reserved), checked by its own rule
+    if not profile.offers(tier_name):
+        return "tier", (f"profile {slug} no longer offers {tier_name}; start it on demand, "
+                        f"or another profile with a {tier_name} price")
+    if not tier_usable_by(profile, tier_name, user_groups):
+        return "tier", (f"{tier_name} on profile {slug} is only for members of group(s) "
                         f"{', '.join(profile.spot_groups)}, and you are no longer in any of them")
     return None
 
 
-def _choose_tier(tier: str | None, profile: Profile, user_groups: set[str]) -> str:
-    if tier is None or tier == ON_DEMAND:
+def _choose_tier(tier_name: str | None, profile: Profile, user_groups: set[str]) -> str:
+    if tier_name is None or tier_name == ON_DEMAND:
         return ON_DEMAND
-    if tier != SPOT:
-        raise _refuse(400, "tier", f"unknown tier {tier!r}; allowed: {', '.join(TIERS)}")
-    if not profile.offers_spot:
-        raise _refuse(400, "tier", f"profile {profile.slug} offers no spot tier; choose "
-                                   f"tier {ON_DEMAND}, or a profile with a spot price")
-    if not spot_usable_by(profile, user_groups):
-        raise _refuse(403, "tier", f"spot on profile {profile.slug} is only for members of "
-                                   f"group(s) {', '.join(profile.spot_groups)}; choose tier "
+    if tier_name not in REQUESTABLE:
+        raise _refuse(400, "tier", f"unknown tier {tier_name!r}; allowed: "
+                                   f"{', '.join(REQUESTABLE)}")
+    if not profile.offers(tier_name):
+        raise _refuse(400, "tier", f"profile {profile.slug} offers no {tier_name} tier; choose "
+                                   f"tier {ON_DEMAND}, or a profile with a {tier_name} price")
+    if not tier_usable_by(profile, tier_name, user_groups):
+        raise _refuse(403, "tier", f"{tier_name} on profile {profile.slug} is only for members "
+                                   f"of group(s) {', '.join(profile.spot_groups)}; choose tier "
                                    f"{ON_DEMAND}")
-    return SPOT
+    return tier_name
 
 
 def resolve_user_options(
@@ -277,7 +285,7 @@ def options_summary(choice: ServerChoice) -> str:
     """
     profile = choice.profile
     what = profile.gpu.describe() if profile.gpu is not None else "CPU only"
-    spot = ", spot: may be interrupted" if choice.tier == SPOT else ""
+    spot = f", {choice.tier}: may be interrupted" if tier(choice.tier).preemptible else ""
     if choice.tier == RESERVED:
         spot = f", on reservation {choice.reservation_id}"
     text = (f"profile {profile.slug} ({what}, {price_text(choice.rate_per_hour_ucr)} "

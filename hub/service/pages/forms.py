@@ -14,9 +14,9 @@ from typing import Any
 
 from gpulease.core.model.catalog import Catalog
 from gpulease.core.model.gpu_models import KNOWN_MODELS, MIG_PROFILES
-from gpulease.core.model.profiles import DEFAULTS, FieldError, Profile
+from gpulease.core.model.profiles import BUILT_IN_PRICES, DEFAULTS, FieldError, Profile
 from gpulease.core.refusal import Refusal
-from gpulease.core.tiers import SPOT
+from gpulease.core.tiers import is_preemptible, registered
 from gpulease.core.units import credits_text, format_duration, format_quantity
 from gpulease.hub.service.billing_views import iso
 from gpulease.store.audit import AuditEntry
@@ -26,6 +26,19 @@ PROFILE_INPUTS = ("slug", "display_name", "description", "gpu_model", "gpu_mig",
                   "cpu", "memory", "images", "default_image", "price_per_hour",
                   "spot_price_per_hour", "spot_groups", "reserved_price_per_hour", "min_run",
                   "idle_timeout", "max_runtime", "groups", "enabled")
+
+
+def tier_price_inputs() -> list[tuple[str, str]]:
+    """(input name, label) of the price of each tier registered beyond the built-in three:
+    its Tier record's price field and label (gpulease/core/tiers.py)."""
+    return [(t.price_field, t.label) for t in registered() if t.price_field not in BUILT_IN_PRICES]
+
+
+def profile_inputs() -> tuple[str, ...]:
+    """PROFILE_INPUTS, with the registered tiers' prices."""
+    return PROFILE_INPUTS + tuple(name for name, _ in tier_price_inputs())
+
+
 # parse_profile's error fields that name a part of an input rather than the input itself.
 _ERROR_INPUT = {"gpu": "gpu_model", "gpu.model": "gpu_model", "gpu.mig": "gpu_mig",
                 "gpu.count": "gpu_count"}
@@ -72,7 +85,7 @@ def profile_body(form: Form, catalog: Catalog, slug: str | None = None) -> tuple
         errors.append(FieldError("gpu.model", "choose the GPU model of this MIG slice, or clear "
                                               "the MIG profile for a CPU-only profile"))
     for name in ("cpu", "memory", "price_per_hour", "spot_price_per_hour",
-                 "reserved_price_per_hour"):
+                 "reserved_price_per_hour", *(name for name, _ in tier_price_inputs())):
         value = first(form, name).strip()
         if value:  # an empty input is a missing key: parse_profile says what it needs
             body[name] = value
@@ -99,7 +112,7 @@ def field_errors(errors: Iterable[FieldError]) -> tuple[dict[str, list[str]], li
     other: list[str] = []
     for error in errors:
         name = _ERROR_INPUT.get(error.field, error.field)
-        if name in PROFILE_INPUTS:
+        if name in profile_inputs():
             by_input.setdefault(name, []).append(error.message)
         else:
             other.append(str(error))
@@ -122,7 +135,7 @@ def profile_form_values(profile: Profile | None) -> dict[str, Any]:
                 "gpu_mig": "", "gpu_count": "1", "cpu": "", "memory": "", "images": [],
                 "default_image": "", "price_per_hour": "", "spot_price_per_hour": "",
                 "spot_groups": "", "reserved_price_per_hour": "", "groups": "", "enabled": True,
-                **DEFAULTS}
+                **DEFAULTS, **{name: "" for name, _ in tier_price_inputs()}}
     spec = profile.to_spec()
     gpu = spec.get("gpu") or {}
     return {
@@ -138,12 +151,13 @@ def profile_form_values(profile: Profile | None) -> dict[str, Any]:
         "min_run": spec["min_run"],
         "idle_timeout": spec["idle_timeout"], "max_runtime": spec["max_runtime"],
         "groups": ", ".join(profile.groups), "enabled": profile.enabled,
+        **{name: spec.get(name, "") for name, _ in tier_price_inputs()},
     }
 
 
 def submitted_values(form: Form, slug: str | None) -> dict[str, Any]:
     """The inputs as the admin typed them, to show again next to the errors."""
-    values: dict[str, Any] = {name: first(form, name) for name in PROFILE_INPUTS}
+    values: dict[str, Any] = {name: first(form, name) for name in profile_inputs()}
     values["images"] = [n for n in form.get("images") or [] if n]
     values["enabled"] = first(form, "enabled") in ("on", "true", "1", "yes")
     if slug is not None:
@@ -225,7 +239,7 @@ def cluster_node_tables(view: Mapping[str, Any]) -> list[dict[str, Any]]:
             for h in r.get("holders") or []:
                 who = (f"{h['user']}/{h.get('server') or '(default)'}" if h.get("user")
                        else f"{h.get('pod', '')} (not gpulease's)")
-                spot = ", spot" if h.get("tier") == SPOT else ""
+                spot = f", {h['tier']}" if is_preemptible(h.get("tier", "")) else ""
                 holders.append(f"{who} ×{h.get('count', 0)}{spot}")
             rows.append({"resource": r.get("resource", ""), "allocatable": r.get("allocatable", 0),
                          "free": r.get("free", 0), "holders": holders})

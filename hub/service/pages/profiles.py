@@ -49,7 +49,8 @@ class _ProfileFormPage(AdminPage):
         self.set_status(status)
         self.render("admin_profile_form.html", values=values, slug=slug, errors=by_input,
                     other_errors=other, catalog=self.ctx.catalog.images,
-                    gpu_models=af.GPU_MODELS, mig_names=af.MIG_NAMES)
+                    gpu_models=af.GPU_MODELS, mig_names=af.MIG_NAMES,
+                    tier_prices=af.tier_price_inputs())
 
     async def save(self, slug: str | None) -> None:
         """Validate the posted form; save and redirect, or show it again with its errors."""
