@@ -39,7 +39,7 @@ from gpulease.core.policy.options import (
 )
 from gpulease.core.policy.user_names import name_problem
 from gpulease.core.refusal import Refusal
-from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
+from gpulease.core.tiers import ON_DEMAND, RESERVED, is_preemptible
 from gpulease.core.units import format_credits, format_duration, rate_cost
 
 if TYPE_CHECKING:
@@ -253,8 +253,8 @@ def start_events(choice: ServerChoice, balance_ucr: int) -> list[dict]:
     why (an empty-body start, as VS Code sends, is told what it got), and a low balance."""
     profile = choice.profile
     why = why_chosen(choice)
-    spot = (" on the spot tier (it may be interrupted for an on-demand start, with notice "
-            "to save; the home is kept)") if choice.tier == SPOT else ""
+    spot = (f" on the {choice.tier} tier (it may be interrupted for an on-demand start, with "
+            "notice to save; the home is kept)") if is_preemptible(choice.tier) else ""
     if choice.tier == RESERVED:
         spot = (f" on a unit of reservation {choice.reservation_id} (paid for by it, not by "
                 "the millisecond)")

@@ -23,6 +23,7 @@ from gpulease.core.capacity.queue import Waiting, served_order
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.refusal import Refusal
+from gpulease.core.tiers import ON_DEMAND
 
 if TYPE_CHECKING:
     from gpulease.spawners.context import GPULeaseContext
@@ -47,7 +48,7 @@ class Ticket:
     request: DeviceRequest
     future: asyncio.Future
     enqueued_at: dt.datetime = field(default_factory=utcnow)
-    spot: bool = False  # the interruptible tier: served after every on-demand start
+    tier: str = ON_DEMAND  # served by its queue rank (gpulease/core/tiers.py)
     reservation: int | None = None  # tier reserved: the reservation whose unit it takes
 
 
@@ -80,7 +81,8 @@ class QueueBase:
     def entries(self) -> list[Waiting]:
         """The waiting tickets as the queue's decision takes them
         (gpulease/core/capacity/queue.py)."""
-        return [Waiting(t, t.request, t.spot, t.reservation) for t in self.waiting]
+        return [Waiting(t, t.request, reservation=t.reservation, tier=t.tier)
+                for t in self.waiting]
 
     def released(self) -> None:
         """Capacity was released: serve the queue now rather than at the next poll."""
@@ -111,12 +113,12 @@ class QueueBase:
     # --- waiting -------------------------------------------------------------------------
 
     async def _enqueue(self, user: str, server: str, profile: str,
-                       request: DeviceRequest, spot: bool = False,
+                       request: DeviceRequest, tier: str = ON_DEMAND,
                        reservation: int | None = None) -> Ticket:
         """A place at the end of the queue (under the lock), with its `spawn_queue` row."""
         await asyncio.to_thread(self.ctx.queue.add, user, server, profile)
         ticket = Ticket(user, server, profile, request,
-                        asyncio.get_running_loop().create_future(), spot=spot,
+                        asyncio.get_running_loop().create_future(), tier=tier,
                         reservation=reservation)
         self.waiting.append(ticket)
         log.info("%s/%s waits for %s at position %d", user, server, request.describe(),

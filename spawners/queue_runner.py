@@ -20,13 +20,18 @@ from typing import TYPE_CHECKING
 
 from gpulease.core.capacity.displacement import on_the_box
 from gpulease.core.capacity.placement import NoFit, Placement, free_summary, place
-from gpulease.core.capacity.queue import Waiting, plan, queue_places_refusal, restricted
+from gpulease.core.capacity.queue import (
+    Waiting,
+    plan,
+    queue_places_refusal,
+    restricted,
+    start_tier,
+)
 from gpulease.core.capacity.reserved_pool import Withholding, withholding
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
 from gpulease.core.policy.limits import Holding, check_limits
-from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
 from gpulease.core.units import format_duration
 from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progress: re-exported)
     QueueBase,
@@ -78,7 +83,7 @@ class QueueRunner(QueueBase):
         self, user: str, server: str, profile: str, request: DeviceRequest, *,
         user_groups: Collection[str] = (), group_members: Mapping[str, Collection[str]] = {},
         max_wait: float = 0.0, max_length: int = 1000, max_per_user: int = 0,
-        spot: bool = False, reservation: int | None = None,
+        spot: bool = False, reservation: int | None = None, tier: str | None = None,
     ) -> Admitted:
         """Check the limits, then claim devices now or wait in the queue for them.
 
@@ -87,10 +92,12 @@ class QueueRunner(QueueBase):
         and no queueing (`max_wait` 0: naming what is free), the queue full, or
         `max_wait` seconds passed in the queue. A cancelled spawn leaves the queue.
         `reservation`: the start takes a unit of that reservation (tier reserved).
+        `tier`: the start's tier (None: spot where `spot`, reserved on a reservation,
+        else on demand).
         """
         ctx = self.ctx
         inventory = ctx.inventory
-        tier = SPOT if spot else RESERVED if reservation is not None else ON_DEMAND
+        tier = start_tier(spot, reservation, tier)
         async with self._lock:
             held = await asyncio.to_thread(ctx.assignments.held)
             limit_table = await asyncio.to_thread(ctx.limits.all)
@@ -115,7 +122,8 @@ class QueueRunner(QueueBase):
                         raise Refused(nofit.status, nofit.message) from None
             else:  # others wait: it may start at once only if it delays none of them
                 me = object()
-                queue = self.entries() + [Waiting(me, request, spot, reservation)]
+                queue = self.entries() + [Waiting(me, request, reservation=reservation,
+                                                  tier=tier)]
                 withheld = await self._withholding(held)
                 planned = dict(plan(queue, inventory, held, withheld).start).get(me)
                 if planned is not None:
@@ -135,7 +143,7 @@ class QueueRunner(QueueBase):
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later. "
                                    f"Free now: {free_summary(inventory, held)}")
-            ticket = await self._enqueue(user, server, profile, request, spot, reservation)
+            ticket = await self._enqueue(user, server, profile, request, tier, reservation)
         placement = await self._wait_in_queue(ticket, max_wait)
         waited = (utcnow() - ticket.enqueued_at).total_seconds()
         return Admitted(placement, waited, queued=True)
@@ -172,7 +180,7 @@ class QueueRunner(QueueBase):
                     placement = await asyncio.to_thread(
                         ctx.assignments.claim, ticket.user, ticket.server, ticket.profile,
                         ticket.request, restricted(ctx.inventory, planned.uuids),
-                        tier=_tier(ticket), reservation_id=ticket.reservation)
+                        tier=ticket.tier, reservation_id=ticket.reservation)
                 except NoFit:
                     continue  # taken meanwhile: the next pass decides again
                 if ticket in self.waiting:
@@ -214,9 +222,6 @@ class QueueRunner(QueueBase):
         active = await asyncio.to_thread(self.ctx.reservations.active)
         return withholding(self.ctx.inventory, held_by(dict(held)), active)
 
-
-def _tier(ticket: Ticket) -> str:
-    return SPOT if ticket.spot else RESERVED if ticket.reservation is not None else ON_DEMAND
 
 
 _runners: dict[int, tuple[GPULeaseContext, QueueRunner]] = {}

@@ -31,7 +31,6 @@ from traitlets import Unicode, default
 
 from gpulease.core.policy.options import ServerChoice, withdrawn_after_waiting
 from gpulease.core.refusal import Refusal
-from gpulease.core.tiers import SPOT
 from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
 from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.context import GPULeaseContext, get_context
@@ -156,7 +155,7 @@ class GPULeaseSpawnCore(LaunchBilling, AdmissionOptions):
                 self.user.name, self.name, profile.slug, profile.gpu.device_request(choice.image),
                 user_groups=set(groups), group_members=groups,
                 max_wait=self.queue_max_wait, max_length=self.queue_max_length,
-                max_per_user=self.queue_places_per_user, spot=choice.tier == SPOT,
+                max_per_user=self.queue_places_per_user, tier=choice.tier,
                 reservation=choice.reservation_id,
             )
             if admitted.queued:  # the queue may have been long: is the profile still theirs?

@@ -37,7 +37,7 @@ from gpulease.core.capacity.reserved_pool import NO_WITHHOLDING, Withholding
 from gpulease.core.clock import utcnow
 from gpulease.core.notices import subject_for
 from gpulease.core.policy.options import price_text
-from gpulease.core.tiers import ON_DEMAND, SPOT
+from gpulease.core.tiers import ON_DEMAND, RESERVED, is_preemptible, label_of, preempts_any
 from gpulease.store.assignments import HELD, Holder
 
 if TYPE_CHECKING:
@@ -51,12 +51,16 @@ log = logging.getLogger("gpulease.queue")
 SPOT_GRACE_S = 120.0
 
 
-def _warning(server: str, profile: str, deadline: dt.datetime, wanted: str) -> str:
+def _warning(server: str, profile: str, deadline: dt.datetime, wanted: str,
+             victim_tier: str = "spot", start_tier: str = ON_DEMAND) -> str:
     name = f"server {server}" if server else "your server"
-    return (f"Spot {name} ({profile}) is preempted: an on-demand start needs its GPU "
+    # a holder's start on its reservation is on demand to the one it preempts
+    start = ("an on-demand start" if start_tier in (ON_DEMAND, RESERVED)
+             else f"a {label_of(start_tier)} start")
+    return (f"{label_of(victim_tier)} {name} ({profile}) is preempted: {start} needs its GPU "
             f"({wanted}). Save your work: it is suspended at "
             f"{deadline.strftime('%H:%M:%S')} UTC and billing stops then. Your home is kept; "
-            "resume it from the hub's home page, on spot again or on demand.")
+            f"resume it from the hub's home page, on {victim_tier} again or on demand.")
 
 
 def _displaced_warning(server: str, profile: str, deadline: dt.datetime, wanted: str) -> str:
@@ -115,12 +119,12 @@ async def tell_preempted(ctx: GPULeaseContext, preempted: PreemptedPod) -> None:
         await asyncio.to_thread(meter.sessions.request_end_reason, *key, PREEMPTED)
     except SQLAlchemyError as e:  # the meter records it with its stop at the deadline
         log.error("could not record preempted for %s/%s yet: %s", *key, e)
-    log.warning("%s/%s (spot, %s, pod %s) %s: suspended at %s", preempted.user,
-                preempted.server or "(default)", live.profile, preempted.pod, why,
+    log.warning("%s/%s (%s, %s, pod %s) %s: suspended at %s", preempted.user,
+                preempted.server or "(default)", live.tier, live.profile, preempted.pod, why,
                 preempted.deadline.isoformat())
     wanted = ", ".join(f"{count} {resource}" for resource, count in preempted.resources.items())
     await _tell(ctx, preempted.user, preempted.server, live.profile, preempted.deadline,
-                _warning(preempted.server, live.profile, preempted.deadline, wanted))
+                _warning(preempted.server, live.profile, preempted.deadline, wanted, live.tier))
 
 
 async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
@@ -129,26 +133,29 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
     """Tell the spot servers the rule chooses for the waiting on-demand starts
     (plan_preemptions), and take back the preemptions no waiting start needs any more
     (the start they were made for was cancelled or gave up); returns the "user/server"
-    names newly preempted."""
+    names newly preempted. By the tiers' records: the servers of every preemptible tier,
+    for the starts of every tier that may preempt one (gpulease/core/tiers.py)."""
     meter = ctx.meter
-    if meter is None or not (meter.preempting or any(not t.spot for t in waiting)):
+    if meter is None or not (meter.preempting or any(preempts_any(t.tier) for t in waiting)):
         return ()
     live = meter.live
-    spot = {key for key, session in live.items()
-            if session.tier == SPOT and key not in meter.preempting}
+    spot = {key: session.tier for key, session in live.items()
+            if is_preemptible(session.tier) and key not in meter.preempting}
     claimed = {uuid: ((h.user, h.server), h.since.timestamp())
                for uuid, h in held.items() if h.state == HELD}
-    holdings = spot_holdings(claimed, ctx.inventory, spot)
+    holdings = spot_holdings(claimed, ctx.inventory, spot, spot)
     leaving: dict[tuple[str, str], set[str]] = {key: set() for key in meter.preempting}
     for uuid, h in held.items():
         if (h.user, h.server) in leaving:
             leaving[(h.user, h.server)].add(uuid)
-    # on-demand starts, and holders' starts on their reservations
-    on_demand = [(ticket, ticket.request) for ticket in waiting if not ticket.spot]
+    # on-demand starts, holders' starts on their reservations (and those of any tier
+    # above a preemptible one)
+    on_demand = [(ticket, ticket.request) for ticket in waiting if preempts_any(ticket.tier)]
     decided = plan_preemptions(
         on_demand, ctx.inventory, set(held) - set().union(*leaving.values()), holdings,
         {key: frozenset(devices) for key, devices in leaving.items()}, withheld,
-        {ticket: ticket.reservation for ticket, _ in on_demand})
+        {ticket: ticket.reservation for ticket, _ in on_demand},
+        {ticket: ticket.tier for ticket, _ in on_demand})
     # (after a restart, not before every queued start is back: hub/servers/queue_resume.py)
     for key in () if meter.queue_resuming else decided.unneeded:
         await withdraw(ctx, key, "no waiting start needs its GPU any more")
@@ -159,18 +166,19 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
             user, server = key
             profile = live[key].profile
             start = ("start on its reservation" if ticket.reservation is not None
-                     else "on-demand start")
+                     else f"{ticket.tier} start")
             why = (f"preempted for {ticket.user}/{ticket.server or '(default)'}'s {start} "
                    f"of {ticket.request.describe()}")
             if not meter.preempt(key, deadline, why):
                 continue
             await _record(meter, key, deadline, why)
             told.append(f"{user}/{server}")
-            log.warning("%s/%s (spot, %s, %s credits/h) %s: suspended at %s", user,
-                        server or "(default)", profile,
+            log.warning("%s/%s (%s, %s, %s credits/h) %s: suspended at %s", user,
+                        server or "(default)", live[key].tier, profile,
                         price_text(live[key].rate_per_hour_ucr), why, deadline.isoformat())
             await _tell(ctx, user, server, profile, deadline,
-                        _warning(server, profile, deadline, ticket.request.describe()))
+                        _warning(server, profile, deadline, ticket.request.describe(),
+                                 live[key].tier, ticket.tier))
     return tuple(told)
 
 

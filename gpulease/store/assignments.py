@@ -31,7 +31,7 @@ from gpulease.core.capacity.reserved_pool import HeldBy, place_keeping_units, wi
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-from gpulease.core.tiers import ON_DEMAND, SPOT
+from gpulease.core.tiers import ON_DEMAND, RESERVED, yields_to
 from gpulease.store.db import assignments, out_of_service, reading
 from gpulease.store.reservations import active_in
 
@@ -127,12 +127,14 @@ class AssignmentStore:
                     self._release_in(conn, user, server, "restart", now)
                     taken = self._held_in(conn)
                     withheld = withholding(inventory, held_by(taken), active_in(conn, now))
-                    why = withheld.refusal(request, reservation_id, spot=tier == SPOT)
+                    # a tier whose servers yield to holders is withheld nothing (spot's)
+                    yields = yields_to(tier, RESERVED)
+                    why = withheld.refusal(request, reservation_id, spot=yields)
                     if why is not None:
                         raise NoFit(503, f"No {request.describe()} for this start: {why}. "
                                          f"Free now: {free_summary(inventory, taken)}")
                     placement = place_keeping_units(request, inventory, taken, withheld,
-                                                    reservation_id, spot=tier == SPOT)
+                                                    reservation_id, spot=yields)
                     conn.execute(insert(assignments), [
                         {"device_uuid": d.uuid, "node": d.node, "user_name": user,
                          "server_name": server, "profile_slug": profile, "claimed_at": now,

@@ -58,7 +58,7 @@ from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left, month
 from gpulease.core.billing.sessions import Key, LiveSession, Session
 from gpulease.core.clock import utcnow
 from gpulease.core.notices import render_account_cap
-from gpulease.core.tiers import ON_DEMAND, SPOT
+from gpulease.core.tiers import ON_DEMAND, is_preemptible
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub.billing import metrics
 from gpulease.store.ledger import Ledger
@@ -325,13 +325,14 @@ class Meter:
                                                         self.live[order.key].session_id)
 
     def preempt(self, key: Key, deadline: datetime, why: str, on_demand: bool = False) -> bool:
-        """Stop `key`, a running spot server (or, `on_demand`, an on-demand one displaced
-        from reserved capacity: gpulease/core/capacity/displacement.py), from `deadline` with reason
-        preempted. False when it is no running session of that tier or is being
-        preempted already. A server on a reservation is never preempted."""
+        """Stop `key`, a running server of a preemptible tier (spot; or, `on_demand`, an
+        on-demand one displaced from reserved capacity: gpulease/core/capacity/displacement.py),
+        from `deadline` with reason preempted. False when it is no running session of such a
+        tier or is being preempted already. A server on a reservation is never preempted."""
         live = self.live.get(key)
-        tier = ON_DEMAND if on_demand else SPOT
-        if live is None or live.tier != tier or key in self.preempting:
+        if live is None or key in self.preempting:
+            return False
+        if not (live.tier == ON_DEMAND if on_demand else is_preemptible(live.tier)):
             return False
         self.preempting[key] = Preempting(deadline, why, live.session_id)
         self.beat_for(deadline)

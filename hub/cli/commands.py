@@ -13,7 +13,7 @@ import yaml
 
 from gpulease import skip_rfc3987_grammar
 from gpulease.core.policy.user_names import name_problem
-from gpulease.core.tiers import SPOT
+from gpulease.core.tiers import is_preemptible
 from gpulease.core.units import load_yaml_file
 from gpulease.hub.cli.billing import BILLING_COMMANDS, add_billing_parsers
 from gpulease.hub.cli.client import ClientError, HubClient, client_from
@@ -119,7 +119,7 @@ def cluster_summary(nodes: list[dict]) -> list[str]:
 
 
 def _holder(holder: dict) -> str:
-    spot = " (spot)" if holder.get("tier") == SPOT else ""
+    spot = f" ({holder['tier']})" if is_preemptible(holder.get("tier", "")) else ""
     return f"{holder['user']}/{holder['server'] or '(default)'}{spot}"
 
 

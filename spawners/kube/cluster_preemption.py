@@ -55,13 +55,14 @@ def _pre_stop_sleep(spec: dict) -> int:
 
 
 def preempted_pod(pod: dict, servers_namespace: str | None) -> PreemptedPod | None:
-    """The spot server this pod is, when kube-scheduler is preempting it; else None.
+    """The server this pod is, of a preemptible tier (spot), when kube-scheduler is
+    preempting it; else None.
 
     Its deadline: the end of its preStop sleep, counted from its deletion
     (deletionTimestamp less the grace left after the sleep), or from the
     condition's time while the delete has not come yet."""
     hold = hold_from_pod(pod, servers_namespace)
-    if hold is None or not hold.user or not hold.spot:
+    if hold is None or not hold.user or not hold.preemptible:
         return None
     status = pod.get("status") or {}
     condition = next((c for c in status.get("conditions") or []

@@ -37,12 +37,12 @@ from gpulease.core.capacity.cluster_inventory import (
 from gpulease.core.capacity.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.core.capacity.displacement import in_the_cluster
 from gpulease.core.capacity.placement import NoFit
-from gpulease.core.capacity.queue import Waiting, queue_places_refusal
+from gpulease.core.capacity.queue import Waiting, queue_places_refusal, start_tier
 from gpulease.core.capacity.reserved_pool import Withholding
 from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.policy.limits import Holding, check_limits
-from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT
+from gpulease.core.tiers import ON_DEMAND, RESERVED
 from gpulease.core.units import format_duration
 from gpulease.spawners.kube.cluster_preemption import preempted_pod
 from gpulease.spawners.kube.cluster_watch import ClusterWatch
@@ -165,7 +165,7 @@ class ClusterQueueRunner(QueueBase):
         self, user: str, server: str, profile: str, request: DeviceRequest, *,
         user_groups: Collection[str] = (), group_members: Mapping[str, Collection[str]] = {},
         max_wait: float = 0.0, max_length: int = 1000, max_per_user: int = 0,
-        spot: bool = False, reservation: int | None = None,
+        spot: bool = False, reservation: int | None = None, tier: str | None = None,
     ) -> ClusterAdmitted:
         """Check the limits, then admit now or wait in the queue for room.
 
@@ -174,6 +174,7 @@ class ClusterQueueRunner(QueueBase):
         and no queueing, the queue full, `max_wait` passed, or the API server away.
         """
         key = (user, server)
+        tier = start_tier(spot, reservation, tier)
         # Outside the lock: while the API server is away, concurrent starts each wait
         # WATCH_READY_S at most, not one after another.
         await self.inventory()
@@ -188,7 +189,7 @@ class ClusterQueueRunner(QueueBase):
             if refusal is not None:
                 raise Refused(409, refusal.message)
             me: Hashable = object()
-            queue = self.entries() + [Waiting(me, request, spot, reservation)]
+            queue = self.entries() + [Waiting(me, request, reservation=reservation, tier=tier)]
             decision = plan_cluster(queue, inventory, tuple(unbound.values()), self.spot_yields,
                                     await self._withholding(inventory))
             never = dict(decision.never)
@@ -196,7 +197,7 @@ class ClusterQueueRunner(QueueBase):
                 raise Refused(422, never[me])
             node = dict(decision.start).get(me)
             if node is not None:
-                self._admit(key, request, spot, reservation, node)
+                self._admit(key, request, tier, reservation, node)
                 log.info("%s/%s admitted for %s (fits on %s)", user, server,
                          request.describe(), node)
                 return ClusterAdmitted(node, avoid=too_old_nodes(inventory, request),
@@ -210,7 +211,7 @@ class ClusterQueueRunner(QueueBase):
             if len(self.waiting) >= max_length:
                 raise Refused(503, f"No free {request.describe()}, and the queue is full "
                                    f"({len(self.waiting)} spawns waiting). Try again later.")
-            ticket = await self._enqueue(user, server, profile, request, spot, reservation)
+            ticket = await self._enqueue(user, server, profile, request, tier, reservation)
         node, pinned = await self._wait_in_queue(ticket, max_wait)
         # The picture as watched now (no wait: the admission is made, and counted)
         picture = select_nodes(self.watch.inventory(), self.selector, self.tolerations)
@@ -231,10 +232,9 @@ class ClusterQueueRunner(QueueBase):
         if self.admitted.pop(key, None) is not None:
             self.released()
 
-    def _admit(self, key: tuple[str, str], request: DeviceRequest, spot: bool,
+    def _admit(self, key: tuple[str, str], request: DeviceRequest, tier: str,
                reservation: int | None, node: str) -> None:
         self.admitted[key] = request
-        tier = SPOT if spot else RESERVED if reservation is not None else ON_DEMAND
         self.admitted_as[key] = AdmittedStart(request, tier, reservation, node)
         self._running.discard(key)
 
@@ -281,7 +281,7 @@ class ClusterQueueRunner(QueueBase):
             for ticket, message in decision.never:  # a node left the cluster
                 self._settle(ticket, Refused(422, message))
             for ticket, node in decision.start:
-                self._admit((ticket.user, ticket.server), ticket.request, ticket.spot,
+                self._admit((ticket.user, ticket.server), ticket.request, ticket.tier,
                             ticket.reservation, node)
                 log.info("%s/%s admitted from the queue for %s (fits on %s)", ticket.user,
                          ticket.server, ticket.request.describe(), node)

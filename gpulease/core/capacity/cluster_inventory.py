@@ -25,7 +25,16 @@ from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.drivers import driver_from_labels, new_enough, too_old
 from gpulease.core.model.gpu_models import model_key_from_gfd_product
-from gpulease.core.tiers import ALL_TIERS, ON_DEMAND, RESERVATION_LABEL, RESERVED, SPOT, TIER_LABEL
+from gpulease.core.tiers import (
+    ALL_TIERS,
+    ON_DEMAND,
+    RESERVATION_LABEL,
+    RESERVED,
+    SPOT,
+    TIER_LABEL,
+    is_preemptible,
+    yields_to,
+)
 from gpulease.core.units import parse_quantity
 
 GPU_PREFIX = "nvidia.com/"
@@ -111,13 +120,18 @@ class Hold:
     resources: dict[str, int]
     user: str = ""  # gpulease's pods only
     server: str = ""
-    spot: bool = False  # a gpulease spot server's pod: kube-scheduler may preempt it
+    spot: bool = False  # a gpulease spot server's pod (tier spot)
     tier: str = ON_DEMAND  # a gpulease server's (its pod's label); others' pods: on-demand
     reservation: int | None = None  # tier reserved: the reservation whose unit it runs on
 
     @property
     def on_tier(self) -> str:
         return SPOT if self.spot else self.tier
+
+    @property
+    def preemptible(self) -> bool:
+        """A gpulease server's pod on a preemptible tier: kube-scheduler may preempt it."""
+        return is_preemptible(self.on_tier)
 
 
 @dataclass(frozen=True)
@@ -140,12 +154,18 @@ class ClusterInventory:
         return self._derived["free"]
 
     def without_spot(self) -> ClusterInventory:
-        """The inventory as an on-demand start sees it where spot pods yield (their
-        PriorityClass is lower): what spot servers hold counts as free."""
-        if "without spot" not in self._derived:
-            self._derived["without spot"] = ClusterInventory(
-                self.nodes, tuple(h for h in self.holds if not h.spot))
-        return self._derived["without spot"]
+        """The inventory as an on-demand start sees it where spot pods yield."""
+        return self.yielding_to(ON_DEMAND)
+
+    def yielding_to(self, tier_name: str) -> ClusterInventory:
+        """The inventory as a start on tier `tier_name` sees it where pods yield (their
+        PriorityClass is lower): what servers of the tiers it may preempt hold counts as
+        free (gpulease/core/tiers.py yields_to)."""
+        key = f"yielding to {tier_name}"
+        if key not in self._derived:
+            self._derived[key] = ClusterInventory(
+                self.nodes, tuple(h for h in self.holds if not yields_to(h.on_tier, tier_name)))
+        return self._derived[key]
 
     def rows(self) -> list[dict]:
         """The `api/inventory` cluster form: per node, per resource, who holds how many."""

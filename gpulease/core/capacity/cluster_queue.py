@@ -16,7 +16,8 @@ Where spot pods yield (`spot_yields`: both tiers have their PriorityClass), an
 on-demand request counts what spot servers hold as free: it is admitted, its pod
 is made at the higher priority, and kube-scheduler's preemption picks the spot
 pods that make room (gpulease tells them: spawners/kube/cluster_preemption.py). A spot
-request only ever takes what is free.
+request only ever takes what is free. Generally, a request counts as free what the
+servers of the tiers it may preempt hold (gpulease/core/tiers.py yields_to).
 """
 
 from __future__ import annotations
@@ -64,12 +65,12 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
     result = ClusterPlan()
     for entry in served_order(queue):
         request = entry.request
-        if withholding.refusal(request, entry.reservation, entry.spot) is not None:
+        if withholding.refusal(request, entry.reservation, entry.yields) is not None:
             result.waiting.append(entry.key)
             continue
-        seen = inventory.without_spot() if spot_yields and not entry.spot else inventory
+        seen = inventory.yielding_to(entry.tier) if spot_yields else inventory
         kind = (request.model, request.mig_profile)
-        splitting = withholding.splitting_nodes(request, entry.reservation, entry.spot)
+        splitting = withholding.splitting_nodes(request, entry.reservation, entry.yields)
         try:
             node = fit(request, seen, tuple(pending),
                        {**reserved, kind: reserved[kind] | splitting} if splitting else reserved)
@@ -84,9 +85,9 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
             result.waiting.append(entry.key)
             continue
         pending.append(request)
-        if withholding.keeps_units_together(request, entry.spot):
+        if withholding.keeps_units_together(request, entry.yields):
             result.pinned.add(entry.key)
-        withholding = withholding.take(request, entry.reservation, entry.spot, node)
+        withholding = withholding.take(request, entry.reservation, entry.yields, node)
         result.start.append((entry.key, node))
     return result
 

@@ -15,7 +15,8 @@ The rule, for a start on a reservation needing `count` devices of a kind on one
 node:
 
 1. nothing is displaced when some allowed node has room already (free or
-   spot-held devices: the start fits, or spot preemption makes room);
+   spot-held devices: the start fits, or spot preemption makes room; "spot" here and
+   below is any tier that yields to a holder's start, gpulease/core/tiers.py yields_to);
 2. the devices that may be displaced (the budget) are the more of: what
    on-demand servers of the kind hold beyond what the reservations leave them
    (`overflow`), and, where the room on the allowed nodes and the overflow
@@ -44,7 +45,7 @@ from gpulease.core.capacity.placement import matches
 from gpulease.core.capacity.reserved_pool import HeldBy, Withholding
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-from gpulease.core.tiers import ON_DEMAND, SPOT
+from gpulease.core.tiers import ON_DEMAND, RESERVED, yields_to
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def on_the_box(request: DeviceRequest, reservation_id: int, inventory: Inventory
             continue
         room.setdefault(device.node, 0)
         by = held.get(device.uuid)
-        if by is None or by.tier == SPOT:
+        if by is None or yields_to(by.tier, RESERVED):
             room[device.node] += 1
         elif by.tier == ON_DEMAND and by.server in started:
             holds[(by.server, device.node)] += 1
@@ -144,7 +145,7 @@ def in_the_cluster(request: DeviceRequest, reservation_id: int, inventory: Clust
     servers = []
     for hold in inventory.holds:
         count = hold.resources.get(resource_on.get(hold.node, ""), 0)
-        if count and hold.spot and spot_yields:
+        if count and spot_yields and yields_to(hold.on_tier, RESERVED):
             room[hold.node] += count
         elif count and hold.on_tier == ON_DEMAND and (hold.user, hold.server) in started:
             key = (hold.user, hold.server)

@@ -21,6 +21,13 @@ not in `spot` (its devices come free at the end of its grace period).
 
 Spot requests never preempt: the caller asks only for on-demand ones.
 
+Tiers (gpulease/core/tiers.py): "spot servers" above are those of any preemptible
+tier, and "on-demand requests" those of any tier that may preempt one (`may_preempt`:
+a preemptible tier of a lower queue rank). A request preempts only servers of the
+tiers below its own, and the lowest of them first: a tier's servers are chosen
+only where those of the tiers below it cannot make the room (with the built-in tiers,
+spot is the one preemptible tier).
+
 Several on-demand starts may wait at once (a lab arriving in the morning):
 `plan_preemptions` serves them in order within one pass, each first from the
 devices already coming free (servers being preempted) that no earlier one took,
@@ -47,6 +54,7 @@ from gpulease.core.capacity.reserved_pool import (
 )
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
+from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT, tier, yields_to
 
 
 @dataclass(frozen=True)
@@ -57,12 +65,15 @@ class SpotHolding:
     node: str
     devices: frozenset[str]  # device UUIDs
     started_at: float  # seconds on any clock the caller uses for all holdings
+    tier: str = SPOT  # its (preemptible) tier: only starts of a higher rank preempt it
 
 
 def spot_holdings(held: Mapping[str, tuple[Hashable, float]], inventory: Inventory,
-                  spot: Collection[Hashable]) -> list[SpotHolding]:
+                  spot: Collection[Hashable],
+                  tier_of: Mapping[Hashable, str] | None = None) -> list[SpotHolding]:
     """The holdings of the servers in `spot`, from the held devices
-    ({uuid: (server key, claimed at)}), each on its device's node."""
+    ({uuid: (server key, claimed at)}), each on its device's node; `tier_of` their tiers
+    (spot where it names none)."""
     node_of = {d.uuid: d.node for d in inventory.allocatable()}
     devices: dict[Hashable, set[str]] = defaultdict(set)
     since: dict[Hashable, float] = {}
@@ -70,7 +81,9 @@ def spot_holdings(held: Mapping[str, tuple[Hashable, float]], inventory: Invento
         if key in spot and uuid in node_of:
             devices[key].add(uuid)
             since[key] = claimed
-    return [SpotHolding(key, node_of[next(iter(uuids))], frozenset(uuids), since[key])
+    tier_of = tier_of or {}
+    return [SpotHolding(key, node_of[next(iter(uuids))], frozenset(uuids), since[key],
+                        tier_of.get(key, SPOT))
             for key, uuids in devices.items()]
 
 
@@ -252,6 +265,7 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
                      leaving: Mapping[Hashable, frozenset[str]] | None = None,
                      withholding: Withholding = NO_WITHHOLDING,
                      reservation_of: Mapping[Hashable, int | None] | None = None,
+                     tier_of: Mapping[Hashable, str] | None = None,
                      ) -> PreemptionPlan:
     """What to preempt, in one pass, for the waiting on-demand requests (in served order).
 
@@ -275,13 +289,20 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
 
     Reservations (`withholding`, and `reservation_of` a start on one): a start its
     tier may not have now (gpulease/core/capacity/reserved_pool.py) preempts nobody; a holder's
-    start on its reservation preempts like an on-demand one."""
+    start on its reservation preempts like an on-demand one.
+
+    `tier_of`: the waiting starts' tiers (where it names none: reserved on a
+    reservation, else on demand); each preempts only servers of tiers below its own
+    (the module's "Tiers")."""
     spot = list(spot)
     leaving = dict(leaving or {})
     reservation_of = dict(reservation_of or {})
-    chosen = _tentative(waiting, inventory, held, spot, leaving, withholding, reservation_of)
+    tiers = {key: (tier_of or {}).get(key) or (ON_DEMAND if reservation_of.get(key) is None
+                                               else RESERVED) for key, _ in waiting}
+    chosen = _tentative(waiting, inventory, held, spot, leaving, withholding, reservation_of,
+                        tiers)
     devices_of = {h.key: h.devices for h in spot}
-    queue = [Waiting(key, request, reservation=reservation_of.get(key))
+    queue = [Waiting(key, request, reservation=reservation_of.get(key), tier=tiers[key])
              for key, request in waiting]
     while True:
         freed = set().union(*(p.freed for _, p in chosen))
@@ -305,58 +326,74 @@ def plan_preemptions(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventor
 def _tentative(waiting: Sequence[tuple[Hashable, DeviceRequest]], inventory: Inventory,
                held: Collection[str], spot: list[SpotHolding],
                leaving: Mapping[Hashable, frozenset[str]], withholding: Withholding,
-               reservation_of: Mapping[Hashable, int | None]
+               reservation_of: Mapping[Hashable, int | None], tier_of: Mapping[Hashable, str],
                ) -> list[tuple[Hashable, Preemption]]:
     """The preemptions each waiting request gets in turn (plan_preemptions, before its check)."""
     taken = set(held)
     remaining = list(spot)
     blocked: set[str] = set()  # every device an earlier, blocked request could use
-    index: SpotIndex | None = None
+    # This state's SpotIndex of the servers of the tiers up to a queue rank, by that rank
+    index: dict[int, SpotIndex] = {}
     chosen_for: list[tuple[Hashable, Preemption]] = []
     for key, request in waiting:
         reservation = reservation_of.get(key)
-        if withholding.refusal(request, reservation) is not None:
+        yields = yields_to(tier_of[key], RESERVED)  # reservations withhold nothing from it
+        if withholding.refusal(request, reservation, yields) is not None:
             continue  # its tier may not have them: the queue keeps nothing for it either
         split: frozenset[str] = frozenset()  # nodes where it would break up reserved units
         try:
             placement = place_keeping_units(request, inventory, taken | blocked, withholding,
-                                            reservation)
+                                            reservation, yields)
             taken |= set(placement.uuids)
-            withholding = withholding.take(request, reservation, node=placement.node)
-            index = None
+            withholding = withholding.take(request, reservation, yields, placement.node)
+            index = {}
             continue  # it starts once what is coming free has come
         except SplitsUnits:
-            split = withholding.splitting_nodes(request, reservation)
+            split = withholding.splitting_nodes(request, reservation, yields)
         except NoFit as nofit:
             if nofit.status != 503:
                 continue
-        if split:  # free devices there are not for it: victims only on the other nodes
-            off = {d.uuid for d in inventory.allocatable() if d.node in split}
-            chosen = SpotIndex(inventory, taken | blocked | off,
-                               [h for h in remaining if not h.devices & blocked
-                                and h.node not in split]).choose(request)
-        else:
-            if index is None:
-                # Devices kept for a blocked request are neither free nor to be preempted.
-                index = SpotIndex(inventory, taken | blocked,
-                                  [h for h in remaining if not h.devices & blocked])
-            chosen = index.choose(request)
+        chosen = None
+        # The tiers it may preempt, the lowest first: a tier's servers only where those
+        # below cannot make the room. Devices kept for a blocked request are neither free
+        # nor to be preempted.
+        for rank in _ranks_below(tier_of[key], remaining):
+            candidates = [h for h in remaining if not h.devices & blocked
+                          and yields_to(h.tier, tier_of[key])
+                          and tier(h.tier).queue_rank <= rank]
+            if split:  # free devices there are not for it: victims only on the other nodes
+                off = {d.uuid for d in inventory.allocatable() if d.node in split}
+                chosen = SpotIndex(inventory, taken | blocked | off,
+                                   [h for h in candidates if h.node not in split]
+                                   ).choose(request)
+            else:
+                if rank not in index:
+                    index[rank] = SpotIndex(inventory, taken | blocked, candidates)
+                chosen = index[rank].choose(request)
+            if chosen is not None:
+                break
         if chosen is not None:
             try:  # where the freed devices put it: not where reserved units break up
                 placement = place_keeping_units(request, inventory,
                                                 (taken - chosen.freed) | blocked,
-                                                withholding, reservation)
+                                                withholding, reservation, yields)
             except NoFit:
                 chosen = None
         if chosen is None:
             if not split:  # blocked: the queue keeps what it could use (a withheld start,
                 blocked |= usable_devices(request, inventory)  # nothing)
-            index = None
+            index = {}
             continue
         chosen_for.append((key, chosen))
         victims = set(chosen.victims)
         remaining = [h for h in remaining if h.key not in victims]
         taken = (taken - chosen.freed) | set(placement.uuids)
-        withholding = withholding.take(request, reservation, node=placement.node)
-        index = None
+        withholding = withholding.take(request, reservation, yields, placement.node)
+        index = {}
     return chosen_for
+
+
+def _ranks_below(start_tier: str, holdings: Iterable[SpotHolding]) -> list[int]:
+    """The queue ranks of the holdings' tiers a start on `start_tier` may preempt,
+    lowest first."""
+    return sorted({tier(h.tier).queue_rank for h in holdings if yields_to(h.tier, start_tier)})

@@ -10,8 +10,9 @@ every free device it could use, so a large request at the head (two full
 GPUs) is not starved by a stream of small ones taking each card as it frees;
 requests for other kinds of devices (another model, a MIG slice) still pass.
 
-Spot requests (the interruptible tier) are served after every on-demand one,
-whenever it arrived: a spot start takes only what no waiting on-demand start
+Requests are served by their tier's queue rank (gpulease/core/tiers.py), then in
+arrival order: spot requests (the interruptible tier) after every on-demand one,
+whenever it arrived, so a spot start takes only what no waiting on-demand start
 could use (`served_order`).
 """
 
@@ -31,6 +32,7 @@ from gpulease.core.capacity.reserved_pool import (
 )
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
+from gpulease.core.tiers import ON_DEMAND, RESERVED, SPOT, tier, yields_to
 
 # The default of GPULeaseHub.queue_places_per_user (and the spawner's trait), here only.
 QUEUE_PLACES_PER_USER = 3
@@ -42,21 +44,39 @@ class Waiting:
 
     key: Hashable
     request: DeviceRequest
-    spot: bool = False  # the interruptible tier: served after every on-demand request
+    spot: bool = False  # tier spot (as tier="spot" says; True when the tier is spot)
     reservation: int | None = None  # tier reserved: the reservation whose unit it takes
+    # Its tier's name; "": spot where `spot`, reserved on a reservation, else on demand.
+    tier: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tier", start_tier(self.spot, self.reservation, self.tier))
+        object.__setattr__(self, "spot", self.tier == SPOT)
+
+    @property
+    def yields(self) -> bool:
+        """Whether its tier yields to a holder's start: reservations withhold nothing
+        from it (gpulease/core/capacity/reserved_pool.py's `spot` arguments)."""
+        return yields_to(self.tier, RESERVED)
+
+
+def start_tier(spot: bool, reservation: int | None, named: str | None = "") -> str:
+    """A start's tier: `named`, else spot where `spot`, reserved on a reservation, else on
+    demand (the older spelling of the queue's callers, which had no other tiers)."""
+    return named or (SPOT if spot else RESERVED if reservation is not None else ON_DEMAND)
 
 
 class _Tiered(Protocol):
-    spot: bool
+    tier: str
 
 
 T = TypeVar("T", bound=_Tiered)
 
 
 def served_order(queue: Sequence[T]) -> list[T]:
-    """The order a queue is served in: on-demand requests in arrival order, then spot
-    ones in arrival order (a spot start never delays an on-demand one)."""
-    return [e for e in queue if not e.spot] + [e for e in queue if e.spot]
+    """The order a queue is served in: by the tiers' queue rank, highest first, each in
+    arrival order (a spot start never delays an on-demand one)."""
+    return sorted(queue, key=lambda entry: -tier(entry.tier).queue_rank)
 
 
 @dataclass
@@ -91,12 +111,12 @@ def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str],
     kept: set[str] = set()  # free devices an earlier, blocked request could use
     result = Plan()
     for entry in served_order(queue):
-        if withholding.refusal(entry.request, entry.reservation, entry.spot) is not None:
+        if withholding.refusal(entry.request, entry.reservation, entry.yields) is not None:
             result.waiting.append(entry.key)
             continue
         try:
             placement = place_keeping_units(entry.request, inventory, taken | kept,
-                                            withholding, entry.reservation, entry.spot)
+                                            withholding, entry.reservation, entry.yields)
         except SplitsUnits:
             result.waiting.append(entry.key)  # withheld: it keeps nothing
             continue
@@ -108,7 +128,7 @@ def plan(queue: Sequence[Waiting], inventory: Inventory, held: Collection[str],
             result.waiting.append(entry.key)
             continue
         taken |= set(placement.uuids)
-        withholding = withholding.take(entry.request, entry.reservation, entry.spot,
+        withholding = withholding.take(entry.request, entry.reservation, entry.yields,
                                        placement.node)
         result.start.append((entry.key, placement))
     return result

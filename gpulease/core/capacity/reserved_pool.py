@@ -11,7 +11,10 @@ During its period a reservation holds `units × per_unit` devices of its kind
   (`reservation_room`) and a free device, whoever else waits;
 - a spot start takes any free device, reserved ones included: while holders do
   not use them, reserved devices earn spot's rate, and a holder's start preempts
-  the spot servers on them (spawners/spot_preemption.py) like an on-demand one.
+  the spot servers on them (spawners/spot_preemption.py) like an on-demand one. So
+  does the start of any tier whose servers yield to a holder's (a preemptible tier of
+  a lower queue rank: gpulease/core/tiers.py yields_to); the `spot` arguments below
+  say that of a start.
 
 A unit of several cards is one server, so it needs its cards on one node. An
 on-demand start may therefore also not take cards where that would break up the
@@ -35,14 +38,14 @@ from gpulease.core.capacity.placement import NoFit, Placement, place
 from gpulease.core.capacity.reservation_rules import DeviceKind, Reservation
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
-from gpulease.core.tiers import RESERVED, SPOT
+from gpulease.core.tiers import RESERVED, yields_to
 
 
 @dataclass(frozen=True)
 class HeldBy:
     """One held device, as withholding counts it."""
 
-    tier: str  # ON_DEMAND | SPOT | RESERVED; out-of-service devices count as ON_DEMAND
+    tier: str  # a tier's name; out-of-service devices count as ON_DEMAND
     server: tuple[str, str]  # (user, server)
     reservation_id: int | None = None
 
@@ -204,7 +207,7 @@ def rooms(total: Mapping[tuple[DeviceKind, str], int],
             node_room[kind][node] += count
     servers_on: dict[int, set[tuple[str, str]]] = {}
     for kind, node, by in used:
-        if by.tier == SPOT:
+        if yields_to(by.tier, RESERVED):
             continue
         if by.tier == RESERVED and by.reservation_id in ids:
             servers_on.setdefault(by.reservation_id, set()).add(by.server)
@@ -241,7 +244,7 @@ def units_free_now(total: Mapping[tuple[DeviceKind, str], int],
             room[node] = room.get(node, 0) + count
     servers_on: dict[int, set[tuple[str, str]]] = {}
     for of, node, by in used:
-        if by.tier == SPOT:
+        if yields_to(by.tier, RESERVED):
             continue
         if by.tier == RESERVED and by.reservation_id is not None:
             servers_on.setdefault(by.reservation_id, set()).add(by.server)
