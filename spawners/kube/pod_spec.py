@@ -12,13 +12,14 @@ Pure functions over dataclasses; no Kubernetes client.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from gpulease.core.model.gpu_models import GFD_PRODUCTS
 from gpulease.core.model.profiles import GpuSpec, Profile
-from gpulease.core.tiers import RESERVATION_LABEL, SPOT, TIER_LABEL
+from gpulease.core.tiers import ON_DEMAND, RESERVATION_LABEL, SPOT, TIER_LABEL, tier
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_STRATEGIES = ("mixed", "single")
@@ -98,18 +99,25 @@ class TierPod:
     termination_grace_s: int | None = None  # None: kubespawner's (the pod's default)
 
 
-def tier_pod(tier: str, on_demand_class: str, spot_class: str, grace_s: float,
+def tier_pod(tier_name: str, on_demand_class: str, spot_class: str, grace_s: float,
              gpu: bool = True, cpu_only_class: str = "",
-             reservation_id: int | None = None) -> TierPod:
-    """The pod of a server on `tier`: its PriorityClass, and for spot the time to save.
+             reservation_id: int | None = None,
+             priority_classes: Mapping[str, str] | None = None) -> TierPod:
+    """The pod of a server on tier `tier_name`: its label, its PriorityClass, and for a
+    preemptible tier the time to save.
+
+    The PriorityClass is the one configured for the tier record's `priority_class`
+    (gpulease/core/tiers.py): `on_demand_class` for "on-demand" (on demand's and
+    reserved's), `spot_class` for "spot", and `priority_classes` names those of further
+    tiers; "" (none configured, or the record names none) leaves the cluster's default.
 
     kube-scheduler preempts a lower-priority pod for a higher one by deleting it
     with the pod's own termination grace period; the kubelet then runs the preStop
-    hook and sends SIGTERM when it ends. A spot pod sleeps in preStop for the spot
-    grace period, so a preempted server keeps running, and its researcher saving,
-    until the deadline they were told; SPOT_STOP_S then lets it stop. The hub's own
-    stops (the user's, the culler's, credit's) delete with kubespawner's short
-    delete_grace_period, which cuts the sleep: they are as quick as on demand.
+    hook and sends SIGTERM when it ends. A preemptible tier's pod (spot's) sleeps in
+    preStop for the spot grace period, so a preempted server keeps running, and its
+    researcher saving, until the deadline they were told; SPOT_STOP_S then lets it stop.
+    The hub's own stops (the user's, the culler's, credit's) delete with kubespawner's
+    short delete_grace_period, which cuts the sleep: they are as quick as on demand.
 
     A CPU-only server (`gpu` False, always on demand) takes `cpu_only_class`: as high
     as on demand but never preempting, so that it neither takes a node's CPU from a
@@ -117,15 +125,18 @@ def tier_pod(tier: str, on_demand_class: str, spot_class: str, grace_s: float,
 
     A server on a reservation's unit (tier reserved) runs at on-demand priority: its
     start preempts spot pods on the reserved capacity as an on-demand start does."""
+    labels = {TIER_LABEL: tier_name}
     if not gpu:
-        return TierPod(cpu_only_class, {TIER_LABEL: tier})
-    if tier != SPOT:
-        labels = {TIER_LABEL: tier}
-        if reservation_id is not None:
-            labels[RESERVATION_LABEL] = str(reservation_id)
-        return TierPod(on_demand_class, labels)
+        return TierPod(cpu_only_class, labels)
+    record = tier(tier_name)
+    classes = {ON_DEMAND: on_demand_class, SPOT: spot_class, **(priority_classes or {})}
+    priority_class = classes.get(record.priority_class, "") if record.priority_class else ""
+    if reservation_id is not None:
+        labels[RESERVATION_LABEL] = str(reservation_id)
+    if not record.preemptible:
+        return TierPod(priority_class, labels)
     seconds = max(1, int(-(-grace_s // 1)))
-    return TierPod(spot_class, {TIER_LABEL: SPOT}, seconds, seconds + SPOT_STOP_S)
+    return TierPod(priority_class, labels, seconds, seconds + SPOT_STOP_S)
 
 
 def avoiding(terms: list[dict[str, Any]], nodes: frozenset[str]) -> list[dict[str, Any]]:

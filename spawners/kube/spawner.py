@@ -145,6 +145,15 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
         "preemption in the cluster.",
     )
 
+    tier_priority_classes = Dict(
+        key_trait=Unicode(), value_trait=Unicode(), config=True,
+        help="PriorityClasses of the tiers registered beyond the built-in ones "
+        "(gpulease/core/tiers.py register): the record's priority_class -> the "
+        "PriorityClass's name, e.g. {'preview': 'lab-preview'}, with a value between the "
+        "spot and on-demand ones where it ranks between them. The built-in tiers' are "
+        "on_demand_priority_class's and spot_priority_class's.",
+    )
+
     @default("pvc_name_template")
     def _default_pvc_name_template(self):
         # kubespawner's safe slug of the name: the name itself, except for names with
@@ -198,7 +207,8 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
                         self.spot_grace_period,
                         choice is not None and choice.profile.gpu is not None,
                         self.cpu_only_priority_class,
-                        choice.reservation_id if choice is not None else None)
+                        choice.reservation_id if choice is not None else None,
+                        self.tier_priority_classes)
         if tier.priority_class:
             pod.spec.priority_class_name = tier.priority_class
         pod.metadata.labels = {**(pod.metadata.labels or {}), **tier.labels}
