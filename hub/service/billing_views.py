@@ -14,6 +14,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from gpulease.core.clock import iso_z
 from gpulease.core.refusal import Refusal
+from gpulease.core.tiers import label_of
 from gpulease.core.units import format_credits
 from gpulease.store import billing_reports
 
@@ -137,11 +138,13 @@ def usage_view(sessions: Iterable[Mapping[str, Any]], totals: Mapping[str, int])
     }
 
 
-def report_view(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def report_view(rows: Iterable[Mapping[str, Any]], by: str = "") -> list[dict[str, Any]]:
+    """The report's rows; grouped by tier, each with its tier's label (its Tier record's,
+    gpulease/core/tiers.py)."""
     return [
         {"key": r["key"], "sessions": int(r["sessions"]),
          "billed_seconds": int(r["billed_seconds"]), "billed_ms": int(r["billed_ms"]),
-         "cost": money(r["cost"])}
+         "cost": money(r["cost"]), **({"label": label_of(r["key"])} if by == "tier" else {})}
         for r in rows
     ]
 

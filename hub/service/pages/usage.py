@@ -182,7 +182,7 @@ class ReportPage(PageHandler):
         # any span: admins and auditors report on years (aggregated, not listed)
         since, until = bv.parse_period(since_arg, until_arg)
         rows = bv.report_view(await self.run(billing_reports.report, self.ctx.engine,
-                                             since=since, until=until, group_by=by))
+                                             since=since, until=until, group_by=by), by)
         if self.get_argument("format", "html") == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             name = f"gpulease-report-by-{by}-{since_arg}-{until_arg}"
