@@ -24,10 +24,9 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
-ADMIN_PW = "admin-secret-pw"
 PW = {name: f"{name}-pw-12345" for name in ("olga", "audrey", "alice", "bob")}
 ROLES = ("admin", "admin-script", "admin-server", "olga", "audrey", "alice", "anonymous")
 NARROWED = {  # tokens of the hub admin, by the scopes it gave them
@@ -43,19 +42,15 @@ PROFILE = {"display_name": "Perm", "cpu": 1, "memory": "1Gi", "images": ["pytorc
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("permissions")
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=[
-        '--GPULeaseHub.admin_groups=["ops"]', '--GPULeaseHub.auditor_groups=["auditors"]',
-        "--GPULeaseHub.culler_enabled=False",
-    ]).start()
-    yield h
-    h.close()
+def hub_options() -> HubOptions:
+    return HubOptions(args=['--GPULeaseHub.admin_groups=["ops"]',
+                            '--GPULeaseHub.auditor_groups=["auditors"]',
+                            "--GPULeaseHub.culler_enabled=False"])
 
 
 @pytest.fixture(scope="module")
 def tokens(hub) -> dict[str, str | None]:
-    admin = hub.token_for("admin", ADMIN_PW)
+    admin = hub.admin_token
     for name, pw in PW.items():
         r = hub.service("POST", "api/users", admin, {"name": name, "password": pw})
         assert r.status_code == 201, r.text

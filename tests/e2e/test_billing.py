@@ -15,14 +15,12 @@ import time
 
 import pytest
 import requests
-import yaml
 
 from tests.e2e.test_enforcement import home_config
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import ADMIN_PW, HubOptions, HubProcess
 
 pytestmark = pytest.mark.e2e
 
-PW = "admin-secret-pw"
 HEARTBEAT = 1.0
 
 PROFILES = {"profiles": [
@@ -40,21 +38,9 @@ PROFILES = {"profiles": [
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("billing")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
-        f"--profiles={profiles}", f"--GPULeaseHub.heartbeat_interval={HEARTBEAT}",
-        "--Spawner.poll_interval=1",
-    ]).start()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def admin(hub):
-    return hub.token_for("admin", PW)
+def hub_options() -> HubOptions:
+    return HubOptions(profiles=PROFILES, args=[
+        f"--GPULeaseHub.heartbeat_interval={HEARTBEAT}", "--Spawner.poll_interval=1"])
 
 
 def sessions_of(hub, token) -> list[dict]:
@@ -229,7 +215,7 @@ def test_prometheus_metrics(hub, admin):
 
 
 def test_a_second_hub_on_the_same_database_refuses_to_meter(hub):
-    other = HubProcess(state=hub.state, admin_password=PW)
+    other = HubProcess(state=hub.state, admin_password=ADMIN_PW)
     with pytest.raises(RuntimeError) as failed:
         other.start(timeout=30)
     assert "metering" in str(failed.value) or "meter" in str(failed.value)

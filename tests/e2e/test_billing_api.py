@@ -20,27 +20,22 @@ from gpulease.core.clock import utcnow
 from gpulease.store.db import open_database, sqlite_url
 from gpulease.store.ledger import Ledger
 from gpulease.store.sessions import SessionLedger
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import ADMIN_PW, HubOptions
 
 pytestmark = pytest.mark.e2e
-ADMIN_PW = "admin-secret-pw"
 PW = {name: f"{name}-pw-12345" for name in ("alice", "bob", "carol", "audrey")}
 XSS = "<script>alert(1)</script>"
 SCRIPT_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("billing")
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW,
-                   extra_args=['--GPULeaseHub.auditor_groups=["auditors"]']).start()
-    yield h
-    h.close()
+def hub_options() -> HubOptions:
+    return HubOptions(args=['--GPULeaseHub.auditor_groups=["auditors"]'])
 
 
 @pytest.fixture(scope="module")
 def tokens(hub) -> dict[str, str]:
-    admin = hub.token_for("admin", ADMIN_PW)
+    admin = hub.admin_token
     for name, pw in PW.items():
         r = hub.service("POST", "api/users", admin, {"name": name, "password": pw})
         assert r.status_code == 201, r.text

@@ -29,14 +29,12 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 import requests
-import yaml
 
 from tests.integration.web.test_notifier import SmtpSink, WebhookSink
-from tests.support.hubproc import HubProcess, free_port, run_in_kernel
+from tests.support.hubproc import HubOptions, free_port, run_in_kernel
 
 pytestmark = pytest.mark.e2e
 
-PW = "admin-secret-pw"
 IDLE = 8  # seconds
 PROFILES = {"profiles": [
     {"slug": "cpu", "display_name": "CPU", "cpu": 1, "memory": "2Gi", "images": ["pytorch"],
@@ -85,25 +83,19 @@ def sinks():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, prometheus, sinks):
+def hub_options(prometheus, sinks) -> HubOptions:
     smtp, hook = sinks
-    base = tmp_path_factory.mktemp("culler")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
+    return HubOptions(profiles=PROFILES, args=[
         "--GPULeaseHub.smtp_host=127.0.0.1", f"--GPULeaseHub.smtp_port={smtp.port}",
-        f"--GPULeaseHub.notify_webhook_url={hook.url}",
-        f"--profiles={profiles}", "--GPULeaseHub.culler_interval=1",
-        "--GPULeaseHub.culler_warn_before=15s", f"--GPULeaseHub.culler_gpu_source=prometheus:{prometheus}",
-        "--GPULeaseHub.heartbeat_interval=1", "--Spawner.poll_interval=1",
-    ]).start()
-    yield h
-    h.close()
+        f"--GPULeaseHub.notify_webhook_url={hook.url}", "--GPULeaseHub.culler_interval=1",
+        "--GPULeaseHub.culler_warn_before=15s",
+        f"--GPULeaseHub.culler_gpu_source=prometheus:{prometheus}",
+        "--GPULeaseHub.heartbeat_interval=1", "--Spawner.poll_interval=1"])
 
 
 @pytest.fixture(scope="module")
 def admin(hub):
-    token = hub.token_for("admin", PW)
+    token = hub.admin_token
     return token
 
 

@@ -18,11 +18,10 @@ import pytest
 import requests
 import yaml
 
-from tests.support.hubproc import HubProcess, run_in_kernel
+from tests.support.hubproc import ADMIN_PW, HubOptions, run_in_kernel
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_PW = "admin-secret-pw"
 
 
 # A user config file laid over gpulease's defaults: fast death detection and a
@@ -35,23 +34,17 @@ c.LocalAccountsAuthenticator.lockout_seconds = 4
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("e2e")
-    config = base / "gpulease_config.py"
-    config.write_text(USER_CONFIG)
+def hub_options() -> HubOptions:
     # No queue: a start without capacity is refused at once (tests/e2e/test_queue.py
     # covers the queue). alice keeps a named server of each test here, more than the
     # default 5 (tests/e2e/test_user_limits.py attacks that limit).
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW,
-                   extra_args=[f"--config={config}", "--GPULeaseHub.queue_max_wait=0",
-                               "--JupyterHub.named_server_limit_per_user=20"]).start()
-    yield h
-    h.close()
+    return HubOptions(config=USER_CONFIG, args=["--GPULeaseHub.queue_max_wait=0",
+                                                "--JupyterHub.named_server_limit_per_user=20"])
 
 
 @pytest.fixture(scope="module")
 def admin_token(hub):
-    return hub.token_for("admin", ADMIN_PW)
+    return hub.admin_token
 
 
 @pytest.fixture(scope="module")
@@ -417,4 +410,4 @@ def test_ctrl_c_stops_everything_and_up_keeps_state(hub, admin_token, alice):
     assert model["servers"][""]["user_options"] == {"profile": "h200-1g"}
     assert model["servers"][""]["ready"] is False
     assert (hub.state / "homes" / "alice" / "notes.txt").exists()
-    assert held_by(hub, hub.token_for("admin", ADMIN_PW)) == {}
+    assert held_by(hub, hub.admin_token) == {}

@@ -23,15 +23,13 @@ from dataclasses import dataclass
 
 import psutil
 import pytest
-import yaml
 from sqlalchemy import delete
 
 from gpulease.store.db import open_database, sessions, sqlite_url
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
 
-PW = "admin-secret-pw"
 HEARTBEAT = 1.0
 HTTP_TIMEOUT = 15
 
@@ -97,21 +95,10 @@ handlers.APIVersionHandler.get = _not_ready
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("enforcement")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
-        f"--profiles={profiles}", f"--GPULeaseHub.heartbeat_interval={HEARTBEAT}",
-        "--Spawner.poll_interval=1", f"--Spawner.http_timeout={HTTP_TIMEOUT}",
-    ]).start()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def admin(hub):
-    return hub.token_for("admin", PW)
+def hub_options() -> HubOptions:
+    return HubOptions(profiles=PROFILES, args=[
+        f"--GPULeaseHub.heartbeat_interval={HEARTBEAT}", "--Spawner.poll_interval=1",
+        f"--Spawner.http_timeout={HTTP_TIMEOUT}"])
 
 
 def home_config(hub, name: str, text: str) -> None:

@@ -15,13 +15,11 @@ import json
 import time
 
 import pytest
-import yaml
 
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
 
-PW = "admin-secret-pw"
 HEARTBEAT = 10.0  # long, so that the server's whole life falls between two
 WORK_S = 4.0
 
@@ -55,16 +53,9 @@ threading.Thread(target=_work_then_exit, daemon=True).start()
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("exits")
-    profiles = base / "profiles.yaml"
-    profiles.write_text(yaml.safe_dump(PROFILES))
-    h = HubProcess(state=base / "state", admin_password=PW, extra_args=[
-        f"--profiles={profiles}", f"--GPULeaseHub.heartbeat_interval={HEARTBEAT}",
-        "--Spawner.poll_interval=60",
-    ]).start()
-    yield h
-    h.close()
+def hub_options() -> HubOptions:
+    return HubOptions(profiles=PROFILES, args=[
+        f"--GPULeaseHub.heartbeat_interval={HEARTBEAT}", "--Spawner.poll_interval=60"])
 
 
 def epoch(iso: str) -> float:
@@ -72,7 +63,7 @@ def epoch(iso: str) -> float:
 
 
 def test_a_server_that_exits_between_heartbeats_is_billed_to_its_exit(hub):
-    admin = hub.token_for("admin", PW)
+    admin = hub.admin_token
     token = hub.add_user(admin, "quitter", "100")
     jupyter = hub.state / "homes" / "quitter" / ".jupyter"
     jupyter.mkdir(parents=True, exist_ok=True)

@@ -6,22 +6,19 @@ import re
 
 import pytest
 
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
 
-PW = "admin-secret-pw"
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = HubProcess(state=tmp_path_factory.mktemp("suspend") / "state", admin_password=PW).start()
-    yield h
-    h.close()
+def hub_options() -> HubOptions:
+    return HubOptions()
 
 
 def test_suspended_server_shows_and_resumes_on_its_profile(hub):
-    admin = hub.token_for("admin", PW)
+    admin = hub.admin_token
     r = hub.service("POST", "api/users", admin, {"name": "rae", "password": "rae-pw-12345"})
     assert r.status_code == 201, r.text
     hub.grant(admin, "user:rae")

@@ -22,25 +22,16 @@ import pytest
 import requests
 
 from gpulease.core.policy.user_names import NAME_PATTERN
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import ADMIN_PW, HubOptions
 
 pytestmark = pytest.mark.e2e
-ADMIN_PW = "admin-secret-pw"
 BAD_NAMES = ["Alice", "a_b", "a.b", "-a", "a-", "1a", "a" * 33, "ålice", "root", "nobody",
              "a b", "a\nb"]
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = HubProcess(state=tmp_path_factory.mktemp("names") / "state", admin_password=ADMIN_PW,
-                   extra_args=["--GPULeaseHub.culler_enabled=False"]).start()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def admin(hub) -> str:
-    return hub.token_for("admin", ADMIN_PW)
+def hub_options() -> HubOptions:
+    return HubOptions(args=["--GPULeaseHub.culler_enabled=False"])
 
 
 def owner_and_mode(path: Path) -> tuple[int, int, int]:
@@ -208,7 +199,7 @@ def test_names_made_before_the_rule_are_reported_and_get_no_home(hub, admin):
     assert "rename it to 'old-name'" in log and "rename it to 'caps'" in log
     # The hub runs; the old names can neither log in nor get a home.
     assert hub.login_form("old.name", "old-name-pw-1").login_status != 302
-    admin = hub.token_for("admin", ADMIN_PW)
+    admin = hub.admin_token
     start = hub.api("POST", "users/old.name/server", admin, {"profile": "cpu"})
     assert start.status_code == 400 and names_the_rule(start.json()["message"]), start.text
     assert not (hub.state / "homes" / "old.name").exists()
