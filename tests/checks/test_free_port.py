@@ -1,5 +1,6 @@
-"""tests/hubproc.free_port: a port is never handed out twice in one run (a hub's ports are
-all chosen before any is bound; two once came out the same and the hub could not start)."""
+"""tests/support/hubproc.py's free_port: a port is never handed out twice in one run (a
+hub's ports are all chosen before any is bound; two once came out the same and the hub
+could not start)."""
 
 from tests.support.hubproc import free_port
 

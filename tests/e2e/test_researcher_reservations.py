@@ -4,18 +4,13 @@ refund; a period beginning within reservation_lead_time fits beside running serv
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
 from tests.e2e.test_reservations import INVENTORY, _hour
-from tests.support.hubproc import HubProcess
-from tests.support.isolation_env import mock_server_catalog
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_PW = "admin-secret-pw"
 PROFILES = {"profiles": [
     {"slug": "slice", "display_name": "Slice", "gpu": {"model": "H200", "mig": "1g.18gb"},
      "cpu": 1, "memory": "2Gi", "images": ["mock"], "price_per_hour": "3.6",
@@ -28,23 +23,15 @@ PROFILES = {"profiles": [
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base: Path = tmp_path_factory.mktemp("researcher-reservations")
-    catalog = mock_server_catalog(base)
-    (base / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
-    (base / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY))
-    hub = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=[
-        f"--profiles={base / 'profiles.yaml'}", f"--inventory={base / 'inventory.yaml'}",
-        f"--catalog={catalog}", "--GPULeaseHub.culler_enabled=False",
-        "--GPULeaseHub.reservations_by_researchers=True",
-        "--GPULeaseHub.reservation_lead_time=2h"])
-    hub.start()
-    yield hub
-    hub.close()
+def hub_options() -> HubOptions:
+    return HubOptions(profiles=PROFILES, inventory=INVENTORY, mock_catalog=True,
+                      args=["--GPULeaseHub.culler_enabled=False",
+                            "--GPULeaseHub.reservations_by_researchers=True",
+                            "--GPULeaseHub.reservation_lead_time=2h"])
 
 
 def test_a_researcher_reserves_only_for_themselves_what_they_may_start(hub):
-    admin = hub.token_for("admin", ADMIN_PW)
+    admin = hub.admin_token
     lee, ann = hub.add_user(admin, "lee"), hub.add_user(admin, "ann")
     body = {"account": "user:lee", "profile": "slice", "units": 1, "start": _hour(3),
             "end": _hour(4)}

@@ -22,19 +22,15 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 from sqlalchemy import update
 
 from gpulease.store.db import open_database, reservations, sqlite_url
-from tests.support.hubproc import HubProcess
-from tests.support.isolation_env import mock_server_catalog
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_PW = "admin-secret-pw"
 GRACE_S = 4
 PROFILES = {"profiles": [
     {"slug": "slice", "display_name": "Slice", "gpu": {"model": "H200", "mig": "1g.18gb"},
@@ -50,22 +46,15 @@ INVENTORY = {"nodes": [{"name": "local", "gpus": [
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base: Path = tmp_path_factory.mktemp("reservations")
-    catalog = mock_server_catalog(base)
-    (base / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
-    (base / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY))
-    (base / "config.py").write_text('c.Spawner.poll_interval = 1\n'
-                                    'c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}\n')
-    hub = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=[
-        f"--profiles={base / 'profiles.yaml'}", f"--inventory={base / 'inventory.yaml'}",
-        f"--catalog={catalog}", f"--config={base / 'config.py'}",
-        "--GPULeaseHub.culler_enabled=False", "--LocalGPUSpawner.queue_poll_interval=1",
-        "--GPULeaseHub.heartbeat_interval=1", f"--GPULeaseHub.spot_grace_period={GRACE_S}",
-        "--GPULeaseHub.queue_max_wait=2m"])
-    hub.start()
-    yield hub
-    hub.close()
+def hub_options() -> HubOptions:
+    return HubOptions(profiles=PROFILES, inventory=INVENTORY, mock_catalog=True,
+                      config=('c.Spawner.poll_interval = 1\n'
+                              'c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}\n'),
+                      args=["--GPULeaseHub.culler_enabled=False",
+                            "--LocalGPUSpawner.queue_poll_interval=1",
+                            "--GPULeaseHub.heartbeat_interval=1",
+                            f"--GPULeaseHub.spot_grace_period={GRACE_S}",
+                            "--GPULeaseHub.queue_max_wait=2m"])
 
 
 def _hour(offset: int = 0) -> str:
@@ -134,7 +123,7 @@ def _notices(hub, token, kind):
 
 
 def test_a_reservation_holds_capacity_lends_it_to_spot_and_ends_on_demand(hub):
-    admin = hub.token_for("admin", ADMIN_PW)
+    admin = hub.admin_token
     tokens = {n: hub.add_user(admin, n) for n in ("lee", "ann", "sam")}
     tokens["poor"] = hub.add_user(admin, "poor", credit=None)
 
@@ -232,7 +221,7 @@ def test_a_reservation_holds_capacity_lends_it_to_spot_and_ends_on_demand(hub):
 
 
 def test_suspend_at_the_end_and_a_cancellation_refunds_the_hours_not_begun(hub):
-    admin = hub.token_for("admin", ADMIN_PW)
+    admin = hub.admin_token
     tokens = {"lee": hub.token_for("lee", "lee-pw-12345")}
     before = _balance(hub, tokens["lee"])
     r = _reserve(hub, admin, end=_hour(3), on_end="suspend")
@@ -281,7 +270,7 @@ def test_on_demand_servers_running_when_the_period_begins_make_way_for_the_holde
     reservation, lee's own on-demand server makes way before ann's newer ones: it is
     told and stopped after the grace period (reason preempted), and lee runs on the
     unit. (Newest first among strangers: tests/cluster/test_reservations_cluster.py.)"""
-    admin = hub.token_for("admin", ADMIN_PW)
+    admin = hub.admin_token
     tokens = {"lee": hub.token_for("lee", "lee-pw-12345"),
               "ann": hub.token_for("ann", "ann-pw-12345")}
     for user, server in (("lee", "x"), ("ann", "a"), ("ann", "b")):  # all three slices

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.support.hubproc import HubProcess
-from tests.support.isolation_env import mock_server_catalog
+from tests.support.hubproc import HubOptions
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_PW = "admin-secret-pw"
 GRACE_S = 6
 PROFILES = {"profiles": [
     {"slug": "slice", "display_name": "Slice", "gpu": {"model": "H200", "mig": "1g.18gb"},
@@ -37,23 +33,16 @@ INVENTORY = {"nodes": [{"name": "local", "gpus": [
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base: Path = tmp_path_factory.mktemp("spot")
-    catalog = mock_server_catalog(base)
-    (base / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
-    (base / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY))
+def hub_options() -> HubOptions:
     # a pending start answers its REST call after 1 s (202), not when it is ready
-    (base / "config.py").write_text('c.Spawner.poll_interval = 1\n'
-                                    'c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}\n')
-    hub = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=[
-        f"--profiles={base / 'profiles.yaml'}", f"--inventory={base / 'inventory.yaml'}",
-        f"--catalog={catalog}", f"--config={base / 'config.py'}",
-        "--GPULeaseHub.culler_enabled=False", "--LocalGPUSpawner.queue_poll_interval=1",
-        "--GPULeaseHub.heartbeat_interval=1", f"--GPULeaseHub.spot_grace_period={GRACE_S}",
-        "--GPULeaseHub.queue_max_wait=2m"])
-    hub.start()
-    yield hub
-    hub.close()
+    return HubOptions(profiles=PROFILES, inventory=INVENTORY, mock_catalog=True,
+                      config=('c.Spawner.poll_interval = 1\n'
+                              'c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}\n'),
+                      args=["--GPULeaseHub.culler_enabled=False",
+                            "--LocalGPUSpawner.queue_poll_interval=1",
+                            "--GPULeaseHub.heartbeat_interval=1",
+                            f"--GPULeaseHub.spot_grace_period={GRACE_S}",
+                            "--GPULeaseHub.queue_max_wait=2m"])
 
 
 def _start(hub, user, token, options, server=""):
@@ -73,7 +62,7 @@ def _holders(hub, admin) -> dict[str, dict]:
 
 
 def test_spot_servers_are_preempted_with_notice_for_an_on_demand_start(hub):
-    admin = hub.token_for("admin", ADMIN_PW)
+    admin = hub.admin_token
     tokens = {n: hub.add_user(admin, n) for n in ("sam", "sue", "odin")}
     # the tier's refusals write nothing
     r = _start(hub, "odin", tokens["odin"], {"profile": "full", "tier": "spot"})

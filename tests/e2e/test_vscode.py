@@ -27,7 +27,7 @@ from websockets.sync.client import connect
 
 from gpulease.core.model.profiles import SAMPLE_PROFILES
 from gpulease.singleuser.ws_token import accepts_url_token, is_websocket_handshake
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import HubOptions
 from tests.support.vscode_client import (
     auth,
     execute,
@@ -39,7 +39,6 @@ from tests.support.vscode_client import (
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-ADMIN_PW = "admin-secret-pw"
 PASSWORDS = {"vera": "vera-pw-12345", "bo": "bo-pw-123456", "gus": "gus-pw-123456"}
 # Activity reaches the hub every 2 s instead of every minute: the hub's record of
 # the user's activity can be watched advancing within the test.
@@ -70,25 +69,18 @@ def test_only_a_genuine_handshake_from_a_non_browser_client_may_carry_the_token(
 # --- fixtures -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("vscode")
+def hub_options() -> HubOptions:
     profiles = yaml.safe_load((SAMPLE_PROFILES).read_text())
     for p in profiles["profiles"]:
         if p["slug"] == "cpu":
             p["groups"] = ["lab"]
-    (base / "profiles.yaml").write_text(yaml.safe_dump(profiles))
-    (base / "config.py").write_text(USER_CONFIG)
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=[
-        f"--profiles={base / 'profiles.yaml'}", f"--config={base / 'config.py'}",
-        "--GPULeaseHub.queue_max_wait=0",
-    ]).start()
-    yield h
-    h.close()
+    return HubOptions(profiles=profiles, config=USER_CONFIG,
+                      args=["--GPULeaseHub.queue_max_wait=0"])
 
 
 @pytest.fixture(scope="module")
 def admin(hub):
-    token = hub.token_for("admin", ADMIN_PW)
+    token = hub.admin_token
     for name, pw in PASSWORDS.items():
         r = hub.service("POST", "api/users", token, {"name": name, "password": pw})
         assert r.status_code == 201, r.text
