@@ -7,7 +7,7 @@ MIG mode in the balanced layout (per GPU 2 × 1g.18gb, 1 × 2g.35gb,
 the queue's pass (gpulease/core/capacity/queue.py `plan`: on-demand in arrival order, then
 spot; a waiting request keeps what it could use from later ones) and, with
 spot, the preemption pass after it (gpulease/core/capacity/preemption.py `plan_preemptions`
-over the running spot servers, as spawners/spot_preemption.py runs it). A pass
+over the running spot servers, as spawners/queueing/spot_preemption.py runs it). A pass
 runs at every arrival, end and give-up; a preempted server ends `grace_s` after
 it is chosen (billed to then) and what it would still have used is counted as
 preempted GPU-time.

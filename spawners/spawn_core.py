@@ -5,12 +5,12 @@ for LocalGPUSpawner; KubeSpawner for the cluster shape). It holds the part
 of the spawn path that is the same in both shapes:
 
 - the start form, a start's options and their restore when it is refused
-  (`apply_user_options` is gpulease.spawners.admission's: profile, rights,
+  (`apply_user_options` is gpulease.spawners.start.admission's: profile, rights,
   credit, CPU-only totals);
 - one way to refuse a start (`refuse`, a gpulease.core.refusal.Refusal);
 - the progress a waiting user sees (the choice, the balance, the queue);
 - billing from the server's launch, the wait for its first answer and a start
-  its own code failed (LaunchBilling, spawners/launch_billing.py);
+  its own code failed (LaunchBilling, spawners/start/launch_billing.py);
 - the notices that go with a start.
 
 A subclass adds what differs: where the server runs and how it is admitted
@@ -31,21 +31,21 @@ from traitlets import Unicode, default
 
 from gpulease.core.policy.options import ServerChoice, withdrawn_after_waiting
 from gpulease.core.refusal import Refusal
-from gpulease.spawners.admission import DATABASE_DOWN, apply_gpulease_options, start_events
-from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.context import GPULeaseContext, get_context
 from gpulease.spawners.http_error import http_error
 from gpulease.spawners.hub_log import join_hub_log
-from gpulease.spawners.launch_billing import LaunchBilling
-from gpulease.spawners.options_form import (
+from gpulease.spawners.queueing.base import QueueBase, Refused, queue_progress
+from gpulease.spawners.queueing.pending import register, register_collector
+from gpulease.spawners.queueing.runner import runner_for
+from gpulease.spawners.start.admission import DATABASE_DOWN, apply_gpulease_options, start_events
+from gpulease.spawners.start.admission_options import AdmissionOptions
+from gpulease.spawners.start.launch_billing import LaunchBilling
+from gpulease.spawners.start.options_form import (
     options_from_form,
     refuse_query_start,
     render_options_form,
 )
-from gpulease.spawners.pending_spawns import register, register_collector
-from gpulease.spawners.queue_base import QueueBase, Refused, queue_progress
-from gpulease.spawners.queue_runner import runner_for
-from gpulease.spawners.spawn_form import AvailabilityOf, spawn_form_data
+from gpulease.spawners.start.spawn_page import AvailabilityOf, spawn_form_data
 
 
 class GPULeaseSpawnCore(LaunchBilling, AdmissionOptions):
@@ -99,7 +99,7 @@ class GPULeaseSpawnCore(LaunchBilling, AdmissionOptions):
 
     @staticmethod
     async def _render_form(spawner: GPULeaseSpawnCore) -> str:
-        # Read the hub's ORM here, on the loop; spawn_form gathers the rest from
+        # Read the hub's ORM here, on the loop; start/spawn_page.py gathers the rest from
         # gpulease's database in a thread, so a busy database stalls only this page.
         groups = {g.name for g in spawner.user.groups}
         orm_spawner = spawner.orm_spawner
@@ -118,13 +118,13 @@ class GPULeaseSpawnCore(LaunchBilling, AdmissionOptions):
         return options_from_form(formdata)
 
     def options_from_query(self, query_data):
-        return refuse_query_start(query_data)  # a link starts nothing (spawners/options_form.py)
+        return refuse_query_start(query_data)  # a link starts nothing (start/options_form.py)
 
     def refuse(self, refusal: Refusal):
         """Fail this start with `refusal`, restoring the saved options it replaced.
 
         JupyterHub 6.1 saves a start's `user_options` before any spawner code
-        runs (gpulease.spawners.admission remembers what they were)."""
+        runs (gpulease.spawners.start.admission remembers what they were)."""
         if self._options_to_restore is not None:
             (previous,) = self._options_to_restore
             self.orm_spawner.user_options = previous

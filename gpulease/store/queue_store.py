@@ -1,6 +1,6 @@
 """The admission queue as rows of the `spawn_queue` table (blocking calls).
 
-The hub process decides the queue in memory (gpulease.spawners.queue_runner);
+The hub process decides the queue in memory (gpulease.spawners.queueing.runner);
 these rows mirror it so that other processes — the gpulease service, the CLI —
 can show who waits, in which order, for which profile. A row exists exactly
 while its spawn waits: it is removed when the spawn is placed, refused,

@@ -14,8 +14,8 @@ from gpulease.core.capacity.queue import QUEUE_PLACES_PER_USER
 from gpulease.core.policy.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
 from gpulease.core.units import parse_duration
 from gpulease.hub.servers.notifier import WebhookURL
-from gpulease.spawners.cap_traits import CoresCap, MemoryCap
-from gpulease.spawners.spot_preemption import SPOT_GRACE_S
+from gpulease.spawners.queueing.spot_preemption import SPOT_GRACE_S
+from gpulease.spawners.start.cap_traits import CoresCap, MemoryCap
 from gpulease.store.failed_starts import DEFAULT_LIMIT as DEFAULT_FAILED_START_LIMIT
 
 SHAPES = ("embedded", "cluster")

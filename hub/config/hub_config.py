@@ -23,7 +23,7 @@ from gpulease.hub.auth.caller_rights import ADMIN_SCOPE, AUDIT_SCOPE, HUB_ADMIN_
 from gpulease.hub.config.cluster_shape import SPAWNER_CLASS as CLUSTER_SPAWNER
 from gpulease.hub.web.named_servers import NAMED_SERVER_LIMIT
 from gpulease.site_urls import SiteURLs
-from gpulease.spawners.spot_preemption import SPOT_GRACE_S
+from gpulease.spawners.queueing.spot_preemption import SPOT_GRACE_S
 from gpulease.store.failed_starts import DEFAULT_LIMIT as FAILED_START_LIMIT
 from gpulease.store.failed_starts import DEFAULT_WINDOW_S as FAILED_START_WINDOW_S
 

@@ -157,7 +157,7 @@ def resume_then_serve(app: JupyterHub, ctx: GPULeaseContext, rows: Sequence[Queu
 async def _resume_then_serve(app: JupyterHub, ctx: GPULeaseContext,
                              rows: Sequence[QueuedSpawn], token: str, log: logging.Logger,
                              embedded: bool) -> None:
-    from gpulease.spawners.queue_runner import runner_for  # the embedded shape's runner
+    from gpulease.spawners.queueing.runner import runner_for  # the embedded shape's runner
 
     try:
         if rows:

@@ -46,9 +46,9 @@ from gpulease.core.tiers import ON_DEMAND, RESERVED
 from gpulease.core.units import format_duration
 from gpulease.spawners.kube.cluster_preemption import preempted_pod
 from gpulease.spawners.kube.cluster_watch import ClusterWatch
-from gpulease.spawners.queue_base import QueueBase, Refused, Ticket, log
-from gpulease.spawners.queue_runner import asks
-from gpulease.spawners.spot_preemption import (
+from gpulease.spawners.queueing.base import QueueBase, Refused, Ticket, log
+from gpulease.spawners.queueing.runner import asks
+from gpulease.spawners.queueing.spot_preemption import (
     SPOT_GRACE_S,
     displace_first,
     displacing,

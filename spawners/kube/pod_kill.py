@@ -23,7 +23,7 @@ from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
 from gpulease.spawners.http_error import http_error
 from gpulease.spawners.kube import pod_start
-from gpulease.spawners.launch_billing import StartFailed
+from gpulease.spawners.start.launch_billing import StartFailed
 
 KILL_GRACE_S = 1  # kill_now's grace period: the kubelet kills at its own minimum (2 s)
 MIN_KILL_S = 2  # that minimum (kuberuntime's minimumGracePeriodInSeconds)

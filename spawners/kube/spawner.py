@@ -69,9 +69,9 @@ from gpulease.spawners.kube.pod_spec import (
     tier_pod,
 )
 from gpulease.spawners.kube.reflectors import ReflectorUpkeep
-from gpulease.spawners.launch_billing import StartFailed
-from gpulease.spawners.queue_base import Refused
+from gpulease.spawners.queueing.base import Refused
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
+from gpulease.spawners.start.launch_billing import StartFailed
 
 HOME_CLAIM = "claim-{username}"  # one home per user, whatever the server
 HOME_MOUNT = "/home/jovyan"

@@ -21,7 +21,7 @@ from gpulease.spawners.local import isolation
 from gpulease.spawners.local.cgroup_kill import Emptied, devices_may_go
 from gpulease.spawners.local.exit_watch import wait_for_exit
 from gpulease.spawners.local.process_tree import end_processes_at, kill_tree, process_tree
-from gpulease.spawners.queue_runner import runner_for
+from gpulease.spawners.queueing.runner import runner_for
 
 
 class RunEnd:

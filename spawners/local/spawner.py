@@ -31,7 +31,6 @@ from gpulease.core.refusal import Refusal
 from gpulease.host.state import StateDir, StateError, ensure_home
 from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners.http_error import http_error
-from gpulease.spawners.launch_billing import StartFailed
 from gpulease.spawners.local import isolation
 from gpulease.spawners.local.cgroups import CgroupError
 from gpulease.spawners.local.exit_watch import wait_for_exit, watch_server_exit
@@ -52,6 +51,7 @@ from gpulease.spawners.local.warm_start import (
     launcher_for,
 )
 from gpulease.spawners.spawn_core import GPULeaseSpawnCore
+from gpulease.spawners.start.launch_billing import StartFailed
 
 
 class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):

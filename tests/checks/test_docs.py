@@ -12,8 +12,8 @@ from gpulease.hub.auth.oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.config.app_options import GPULeaseOptions
 from gpulease.singleuser.activity_push import ActivityPusher
 from gpulease.singleuser.kernel_pool import PooledKernelManager
-from gpulease.spawners.admission_options import AdmissionOptions
 from gpulease.spawners.local.spawner import LocalGPUSpawner
+from gpulease.spawners.start.admission_options import AdmissionOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 

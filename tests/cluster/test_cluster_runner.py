@@ -21,7 +21,7 @@ from gpulease.spawners.kube.cluster_runner import WATCH_READY_S, ClusterQueueRun
 from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES
 from gpulease.spawners.kube.pod_spec import DEFAULT_GPU_TOLERATIONS
 from gpulease.spawners.kube.rbac import grants as grants_of
-from gpulease.spawners.queue_base import Refused
+from gpulease.spawners.queueing.base import Refused
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.faults import Fault, FaultProxy
 from tests.cluster.kube import Kube, pods_path

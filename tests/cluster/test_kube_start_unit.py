@@ -14,7 +14,7 @@ from gpulease.spawners.kube.pod_kill import POD_END_POLL_S
 from gpulease.spawners.kube.pod_start import K8S_TIME_STEP, k8s_time
 from gpulease.spawners.kube.reflectors import PodEndReflector
 from gpulease.spawners.kube.spawner import GPUKubeSpawner
-from gpulease.spawners.launch_billing import StartFailed
+from gpulease.spawners.start.launch_billing import StartFailed
 
 T0 = "2026-12-06T10:00:01Z"
 

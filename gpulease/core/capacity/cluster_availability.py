@@ -1,6 +1,6 @@
 """What users are shown of a profile's GPUs: free now, would queue, or never fits here. Pure.
 
-The start form (spawners/spawn_form.py) and `api/profiles` show, per GPU
+The start form (spawners/start/spawn_page.py) and `api/profiles` show, per GPU
 profile, how many devices of its kind are free and what a start would meet.
 In the cluster shape that is the cluster's answer, decided here over the
 same ClusterInventory and the same rules as admission

@@ -8,7 +8,7 @@ the period's start no new on-demand start takes the reserved devices
 a holder then starts on an idle unit and no device is free for it (and no spot
 server's would do), the capacity must still be there as promised: on-demand
 servers standing in reserved capacity are stopped for it, with notice, like a
-preempted spot server (spawners/spot_preemption.py tells them; the meter stops
+preempted spot server (spawners/queueing/spot_preemption.py tells them; the meter stops
 them at the deadline, reason `preempted`).
 
 The rule, for a start on a reservation needing `count` devices of a kind on one

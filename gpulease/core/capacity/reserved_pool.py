@@ -11,7 +11,7 @@ During its period a reservation holds `units × per_unit` devices of its kind
   (`reservation_room`) and a free device, whoever else waits;
 - a spot start takes any free device, reserved ones included: while holders do
   not use them, reserved devices earn spot's rate, and a holder's start preempts
-  the spot servers on them (spawners/spot_preemption.py) like an on-demand one. So
+  the spot servers on them (spawners/queueing/spot_preemption.py) like an on-demand one. So
   does the start of any tier whose servers yield to a holder's (a preemptible tier of
   a lower queue rank: gpulease/core/tiers.py yields_to); the `spot` arguments below
   say that of a start.

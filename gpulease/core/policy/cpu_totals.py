@@ -8,7 +8,7 @@ CPU-only servers, with it, would exceed `GPULeaseHub.cpu_only_cpu_per_user`
 or `cpu_only_memory_per_user`. GPU servers are bounded by the GPU limits and
 are not counted here.
 
-`cpu_only_refusal` is the pure decision; spawners/cap_traits.py's `CoresCap` and
+`cpu_only_refusal` is the pure decision; spawners/start/cap_traits.py's `CoresCap` and
 `MemoryCap` the traitlets of the two caps (GPULeaseHub's and LocalGPUSpawner's).
 """
 

@@ -18,7 +18,7 @@ from gpulease.hub.service.pages.forms import inventory_counts, inventory_rows
 from gpulease.hub.service.views import inventory_view
 from gpulease.spawners.local import isolation, quarantine
 from gpulease.spawners.local.cgroup_kill import empty_cgroup
-from gpulease.spawners.queue_runner import holdings_from
+from gpulease.spawners.queueing.runner import holdings_from
 from gpulease.store.assignments import OUT_OF_SERVICE, AssignmentStore
 
 NO_SUCH_PID = 4_194_305

@@ -15,7 +15,7 @@ import yaml
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.policy.limits import Limit
 from gpulease.spawners.context import GPULeaseContext
-from gpulease.spawners.queue_runner import QueueRunner, Refused, queue_progress
+from gpulease.spawners.queueing.runner import QueueRunner, Refused, queue_progress
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 CARD = DeviceRequest("H200")

@@ -1,5 +1,5 @@
-"""The embedded queue's preemption passes (spawners/queue_runner.py with
-spawners/spot_preemption.py) on a real database: what the attack on the spot tier found."""
+"""The embedded queue's preemption passes (spawners/queueing/runner.py with
+spawners/queueing/spot_preemption.py) on a real database: what the attack on the spot tier found."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gpulease.core.clock import utcnow
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.hub.billing.metering import Meter
 from gpulease.spawners.context import GPULeaseContext
-from gpulease.spawners.queue_runner import QueueRunner
+from gpulease.spawners.queueing.runner import QueueRunner
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 
@@ -165,7 +165,7 @@ async def test_a_start_that_waited_is_refused_if_its_profile_changed_meanwhile(t
 def test_a_pending_preemption_survives_a_hub_restart(engine):
     """Attack: a restart forgot the deadline: the queued on-demand start preempted the
     same server again, with a new deadline, billing it past the one it was told."""
-    from gpulease.spawners.spot_preemption import _record
+    from gpulease.spawners.queueing.spot_preemption import _record
 
     meter = Meter(engine)
     meter.open("sue", "", "slice", "user:sue", 360_000, utcnow() - dt.timedelta(minutes=5), "spot")
@@ -243,7 +243,7 @@ async def test_once_the_queue_is_back_a_restored_preemption_nobody_needs_is_take
     import logging
 
     from gpulease.hub.servers.queue_resume import resume_then_serve
-    from gpulease.spawners import queue_runner
+    from gpulease.spawners.queueing import runner as queue_runner
 
     _running(ctx, "sue", "spot", utcnow() - dt.timedelta(minutes=5))
     _restart_during_grace(ctx, utcnow().replace(microsecond=0) + dt.timedelta(seconds=90))

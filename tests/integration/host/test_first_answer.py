@@ -11,7 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpulease.core.clock import utcnow
-from gpulease.spawners.first_answer import first_answer
+from gpulease.spawners.start.first_answer import first_answer
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from gpulease.hub.service.activity_store import PushError
 from gpulease.hub.service.billing_views import PeriodError
 from gpulease.hub.service.errors import APIError
 from gpulease.spawners.http_error import http_error
-from gpulease.spawners.queue_runner import Refused
+from gpulease.spawners.queueing.runner import Refused
 from gpulease.store.accounts import AccountError
 from gpulease.store.notices import NoticeError
 

@@ -1,5 +1,5 @@
 """What users are shown of a profile's GPUs (gpulease/core/capacity/cluster_availability.py): pure, and the
-start form built from it whatever the shape (spawners/spawn_form.py, options_form)."""
+start form built from it whatever the shape (spawners/start/spawn_page.py, options_form)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import DEMO_INVENTORY, load_declared_inventory
 from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
 from gpulease.images import shipped_catalog
-from gpulease.spawners.options_form import FormData, render_options_form
+from gpulease.spawners.start.options_form import FormData, render_options_form
 
 SLICE = DeviceRequest("H200", "1g.18gb")
 TWO = DeviceRequest("H200", None, 2)

@@ -27,7 +27,7 @@ from gpulease.hub.config.hub_config import HubSettings, hub_config
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.body_limit import MAX_BODY_BYTES, DeclaresTooMuch, declared_length
 from gpulease.hub.web.named_servers import NAMED_SERVER_LIMIT, named_server_refusal, refusing_limit
-from gpulease.spawners.admission_options import AdmissionOptions
+from gpulease.spawners.start.admission_options import AdmissionOptions
 
 GI = 2**30
 

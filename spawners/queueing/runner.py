@@ -33,14 +33,14 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.inventory import Inventory
 from gpulease.core.policy.limits import Holding, check_limits
 from gpulease.core.units import format_duration
-from gpulease.spawners.queue_base import (  # noqa: F401  (Refused and the progress: re-exported)
+from gpulease.spawners.queueing.base import (  # noqa: F401  (Refused and the progress: re-exported)
     QueueBase,
     Refused,
     Ticket,
     queue_progress,
     tell_started,
 )
-from gpulease.spawners.spot_preemption import SPOT_GRACE_S, displace_first, preempt_for
+from gpulease.spawners.queueing.spot_preemption import SPOT_GRACE_S, displace_first, preempt_for
 from gpulease.store.assignments import Holder, held_by
 
 if TYPE_CHECKING:

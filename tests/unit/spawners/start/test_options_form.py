@@ -6,7 +6,7 @@ import re
 from gpulease.core.capacity.cluster_availability import FREE, QUEUE, Availability
 from gpulease.core.model.profiles import SAMPLE_PROFILES, load_profiles_file
 from gpulease.images import shipped_catalog
-from gpulease.spawners.options_form import (
+from gpulease.spawners.start.options_form import (
     FormData,
     minutes_text,
     options_from_form,

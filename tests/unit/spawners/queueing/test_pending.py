@@ -6,8 +6,8 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpulease.spawners import pending_spawns
-from gpulease.spawners.pending_spawns import PendingSpawnsCollector, pending_ages, register
+from gpulease.spawners.queueing import pending as pending_spawns
+from gpulease.spawners.queueing.pending import PendingSpawnsCollector, pending_ages, register
 
 
 class FakeSpawner:

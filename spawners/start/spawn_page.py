@@ -16,7 +16,7 @@ from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.profiles import option_value, spot_usable_by, tier_usable_by, usable_by
 from gpulease.core.tiers import ON_DEMAND, REQUESTABLE
 from gpulease.spawners.context import GPULeaseContext
-from gpulease.spawners.options_form import FormData
+from gpulease.spawners.start.options_form import FormData
 
 AvailabilityOf = Callable[[DeviceRequest], Availability]
 

@@ -1,7 +1,7 @@
 """The queue's machinery, the same in both shapes: tickets, waiting, passes, progress.
 
 A start that cannot have its GPUs now waits here, in arrival order, until a
-pass of its shape's runner settles it: `QueueRunner` (spawners/queue_runner.py)
+pass of its shape's runner settles it: `QueueRunner` (spawners/queueing/runner.py)
 claims devices on the embedded box, `ClusterQueueRunner`
 (spawners/kube/cluster_runner.py) admits a pod to the cluster's counted capacity.
 Every decision of one runner happens under its one asyncio lock. The queue is
@@ -103,7 +103,7 @@ class QueueBase:
         raise NotImplementedError
 
     async def reservation_use(self) -> dict[int, set[tuple[str, str]]]:
-        """The (user, server) on each reservation's units now (spawners/admission.py
+        """The (user, server) on each reservation's units now (spawners/start/admission.py
         on_reservation picks a free one)."""
         raise NotImplementedError
 

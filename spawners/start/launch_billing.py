@@ -28,11 +28,11 @@ from traitlets.config import Configurable
 
 from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
-from gpulease.spawners.admission import DATABASE_DOWN
 from gpulease.spawners.context import GPULeaseContext
-from gpulease.spawners.first_answer import first_answer
 from gpulease.spawners.http_error import http_error
-from gpulease.spawners.queue_base import tell_started
+from gpulease.spawners.queueing.base import tell_started
+from gpulease.spawners.start.admission import DATABASE_DOWN
+from gpulease.spawners.start.first_answer import first_answer
 from gpulease.store.failed_starts import (
     DEFAULT_LIMIT,
     DEFAULT_WINDOW_S,

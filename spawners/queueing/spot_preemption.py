@@ -43,7 +43,7 @@ from gpulease.store.assignments import HELD, Holder
 if TYPE_CHECKING:
     from gpulease.spawners.context import GPULeaseContext
     from gpulease.spawners.kube.cluster_preemption import PreemptedPod
-    from gpulease.spawners.queue_base import Ticket
+    from gpulease.spawners.queueing.base import Ticket
 
 log = logging.getLogger("gpulease.queue")
 

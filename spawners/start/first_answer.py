@@ -2,7 +2,7 @@
 
 An answer counts as JupyterHub's own readiness check counts it: a status below
 500 (a 404 is the server up; a 503 is "not yet"). Billing does not wait for it:
-the session opened at the launch (spawners/launch_billing.py), and a server
+the session opened at the launch (spawners/start/launch_billing.py), and a server
 that answers gpulease below 500 but JupyterHub not (or not within
 http_timeout) fails its start all the same (spawners/local/run_end.py). A connection
 refused while it starts, a reset, a 5xx, or a server that accepts but does not
