@@ -2,7 +2,7 @@
 
 A module that needs a hub of its own kind says so by defining `hub_options`, a module
 fixture returning tests/support/hubproc.py's HubOptions (its profiles, inventory,
-catalog, config, arguments, users and groups); `hub` starts that hub once for the
+the mock servers' catalog, config, arguments, users and groups); `hub` starts that hub once for the
 module, with its users made and its groups joined, and closes it after the module.
 `admin` is the hub admin's token. Modules whose hubs need more (two hubs, an identity
 provider, a root hub's accounts) keep their own `hub` fixture, which overrides this one.
