@@ -28,6 +28,7 @@ from gpulease.core.model.catalog import CatalogError
 from gpulease.core.model.inventory import InventoryError
 from gpulease.core.model.profiles import SAMPLE_PROFILES, ProfileError
 from gpulease.core.policy.user_names import outside_the_rule, rename_hint
+from gpulease.core.tiers import register_all
 from gpulease.core.units import parse_duration
 from gpulease.host.state import (
     StateError,
@@ -173,6 +174,11 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     def _prepare(self) -> None:
         self._audit_retention = parse_retention(self.audit_retention)
+        # Before the profiles are read: their tiers' price fields are keys of theirs.
+        try:
+            register_all(self.extra_tiers)
+        except ValueError as e:
+            raise StateError(f"GPULeaseHub.extra_tiers: {e}") from None
         # First: a hub that would serve users' servers unsafely starts nothing.
         self._origins = plan_origins(
             scheme="https" if self.ssl_cert else "http", ip=self.ip, port=self.port,
@@ -259,6 +265,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             queue_max_length=self.queue_max_length,
             queue_places_per_user=self.queue_places_per_user,
             failed_start_limit=self.failed_start_limit,
+            extra_tiers=tuple(self.extra_tiers),
             failed_start_window_s=parse_duration(self.failed_start_window,
                                                  "failed_start_window"),
             spot_grace_s=self.spot_grace_period,

@@ -27,8 +27,11 @@ The three built-in tiers:
   hub chooses it, never a request. What ties it to reservations (RESERVED, the
   reservation's label and its withholding) is the reservations' own rule, not the record.
 
-`register` adds one more (a deployment's hub configuration, or a test): each process that
-meters, queues or reports (the hub and the gpulease service) must register it alike.
+`register` adds one more. A deployment names its tiers in the hub's configuration
+(`GPULeaseHub.extra_tiers`, each read by `tier_from_config`); the hub registers them and
+hands them to the gpulease service (GPULEASE_EXTRA_TIERS), which registers them alike
+(`register_all`), so that both price, queue and report them the same. Tests register
+records directly (`registered_tier`).
 """
 
 from __future__ import annotations
@@ -146,12 +149,76 @@ def register(record: Tier) -> Tier:
     if not PRICE_FIELD.fullmatch(record.price_field):
         raise ValueError(f"price field {record.price_field!r}: a profile key ending in "
                          "price_per_hour, like preview_price_per_hour")
+    on_demand = _registry[ON_DEMAND].queue_rank
+    if record.preemptible and record.queue_rank >= on_demand:
+        raise ValueError(f"tier {record.name!r} is preemptible, so it ranks below on-demand "
+                         f"(queue_rank below {on_demand}), got {record.queue_rank}: an "
+                         "on-demand start must be able to preempt it")
     taken = {t.price_field: t.name for t in _registry.values()}
     if record.price_field in taken:
         raise ValueError(f"price field {record.price_field!r} is tier "
                          f"{taken[record.price_field]}'s")
     _registry[record.name] = record
     return record
+
+
+# What an admin's tier says (GPULeaseHub.extra_tiers), each key with the type it takes.
+CONFIG_KEYS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "price_field": (str,), "label": (str,), "queue_rank": (int,),
+    "preemptible": (bool,), "priority_class": (str, type(None)), "requestable": (bool,),
+    "metered": (bool,),
+}
+REQUIRED_KEYS = ("name", "price_field", "label", "queue_rank")
+
+
+def tier_from_config(data: object) -> Tier:
+    """A Tier from one entry of an admin's configuration: a mapping of CONFIG_KEYS (those
+    of REQUIRED_KEYS required). ValueError naming what is wrong and what is allowed."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a tier is a mapping of {', '.join(CONFIG_KEYS)}, got "
+                         f"{type(data).__name__}")
+    unknown = sorted(str(k) for k in data if k not in CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)}; allowed: "
+                         f"{', '.join(CONFIG_KEYS)}")
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)} (required: "
+                         f"{', '.join(REQUIRED_KEYS)})")
+    for key, value in data.items():
+        types = CONFIG_KEYS[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ValueError(f"{key} takes {wanted}, got {value!r}")
+    return Tier(**data)
+
+
+def register_all(entries: Sequence[object]) -> list[Tier]:
+    """Register each configured tier (tier_from_config); one already registered with the
+    same record is kept (a process that registers its configuration twice). ValueError
+    naming the entry: nothing of the list is registered then."""
+    records = []
+    for i, data in enumerate(entries):
+        try:
+            record = tier_from_config(data)
+        except ValueError as e:
+            raise ValueError(f"tier {i + 1}: {e}") from None
+        records.append(record)
+    new = [r for r in records if _registry.get(r.name) != r]
+    done: list[Tier] = []
+    for record in new:
+        try:
+            done.append(register(record))
+        except ValueError as e:
+            for earlier in done:
+                unregister(earlier.name)
+            raise ValueError(f"tier {record.name!r}: {e}") from None
+    return records
+
+
+def as_config(record: Tier) -> dict:
+    """The mapping tier_from_config reads back into `record`."""
+    return {key: getattr(record, key) for key in CONFIG_KEYS}
 
 
 def unregister(name: str) -> None:

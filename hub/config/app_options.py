@@ -161,6 +161,18 @@ class GPULeaseOptions(Configurable):
         help="Most places one user holds in the queue at once (GPU starts waiting for a "
         "device); one more start that would wait is refused (409). 0: no limit.",
     )
+    extra_tiers = List(
+        Dict(),
+        config=True,
+        help="Tiers beyond on-demand, spot and reserved, one mapping each: name (1-16 of "
+        "a-z, 0-9 and '-'), price_field (the profiles' key of its price, like "
+        "preview_price_per_hour), label (what people read), queue_rank (higher is served "
+        "first; on-demand is 20, spot 10), and optionally preemptible (false; a "
+        "preemptible tier ranks below on-demand), priority_class (its pods' PriorityClass "
+        "as GPUKubeSpawner.tier_priority_classes maps it; null: the cluster's default), "
+        "requestable (true) and metered (true). The hub and the gpulease service register "
+        "them alike (docs/architecture.md, \"A tier\").",
+    )
     failed_start_limit = Integer(
         DEFAULT_FAILED_START_LIMIT,
         config=True,

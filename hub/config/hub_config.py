@@ -190,6 +190,7 @@ class HubSettings:
     # Rationing of failed starts (GPULeaseHub.failed_start_limit, failed_start_window).
     failed_start_limit: int = FAILED_START_LIMIT
     failed_start_window_s: int = FAILED_START_WINDOW_S
+    extra_tiers: tuple[dict, ...] = ()  # GPULeaseHub.extra_tiers, for the service
     cpu_only_cpu_per_user: str = CPU_ONLY_CPU_PER_USER
     cpu_only_memory_per_user: str = CPU_ONLY_MEMORY_PER_USER
     # Isolation between users (gpulease.hub.config.isolation_check.IsolationPlan.settings()):
@@ -324,6 +325,7 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_RESERVATION_LEAD_S": str(s.reservation_lead_s),
                 "GPULEASE_FAILED_START_LIMIT": str(s.failed_start_limit),
                 "GPULEASE_FAILED_START_WINDOW_S": str(s.failed_start_window_s),
+                "GPULEASE_EXTRA_TIERS": json.dumps(list(s.extra_tiers)),
                 # The cluster shape's inventory reads the cluster (JupyterHub passes
                 # no KUBECONFIG, nor the in-cluster variables, to services).
                 "GPULEASE_CLUSTER_NAMESPACE": s.cluster_namespace if cluster else "",

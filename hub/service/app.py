@@ -14,6 +14,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.routing import Rule
 
+from gpulease.core.tiers import register_all
 from gpulease.hub.service import body_limit, hub_static, openapi
 from gpulease.hub.service.activity_store import ActivityStore
 from gpulease.hub.service.api import (
@@ -52,6 +53,10 @@ def site_urls_from_env(env: dict[str, str]) -> SiteURLs:
 
 def make_app(env: dict[str, str] | None = None) -> web.Application:
     env = dict(os.environ if env is None else env)
+    # The hub's GPULeaseHub.extra_tiers, before the profiles are read: their price
+    # fields are profile keys (a tier the hub registered and this did not would drop
+    # every profile that prices it).
+    register_all(json.loads(env.get("GPULEASE_EXTRA_TIERS") or "[]"))
     prefix = env.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulease/")
     ctx = get_context(
         env["GPULEASE_DB_URL"],

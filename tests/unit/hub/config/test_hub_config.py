@@ -128,3 +128,16 @@ def test_one_shared_origin_links_relatively(tmp_path):
     assert c.JupyterHub.subdomain_host == "" and c.JupyterHub.public_url == ""
     assert s.page_urls.service("usage") == "/services/gpulease/usage"
     assert s.urls.service() == "http://127.0.0.1:8000/services/gpulease/"  # the CLI's
+
+
+def test_the_hubs_own_tiers_reach_the_gpulease_service(tmp_path):
+    """GPULeaseHub.extra_tiers: the service registers the same records (hub/service/app.py)."""
+    import json
+
+    preview = {"name": "preview", "price_field": "preview_price_per_hour", "label": "Preview",
+               "queue_rank": 15}
+    c = hub_config(replace(settings(tmp_path), extra_tiers=(preview,)))
+    service = {s["name"]: s for s in c.JupyterHub.services}[SERVICE_NAME]
+    assert json.loads(service["environment"]["GPULEASE_EXTRA_TIERS"]) == [preview]
+    plain = {s["name"]: s for s in hub_config(settings(tmp_path)).JupyterHub.services}
+    assert json.loads(plain[SERVICE_NAME]["environment"]["GPULEASE_EXTRA_TIERS"]) == []
