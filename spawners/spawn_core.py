@@ -160,7 +160,7 @@ class GPULeaseSpawnCore(LaunchBilling, AdmissionOptions):
             )
             if admitted.queued:  # the queue may have been long: is the profile still theirs?
                 await self._still_usable_after_waiting(choice)
-            self.gpulease_admitted_at = time.monotonic()  # pending from here (pending_spawns)
+            self.gpulease_admitted_at = time.monotonic()  # pending from here (queueing/pending.py)
             return admitted
         except Refused as refused:
             self.refuse(Refusal(f"Cannot start {profile.slug}: {refused.message}",

@@ -238,7 +238,7 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
         self._gpulease_admitted = False
         self.gpulease_answered_at = None
         self.gpulease_launched_at = None
-        self.gpulease_admitted_at = None  # set by _admit (pending_spawns)
+        self.gpulease_admitted_at = None  # set by _admit (spawners/queueing/pending.py)
         self._gpulease_killed = False
         self._gpulease_pod_seen = None
         self._start_future = None  # kubespawner's, made for this start (its progress waits)

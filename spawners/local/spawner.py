@@ -187,7 +187,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         self._gpulease_admitted = False
         self.gpulease_answered_at = None
         self.gpulease_launched_at = None
-        self.gpulease_admitted_at = None  # set by _admit (pending_spawns)
+        self.gpulease_admitted_at = None  # set by _admit (spawners/queueing/pending.py)
         await self._refuse_if_rationed(choice)
         admitted = None
         if choice.profile.gpu is not None:

@@ -16,7 +16,7 @@ from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.test_cluster_inventory_api import gpu_pod
 from tests.cluster.test_gpu_kube_spawner_hub import gpu_hub  # noqa: F401 (a fixture)
 from tests.cluster.test_kubespawner import StockHub, home_volume
-from tests.e2e.test_queue import wait_for_progress
+from tests.support.queue_reads import wait_for_progress
 
 SLICES = 7  # gpu_hub's MIG node: 7 x 1g.18gb
 WAITING = "Waiting for a free H200 slice 1g.18gb: position"

@@ -32,7 +32,7 @@ from tests.cluster.test_gpulease_up_cluster import (
     wait_for,
 )
 from tests.cluster.test_kubespawner import home_volume
-from tests.e2e.test_queue import queue_of
+from tests.support.queue_reads import queue_of
 
 
 def bobs_home(kube: Kube, control_plane: ControlPlane, namespace: str) -> None:

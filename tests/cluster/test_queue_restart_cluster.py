@@ -20,8 +20,8 @@ from tests.cluster.test_gpulease_up_cluster import (  # noqa: F401 (cluster_hub:
     pod_of,
     start,
 )
-from tests.e2e.test_queue import queue_of, wait_for_progress
 from tests.support.hubproc import HubProcess
+from tests.support.queue_reads import queue_of, wait_for_progress
 
 SLICES = 7  # cluster_hub's node: 7 x 1g.18gb
 WAITING = "Waiting for a free H200 slice 1g.18gb: position 1 in the queue"

@@ -35,7 +35,7 @@ from tests.cluster.test_gpulease_up_cluster import (
 )
 from tests.cluster.test_kubespawner import home_volume
 from tests.cluster.test_spot_cluster import CLASSES, _priority_classes
-from tests.e2e.test_reservations import _begin_now
+from tests.support.reservation_clock import begin_now
 
 GRACE = 4
 PROFILES = {"profiles": [
@@ -236,7 +236,7 @@ def test_on_demand_pods_running_when_the_period_begins_make_way_for_the_holder(
                             {**asked, "start": _hour(25), "end": _hour(26)})
             assert r.status_code == 201, r.text
             booked = r.json()
-            _begin_now(hub, booked["id"])  # the hour comes; kim's and ann's servers run
+            begin_now(hub, booked["id"])  # the hour comes; kim's and ann's servers run
             pool = ThreadPoolExecutor(1)
             lee = pool.submit(_start, hub, "lee", tokens["lee"], {"profile": "one"})
 

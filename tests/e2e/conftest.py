@@ -47,4 +47,5 @@ def hub(tmp_path_factory, request, hub_options: HubOptions) -> Iterator[HubProce
 @pytest.fixture(scope="module")
 def admin(hub: HubProcess) -> str:
     """The hub admin's API token."""
+    assert hub.admin_token, "this module's own hub fixture minted no admin token"
     return hub.admin_token

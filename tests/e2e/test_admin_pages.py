@@ -23,7 +23,7 @@ from gpulease.store.assignments import AssignmentStore
 from gpulease.store.db import open_database, sqlite_url
 from gpulease.store.queue_store import QueueStore
 from tests.support.hubproc import ADMIN_PW, HubOptions, password_of
-from tests.unit.hub.service.test_admin_forms import profile_form
+from tests.support.pages import profile_form
 
 e2e = pytest.mark.e2e  # the tests that start a hub (the pure ones below do not)
 XSS = "<script>alert(1)</script>"

@@ -30,8 +30,8 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 import requests
 
-from tests.integration.web.test_notifier import SmtpSink, WebhookSink
 from tests.support.hubproc import HubOptions, free_port, run_in_kernel
+from tests.support.sinks import SmtpSink, WebhookSink
 
 pytestmark = pytest.mark.e2e
 
@@ -91,12 +91,6 @@ def hub_options(prometheus, sinks) -> HubOptions:
         "--GPULeaseHub.culler_warn_before=15s",
         f"--GPULeaseHub.culler_gpu_source=prometheus:{prometheus}",
         "--GPULeaseHub.heartbeat_interval=1", "--Spawner.poll_interval=1"])
-
-
-@pytest.fixture(scope="module")
-def admin(hub):
-    token = hub.admin_token
-    return token
 
 
 def user(hub, admin) -> tuple[str, str]:

@@ -7,7 +7,7 @@ to do, and a link to the hub's home page; the JSON APIs stay JSON. The server's
 pages never show the sign-in's `code` or `state`.
 
 Here one real hub, proxy, gpulease service and server, asked as a browser asks
-(tests/unit/hub/web/test_error_pages.py: the words, and the server's two routes in
+(tests/integration/web/test_error_pages.py: the words, and the server's two routes in
 process, their links built from what JupyterHub gives the server).
 """
 
@@ -21,7 +21,7 @@ import requests
 
 from gpulease.hub.web.error_text import error_text
 from tests.support.hubproc import free_port
-from tests.unit.hub.web.test_error_pages import BARE, HTML
+from tests.support.pages import BARE, HTML
 
 
 def assert_helpful(r: requests.Response, status: int, home: str = "") -> str:

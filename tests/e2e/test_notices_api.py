@@ -13,8 +13,8 @@ import time
 import pytest
 import requests
 
-from tests.integration.web.test_notifier import SmtpSink, WebhookSink
 from tests.support.hubproc import HubProcess, close_together, start_together
+from tests.support.sinks import SmtpSink, WebhookSink
 
 pytestmark = pytest.mark.e2e
 ADMIN_PW = "admin-secret-pw"

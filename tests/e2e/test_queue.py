@@ -20,6 +20,7 @@ import yaml
 from gpulease.store.db import open_database, sqlite_url
 from tests.support.hubproc import HubProcess, close_together, start_together
 from tests.support.isolation_env import mock_server_catalog
+from tests.support.queue_reads import queue_of, wait_for_progress
 
 pytestmark = pytest.mark.e2e
 
@@ -96,30 +97,6 @@ def stop(hub, user, token, server=""):
     r = hub.api("DELETE", path, token)
     assert r.status_code in (202, 204), r.text
     hub.wait_server_stopped(user, token, server)
-
-
-def queue_of(hub, admin) -> list[dict]:
-    r = hub.service("GET", "api/inventory", admin)
-    assert r.status_code == 200, r.text
-    return [{k: q[k] for k in ("user", "server", "profile", "position")}
-            for q in r.json()["queue"]]
-
-
-def wait_for_progress(hub, user, token, text, server="", timeout=20.0) -> list[str]:
-    """The progress messages of a pending start, up to the first that contains `text`."""
-    path = f"users/{user}/servers/{server}/progress" if server else f"users/{user}/server/progress"
-    seen = []
-    with requests.get(f"{hub.url}/hub/api/{path}", headers={"Authorization": f"token {token}"},
-                      stream=True, timeout=timeout) as r:
-        assert r.status_code == 200, r.text
-        deadline = time.monotonic() + timeout
-        for line in r.iter_lines(decode_unicode=True):
-            if line and line.startswith("data:"):
-                seen.append(json.loads(line[5:])["message"])
-                if text in seen[-1]:
-                    return seen
-            assert time.monotonic() < deadline, seen
-    raise AssertionError(f"{text!r} never came: {seen}")
 
 
 def test_a_queued_start_waits_with_its_position_and_starts_when_a_slice_frees(hub, admin):

@@ -15,7 +15,8 @@ import time
 import pytest
 from jupyterhub import orm
 
-from tests.e2e.test_queue import ADMIN_PW, new_hub, queue_of, start, stop, wait_for_progress
+from tests.e2e.test_queue import ADMIN_PW, new_hub, start, stop
+from tests.support.queue_reads import queue_of, wait_for_progress
 
 pytestmark = pytest.mark.e2e
 

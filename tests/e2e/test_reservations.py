@@ -24,10 +24,9 @@ import datetime as dt
 import time
 
 import pytest
-from sqlalchemy import update
 
-from gpulease.store.db import open_database, reservations, sqlite_url
 from tests.support.hubproc import HubOptions
+from tests.support.reservation_clock import begin_now, end_soon
 
 pytestmark = pytest.mark.e2e
 
@@ -85,26 +84,6 @@ def _holders(hub, admin) -> dict[tuple[str, str], dict]:
     view = hub.service("GET", "api/inventory", admin).json()
     return {(d["holder"]["user"], d["holder"]["server"]): d["holder"] for n in view["nodes"]
             for g in n["gpus"] for d in g["devices"] if d["holder"]}
-
-
-def _end_soon(hub, reservation_id: int, seconds: float) -> None:
-    """Time passing: the reservation's end moved to `seconds` from now."""
-    engine = open_database(sqlite_url(hub.state / "private" / "gpulease.sqlite"))
-    end = dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(seconds=seconds)
-    with engine.begin() as conn:
-        conn.execute(update(reservations).where(reservations.c.id == reservation_id)
-                     .values(ends_at=end))
-    engine.dispose()
-
-
-def _begin_now(hub, reservation_id: int) -> None:
-    """Time passing: the reservation's start moved to the hour under way."""
-    engine = open_database(sqlite_url(hub.state / "private" / "gpulease.sqlite"))
-    hour = dt.datetime.now(dt.UTC).replace(tzinfo=None, minute=0, second=0, microsecond=0)
-    with engine.begin() as conn:
-        conn.execute(update(reservations).where(reservations.c.id == reservation_id)
-                     .values(starts_at=hour))
-    engine.dispose()
 
 
 def _wait(what, timeout: float = 30, hub=None):
@@ -201,7 +180,7 @@ def test_a_reservation_holds_capacity_lends_it_to_spot_and_ends_on_demand(hub):
     assert ",reserved,user:lee," in csv and csv.strip().endswith(f",{booked['id']}")
 
     # --- the end: told ahead, then on demand from that moment ---
-    _end_soon(hub, booked["id"], 5)
+    end_soon(hub, booked["id"], 5)
     told = _wait(lambda: _notices(hub, tokens["lee"], "reservation_ending"), hub=hub)[0]
     assert "goes on then on demand" in told["message"]
     _wait(lambda: len(_sessions(hub, tokens["lee"])) == 2, hub=hub)
@@ -252,7 +231,7 @@ def test_suspend_at_the_end_and_a_cancellation_refunds_the_hours_not_begun(hub):
     assert r.status_code == 409 and "was cancelled" in r.text
     # still held to the end of the hour it is in; then suspended, as its holder chose
     assert _holders(hub, admin)[("lee", "b")]["tier"] == "reserved"
-    _end_soon(hub, booked["id"], 4)
+    end_soon(hub, booked["id"], 4)
     hub.wait_server_stopped("lee", tokens["lee"], "b", timeout=30)
     last = [x for x in _sessions(hub, tokens["lee"]) if x["server"] == "b"][-1]
     assert last["end_reason"] == "reservation_ended"
@@ -261,7 +240,6 @@ def test_suspend_at_the_end_and_a_cancellation_refunds_the_hours_not_begun(hub):
     assert home["servers"]["b"]["user_options"].get("tier", "on-demand") == "on-demand"
     audit = hub.service("GET", "api/audit?action=reservation.cancel", admin).json()["entries"]
     assert audit[0]["after"]["refund"] == "3.600000"
-
 
 
 def test_on_demand_servers_running_when_the_period_begins_make_way_for_the_holder(hub):
@@ -286,7 +264,7 @@ def test_on_demand_servers_running_when_the_period_begins_make_way_for_the_holde
     r = _reserve(hub, admin, start=_hour(25), end=_hour(26))
     assert r.status_code == 201, r.text
     booked = r.json()
-    _begin_now(hub, booked["id"])  # the hour comes; the servers still run
+    begin_now(hub, booked["id"])  # the hour comes; the servers still run
     assert _start(hub, "lee", tokens["lee"], {"profile": "slice"}).status_code == 202
     notice = _wait(lambda: _notices(hub, tokens["lee"], "preemption_warning"), hub=hub)[0]
     assert notice["server"] == "x", notice  # the holder's own, not ann's newer b

@@ -15,7 +15,7 @@ import pytest
 from gpulease.hub.service import hub_static
 from gpulease.hub.web.site_nav import PRODUCT
 from tests.support.hubproc import ADMIN_PW, HubOptions, password_of
-from tests.unit.hub.web.test_site_nav import AUDIT_PAGES, EVERYONE, bar
+from tests.support.pages import AUDIT_PAGES, EVERYONE, bar
 
 # --- a real hub ---------------------------------------------------------------------------
 

@@ -79,7 +79,9 @@ def hub_options() -> HubOptions:
 
 
 @pytest.fixture(scope="module")
-def admin(hub):
+def hub(hub):
+    """The module's hub (tests/e2e/conftest.py) with vera, bo and gus (their own
+    passwords), vera and bo in `lab` with credit."""
     token = hub.admin_token
     for name, pw in PASSWORDS.items():
         r = hub.service("POST", "api/users", token, {"name": name, "password": pw})
@@ -89,7 +91,7 @@ def admin(hub):
     assert r.status_code == 200, r.text
     hub.grant(token, "user:vera")
     hub.grant(token, "user:bo")
-    return token
+    return hub
 
 
 @pytest.fixture(scope="module")

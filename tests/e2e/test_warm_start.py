@@ -24,26 +24,22 @@ import psutil
 import pytest
 import requests
 
-from tests.support.hubproc import HubProcess, execute_over_websocket, run_in_kernel
+from tests.support.hubproc import (
+    ADMIN_PW,
+    HubOptions,
+    HubProcess,
+    execute_over_websocket,
+    run_in_kernel,
+)
 from tests.support.isolation_env import isolation_gate
 from tests.support.processes import process_memory
 
-ADMIN_PW = "admin-secret-pw"
 pytestmark, _runs_where_it_must = isolation_gate()
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    base = tmp_path_factory.mktemp("warm")
-    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=[
-        "--GPULeaseHub.culler_enabled=False"]).start()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def admin(hub):
-    return hub.token_for("admin", ADMIN_PW)
+def hub_options() -> HubOptions:
+    return HubOptions(args=["--GPULeaseHub.culler_enabled=False"])
 
 
 def started(hub, admin, name: str) -> tuple[str, str]:

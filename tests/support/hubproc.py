@@ -245,7 +245,11 @@ class HubProcess:
         self.proc = subprocess.Popen(
             args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.state.parent
         )
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:  # a hub that never came up is not left running
+            self.close()
+            raise
         return self
 
     def wait_ready(self, timeout: float) -> None:

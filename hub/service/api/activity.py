@@ -3,7 +3,7 @@
 - `PUT api/server-activity` `{"kernels": [{"id", "execution_state",
   "last_activity", "connections"}], "terminals": [{"name", "last_activity"}] | null}`
   — a server, with its own token (`JUPYTERHUB_API_TOKEN`). The state is
-  stored for the server the token belongs to (hub/server_activity.server_of),
+  stored for the server the token belongs to (hub/service/activity_store.py, server_of),
   never for a user or server named in the body. 204; 400 field by field; 403
   for a token that is not one server's own; 413 over 256 KiB; 429 with
   `Retry-After` beyond the push ration (hub/service/push_rate.py), before the body

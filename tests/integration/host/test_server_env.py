@@ -15,7 +15,7 @@ from gpulease.host.state import SHARED_STATE_BASE, default_state_root
 from gpulease.hub.config.server_env import ServerEnvError, _mirror, build, editable_packages
 from tests.support.isolation_env import shared_tmpdir
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_state_stays_in_the_clone_when_the_accounts_can_pass_or_need_not(tmp_path):

@@ -5,8 +5,6 @@ errors lead to the hub's home (tests/e2e/test_error_pages.py asks a real hub).
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
@@ -14,10 +12,8 @@ from tornado.testing import bind_unused_port
 
 from gpulease.hub.web.error_text import error_text
 from gpulease.singleuser import error_page
+from tests.support.pages import BARE, HTML
 from tests.support.singleuser_app import hub_server_app
-
-HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
-BARE = re.compile(r"<title>\d{3}: [^<]*</title><body>\d{3}: ")  # tornado's own error page
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 409, 429, 500, 502, 503, 504, 599])

@@ -6,16 +6,7 @@ its parse errors on their inputs, the audit's diff and paging, the inventory's r
 from __future__ import annotations
 
 from gpulease.hub.service.pages import forms as af
-
-
-def profile_form(**overrides) -> dict:
-    form = {"slug": "h200-slice", "display_name": "H200 slice", "description": "one seventh",
-            "gpu_model": "H200", "gpu_mig": "1g.18gb", "gpu_count": "1", "cpu": "4",
-            "memory": "32Gi", "images": ["pytorch", "cuda"], "default_image": "cuda",
-            "price_per_hour": "1.20", "min_run": "10m", "idle_timeout": "30m",
-            "max_runtime": "0", "groups": "vision, nlp", "enabled": "on"}
-    form.update(overrides)
-    return {k: v for k, v in form.items() if v is not None}
+from tests.support.pages import profile_form
 
 
 def _as_form(data: dict) -> dict[str, list[str]]:

@@ -19,12 +19,11 @@ from gpulease.hub.config.hub_config import SERVICE_NAME
 from gpulease.hub.service import hub_static
 from gpulease.hub.web.site_nav import PRODUCT, SiteNav, nav_items
 from gpulease.site_urls import SiteURLs
+from tests.support.pages import AUDIT_PAGES, EVERYONE, bar
 
 ROOT = Path(__file__).resolve().parents[4]
 SUBDOMAINS = SiteURLs("http://localhost:8000/", "http://localhost:8000")
 SHARED = SiteURLs("/")
-EVERYONE = ["Servers", "Usage", "Token"]
-AUDIT_PAGES = ["Profiles", "Inventory", "Credits", "Limits", "Reservations", "Audit", "Report"]
 ACCESS = f"access:services!service={SERVICE_NAME}"
 
 
@@ -70,21 +69,6 @@ def test_links_are_absolute_across_origins_and_rooted_on_one():
     shared = {i.label: i.url for i in nav_items(SHARED, admin=True, scopes=HUB_ADMIN)}
     assert shared["Servers"] == "/hub/home"
     assert shared["Audit"] == "/services/gpulease/admin/audit"
-
-
-NAV_LIST = re.compile(r'<ul class="navbar-nav me-auto mb-0">(.*?)</ul>', re.S)
-NAV_LINK = re.compile(r'<a class="nav-link" href="([^"]*)">([^<]*)</a>')
-BRAND = re.compile(r'<a id="jupyterhub-logo" class="navbar-brand[^"]*"\s+href="([^"]*)">([^<]*)</a>')
-
-
-def bar(html: str) -> dict:
-    """What a page's navigation bar shows: its brand and its items (label, target)."""
-    found = NAV_LIST.search(html)
-    assert found, "no navigation bar"
-    brand = BRAND.search(html)
-    assert brand, "no brand"
-    return {"brand": (brand.group(2).strip(), brand.group(1)),
-            "items": [(label.strip(), href) for href, label in NAV_LINK.findall(found.group(1))]}
 
 
 def render_hub_page(urls: SiteURLs, admin: bool, scopes: set[str]) -> str:
