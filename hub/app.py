@@ -16,6 +16,7 @@ import subprocess
 import sys
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
@@ -44,6 +45,7 @@ from gpulease.hub.auth.local import LocalAccountsAuthenticator
 from gpulease.hub.auth.oauth import ProviderSignIn
 from gpulease.hub.auth.oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.billing.metering import Meter
+from gpulease.hub.config import sandbox_setup
 from gpulease.hub.config.app_options import GPULeaseOptions
 from gpulease.hub.config.cluster_shape import banner_lines as cluster_banner
 from gpulease.hub.config.cluster_shape import (
@@ -67,6 +69,7 @@ from gpulease.hub.config.isolation_check import (
     server_env_paths,
     unreachable,
 )
+from gpulease.hub.config.port_check import previous_proxy_runs, taken_ports
 from gpulease.hub.config.server_env import ServerEnvError
 from gpulease.hub.config.server_env import choose as choose_server_env
 from gpulease.hub.servers.interrupted_start import with_interruptible_starts
@@ -80,6 +83,8 @@ from gpulease.hub.web.named_servers import refusing_limit
 from gpulease.hub.web.origins import OriginError, is_loopback, plan_origins
 from gpulease.spawners.context import get_context
 from gpulease.spawners.local.cgroups import HostReader, choose_mechanism
+from gpulease.spawners.local.isolation import hub_tag
+from gpulease.spawners.local.sandbox import pool_for
 from gpulease.spawners.local.spawner import LocalGPUSpawner, prestart_warm_launcher
 from gpulease.spawners.local.warm_start import close_all as close_warm_launchers
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures
@@ -164,7 +169,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         try:
             self._prepare()
         except (StateError, ProfileError, InventoryError, CatalogError, BillingError,
-                RetentionError, UnixAccountError, AccountError, OriginError, OSError) as e:
+                RetentionError, UnixAccountError, AccountError, OriginError, OSError,
+                sandbox_setup.SandboxSetupError, ValueError) as e:
             problems = str(e).strip().replace("\n", "\n  ")
             print(f"gpulease: cannot start:\n  {problems}", file=sys.stderr)
             self.exit(1)
@@ -239,6 +245,9 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         except ValueError as e:
             raise StateError(str(e)) from None
         service_port = service_port or _free_port()
+        self._sandbox = self._setup_sandbox(state, service_port)
+        if service_host == "127.0.0.1":  # where the servers' namespaces reach it
+            service_host = self._sandbox.host_address
         self._settings = HubSettings(
             state=state,
             db_url=db_url,
@@ -248,7 +257,10 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             admin_name=self.admin_name,
             service_port=service_port,
             service_host=service_host,
-            service_listen="127.0.0.1" if service_host == "127.0.0.1" else "",
+            service_listen=(service_host if service_host in ("127.0.0.1",
+                                                             self._sandbox.host_address)
+                            else ""),
+            internal_host=self._sandbox.host_address,
             cli_token=cli_token,
             proxy_token=read_or_create_secret(state.private / "proxy_token"),
             chp_command=project_chp(),
@@ -276,7 +288,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             cpu_only_memory_per_user=self.cpu_only_memory_per_user,
             isolation={} if self._isolation is None else {
                 **self._isolation.settings(), "homes": str(state.homes),
-                "server_env": self._server_env, "warm_start": self.warm_start},
+                "server_env": self._server_env, "warm_start": self.warm_start,
+                "sandbox": self._sandbox.spawner},
             shape=self.shape, cluster_namespace=namespace,
             cluster_nodes=spawner_nodes(self.config) if self._cluster else {},
             kubeconfig=os.environ.get("KUBECONFIG", ""),
@@ -286,6 +299,17 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             k: v if isinstance(v, str) else os.environ.get("GPULEASE_SMTP_PASSWORD", "")
             for k, v in notify_environment(self._settings).items()
         })
+
+    def _setup_sandbox(self, state, service_port: int) -> sandbox_setup.SandboxPlan:
+        """Each server's sandbox (hub/config/sandbox_setup.py): on where the host can."""
+        if self._cluster:  # pods: Kubernetes keeps them apart (docs/cluster.md)
+            return sandbox_setup.SandboxPlan(None, ())
+        hub_port = urlsplit(self.hub_bind_url).port if self.hub_bind_url else self.hub_port
+        return sandbox_setup.setup(
+            mode=self.server_sandbox, tag=hub_tag(str(state.root)), pool=self.sandbox_network,
+            egress=self.server_egress, blocked=list(self.server_egress_blocked),
+            host_ports=[hub_port, service_port], state_root=state.root,
+            is_root=os.geteuid() == 0, accounts=bool(self._isolation.unix_accounts))
 
     def _check_isolation(self, state, ctx):
         """Decide how users are kept apart here; refuse to start when accounts could not work."""
@@ -418,6 +442,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
         # hold at once is bounded too, each must arrive within a minute
         # (gpulease.hub.web.body_budget).
         HTTPServer.configure(BudgetedHTTPServer, max_body_size=HUB_MAX_BODY_BYTES)
+        self._refuse_taken_ports()
         self._warm_line = "" if self._cluster else prestart_warm_launcher(self.config)
         if self._warm_line:
             self.log.info(self._warm_line)
@@ -427,11 +452,47 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             end_notice=parse_duration(self.reservation_end_notice, "reservation_end_notice"),
             audit_retention=self._audit_retention, embedded=not self._cluster, log=self.log)
         self._tasks.start()
+        if self._sandbox.net is not None:  # the first starts take namespaces made ahead
+            pool_for(self._sandbox.net.tag, self._sandbox.net.subnet).fill_in_background()
         self._resume_queue()
         urls = self._settings.urls
         write_cli_file(self._state, urls.hub_public, self._settings.cli_token,
                        service_url=urls.service())
         self._announce(urls.hub_public)
+
+    def _refuse_taken_ports(self) -> None:
+        """Before anything starts or any secret is sent: each of the hub's own ports is
+        free, else the hub stops here, naming the port and its setting (JupyterHub
+        would hand its proxy token to whatever listens on the proxy's API port)."""
+        hub_url = urlsplit(self.hub_bind_url) if self.hub_bind_url else None
+        api = urlsplit(self.proxy.api_url)
+        s = self._settings
+        wanted = [
+            ("the proxy's public port (--port, --ip)", self.ip or "0.0.0.0", self.port),
+            ("the proxy's API (ConfigurableHTTPProxy.api_url)", api.hostname or "127.0.0.1",
+             api.port or 8001),
+            ("the hub API (JupyterHub.hub_port, hub_ip)",
+             hub_url.hostname if hub_url else (self.hub_ip or "0.0.0.0"),
+             hub_url.port if hub_url else self.hub_port),
+            ("the gpulease service (GPULeaseHub.service_address)",
+             s.service_listen or "0.0.0.0", s.service_port),
+        ]
+        if s.culler is not None:
+            wanted.append(("the idle culler", "127.0.0.1", int(s.culler["port"])))
+        ours = not self.proxy.should_start or previous_proxy_runs(str(s.state.proxy_pid_file))
+        taken = taken_ports(wanted[2:] if ours else wanted)
+        if taken:
+            print("gpulease: cannot start: " + "; ".join(taken) + ". Nothing was started "
+                  "and no secret was sent; stop what holds the port or choose another.",
+                  file=sys.stderr, flush=True)
+            self._undo_prepare()
+            self.exit(1)
+
+    def _undo_prepare(self) -> None:
+        """What _prepare set up on the host and in the database, undone (a refused start)."""
+        sandbox_setup.teardown(self._sandbox)
+        if getattr(self, "_ctx", None) and self._ctx.meter is not None:
+            self._ctx.meter.release_lease()
 
     def _resume_queue(self) -> None:
         """Start again what the previous hub left queued, now that the hub, its proxy and
@@ -451,6 +512,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             self._ctx.queue.keep_rows()
         await super().cleanup()
         close_warm_launchers()
+        if getattr(self, "_sandbox", None) is not None and self.cleanup_servers:
+            sandbox_setup.teardown(self._sandbox)
         if meter is not None:
             await asyncio.to_thread(meter.release_lease)  # a write: may wait for the lock
 
@@ -464,7 +527,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
                      f"GPU inventory: {self._ctx.inventory.label}",
                      f"State folder: {self._state.root} (databases and secrets in private/, "
                      f"homes in {self._state.homes}/<user>)", self._server_env_line,
-                     *self._isolation.banner(), self._warm_line]
+                     *self._isolation.banner(), *self._sandbox.lines, self._warm_line]
         if self._origins.warning:
             lines.append(self._origins.warning)
         if self._first_admin_password:

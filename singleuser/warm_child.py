@@ -6,9 +6,11 @@ in the same order, before anything of the researcher's can run (their
 
 1. signals as a new program has them; every descriptor of the launcher closed but
    stdio and its own request socket;
-2. its request read (JSON to EOF: argv, env, cwd, uid, gid, groups, cgroup folders);
-3. a new session (start_new_session), the server's cgroups joined while root
-   (and the moment told to the hub: its billing starts there), groups set to
+2. its request read (JSON to EOF: argv, env, cwd, uid, gid, groups, cgroup folders,
+   sandbox);
+3. a new session (start_new_session), the server's cgroups joined and its sandbox
+   entered while root (gpulease.singleuser.sandbox; then the moment is told to the
+   hub: its billing starts there), groups set to
    the account's own (never the launcher's), gid, then uid;
 4. the server's folder as the working directory;
 5. "ready" sent to the hub and the request socket closed while the process is
@@ -37,7 +39,7 @@ import site
 import sys
 import time
 
-from gpulease.singleuser import proc_title
+from gpulease.singleuser import proc_title, sandbox
 
 # Read by the interpreter or by modules the launcher imported, as they start or are
 # imported: a server whose request sets them otherwise is started cold.
@@ -161,6 +163,11 @@ def _become(request: dict, title: tuple[bytes, bytes], request_fd: int) -> None:
                 f.write(str(os.getpid()))
         except OSError as e:
             raise SetupError(f"cannot join the server's cgroup {folder}: {e}") from None
+    if request.get("sandbox"):  # still root: its network, IPC, /dev/shm, /tmp and /proc
+        try:
+            sandbox.enter(request["sandbox"])
+        except (OSError, KeyError, ValueError) as e:
+            raise SetupError(f"cannot enter the server's sandbox: {e}") from None
     # In its cgroup, with its devices, still root: the researcher's code may run from
     # here on, and so the server is billed from here (the hub takes this moment).
     _say(request_fd, {"in_cgroup": time.time()})

@@ -357,3 +357,33 @@ class GPULeaseOptions(Configurable):
         "declared inventories (their UUIDs have no nodes) and tests. NVML hosts map their "
         "GPUs and MIG devices themselves.",
     )
+
+    # --- each server's sandbox on the embedded box (docs/security.md, "The sandbox")
+    server_sandbox = Enum(
+        ["auto", "on", "off"], "auto", config=True,
+        help="Run each server in a sandbox of its own: a network namespace reachable from "
+        "the hub and the proxy on its HTTP port only, its own IPC namespace, /dev/shm and "
+        "/tmp, and a /proc that hides other accounts' processes. auto: where the host can "
+        "(root, per-user accounts, nftables); on: refuse to start where it cannot; off: "
+        "servers share the host's network, /dev/shm, /tmp and process list (the hub says "
+        "so at start).",
+    )
+    server_egress = Enum(
+        ["internet", "none"], "internet", config=True,
+        help="What a sandboxed server may reach beyond the hub API and the gpulease service: "
+        "internet (other networks through NAT: turns on IPv4 forwarding host-wide, guarded "
+        "so that the host forwards nothing else; never the host's own ports, another "
+        "server, or 169.254.0.0/16 with the cloud metadata address), or none.",
+    )
+    server_egress_blocked = List(
+        Unicode(), config=True,
+        help="IPv4 addresses or networks a sandboxed server may never reach, beyond the "
+        "host's own ports, other servers and 169.254.0.0/16: a lab's internal ranges, "
+        "e.g. ['10.0.0.0/8'].",
+    )
+    sandbox_network = Unicode(
+        "10.213.0.0/16", config=True,
+        help="The private IPv4 range the servers' namespaces take their addresses from: "
+        "each hub on the host takes a free /24 of it (up to 250 servers), the .1 of "
+        "which is the host's, where servers reach the hub API and the gpulease service.",
+    )

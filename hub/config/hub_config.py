@@ -171,6 +171,9 @@ class HubSettings:
     # (GPULeaseHub.service_address): loopback unless the proxy runs in a pod of its own.
     service_host: str = "127.0.0.1"
     service_listen: str = "127.0.0.1"
+    # Where the embedded box's servers reach the hub API and the service: loopback, or
+    # the host's address on the sandboxes' bridge (gpulease.hub.config.sandbox_setup).
+    internal_host: str = "127.0.0.1"
     culler: dict[str, str] | None = None  # GPULEASE_CULLER_* settings; None: no culler
     # Notifications (GPULeaseHub.notify_webhook_url, smtp_*).
     notify_webhook_url: str = ""
@@ -279,6 +282,8 @@ def hub_config(s: HubSettings) -> Config:
     hub.cookie_secret_file = str(s.state.cookie_secret_file)
     hub.pid_file = ""
     cluster = s.shape == "cluster"
+    if s.internal_host != "127.0.0.1":  # the servers' namespaces reach the hub API there
+        hub.hub_ip = s.internal_host
     hub.spawner_class = (CLUSTER_SPAWNER if cluster else "gpulease.spawners.local.LocalGPUSpawner")
     hub.authenticator_class = "gpulease.hub.auth.local.LocalAccountsAuthenticator"
     hub.allow_named_servers = True
@@ -388,7 +393,7 @@ def hub_config(s: HubSettings) -> Config:
                 # The gpulease service at its own port, not through the proxy:
                 # under --ssl-cert the proxy's certificate names the public host,
                 # not 127.0.0.1, so the culler could not verify it and read nothing.
-                "GPULEASE_CULLER_HUB_URL": service_direct_base(s),
+                "GPULEASE_CULLER_HUB_URL": service_direct_base(s, s.internal_host),
                 **{f"GPULEASE_CULLER_{k.upper()}": v for k, v in s.culler.items()},
                 # The cluster shape's CPU reading asks the API server (metrics.k8s.io).
                 **(kube_client_environment(s.kubeconfig) if cluster else {}),
@@ -428,7 +433,7 @@ def hub_config(s: HubSettings) -> Config:
     # token, which therefore may reach that service: directly, not through the
     # proxy, which routes the service by its subdomain (a name a pod cannot
     # resolve). A pod's 127.0.0.1 is its own: it reaches the hub's Service.
-    service_url = service_direct_url(s, s.service_host if cluster else "127.0.0.1")
+    service_url = service_direct_url(s, s.service_host if cluster else s.internal_host)
     spawner.environment = {
         "GPULEASE_SERVICE_URL": service_url,
         "JUPYTERHUB_ACTIVITY_INTERVAL": "60",  # the culler's user-activity signal, per minute
@@ -446,7 +451,7 @@ def hub_config(s: HubSettings) -> Config:
         spawner.state_dir = str(s.state.root)
         for key in ("unix_accounts", "unix_prefix", "unix_uid_min", "unix_uid_max",
                     "resource_limits", "device_control", "device_nodes", "server_env",
-                    "warm_start"):
+                    "warm_start", "sandbox"):
             if key in s.isolation:
                 setattr(spawner, key, s.isolation[key])
     # A queued spawn is still a pending start for JupyterHub: its start_timeout

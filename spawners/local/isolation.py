@@ -31,6 +31,7 @@ from gpulease.host.unix_accounts import (
     ensure_unix_account,
     own_home,
 )
+from gpulease.singleuser.sandbox import enter as enter_sandbox
 from gpulease.spawners.local.cgroup_kill import Emptied, cgroup_pids, empty_cgroup
 from gpulease.spawners.local.cgroups import (
     CgroupError,
@@ -160,20 +161,23 @@ def _holding(s: IsolationSettings, paths: Sequence[str], uuids: Sequence[str],
     return {"uid": account.uid if account else None, "device_nodes": ids}
 
 
-def preexec_for(prepared: Prepared) -> Callable[[], None] | None:
-    """Between fork and exec: join the cgroup (as root), then become the user."""
+def preexec_for(prepared: Prepared, sandbox: dict | None = None) -> Callable[[], None] | None:
+    """Between fork and exec: join the cgroup (as root), enter the sandbox
+    (gpulease.singleuser.sandbox), then become the user."""
     dirs = prepared.plan.dirs if prepared.plan else ()
     # With systemd, systemd-run creates the scope as root and drops privileges itself.
     become = (set_user_setuid(prepared.account.name, chdir=False)
               if prepared.account and not prepared.cmd_prefix else None)
     groups = (own_groups(prepared.account)
               if prepared.account and prepared.cmd_prefix else None)
-    if not dirs and become is None and groups is None:
+    if not dirs and become is None and groups is None and sandbox is None:
         return None
 
     def preexec() -> None:
         if dirs:
             join_plan(dirs)
+        if sandbox is not None:
+            enter_sandbox(sandbox)
         if groups is not None:
             # systemd-run --scope never calls setgroups: without this the
             # server would keep the hub's supplementary groups (gid 0 under

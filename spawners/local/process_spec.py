@@ -111,9 +111,9 @@ def why_not_warm(*, enabled: bool, shell_cmd: list[str], cmd_prefix: tuple[str, 
 
 def warm_request(*, argv: list[str], env: dict[str, str], cwd: str, uid: int | None,
                  gid: int | None, groups: list[int] | None,
-                 cgroup_dirs: tuple[str, ...]) -> dict:
+                 cgroup_dirs: tuple[str, ...], sandbox: dict | None = None) -> dict:
     """What the warm launcher's child is asked to become (gpulease.singleuser.warm_child):
-    the same command, environment, folder, account and cgroups as a cold start's."""
+    the same command, environment, folder, account, cgroups and sandbox as a cold start's."""
     return {"argv": list(argv), "env": dict(env), "cwd": cwd, "uid": uid, "gid": gid,
             "groups": None if groups is None else list(groups),
-            "cgroup_dirs": list(cgroup_dirs)}
+            "cgroup_dirs": list(cgroup_dirs), "sandbox": sandbox}

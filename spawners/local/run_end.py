@@ -36,6 +36,7 @@ class RunEnd:
     _gpulease_unwatch: Callable[[], None]
     _end_billing: Callable[[str, datetime | None], Awaitable[None]]
     _count_failed_wait: Callable[[], Awaitable[None]]  # LaunchBilling's
+    _drop_sandbox: Callable[[], Awaitable[None]]  # its network namespace's name
 
     _gpulease_exited_at: datetime | None = None  # when a stop saw its process end (UTC)
     # launched, not answered yet: the start itself ends (and bills) a run that dies now
@@ -114,15 +115,18 @@ class RunEnd:
 
     async def _remove_cgroup(self) -> tuple[Emptied | None, datetime | None]:
         """End everything in the server's cgroup and remove it (None: it had none);
-        and when that was done, if it had anything to end."""
+        and when that was done, if it had anything to end. Its sandbox's namespace goes
+        with it (the kernel frees it once the last of its processes is gone)."""
         cgroup, self.gpulease_cgroup = self.gpulease_cgroup, None
         if not cgroup:
+            await self._drop_sandbox()
             return None, None
 
         def end() -> tuple[Emptied, datetime]:
             return isolation.end_everything(cgroup), utcnow()
 
         emptied, at = await asyncio.to_thread(end)
+        await self._drop_sandbox()
         if not emptied.empty:
             self.log.error("%s stopped, but its cgroup is not empty: %s", self._log_name,
                            emptied.describe())

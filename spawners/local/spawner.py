@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +28,9 @@ from traitlets import Bool, Dict, Instance, Integer, Unicode, Union
 
 from gpulease.core.clock import utcnow
 from gpulease.core.policy.options import ServerChoice
+from gpulease.core.policy.sandbox_net import SERVER_PORT
 from gpulease.core.refusal import Refusal
+from gpulease.host.netns import NetnsError
 from gpulease.host.state import StateDir, StateError, ensure_home
 from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
 from gpulease.spawners.http_error import http_error
@@ -42,6 +45,7 @@ from gpulease.spawners.local.process_spec import (
 )
 from gpulease.spawners.local.process_tree import kill_tree
 from gpulease.spawners.local.run_end import RunEnd
+from gpulease.spawners.local.sandbox import Sandbox, enter_spec, pool_for, source_root
 from gpulease.spawners.local.warm_start import (
     WarmChild,
     WarmLauncher,
@@ -108,12 +112,21 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         "server starts as a new program. Set by `gpulease up` from GPULeaseHub.warm_start.",
     )
 
+    sandbox = Dict(
+        config=True,
+        help="Each server's sandbox: a network namespace on the hub's bridge, its own IPC, "
+        "/dev/shm, /tmp and a /proc that hides other accounts' processes (docs/security.md). "
+        "Keys: tag, subnet (the bridge's), resolv_conf (the namespaces' resolver file). "
+        "Empty: off. Set by `gpulease up` from GPULeaseHub.server_sandbox.",
+    )
+
     proc = Union([Instance(Popen), Instance(WarmChild)], allow_none=True,
                  help="The server's process: a Popen, or a WarmChild of the warm launcher.")
 
     gpulease_isolation: isolation.Prepared | None = None
     gpulease_cgroup: dict | None = None  # what to remove when the server stops (kept in state)
     gpulease_devices: tuple[str, ...] = ()
+    gpulease_sandbox: Sandbox | None = None  # its network namespace (kept in state)
 
     # --- the process ------------------------------------------------------------
 
@@ -121,7 +134,40 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         # Join the server's cgroup, then become the user's Unix account
         # (spawners/local/isolation.py); neither without per-user accounts and limits.
         prepared = self.gpulease_isolation
-        return isolation.preexec_for(prepared) if prepared else None
+        return isolation.preexec_for(prepared, self._sandbox_spec()) if prepared else None
+
+    def _sandbox_spec(self) -> dict | None:
+        """What the server's process enters before it becomes the researcher's."""
+        sandbox, choice = self.gpulease_sandbox, self.gpulease_choice
+        if sandbox is None or choice is None:
+            return None
+        image = choice.image
+        env = (image.local_env if image else None) or self.server_env or sys.prefix
+        return enter_spec(
+            sandbox, memory_bytes=choice.profile.memory_bytes,
+            resolv_conf=self.sandbox.get("resolv_conf", ""),
+            needed=[self._state_root(), env, source_root(),
+                    *(node for nodes in self.device_nodes.values() for node in nodes)])
+
+    def _pool(self):
+        return pool_for(self.sandbox["tag"], self.sandbox["subnet"])
+
+    async def _take_sandbox(self) -> None:
+        """A network namespace of its own, made ahead; the server listens there."""
+        if not self.sandbox:
+            return
+        try:
+            self.gpulease_sandbox = await asyncio.to_thread(self._pool().take)
+        except (NetnsError, OSError) as e:
+            self.log.error("cannot give %s a sandbox: %s", self._log_name, e)
+            raise http_error(Refusal(f"Cannot start the server: {e}", status=500)) from None
+        self.ip = self.gpulease_sandbox.address
+        self.port = SERVER_PORT  # its own namespace's: no other server can hold it
+
+    async def _drop_sandbox(self) -> None:
+        sandbox, self.gpulease_sandbox = self.gpulease_sandbox, None
+        if sandbox is not None and self.sandbox:
+            await asyncio.to_thread(self._pool().drop, sandbox)
 
     def user_env(self, env):
         return env  # HOME, USER, SHELL come from _spec: the home is the state folder's
@@ -210,6 +256,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         self._gpulease_exited_at = None
         try:
             await self._isolate(choice, home)
+            await self._take_sandbox()
             spec = self._spec()
             self.cmd = [*self.gpulease_isolation.cmd_prefix, *spec.cmd]
             try:
@@ -312,7 +359,8 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             argv=argv, env=self.get_env(), cwd=self.popen_kwargs["cwd"],
             uid=account.uid if account else None, gid=account.gid if account else None,
             groups=isolation.own_groups(account) if account else None,
-            cgroup_dirs=prepared.plan.dirs if prepared.plan else ())
+            cgroup_dirs=prepared.plan.dirs if prepared.plan else (),
+            sandbox=self._sandbox_spec())
         self.log.info("Spawning %s (forked by warm launcher %d)", shlex.join(argv),
                       launcher.pid)
         forking = asyncio.ensure_future(asyncio.to_thread(launcher.spawn, request))
@@ -359,12 +407,17 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             state["gpulease_devices"] = list(self.gpulease_devices)
         if self.gpulease_cgroup:
             state["gpulease_cgroup"] = self.gpulease_cgroup
+        if self.gpulease_sandbox is not None:
+            state["gpulease_sandbox"] = self.gpulease_sandbox.state()
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.gpulease_devices = tuple(state.get("gpulease_devices", ()))
         self.gpulease_cgroup = state.get("gpulease_cgroup") or self.gpulease_cgroup
+        if state.get("gpulease_sandbox") and self.sandbox:  # running on, after a restart
+            self.gpulease_sandbox = Sandbox.from_state(state["gpulease_sandbox"])
+            self._pool().adopt(self.gpulease_sandbox)
 
     def clear_state(self):
         super().clear_state()

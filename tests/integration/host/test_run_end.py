@@ -53,6 +53,9 @@ class Run(RunEnd):
         self._log_name = "ann/(default)"
         self.queue_poll_interval = 5.0
 
+    async def _drop_sandbox(self) -> None:
+        """No sandbox here: its network namespace is LocalGPUSpawner's (test_sandbox.py)."""
+
 
 def _freezer_cgroup() -> Path | None:
     if os.geteuid() != 0:
