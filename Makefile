@@ -14,6 +14,9 @@ export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 .PHONY: install run test lint bench bench-quick clean labextension cluster-tools screenshots
 
 install: $(VENV)/.installed node_modules/.installed
+	@if [ "$$(id -u)" = 0 ] && ! command -v nft >/dev/null 2>&1; then \
+	  echo "note: nft is missing: as root, servers run without their sandbox (docs/admin.md," \
+	       "\"The sandbox's network\"); Debian: apt-get install nftables"; fi
 
 $(VENV)/.installed: pyproject.toml singleuser/labextension/prebuilt/package.json
 	$(PYTHON) -c 'import sys; sys.exit("gpulease needs Python 3.11 or newer") if sys.version_info < (3, 11) else None'

@@ -309,7 +309,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             mode=self.server_sandbox, tag=hub_tag(str(state.root)), pool=self.sandbox_network,
             egress=self.server_egress, blocked=list(self.server_egress_blocked),
             host_ports=[hub_port, service_port], state_root=state.root,
-            is_root=os.geteuid() == 0, accounts=bool(self._isolation.unix_accounts))
+            is_root=os.geteuid() == 0, accounts=bool(self._isolation.unix_accounts),
+            resolv_source=self.sandbox_resolv_conf)
 
     def _check_isolation(self, state, ctx):
         """Decide how users are kept apart here; refuse to start when accounts could not work."""

@@ -381,6 +381,13 @@ class GPULeaseOptions(Configurable):
         "host's own ports, other servers and 169.254.0.0/16: a lab's internal ranges, "
         "e.g. ['10.0.0.0/8'].",
     )
+    sandbox_resolv_conf = Unicode(
+        "", config=True,
+        help="The resolver file (resolv.conf) whose nameservers sandboxed servers use: a "
+        "lab's own DNS. Empty: the host's /etc/resolv.conf, or systemd-resolved's upstream "
+        "list when that names a resolver on the host's loopback (127.0.0.53), which a "
+        "server's namespace cannot reach.",
+    )
     sandbox_network = Unicode(
         "10.213.0.0/16", config=True,
         help="The private IPv4 range the servers' namespaces take their addresses from: "

@@ -73,12 +73,13 @@ def why_not(*, mode: str, is_root: bool, accounts: bool) -> str:
 
 
 def setup(*, mode: str, tag: str, pool: str, egress: str, blocked: list[str],
-          host_ports: list[int], state_root: Path, is_root: bool, accounts: bool
-          ) -> SandboxPlan:
+          host_ports: list[int], state_root: Path, is_root: bool, accounts: bool,
+          resolv_source: str = "") -> SandboxPlan:
     why = why_not(mode=mode, is_root=is_root, accounts=accounts)
     if not why:
         try:
-            return _in_a_thread(_setup, tag, pool, egress, blocked, host_ports, state_root)
+            return _in_a_thread(_setup, tag, pool, egress, blocked, host_ports, state_root,
+                                resolv_source)
         except SandboxNetError:
             raise  # a setting that cannot work: said whatever the mode
         except OSError as e:
@@ -89,7 +90,7 @@ def setup(*, mode: str, tag: str, pool: str, egress: str, blocked: list[str],
 
 
 def _setup(tag: str, pool: str, egress: str, blocked: list[str], host_ports: list[int],
-           state_root: Path) -> SandboxPlan:
+           state_root: Path, resolv_source: str) -> SandboxPlan:
     check_egress(egress, blocked)  # a bad setting is said before the host is touched
     net = netns.setup_bridge(tag, pool)
     removed, kept = netns.reconcile(tag)
@@ -121,16 +122,20 @@ def _setup(tag: str, pool: str, egress: str, blocked: list[str], host_ports: lis
             lines.append("IP forwarding: turned on for this host (net.ipv4.ip_forward = 1), "
                          "for the servers' NAT; nft table inet gpulease_forward_guard drops "
                          "anything forwarded that is not a gpulease server's")
-    resolver, said = _write_resolver(state_root)
+    resolver, said = _write_resolver(state_root, resolv_source)
     lines.append(f"Sandbox DNS: {said}")
     spawner = {"tag": tag, "subnet": net.subnet, "resolv_conf": resolver}
     return SandboxPlan(net, tuple(lines), spawner)
 
 
-def _write_resolver(state_root: Path) -> tuple[str, str]:
+def _write_resolver(state_root: Path, source: str) -> tuple[str, str]:
     """The namespaces' /etc/resolv.conf, in the state folder (bind-mounted by root)."""
-    body, said = resolv_conf(_read("/etc/resolv.conf"),
-                             _read("/run/systemd/resolve/resolv.conf"))
+    if source:  # GPULeaseHub.sandbox_resolv_conf: a lab's own
+        body, said = resolv_conf(_read(source))
+        said = f"{said} from {source}"
+    else:
+        body, said = resolv_conf(_read("/etc/resolv.conf"),
+                                 _read("/run/systemd/resolve/resolv.conf"))
     if not body:
         return "", said
     folder = state_root / "sandbox"

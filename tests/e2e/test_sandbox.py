@@ -40,14 +40,29 @@ profiles:
 INTERNET = "198.51.100.10"
 METADATA = "169.254.169.254"
 
-# Runs as per-user accounts: skipped where the host cannot, failed under CI=true as root.
-pytestmark, _runs_where_it_must = isolation_gate()
+# Runs as per-user accounts, each server sandboxed: skipped where the host cannot (not
+# root, no nft), failed under CI=true as root.
+pytestmark, _runs_where_it_must = isolation_gate(sandbox=True)
 
 
 # --- the test's own listeners ---------------------------------------------------------
 
 LISTENER = """
 import socket, sys, threading
+
+def dns():  # every A question answered with 198.51.100.10: the internet's DNS, standing in
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", 53))
+    while True:
+        q, peer = u.recvfrom(512)
+        end = 12
+        while q[end]:
+            end += q[end] + 1
+        question = q[12:end + 5]
+        u.sendto(q[:2] + b"\\x81\\x80\\x00\\x01\\x00\\x01\\x00\\x00\\x00\\x00" + question
+                 + b"\\xc0\\x0c\\x00\\x01\\x00\\x01\\x00\\x00\\x00\\x3c\\x00\\x04"
+                 + socket.inet_aton("198.51.100.10"), peer)
+
+threading.Thread(target=dns, daemon=True).start()
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", 80)); s.listen(16)
 print("listening", flush=True)
@@ -136,9 +151,11 @@ def _hub(base, *args: str) -> HubProcess:
 
 
 @pytest.fixture(scope="module", params=["warm", "cold"])
-def hub(request, tmp_path_factory):
-    h = _hub(tmp_path_factory.mktemp(f"sandbox-{request.param}"),
-             f"--GPULeaseHub.warm_start={request.param == 'warm'}")
+def hub(request, tmp_path_factory, internet):
+    base = tmp_path_factory.mktemp(f"sandbox-{request.param}")
+    (base / "resolv.conf").write_text(f"nameserver 127.0.0.53\nnameserver {INTERNET}\n")
+    h = _hub(base, f"--GPULeaseHub.warm_start={request.param == 'warm'}",
+             f"--GPULeaseHub.sandbox_resolv_conf={base / 'resolv.conf'}")
     h.start_kind = request.param
     yield h
     h.close()
@@ -256,15 +273,20 @@ def refused(result: str) -> bool:
 
 # --- the attacks ------------------------------------------------------------------------
 
-def test_each_server_has_an_address_of_its_own_on_the_hubs_bridge(hub, ada, bob):
+def test_each_server_has_an_address_of_its_own_on_the_hubs_bridge_and_a_working_resolver(
+        hub, ada, bob):
     a, b = Kernel(hub, ada), Kernel(hub, bob)
     try:
         ada_at, bob_at = address_of(a), address_of(b)
+        resolver = a.json("import json, socket; print(json.dumps([open('/etc/resolv.conf')"
+                          ".read(), socket.gethostbyname('models.example')]))")
     finally:
         a.close()
         b.close()
     assert ada_at != bob_at and ada_at.startswith("10.213.") and bob_at.startswith("10.213.")
     assert "Sandbox: each server in a network namespace of its own" in hub.log()
+    # the lab's resolver file, without the loopback resolver a namespace cannot reach
+    assert resolver == [f"nameserver {INTERNET}\n", INTERNET]
 
 
 def test_bob_cannot_subscribe_to_adas_iopub(hub, ada, bob):

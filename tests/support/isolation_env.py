@@ -93,15 +93,24 @@ def why_not_isolated() -> str:
     return hub_python()[1]
 
 
-def isolation_gate():
-    """`pytestmark` and an autouse fixture for the tests that run as per-user accounts.
+def why_no_sandbox() -> str:
+    """Why this host cannot run each server in its sandbox ('' when it can)."""
+    import shutil
+
+    return why_not_isolated() or ("" if shutil.which("nft") else
+                                  "nft is missing (Debian: apt-get install nftables)")
+
+
+def isolation_gate(sandbox: bool = False):
+    """`pytestmark` and an autouse fixture for the tests that run as per-user accounts
+    (and, with `sandbox`, in each server's sandbox).
 
     Elsewhere they skip, saying why; under CI=true as root (where they must
     run) a host that cannot run them fails them instead.
     """
     import pytest
 
-    why = why_not_isolated()
+    why = why_no_sandbox() if sandbox else why_not_isolated()
     must_run = os.geteuid() == 0 and os.environ.get("CI", "").lower() == "true"
     marks = [pytest.mark.e2e, pytest.mark.skipif(bool(why) and not must_run, reason=why or "-")]
 
