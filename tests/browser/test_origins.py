@@ -50,6 +50,12 @@ page (`<pre id="results">`), which the tests read.
   http://localhost there is no __Host- prefix (it needs https); mallory.localhost
   cannot set a cookie for `localhost` (a browser takes `localhost` as a registry, like
   a public suffix), so the admin stays the admin there too.
+- `test_a_listener_mallorys_server_starts_on_a_port_of_the_box_gets_no_visitor`: a
+  browser sends localhost's cookies to any port of it. mallory's server config listens on
+  another port; the logged-in admin opens http://localhost:PORT/hub/login: in her sandbox
+  the port is her server's own network's, the box's is closed, her listener gets nothing.
+  `test_without_the_sandbox_that_listener_gets_the_visitors_hub_cookie`: the same with
+  GPULeaseHub.server_sandbox = off gives her the admin's login cookie.
 - `test_a_page_on_127_0_0_1_is_sent_to_localhost`: a login started at
   http://127.0.0.1:PORT/hub/login lands on http://localhost:PORT (where users'
   servers send their visitors to log in), and /user/NAME/lab on 127.0.0.1 opens
@@ -731,3 +737,81 @@ def test_the_services_login_cookie_cannot_be_tossed_either(gpu_test_hub, gpu_tes
     visitor.goto(usage)
     assert "mallory" not in visitor.title()
     assert urlsplit(visitor.url).path == "/hub/login", visitor.url
+
+
+# --- another port of the box: mallory's own listener, where cookies are not port-scoped -----------
+
+# Added to her ~/.jupyter/jupyter_server_config.py: a listener on every address, on a port
+# of the box, that writes down each request it gets (cookies included) in her home.
+PORT_LISTENER = '''
+import os, socket, threading
+
+def _listen(port=PORT):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(8)
+    while True:
+        c, _ = s.accept()
+        data = c.recv(65536)
+        with open(os.path.expanduser("~/received.txt"), "ab") as f:
+            f.write(data + b"\\n----\\n")
+        c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\nContent-Length: 2\\r\\n\\r\\nok")
+        c.close()
+
+threading.Thread(target=_listen, daemon=True).start()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _visit_mallorys_port(tmp_path_factory, chromium, request, *args: str) -> tuple[str, str]:
+    """The logged-in admin opens http://localhost:PORT/hub/login (the hub's login cookie's
+    path is /hub/), PORT where mallory's server config listens: (what the browser got, what
+    her listener wrote down)."""
+    base = tmp_path_factory.mktemp("browser_ports")
+    h = HubProcess(state=base / "state", admin_password=ADMIN_PW, extra_args=list(args)).start()
+    try:
+        h.admin = h.token_for("admin", ADMIN_PW)
+        h.mallory = h.add_user(h.admin, "mallory")
+        home = plant_mallorys_files(h)
+        port = _free_port()
+        _write_owned(home / ".jupyter" / "jupyter_server_config.py",
+                     SERVER_CONFIG + PORT_LISTENER.replace("PORT", str(port)), home.stat())
+        start_server(h, "mallory", h.mallory)
+        page = new_context(chromium, request).new_page()
+        origin = h.urls.hub().removesuffix("/hub/")
+        log_in(page, origin, "admin", ADMIN_PW)
+        assert who_is_logged_in(page, origin) == "admin"
+        try:
+            response = page.goto(f"http://localhost:{port}/hub/login")
+            got = f"{response.status} {page.locator('body').text_content()}"
+        except Exception as e:  # noqa: BLE001 - the browser's own error is the result
+            got = str(e).splitlines()[0]
+        received = home / "received.txt"
+        return got, received.read_text(errors="replace") if received.exists() else ""
+    finally:
+        h.close()
+
+
+def test_a_listener_mallorys_server_starts_on_a_port_of_the_box_gets_no_visitor(
+        tmp_path_factory, chromium, request):
+    """Cookies are not scoped to a port: a browser sends localhost's cookies to any port of
+    it. In her sandbox (docs/security.md) mallory's listener is on a port of her server's
+    own network, so there is nothing of hers on the box's port for a browser to reach."""
+    got, received = _visit_mallorys_port(tmp_path_factory, chromium, request)
+    assert "ERR_CONNECTION_REFUSED" in got, got
+    assert received == ""
+
+
+def test_without_the_sandbox_that_listener_gets_the_visitors_hub_cookie(
+        tmp_path_factory, chromium, request):
+    """The same with GPULeaseHub.server_sandbox = off (what a hub that is not root runs):
+    her listener gets the admin's login cookie. So the test above fails without the
+    sandbox; docs/security.md says what to do where there is none."""
+    got, received = _visit_mallorys_port(tmp_path_factory, chromium, request,
+                                         "--GPULeaseHub.server_sandbox=off")
+    assert got == "200 ok", got
+    assert "jupyterhub-hub-login=" in received, received
