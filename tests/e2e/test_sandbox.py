@@ -280,6 +280,8 @@ def test_each_server_has_an_address_of_its_own_on_the_hubs_bridge_and_a_working_
         ada_at, bob_at = address_of(a), address_of(b)
         resolver = a.json("import json, socket; print(json.dumps([open('/etc/resolv.conf')"
                           ".read(), socket.gethostbyname('models.example')]))")
+        urls = a.json("import json, os; print(json.dumps([os.environ['JUPYTERHUB_API_URL'], "
+                      "os.environ['GPULEASE_SERVICE_URL']]))")
     finally:
         a.close()
         b.close()
@@ -287,6 +289,9 @@ def test_each_server_has_an_address_of_its_own_on_the_hubs_bridge_and_a_working_
     assert "Sandbox: each server in a network namespace of its own" in hub.log()
     # the lab's resolver file, without the loopback resolver a namespace cannot reach
     assert resolver == [f"nameserver {INTERNET}\n", INTERNET]
+    # the hub API and the service at the bridge's .1, where the namespaces reach them
+    bridge = ada_at.rsplit(".", 1)[0] + ".1"
+    assert all(url.startswith(f"http://{bridge}:") for url in urls), urls
 
 
 def test_bob_cannot_subscribe_to_adas_iopub(hub, ada, bob):
@@ -445,6 +450,14 @@ print(json.dumps(json.load(urllib.request.urlopen(req, timeout=10))["name"]))
     # the control: the host reaches its own listener on those addresses
     assert _probe_here(bridge, host_listener) == "open:host"
     assert _probe_here(host_ip, host_listener) == "open:host"
+    # NAT needs forwarding, host-wide: on, said so at start, and (when gpulease turned it
+    # on) guarded so that the host forwards nothing but its servers' traffic
+    assert open("/proc/sys/net/ipv4/ip_forward").read().strip() == "1"
+    assert "IP forwarding: " in hub.log()
+    if "was already on" not in hub.log():
+        guard = subprocess.run(["nft", "list", "table", "inet", "gpulease_forward_guard"],
+                               capture_output=True, text=True)
+        assert 'iifname != "glbr*" oifname != "glbr*" drop' in guard.stdout, guard
 
 
 def _host_address() -> str:
@@ -664,3 +677,51 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_forwarding_gpulease_turned_on_routes_nothing_but_its_servers(hub, internet):
+    """Two networks of the test's own behind the host, neither a gpulease bridge: with the
+    guard the host does not route between them; the control, the guard taken away for a
+    moment, shows the route is otherwise there."""
+    from gpulease.core.policy.sandbox_net import forward_guard_ruleset
+    from gpulease.host.netns import load_ruleset
+
+    if "was already on" in hub.log():
+        pytest.skip("this host forwarded before gpulease: its own firewall decides")
+    tag = uuid.uuid4().hex[:6]
+    ns, host_end = f"gltest-else-{tag}", f"gltelse{tag}"
+    run = ["ip", "netns", "exec", ns]
+    steps = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns],
+        ["ip", "addr", "add", "203.0.113.1/24", "dev", host_end],
+        ["ip", "link", "set", host_end, "up"],
+        [*run, "ip", "addr", "add", "203.0.113.10/24", "dev", "eth0"],
+        [*run, "ip", "link", "set", "eth0", "up"],
+        [*run, "ip", "route", "add", "default", "via", "203.0.113.1"],
+    ]
+    inet_ns = next(n for n in os.listdir("/run/netns") if n.startswith("gltest-inet-"))
+    connect = ["ip", "netns", "exec", inet_ns, sys.executable, "-c",
+               "import socket; s = socket.create_connection(('203.0.113.10', 80), timeout=2);"
+               "print(s.recv(64).decode())"]
+    server = None
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, timeout=30)
+        server = subprocess.Popen([*run, sys.executable, "-c", LISTENER],
+                                  stdout=subprocess.PIPE, text=True)
+        assert server.stdout.readline().strip() == "listening"
+        guarded = subprocess.run(connect, capture_output=True, text=True, timeout=30)
+        assert guarded.returncode != 0 and "TimeoutError" in guarded.stderr, guarded
+        subprocess.run(["nft", "delete", "table", "inet", "gpulease_forward_guard"],
+                       check=True, timeout=30)
+        try:
+            open_route = subprocess.run(connect, capture_output=True, text=True, timeout=30)
+        finally:
+            load_ruleset(forward_guard_ruleset())
+        assert open_route.stdout.strip() == "from-the-internet", open_route
+    finally:
+        if server is not None:
+            server.kill()
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True)
