@@ -154,9 +154,9 @@ def test_a_link_starts_no_server(hub, admin, browser_context):
     assert server is None, server  # nothing started, nothing pending
 
 
-def _raw(port: int, request: bytes, timeout: float = 5) -> bytes:
+def _raw(port: int, request: bytes, timeout: float = 5, host: str = "127.0.0.1") -> bytes:
     """Send `request` and read what comes back until the server closes or `timeout`."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+    with socket.create_connection((host, port), timeout=timeout) as s:
         s.sendall(request)
         answer = b""
         deadline = time.monotonic() + timeout
@@ -195,7 +195,8 @@ def test_a_body_declared_too_large_is_refused_unread(hub, path):
     # them in memory) before it looked at anything else. Now the headers are enough.
     head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {50 * MIB}\r\n\r\n").encode()
-    assert _raw(hub.hub_port, head).startswith(b"HTTP/1.1 400 "), "straight at the hub"
+    assert _raw(hub.hub_port, head, host=hub.hub_host).startswith(b"HTTP/1.1 400 "), \
+        "straight at the hub"
     # Through the hub's proxy, the whole of 8 MiB sent: the proxy answers 503 for the
     # hub that stopped reading, where the hub's handler answered 403 having read it all
     # (or, when the hub's refusal reaches it while it still forwards the body, node's
@@ -221,7 +222,7 @@ def test_a_chunked_body_is_cut_past_the_bound(hub):
     head = (b"POST /hub/api/users HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     chunk = b"%x\r\n%s\r\n" % (MIB, b"x" * MIB)
-    with socket.create_connection(("127.0.0.1", hub.hub_port), timeout=10) as s:
+    with socket.create_connection((hub.hub_host, hub.hub_port), timeout=10) as s:
         s.sendall(head)
         cut = False
         try:

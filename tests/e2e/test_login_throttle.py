@@ -82,10 +82,10 @@ def test_an_ingress_in_trusted_proxies_is_believed_for_the_client_it_saw(hub):
 # port, claiming to be the proxy forwarding 127.0.0.8.
 DIRECT = """
 import http.client, json, sys
-port, name, wrong = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+host, port, name, wrong = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 statuses = []
 for _ in range(3):
-    c = http.client.HTTPConnection("127.0.0.1", port, source_address=("127.0.0.9", 0), timeout=30)
+    c = http.client.HTTPConnection(host, port, source_address=("127.0.0.9", 0), timeout=30)
     body = json.dumps({"auth": {"username": name, "password": wrong}})
     c.request("POST", f"/hub/api/users/{name}/tokens", body,
               {"Content-Type": "application/json", "X-Forwarded-For": "127.0.0.8",
@@ -102,7 +102,8 @@ def test_a_local_account_going_around_the_proxy_cannot_pose_as_it(hub):
     python, why_not = hub_python()
     if why_not:
         pytest.skip(why_not)
-    done = subprocess.run([python, "-I", "-S", "-c", DIRECT, str(hub.hub_port), "kate", WRONG],
+    done = subprocess.run([python, "-I", "-S", "-c", DIRECT, hub.hub_host, str(hub.hub_port),
+                           "kate", WRONG],
                           user=65534, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert all(status in (401, 403) for status in json.loads(done.stdout)), done.stdout

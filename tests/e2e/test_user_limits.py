@@ -210,7 +210,8 @@ def test_a_body_over_one_mib_is_refused_413_before_it_is_read(hub, admin):
     except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):
         pass  # cut while sending, or before the answer was read
     # a length that is a lie does not get the body read either
-    with socket.create_connection(("127.0.0.1", int(service_url.rsplit(":", 1)[1]))) as s:
+    host, port = service_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as s:
         s.sendall(b"PUT /services/gpulease/api/profiles/big HTTP/1.1\r\nHost: x\r\n"
                   b"Content-Length: 99999999999\r\n\r\n{")
         answer = s.recv(4096).decode()

@@ -51,9 +51,10 @@ def hub_users(hub, admin: str) -> set[str]:
     return {u["name"] for u in r.json()}
 
 
-def raw_post(port: int, path: str, token: str, body: str = "{}") -> tuple[int, str]:
+def raw_post(port: int, path: str, token: str, body: str = "{}",
+             host: str = "127.0.0.1") -> tuple[int, str]:
     """A request sent exactly as written (requests and browsers remove `..` segments)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn = http.client.HTTPConnection(host, port, timeout=30)
     try:
         conn.request("POST", path, body=body, headers={"Authorization": f"token {token}",
                                                        "Content-Type": "application/json"})
@@ -76,7 +77,8 @@ def test_dot_names_straight_at_the_hub_make_no_row_and_touch_nothing(hub, admin)
     state_before, users_before, log_at = untouched(hub), hub_users(hub, admin), len(hub.log())
     homes_before = sorted(os.listdir(hub.state / "homes"))
     for path in ("..", ".", "%2e%2e", "%2E", "..%2f..", "a%2f..", "%2e%2e%2f%2e%2e"):
-        status, body = raw_post(hub.hub_port, f"/hub/api/users/{path}", admin)
+        status, body = raw_post(hub.hub_port, f"/hub/api/users/{path}", admin,
+                                host=hub.hub_host)
         assert status == 400, (path, status, body)
         assert names_the_rule(body), (path, body)
     assert rows_made(hub, log_at) == []

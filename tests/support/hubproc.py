@@ -277,6 +277,13 @@ class HubProcess:
             time.sleep(0.2)
         raise TimeoutError(f"hub not ready after {timeout}s:\n{self.log()}")
 
+    @property
+    def hub_host(self) -> str:
+        """Where the hub API listens, as its log says: the sandboxes' bridge address
+        when servers run in their sandboxes (the hub as root), else loopback."""
+        found = re.search(r"Hub API listening on https?://\[?([^\]/]+?)\]?:\d+/", self.log())
+        return found.group(1) if found else "127.0.0.1"
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
 

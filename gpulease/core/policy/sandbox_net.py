@@ -167,7 +167,9 @@ def nft_ruleset(net: SandboxNet, *, host_ports: Sequence[int], egress: str,
         "    }\n"
         "    chain postrouting {\n"
         "        type nat hook postrouting priority srcnat; policy accept;\n"
-        f'        ip saddr {net.subnet} oifname != "{br}" masquerade\n'
+        # what the servers send out, forwarded: never the host's own traffic, which
+        # leaves from the bridge's address too (the proxy's to the hub API on it)
+        f'        iifname "{br}" oifname != "{br}" ip saddr {net.subnet} masquerade\n'
         "    }\n"
         "}\n"
     )
