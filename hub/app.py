@@ -491,7 +491,8 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
 
     def _undo_prepare(self) -> None:
         """What _prepare set up on the host and in the database, undone (a refused start)."""
-        sandbox_setup.teardown(self._sandbox)
+        if not self._sandbox.kept:  # servers a crashed hub left keep their network
+            sandbox_setup.teardown(self._sandbox)
         if getattr(self, "_ctx", None) and self._ctx.meter is not None:
             self._ctx.meter.release_lease()
 

@@ -45,13 +45,14 @@ def _link_jupyter_server_extension(serverapp):
 
 
 def _load_jupyter_server_extension(serverapp):
-    from . import error_page, notices, ws_token
+    from . import error_page, notices, proxied_apps, ws_token
     from .activity import install
     from .activity_push import ActivityPusher
 
     install()  # activity = use, not an open tab's polling (see activity.py)
     ws_token.install(serverapp)  # ?token= on non-browser websockets: VS Code (see ws_token.py)
     error_page.install(serverapp)  # a failed sign-in or logout: a page, not tornado's bare text
+    proxied_apps.install()  # a researcher's own web apps: forms from her origin only
     notices.setup_handlers(serverapp)
     fill_pool = getattr(serverapp.kernel_manager, "fill_pool", None)
     if fill_pool is not None:  # a kernel ready before the first notebook asks (kernel_pool.py)

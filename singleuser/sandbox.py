@@ -15,6 +15,10 @@ researcher's ever runs outside it:
   are gone when the last process of the server is;
 - /proc mounted again with hidepid=invisible: another account's processes (other
   researchers', the hub's) are not listed, their command lines unreadable;
+- /var/tmp and /run/lock of its own too, an empty /run/netns (no other server's
+  namespace to open), and a cgroup namespace with the cgroup file systems mounted
+  again: its own cgroups only;
+- no_new_privs: no setuid program or file capability raises its rights;
 - the hub's resolver file for namespaces over /etc/resolv.conf (the host's may
   name a resolver on its own loopback).
 
@@ -27,6 +31,8 @@ import ctypes
 import os
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID = 2
@@ -64,7 +70,40 @@ def enter(spec: dict) -> None:
     _mount(libc, "tmpfs", "/dev/shm", "tmpfs", nosuid,
            f"size={int(spec['shm_bytes'])},mode=1777")
     _private_tmp(libc, int(spec["tmp_bytes"]), spec.get("keep_in_tmp") or ())
+    # the host's other folders every account may write: its own too, gone with it
+    for shared, size in (("/var/tmp", int(spec["tmp_bytes"])), ("/run/lock", 4 << 20)):
+        if os.path.isdir(shared):
+            _mount(libc, "tmpfs", shared, "tmpfs", nosuid, f"size={size},mode=1777")
+    if os.path.isdir("/run/netns"):  # no other server's namespace to open and keep alive
+        _mount(libc, "tmpfs", "/run/netns", "tmpfs", nosuid | MS_NOEXEC, "size=4k,mode=755")
+    _private_cgroups(libc)
     _mount(libc, "proc", "/proc", "proc", nosuid | MS_NOEXEC, "hidepid=invisible")
+    # No setuid program or file capability raises the researcher's rights from here
+    # on (su, mount, a helper with cap_net_admin): its account's, and no more.
+    _call(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+
+
+def _private_cgroups(libc) -> None:
+    """A cgroup namespace rooted at the server's own cgroups (joined just before), and
+    the cgroup hierarchies mounted again in it: the server sees its own limits and
+    usage, never another server's cgroups, names or processes."""
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            point = left.split()[4]
+            fstype, _source, options = (right.split() + ["", ""])[:3]
+            if fstype in ("cgroup", "cgroup2") and point.startswith("/sys/fs/cgroup"):
+                mounts.append((point, fstype, options))
+    if not mounts:
+        return
+    _call(libc.unshare(CLONE_NEWCGROUP), "make its cgroup namespace")
+    _mount(libc, "tmpfs", "/sys/fs/cgroup", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+           "mode=755")
+    for point, fstype, options in sorted(mounts):
+        os.makedirs(point, exist_ok=True)
+        data = ",".join(o for o in options.split(",") if o not in ("rw", "ro"))
+        _mount(libc, fstype, point, fstype, MS_NOSUID | MS_NODEV | MS_NOEXEC, data or None)
 
 
 def _private_tmp(libc, size: int, keep) -> None:

@@ -91,6 +91,12 @@ def remove_bridge(net: SandboxNet) -> None:
             ipr.link("del", index=found[0])
 
 
+def host_addresses() -> list[str]:
+    """The host's own IPv4 addresses, each as a /32."""
+    with _ipr() as ipr:
+        return [f"{a.get_attr('IFA_ADDRESS')}/32" for a in ipr.get_addr(family=2)]
+
+
 def netns_path(name: str) -> Path:
     return NETNS_DIR / name
 
@@ -252,6 +258,18 @@ def turn_forwarding_on() -> None:
     the host routes nothing but gpulease's bridges from the moment it is on."""
     load_ruleset(forward_guard_ruleset())
     IP_FORWARD.write_text("1\n")
+
+
+def forwarding_off_if_last() -> None:
+    """The last gpulease bridge went: forwarding gpulease turned on goes off again, and
+    its guard with it (it would drop what Docker or libvirt forward, started later)."""
+    with host_lock(), _ipr() as ipr:
+        bridges = [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()
+                   if (link.get_attr("IFLA_IFNAME") or "").startswith(BRIDGE_PREFIX)]
+        if bridges or not guard_loaded():
+            return
+        IP_FORWARD.write_text("0\n")
+        remove_table(FORWARD_GUARD_TABLE)
 
 
 def guard_loaded() -> bool:

@@ -40,6 +40,9 @@ class SandboxPlan:
     net: SandboxNet | None  # None: off
     lines: tuple[str, ...]
     spawner: dict = field(default_factory=dict)  # LocalGPUSpawner.sandbox
+    # namespaces of servers a stopped hub left running: a refused start must leave them
+    # their bridge and rules
+    kept: int = 0
 
     @property
     def host_address(self) -> str:
@@ -94,8 +97,13 @@ def _setup(tag: str, pool: str, egress: str, blocked: list[str], host_ports: lis
     check_egress(egress, blocked)  # a bad setting is said before the host is touched
     net = netns.setup_bridge(tag, pool)
     removed, kept = netns.reconcile(tag)
-    netns.load_ruleset(nft_ruleset(net, host_ports=host_ports, egress=egress,
-                                   extra_blocked=blocked))
+    try:
+        netns.load_ruleset(nft_ruleset(net, host_ports=host_ports, egress=egress,
+                                       extra_blocked=blocked))
+    except OSError:
+        if not kept:  # no sandbox after all: no bridge left behind either
+            netns.remove_bridge(net)
+        raise
     lines = [
         f"Sandbox: each server in a network namespace of its own on bridge {net.bridge} "
         f"({net.subnet}; servers reach the hub API and the gpulease service at "
@@ -122,20 +130,25 @@ def _setup(tag: str, pool: str, egress: str, blocked: list[str], host_ports: lis
             lines.append("IP forwarding: turned on for this host (net.ipv4.ip_forward = 1), "
                          "for the servers' NAT; nft table inet gpulease_forward_guard drops "
                          "anything forwarded that is not a gpulease server's")
-    resolver, said = _write_resolver(state_root, resolv_source)
+    if egress == "internet":  # the host's own addresses answer no server either
+        unreachable = [*blocked, net.subnet, *netns.host_addresses()]
+        resolver, said = _write_resolver(state_root, resolv_source, unreachable)
+    else:
+        resolver, said = "", "none: with server_egress = none, servers reach no resolver"
     lines.append(f"Sandbox DNS: {said}")
     spawner = {"tag": tag, "subnet": net.subnet, "resolv_conf": resolver}
-    return SandboxPlan(net, tuple(lines), spawner)
+    return SandboxPlan(net, tuple(lines), spawner, len(kept))
 
 
-def _write_resolver(state_root: Path, source: str) -> tuple[str, str]:
+def _write_resolver(state_root: Path, source: str, unreachable: list[str]
+                    ) -> tuple[str, str]:
     """The namespaces' /etc/resolv.conf, in the state folder (bind-mounted by root)."""
     if source:  # GPULeaseHub.sandbox_resolv_conf: a lab's own
-        body, said = resolv_conf(_read(source))
+        body, said = resolv_conf(_read(source), unreachable=unreachable)
         said = f"{said} from {source}"
     else:
         body, said = resolv_conf(_read("/etc/resolv.conf"),
-                                 _read("/run/systemd/resolve/resolv.conf"))
+                                 _read("/run/systemd/resolve/resolv.conf"), unreachable)
     if not body:
         return "", said
     folder = state_root / "sandbox"
@@ -156,8 +169,8 @@ def _read(path: str) -> str:
 
 
 def teardown(plan: SandboxPlan) -> None:
-    """The hub stops with its servers: its table and bridge go (forwarding stays as
-    the guard leaves it: another hub on the host may use it)."""
+    """The hub stops with its servers: its table and bridge go; forwarding, where
+    gpulease turned it on, goes back off with the last gpulease bridge."""
     if plan.net is None:
         return
     from gpulease.spawners.local.sandbox import close_pools
@@ -166,6 +179,7 @@ def teardown(plan: SandboxPlan) -> None:
         close_pools()
         netns.remove_table(net.table)
         netns.remove_bridge(net)
+        netns.forwarding_off_if_last()
 
     _in_a_thread(undo, plan.net)
 

@@ -694,15 +694,15 @@ def test_the_forwarding_gpulease_turned_on_routes_nothing_but_its_servers(hub, i
     steps = [
         ["ip", "netns", "add", ns],
         ["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns],
-        ["ip", "addr", "add", "203.0.113.1/24", "dev", host_end],
+        ["ip", "addr", "add", "198.18.0.1/24", "dev", host_end],
         ["ip", "link", "set", host_end, "up"],
-        [*run, "ip", "addr", "add", "203.0.113.10/24", "dev", "eth0"],
+        [*run, "ip", "addr", "add", "198.18.0.10/24", "dev", "eth0"],
         [*run, "ip", "link", "set", "eth0", "up"],
-        [*run, "ip", "route", "add", "default", "via", "203.0.113.1"],
+        [*run, "ip", "route", "add", "default", "via", "198.18.0.1"],
     ]
     inet_ns = next(n for n in os.listdir("/run/netns") if n.startswith("gltest-inet-"))
     connect = ["ip", "netns", "exec", inet_ns, sys.executable, "-c",
-               "import socket; s = socket.create_connection(('203.0.113.10', 80), timeout=2);"
+               "import socket; s = socket.create_connection(('198.18.0.10', 80), timeout=2);"
                "print(s.recv(64).decode())"]
     server = None
     try:

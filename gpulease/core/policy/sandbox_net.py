@@ -33,6 +33,10 @@ TABLE_PREFIX = "gpulease_"
 # The table that keeps a host gpulease made a router from routing anything else.
 FORWARD_GUARD_TABLE = "gpulease_forward_guard"
 MAX_SERVERS = 250  # per hub: the host ends of one /24 (.2 to .251)
+# Connections one server may have tracked at once through the host's NAT: the host's
+# connection-tracking table (262,144 entries by default) is shared by the whole box,
+# and a full one drops every new connection on it (the proxy's, SSH).
+CONNTRACK_PER_SERVER = 4096
 # What a server's refused connection gets: an answer at once (its code fails fast,
 # saying so), never a silent drop it waits out. Inbound from outside is dropped.
 REJECT = "reject with icmpx admin-prohibited"
@@ -129,11 +133,13 @@ def nft_ruleset(net: SandboxNet, *, host_ports: Sequence[int], egress: str,
 
     - input: a server reaches the host only on `host_ports` at the bridge address
       (the hub API, the gpulease service), and answers to what the host asked;
-      anything else it tries is rejected at once (`REJECT`);
+      anything else it tries is rejected at once (`REJECT`); nothing but the host
+      itself reaches the bridge's address (another machine routing to it is dropped);
     - output: the host opens connections to a server on its HTTP port only (the
       proxy's and the hub's requests);
     - forward: per `egress`; never to link-local (metadata) or `extra_blocked`, never
-      between two servers (the isolated bridge ports already forbid it at layer 2);
+      between two servers (the isolated bridge ports already forbid it at layer 2),
+      never IPv6, and at most CONNTRACK_PER_SERVER connections tracked per server;
     - postrouting: what leaves for other networks is masqueraded.
     """
     blocked = ", ".join([*ALWAYS_BLOCKED, *check_egress(egress, extra_blocked)])
@@ -144,8 +150,14 @@ def nft_ruleset(net: SandboxNet, *, host_ports: Sequence[int], egress: str,
         f"table inet {table}\n"
         f"delete table inet {table}\n"
         f"table inet {table} {{\n"
+        "    set tracked {\n"
+        "        type ipv4_addr; flags dynamic; size 65535;\n"
+        "    }\n"
         "    chain input {\n"
         "        type filter hook input priority filter; policy accept;\n"
+        # the hub API and the service listen at the bridge's address: reachable from the
+        # host and its servers, never from another machine that routes to it
+        f'        ip daddr {net.host_address} iifname != {{ "{br}", "lo" }} drop\n'
         f'        iifname "{br}" ct state established,related accept\n'
         f'        iifname "{br}" ip daddr {net.host_address} tcp dport {{ {ports} }} accept\n'
         f'        iifname "{br}" {REJECT}\n'
@@ -160,6 +172,9 @@ def nft_ruleset(net: SandboxNet, *, host_ports: Sequence[int], egress: str,
         "        type filter hook forward priority filter; policy accept;\n"
         f'        oifname "{br}" ct state established,related accept\n'
         f'        oifname "{br}" drop\n'
+        f'        iifname "{br}" ct state new add @tracked '
+        f'{{ ip saddr ct count over {CONNTRACK_PER_SERVER} }} {REJECT}\n'
+        f'        iifname "{br}" meta nfproto ipv6 {REJECT}\n'
         f'        iifname "{br}" ip daddr {{ {blocked} }} {REJECT}\n'
         f'        iifname "{br}" ip daddr {net.subnet} {REJECT}\n'
         f"{forward}"
@@ -209,23 +224,48 @@ def _checked_networks(networks: Iterable[str]) -> list[str]:
     return out
 
 
-def resolv_conf(host_text: str, upstream_text: str = "") -> tuple[str, str]:
+def resolv_conf(host_text: str, upstream_text: str = "",
+                unreachable: Sequence[str] = ()) -> tuple[str, str]:
     """A resolver configuration that works inside a server's namespace, and a line for
     the hub's start that says where it points.
 
     The host's own file often names a resolver on loopback (systemd-resolved's
     127.0.0.53), which a namespace's loopback does not have: then systemd-resolved's
-    upstream list (`upstream_text`, /run/systemd/resolve/resolv.conf) is used.
+    upstream list (`upstream_text`, /run/systemd/resolve/resolv.conf) is used. A
+    resolver in `unreachable` (networks no server may reach: link-local, where a
+    cloud's metadata server answers DNS too, and the admin's blocked ones) is left
+    out and named, rather than handed to servers that then fail without a word.
     """
+    blocked = [ipaddress.ip_network(n, strict=False)
+               for n in (*ALWAYS_BLOCKED, *unreachable)]
+    left_out: list[str] = []
     for text, source in ((host_text, "the host's"), (upstream_text, "systemd-resolved's")):
         servers = [s for s in _nameservers(text) if not _is_loopback(s)]
+        left_out += [s for s in servers if _within(s, blocked)]
+        servers = [s for s in servers if not _within(s, blocked)]
         if servers:
             options = [ln for ln in text.splitlines()
                        if ln.split()[:1] in (["search"], ["options"])]
             body = "".join(f"nameserver {s}\n" for s in servers) + "".join(
                 f"{ln}\n" for ln in options)
-            return body, f"{source} resolvers ({', '.join(servers)})"
+            return body, f"{source} resolvers ({', '.join(servers)})" + _left_out(left_out)
+    if left_out:
+        return "", ("none: the host's resolvers are where servers may not reach"
+                    + _left_out(left_out) + "; set GPULeaseHub.sandbox_resolv_conf")
     return "", "none: the host's resolvers are on its loopback, which servers cannot reach"
+
+
+def _left_out(servers: Sequence[str]) -> str:
+    return (f"; left out, as servers may not reach them: {', '.join(servers)}"
+            if servers else "")
+
+
+def _within(address: str, networks: Sequence) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return True
+    return any(ip.version == n.version and ip in n for n in networks)
 
 
 def _nameservers(text: str) -> list[str]:

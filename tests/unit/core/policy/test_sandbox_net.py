@@ -103,3 +103,14 @@ def test_a_resolver_on_the_hosts_loopback_is_replaced_by_its_upstream():
     assert said == "the host's resolvers (10.255.255.53)"
     body, said = resolv_conf(stub, "")
     assert body == "" and "cannot reach" in said
+
+
+def test_a_resolver_servers_may_not_reach_is_left_out_and_named():
+    # a cloud's metadata server answers DNS at a link-local address; a lab's blocked range
+    body, said = resolv_conf("nameserver 169.254.169.254\nnameserver 10.1.2.3\n"
+                             "nameserver 192.0.2.53\n", unreachable=["10.0.0.0/8"])
+    assert body == "nameserver 192.0.2.53\n"
+    assert said == ("the host's resolvers (192.0.2.53); left out, as servers may not reach "
+                    "them: 169.254.169.254, 10.1.2.3")
+    body, said = resolv_conf("nameserver 169.254.169.254\n")
+    assert body == "" and "169.254.169.254" in said and "sandbox_resolv_conf" in said
