@@ -516,13 +516,11 @@ def test_shared_memory_is_the_servers_own_charged_to_it_and_gone_at_its_stop(hub
                              "cat /proc/sysvipc/shm; ls /dev/shm"],
                             capture_output=True, text=True, check=True).stdout
     assert str(made["key"]) in inside and "gl-sandbox-test" in inside
-    # charged to her server's memory cgroup (v2; v1 hosts count shmem the same way)
-    v2 = [line.split("::", 1)[1] for line in open(f"/proc/{pid}/cgroup").read().splitlines()
-          if line.startswith("0::")]
-    if v2 and os.path.exists(f"/sys/fs/cgroup{v2[0]}/memory.stat"):
-        assert "gl-erin" in v2[0], v2
-        stat = dict(line.split() for line in open(f"/sys/fs/cgroup{v2[0]}/memory.stat"))
-        assert int(stat["shmem"]) >= 64 << 20, stat
+    # charged to her server's memory cgroup: its memory.stat counts the 64 MiB as shmem
+    folder = _memory_cgroup(pid)
+    assert "/gl-erin." in folder, folder  # her server's own cgroup, not the hub's
+    stat = dict(line.split() for line in open(f"{folder}/memory.stat"))
+    assert int(stat["shmem"]) >= 64 << 20, stat
     r = hub.api("DELETE", "users/erin/server", token)
     assert r.status_code in (202, 204), r.text
     deadline = time.monotonic() + 30
@@ -533,6 +531,21 @@ def test_shared_memory_is_the_servers_own_charged_to_it_and_gone_at_its_stop(hub
     left = {kind: [p for p in os.listdir("/proc") if p.isdigit() and _ns_of(p, kind) == ino]
             for kind, ino in ns.items()}
     assert left == {"mnt": [], "ipc": [], "net": []}, left
+
+
+def _memory_cgroup(pid: int) -> str:
+    """The folder of `pid`'s memory cgroup, as the host sees it (v2, or v1's memory)."""
+    for line in open(f"/proc/{pid}/cgroup").read().splitlines():
+        number, controllers, path = line.split(":", 2)
+        if number == "0" and controllers == "":
+            folder = f"/sys/fs/cgroup{path}"
+        elif "memory" in controllers.split(","):
+            folder = f"/sys/fs/cgroup/memory{path}"
+        else:
+            continue
+        if os.path.exists(f"{folder}/memory.stat"):
+            return folder
+    pytest.fail(f"no memory cgroup for {pid}: {open(f'/proc/{pid}/cgroup').read()}")
 
 
 def _ns_of(pid: str, kind: str) -> int | None:
