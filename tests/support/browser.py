@@ -140,7 +140,37 @@ def _context(chromium, **options) -> object:
     context = chromium.new_context(viewport={"width": 1366, "height": 768}, **options)
     context.set_default_timeout(20_000)
     context.http_errors = HttpErrors(context)
+    _pages_that_reload_on_a_network_change(context)
     return context
+
+
+def _pages_that_reload_on_a_network_change(context) -> None:
+    """Its pages load again, as a person would, when Chromium aborts a navigation with
+    ERR_NETWORK_CHANGED: it does when the machine's addresses change, and on the test
+    machine other hubs make and remove their sandboxes' bridges all the time (a
+    researcher's browser is not on the GPU box). Any other error, and any 4xx or 5xx
+    (HttpErrors), still fails the test."""
+    from playwright.sync_api import Error
+
+    new_page = context.new_page
+
+    def make_page():
+        page = new_page()
+        goto = page.goto
+
+        def goto_again_on_a_network_change(url: str, **kwargs):
+            for attempt in range(3):
+                try:
+                    return goto(url, **kwargs)
+                except Error as e:
+                    if "ERR_NETWORK_CHANGED" not in str(e) or attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
+
+        page.goto = goto_again_on_a_network_change
+        return page
+
+    context.new_page = make_page
 
 
 def new_context(chromium, request, **options) -> object:
