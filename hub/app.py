@@ -16,7 +16,6 @@ import subprocess
 import sys
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
@@ -54,6 +53,7 @@ from gpulease.hub.config.cluster_shape import (
     resolve_namespace,
     spawner_nodes,
 )
+from gpulease.hub.config.host_at_start import HostAtStart
 from gpulease.hub.config.hub_config import (
     SERVICE_NAME,
     HubSettings,
@@ -69,7 +69,6 @@ from gpulease.hub.config.isolation_check import (
     server_env_paths,
     unreachable,
 )
-from gpulease.hub.config.port_check import previous_proxy_runs, taken_ports
 from gpulease.hub.config.server_env import ServerEnvError
 from gpulease.hub.config.server_env import choose as choose_server_env
 from gpulease.hub.servers.interrupted_start import with_interruptible_starts
@@ -83,8 +82,6 @@ from gpulease.hub.web.named_servers import refusing_limit
 from gpulease.hub.web.origins import OriginError, is_loopback, plan_origins
 from gpulease.spawners.context import get_context
 from gpulease.spawners.local.cgroups import HostReader, choose_mechanism
-from gpulease.spawners.local.isolation import hub_tag
-from gpulease.spawners.local.sandbox import pool_for
 from gpulease.spawners.local.spawner import LocalGPUSpawner, prestart_warm_launcher
 from gpulease.spawners.local.warm_start import close_all as close_warm_launchers
 from gpulease.spawners.nvml_metrics import register_gpu_temperatures
@@ -117,7 +114,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class GPULeaseHub(GPULeaseOptions, JupyterHub):
+class GPULeaseHub(GPULeaseOptions, HostAtStart, JupyterHub):
     """The embedded gpulease hub (its own options: gpulease.hub.config.app_options)."""
 
     name = "gpulease"
@@ -300,18 +297,6 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             for k, v in notify_environment(self._settings).items()
         })
 
-    def _setup_sandbox(self, state, service_port: int) -> sandbox_setup.SandboxPlan:
-        """Each server's sandbox (hub/config/sandbox_setup.py): on where the host can."""
-        if self._cluster:  # pods: Kubernetes keeps them apart (docs/cluster.md)
-            return sandbox_setup.SandboxPlan(None, ())
-        hub_port = urlsplit(self.hub_bind_url).port if self.hub_bind_url else self.hub_port
-        return sandbox_setup.setup(
-            mode=self.server_sandbox, tag=hub_tag(str(state.root)), pool=self.sandbox_network,
-            egress=self.server_egress, blocked=list(self.server_egress_blocked),
-            host_ports=[hub_port, service_port], state_root=state.root,
-            is_root=os.geteuid() == 0, accounts=bool(self._isolation.unix_accounts),
-            resolv_source=self.sandbox_resolv_conf)
-
     def _check_isolation(self, state, ctx):
         """Decide how users are kept apart here; refuse to start when accounts could not work."""
         import pwd
@@ -453,48 +438,12 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             end_notice=parse_duration(self.reservation_end_notice, "reservation_end_notice"),
             audit_retention=self._audit_retention, embedded=not self._cluster, log=self.log)
         self._tasks.start()
-        if self._sandbox.net is not None:  # the first starts take namespaces made ahead
-            pool_for(self._sandbox.net.tag, self._sandbox.net.subnet).fill_in_background()
+        self._make_namespaces_ahead()
         self._resume_queue()
         urls = self._settings.urls
         write_cli_file(self._state, urls.hub_public, self._settings.cli_token,
                        service_url=urls.service())
         self._announce(urls.hub_public)
-
-    def _refuse_taken_ports(self) -> None:
-        """Before anything starts or any secret is sent: each of the hub's own ports is
-        free, else the hub stops here, naming the port and its setting (JupyterHub
-        would hand its proxy token to whatever listens on the proxy's API port)."""
-        hub_url = urlsplit(self.hub_bind_url) if self.hub_bind_url else None
-        api = urlsplit(self.proxy.api_url)
-        s = self._settings
-        wanted = [
-            ("the proxy's public port (--port, --ip)", self.ip or "0.0.0.0", self.port),
-            ("the proxy's API (ConfigurableHTTPProxy.api_url)", api.hostname or "127.0.0.1",
-             api.port or 8001),
-            ("the hub API (JupyterHub.hub_port, hub_ip)",
-             hub_url.hostname if hub_url else (self.hub_ip or "0.0.0.0"),
-             hub_url.port if hub_url else self.hub_port),
-            ("the gpulease service (GPULeaseHub.service_address)",
-             s.service_listen or "0.0.0.0", s.service_port),
-        ]
-        if s.culler is not None:
-            wanted.append(("the idle culler", "127.0.0.1", int(s.culler["port"])))
-        ours = not self.proxy.should_start or previous_proxy_runs(str(s.state.proxy_pid_file))
-        taken = taken_ports(wanted[2:] if ours else wanted)
-        if taken:
-            print("gpulease: cannot start: " + "; ".join(taken) + ". Nothing was started "
-                  "and no secret was sent; stop what holds the port or choose another.",
-                  file=sys.stderr, flush=True)
-            self._undo_prepare()
-            self.exit(1)
-
-    def _undo_prepare(self) -> None:
-        """What _prepare set up on the host and in the database, undone (a refused start)."""
-        if not self._sandbox.kept:  # servers a crashed hub left keep their network
-            sandbox_setup.teardown(self._sandbox)
-        if getattr(self, "_ctx", None) and self._ctx.meter is not None:
-            self._ctx.meter.release_lease()
 
     def _resume_queue(self) -> None:
         """Start again what the previous hub left queued, now that the hub, its proxy and
@@ -514,8 +463,7 @@ class GPULeaseHub(GPULeaseOptions, JupyterHub):
             self._ctx.queue.keep_rows()
         await super().cleanup()
         close_warm_launchers()
-        if getattr(self, "_sandbox", None) is not None and self.cleanup_servers:
-            sandbox_setup.teardown(self._sandbox)
+        self._remove_sandbox_network()
         if meter is not None:
             await asyncio.to_thread(meter.release_lease)  # a write: may wait for the lock
 
