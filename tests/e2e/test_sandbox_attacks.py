@@ -30,7 +30,6 @@ probe. What each found there:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -38,13 +37,13 @@ import subprocess
 import sys
 import threading
 import uuid
-from urllib.parse import urljoin
 
 import pytest
 import requests
 
-from tests.support.hubproc import HubProcess, execute_over_websocket, password_of
+from tests.support.hubproc import HubProcess, password_of
 from tests.support.isolation_env import isolation_gate
+from tests.support.kernels import Kernel
 
 ADMIN_PW = "admin-secret-pw"
 PROFILES = """
@@ -86,32 +85,6 @@ def _start(hub, admin, name: str) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def ada(hub, admin):
     return _start(hub, admin, "ada")
-
-
-class Kernel:
-    """One kernel of a researcher's server, kept running between cells."""
-
-    def __init__(self, hub: HubProcess, who: tuple[str, str]) -> None:
-        token, url = who
-        self.headers = {"Authorization": f"token {token}"}
-        self.api = urljoin(f"{hub.url}/", url) + "api"
-        r = requests.post(f"{self.api}/kernels", json={"name": "python3"},
-                          headers=self.headers, timeout=60)
-        r.raise_for_status()
-        self.id = r.json()["id"]
-        self.ws = self.api.replace("http://", "ws://") + f"/kernels/{self.id}/channels"
-
-    def run(self, code: str, timeout: float = 60) -> str:
-        return execute_over_websocket(self.ws, code, self.headers, timeout)
-
-    def json(self, code: str, timeout: float = 60):
-        return json.loads(self.run(code, timeout).strip().splitlines()[-1])
-
-    def close(self) -> None:
-        try:
-            requests.delete(f"{self.api}/kernels/{self.id}", headers=self.headers, timeout=30)
-        except requests.RequestException:
-            pass  # its server stopped
 
 
 def _stop(hub, token: str, name: str) -> None:
