@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import socket
 from collections.abc import Iterable
+from pathlib import Path
 
 
 def taken_ports(wanted: Iterable[tuple[str, str, int]]) -> list[str]:
@@ -39,7 +40,7 @@ def previous_proxy_runs(pid_file: str) -> bool:
     import psutil
 
     try:
-        pid = int(open(pid_file).read().strip())
+        pid = int(Path(pid_file).read_text().strip())
         return any("configurable-http-proxy" in part for part in psutil.Process(pid).cmdline())
     except (OSError, ValueError, psutil.Error):
         return False
