@@ -161,7 +161,7 @@ def _tier_choice(profile: Profile, data: FormData, checked: bool) -> str:
 
     return (f'<div class="gl-image gpulease-tier">Tier: <select name="tier_{slug}" '
             f'aria-label="tier for {escape(profile.display_name)}">'
-            + option(ON_DEMAND, "on demand") + "".join(option(name, name) for name in others)
+            + "".join(option(name, tier(name).label) for name in (ON_DEMAND, *others))
             + '</select></div>')
 
 

@@ -134,8 +134,8 @@ def test_a_profile_with_spot_shows_both_prices_and_what_spot_risks():
     html = form(profiles=[CPU, spot_slice, FULL], spot=frozenset({"h200-1g"}))
     s = card(html, "h200-1g")
     assert '<select name="tier_h200-1g"' in s
-    assert '<option value="on-demand" selected>on demand — 1.20 credits/h</option>' in s
-    assert '<option value="spot">spot — 0.40 credits/h: may be interrupted' in s
+    assert '<option value="on-demand" selected>On demand — 1.20 credits/h</option>' in s
+    assert '<option value="spot">Spot — 0.40 credits/h: may be interrupted' in s
     assert "your home is kept" in s
     assert "tier_" not in card(html, "h200-full") and "tier_" not in card(html, "cpu")
     # not in the user's spot groups: no tier choice even though the profile offers spot
