@@ -470,7 +470,7 @@ class GPULeaseHub(GPULeaseOptions, HostAtStart, JupyterHub):
     def _announce(self, url: str) -> None:
         if self._isolation is None:  # the cluster shape
             lines = [f"gpulease is running at {url}",
-                     *cluster_banner(self._settings.cluster_namespace),
+                     *cluster_banner(self._settings.cluster_namespace, self.config),
                      f"State folder: {self._state.root} (databases and secrets in private/)"]
         else:
             lines = [f"gpulease is running at {url}",

@@ -81,6 +81,15 @@ def spawner_nodes(user_config: Config) -> dict:
     return nodes
 
 
-def banner_lines(namespace: str) -> list[str]:
+def banner_lines(namespace: str, user_config: Config) -> list[str]:
+    """What the hub says at its start in the cluster shape; a warning for each tier whose
+    PriorityClass the configuration leaves unnamed (pod_spec.unmapped_priority_classes)."""
+    from gpulease.spawners.kube.pod_spec import unmapped_priority_classes
+
+    mine = user_config["GPUKubeSpawner"] if "GPUKubeSpawner" in user_config else {}
+    warnings = unmapped_priority_classes(
+        mine.get("on_demand_priority_class", ""), mine.get("spot_priority_class", ""),
+        dict(mine.get("tier_priority_classes", {})))
     return [f"GPU inventory: the Kubernetes cluster's nodes (servers in namespace {namespace})",
-            "Servers run as pods (GPUKubeSpawner); each user's home is the claim claim-<user>"]
+            "Servers run as pods (GPUKubeSpawner); each user's home is the claim claim-<user>",
+            *(f"Warning: {line}" for line in warnings)]

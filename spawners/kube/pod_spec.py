@@ -19,7 +19,15 @@ from typing import Any
 
 from gpulease.core.model.gpu_models import GFD_PRODUCTS
 from gpulease.core.model.profiles import GpuSpec, Profile
-from gpulease.core.tiers import ON_DEMAND, RESERVATION_LABEL, SPOT, TIER_LABEL, tier
+from gpulease.core.tiers import (
+    ON_DEMAND,
+    RESERVATION_LABEL,
+    SPOT,
+    TIER_LABEL,
+    Tier,
+    registered,
+    tier,
+)
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_STRATEGIES = ("mixed", "single")
@@ -97,6 +105,23 @@ class TierPod:
     labels: dict[str, str]
     pre_stop_sleep_s: int = 0  # 0: none
     termination_grace_s: int | None = None  # None: kubespawner's (the pod's default)
+
+
+def unmapped_priority_classes(on_demand_class: str, spot_class: str,
+                              priority_classes: Mapping[str, str] | None = None,
+                              tiers: tuple[Tier, ...] | None = None) -> list[str]:
+    """A warning for each registered tier whose record names a PriorityClass that no
+    option maps to a name, where the cluster's servers take PriorityClasses at all
+    (`on_demand_class` set): its GPU pods would take the cluster's default priority,
+    neither preempting nor preempted as its rank says (tier_pod)."""
+    if not on_demand_class:
+        return []
+    classes = {ON_DEMAND: on_demand_class, SPOT: spot_class, **(priority_classes or {})}
+    return [f"tier {record.name}'s pods take the cluster's default priority: "
+            f"GPUKubeSpawner.tier_priority_classes names no PriorityClass for "
+            f"{record.priority_class!r} (its record's priority_class)"
+            for record in (registered() if tiers is None else tiers)
+            if record.priority_class and not classes.get(record.priority_class)]
 
 
 def tier_pod(tier_name: str, on_demand_class: str, spot_class: str, grace_s: float,

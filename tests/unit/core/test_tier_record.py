@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from traitlets.config import Config
 
 from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, hold_from_pod
 from gpulease.core.capacity.preemption import plan_preemptions, spot_holdings
@@ -33,9 +34,11 @@ from gpulease.core.tiers import (
     registered_tier,
     tier,
 )
+from gpulease.hub.config.cluster_shape import banner_lines
 from gpulease.hub.service import billing_views as bv
 from gpulease.images import shipped_catalog
-from gpulease.spawners.kube.pod_spec import tier_pod
+from gpulease.spawners.kube.pod_spec import tier_pod, unmapped_priority_classes
+from gpulease.spawners.start.options_form import FormData, render_options_form
 
 PREVIEW = Tier("preview", price_field="preview_price_per_hour", label="Preview",
                queue_rank=15, preemptible=True, priority_class="preview")
@@ -150,3 +153,29 @@ def test_the_usage_report_by_tier_shows_its_label():
     assert rows[0]["label"] == "Preview" and rows[0]["cost"] == "0.700000"
     # (a session on it, recorded and reported from the database:
     # tests/integration/database/test_tier_sessions.py)
+
+
+def test_the_spawn_form_offers_it_by_its_label_and_price():
+    profile = parse_profile(_preview_profile(), CATALOG)
+    html = render_options_form(FormData(profiles=[profile], images={},
+                                        tiers={profile.slug: ("preview",)}))
+    assert '<select name="tier_h200-preview"' in html
+    assert '<option value="on-demand" selected>On demand — ' in html
+    assert '<option value="preview">Preview — 0.70 credits/h: may be interrupted' in html
+
+
+def test_a_cluster_that_names_no_priority_class_for_it_is_warned_at_start():
+    config = Config()
+    config.GPUKubeSpawner.on_demand_priority_class = "gl-on-demand"
+    config.GPUKubeSpawner.spot_priority_class = "gl-spot"
+    warned = [line for line in banner_lines("gl", config) if line.startswith("Warning:")]
+    assert warned == ["Warning: tier preview's pods take the cluster's default priority: "
+                      "GPUKubeSpawner.tier_priority_classes names no PriorityClass for "
+                      "'preview' (its record's priority_class)"]
+    config.GPUKubeSpawner.tier_priority_classes = {"preview": "gl-preview"}
+    assert not [line for line in banner_lines("gl", config) if line.startswith("Warning:")]
+    # a cluster without PriorityClasses at all: every pod takes the default, nothing to warn
+    assert unmapped_priority_classes("", "", {}) == []
+    # spot's own class unset while on demand's is: spot's pods are warned of too
+    assert [w.split("'s")[0] for w in unmapped_priority_classes("gl-on-demand", "", {})] == [
+        "tier spot", "tier preview"]
