@@ -81,10 +81,17 @@ def test_the_entry_points_and_scripts_resolve():
     assert installed == set(project["entry-points"]["jupyterhub.authenticators"].values())
 
 
+def _image_files() -> list[Path]:
+    """The images' Dockerfiles, scripts and configs (a server's command line is there)."""
+    return [p for p in ROOT.glob("images/**/*") if p.is_file() and p.suffix != ".pyc"
+            and "__pycache__" not in p.parts]
+
+
 def test_every_dotted_path_the_docs_and_configs_name_resolves():
     files = sorted({ROOT / "README.md", ROOT / "jupyterhub_config.py",
                     *ROOT.glob("docs/**/*.md"), *ROOT.glob("*/README.md"),
-                    *ROOT.glob("helm/**/*.yaml"), *ROOT.glob("helm/**/*.tpl")})
+                    *ROOT.glob("helm/**/*.yaml"), *ROOT.glob("helm/**/*.tpl"),
+                    *ROOT.glob("helm/**/*.py"), *_image_files()})
     named = {(f.relative_to(ROOT), m.rstrip(".")) for f in files
              for m in DOTTED.findall(f.read_text())}
     assert len(named) > 20, named
