@@ -313,6 +313,7 @@ class Culler:
             kernels_error=view.error, kernels_source=view.source,
             hub_activity_only=view.hub_activity_only,
             terminals_last_activity=view.terminals_last_activity, terminals_error=view.error,
+            kernels_last_activity=view.kernels_last_activity,
             cpu_percent=cpu.percent, cpu_error=cpu.error,
             gpu_percent=gpu, gpu_source=gpu_source, has_gpu=devices != [],
             idle_timeout_s=limits.idle_timeout_s, max_runtime_s=limits.max_runtime_s,

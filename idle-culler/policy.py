@@ -8,7 +8,8 @@ for its profile's idle timeout:
   bench/culler.py and the deployment notes: the hub's proxy-based activity
   is switched off and the singleuser extension reports only real use);
 - kernels: any busy kernel is activity now, clients or not; otherwise each
-  kernel's last activity;
+  kernel's last activity, and the last activity of any kernel shut down since
+  (a kernel that ran a cell and was shut down between two pushes);
 - terminals: their last activity;
 - CPU: the last pass that saw the server's processes above the threshold;
 - GPU: the last pass that saw compute utilisation above the threshold. GPU
@@ -133,6 +134,8 @@ def decide(
     else:
         busy = [k.id for k in snapshot.kernels if k.execution_state in _ACTIVE_KERNEL_STATES]
         times = [k.last_activity for k in snapshot.kernels if k.last_activity]
+        if snapshot.kernels_last_activity:  # a kernel shut down since counts too
+            times.append(snapshot.kernels_last_activity)
         if busy:
             active_now.append("kernels")
         if times:
@@ -232,7 +235,7 @@ def _choose(
 def _kernels_text(snap: ServerSnapshot, busy: int, last: datetime | None) -> str:
     kernels = snap.kernels or ()
     if not kernels:
-        return "none running"
+        return "none running" + (f", last activity {_ts(last)}" if last else "")
     clients = sum(k.connections for k in kernels)
     text = f"{len(kernels)} kernel(s), {busy} busy, {clients} client(s)"
     return text + (f", last activity {_ts(last)}" if last else "")

@@ -48,6 +48,9 @@ class PushedServer:
     kernels: tuple[KernelState, ...]
     terminals: int | None  # None: no terminal support
     terminals_last_activity: datetime | None
+    # Any kernel's last activity, shut down ones' too (a kernel that came and went
+    # between two pushes is in no list); None from a server that does not say.
+    kernels_last_activity: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ def parse_server_activity(body: Any) -> PushedActivity:
             terminals=None if terminals is None else int(terminals.get("count") or 0),
             terminals_last_activity=None if terminals is None else parse_time(
                 terminals.get("last_activity")),
+            kernels_last_activity=parse_time(s.get("last_kernel_activity")),
         )
     return PushedActivity(since, servers)
 
@@ -91,6 +95,7 @@ class KernelView:
     kernels: tuple[KernelState, ...] | None
     terminals_last_activity: datetime | None
     error: str = ""  # why the kernels (and terminals) are unknown
+    kernels_last_activity: datetime | None = None  # any kernel's, shut down ones' too
     source: str = ""  # for the decision log: how old the push is
     hold: str = ""  # non-empty: do not suspend this pass, and why
 
@@ -119,13 +124,15 @@ def view_for(activity: PushedActivity | None, read_error: str, key: Key, started
     age = max(0.0, (now - push.pushed).total_seconds())
     if age <= stale_after_s:
         return KernelView("fresh", push.kernels, push.terminals_last_activity,
-                          source=f"pushed {age:.0f}s ago")
+                          source=f"pushed {age:.0f}s ago",
+                          kernels_last_activity=push.kernels_last_activity)
     kernels = tuple(
         replace(k, execution_state="idle",
                 last_activity=max(t for t in (k.last_activity, push.pushed) if t))
         if k.execution_state in _ACTIVE else k
         for k in push.kernels)
     return KernelView("stale", kernels, push.terminals_last_activity,
+                      kernels_last_activity=push.kernels_last_activity,
                       source=f"stale: pushed {age:.0f}s ago (> {stale_after_s:g}s), busy "
                              "kernels count as active until then")
 

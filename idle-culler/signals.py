@@ -47,6 +47,8 @@ class ServerSnapshot:
     terminals_error: str = ""  # non-empty: terminals could not be read
     cpu_error: str = ""
     kernels_source: str = ""  # how the kernels are known, for the log: "pushed 12s ago"
+    # The last activity of any kernel, those shut down since too (as the server pushed it).
+    kernels_last_activity: datetime | None = None
     # The server pushes no kernel state (no gpulease.singleuser): the hub's
     # activity stands in for its kernels and terminals and may confirm idleness.
     hub_activity_only: bool = False

@@ -74,6 +74,9 @@ class Push:
     kernels: tuple[PushedKernel, ...]
     terminals: int | None  # None: the server has no terminal support
     terminals_last_activity: datetime | None
+    # The last activity of any kernel, those since shut down too: a kernel started, run
+    # and shut down between two of the server's looks is in no push's list.
+    kernels_last_activity: datetime | None = None
 
     @cached_property
     def as_json(self) -> str:
@@ -88,6 +91,7 @@ class Push:
                         for k in self.kernels],
             "terminals": None if self.terminals is None else {
                 "count": self.terminals, "last_activity": iso(self.terminals_last_activity)},
+            "last_kernel_activity": iso(self.kernels_last_activity),
         }
 
 
@@ -127,10 +131,10 @@ def parse_push(body: Any, user: str, server: str, now: datetime) -> Push:
     errors: list[tuple[str, str]] = []
     if not isinstance(body, dict):
         raise PushError(400, _SHAPE, [("", "must be a JSON object")])
-    for key in sorted(set(body) - {"kernels", "terminals"}):
+    for key in sorted(set(body) - {"kernels", "terminals", "last_kernel_activity"}):
         why = ("the server is the token's own; a push names no user or server"
                if key in ("user", "server", "name") else "unknown field")
-        errors.append((key, f"{why}; allowed: kernels, terminals"))
+        errors.append((key, f"{why}; allowed: kernels, terminals, last_kernel_activity"))
     kernels = _items(body.get("kernels"), "kernels", MAX_KERNELS, KERNEL_KEYS, errors,
                      required=True)
     parsed = tuple(k for k in (_kernel(i, k, now, errors) for i, k in enumerate(kernels)) if k)
@@ -144,14 +148,16 @@ def parse_push(body: Any, user: str, server: str, now: datetime) -> Push:
             if t.get("name") is not None and not isinstance(t.get("name"), str):
                 errors.append((f"terminals[{i}].name", "must be a string"))
         count, last = len(items), max((t for t in times if t), default=None)
+    any_kernel = _time(body.get("last_kernel_activity"), "last_kernel_activity", now, errors)
     if errors:
         raise PushError(400, "Invalid server state: " + "; ".join(
             f"{f}: {m}" if f else m for f, m in errors[:5]), errors)
-    return Push(user, server, now, parsed, count, last)
+    return Push(user, server, now, parsed, count, last, any_kernel)
 
 
 _SHAPE = ('The body must be {"kernels": [{"id", "execution_state", "last_activity", '
-          '"connections"}], "terminals": [{"name", "last_activity"}] or null}')
+          '"connections"}], "terminals": [{"name", "last_activity"}] or null, '
+          '"last_kernel_activity": a time or null (optional)}')
 
 
 def _items(value: Any, name: str, limit: int, keys: tuple[str, ...],

@@ -1,7 +1,8 @@
 """Servers push their kernel and terminal state here; the idle culler reads it.
 
 - `PUT api/server-activity` `{"kernels": [{"id", "execution_state",
-  "last_activity", "connections"}], "terminals": [{"name", "last_activity"}] | null}`
+  "last_activity", "connections"}], "terminals": [{"name", "last_activity"}] | null,
+  "last_kernel_activity"}` (the last, optional: any kernel's, shut down ones' too)
   — a server, with its own token (`JUPYTERHUB_API_TOKEN`). The state is
   stored for the server the token belongs to (hub/service/activity_store.py, server_of),
   never for a user or server named in the body. 204; 400 field by field; 403
@@ -10,7 +11,7 @@
   is read.
 - `GET api/server-activity[?user=NAME...]` — gpulease admins (the culler):
   `{"since", "now", "servers": [{"user", "server", "pushed", "kernels":
-  [...], "terminals": {"count", "last_activity"} | null}]}`. `since` is when
+  [...], "terminals": {"count", "last_activity"} | null, "last_kernel_activity"}]}`. `since` is when
   this service's memory began: a server not listed has not pushed since then.
 """
 

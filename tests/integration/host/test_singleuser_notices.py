@@ -354,3 +354,25 @@ def test_push_timing_rule():
     assert [next(t for t in range(200) if push_due(Sent(0.0, None, None, n), (), (), float(t),
                                                    **rule)) for n in (1, 2, 3, 4, 5, 9)] == [
         5, 10, 20, 40, 60, 60]
+
+
+def test_a_kernel_run_and_shut_down_leaves_its_activity_in_the_next_push(server, service):
+    """A kernel started, run and shut down between two of the server's looks is in no
+    push's list; the push after it still carries its activity (`last_kernel_activity`,
+    the kernel manager's own record), which the culler counts (idle-culler/policy.py)."""
+    from gpulease.hub.service.activity_store import parse_push
+    from tests.support.hubproc import run_in_kernel
+
+    before = datetime.now(UTC)
+    assert run_in_kernel(f"http://127.0.0.1:{server.port}", PREFIX, BROWSER_TOKEN,
+                         "print('ran')").strip() == "ran"
+    after = time.monotonic()
+    deadline = after + 15
+    while True:
+        gone = [b for t, _, b in service.pushes if t > after and not b["kernels"]]
+        if gone:
+            break
+        assert time.monotonic() < deadline, f"no push after the kernel ended:\n{server.output()}"
+        time.sleep(0.2)
+    carried = parse_push(gone[-1], "alice", "gpu2", datetime.now(UTC)).kernels_last_activity
+    assert carried is not None and carried >= before, (gone[-1], before)

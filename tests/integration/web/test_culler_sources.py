@@ -35,7 +35,8 @@ ACTIVITY_JSON = """{"since": "2025-03-03T06:00:00.000Z", "now": "2025-03-03T09:4
                 "last_activity": "2025-03-03T09:41:07.123Z"},
                {"id": "9c2e", "execution_state": "idle", "connections": 2,
                 "last_activity": "2025-03-03T08:12:00.000Z"}],
-   "terminals": {"count": 2, "last_activity": "2025-03-03T09:30:00.500Z"}},
+   "terminals": {"count": 2, "last_activity": "2025-03-03T09:30:00.500Z"},
+   "last_kernel_activity": "2025-03-03T09:41:40.000Z"},
   {"user": "bob", "server": "gpu", "pushed": "2025-03-03T09:00:00.000Z",
    "kernels": [], "terminals": null}]}"""
 NOW = datetime(2025, 3, 3, 9, 42, tzinfo=UTC)
@@ -51,8 +52,10 @@ def test_pushed_state_parser_reads_state_activity_clients_and_terminals():
     assert ada.kernels[0].last_activity == datetime(2025, 3, 3, 9, 41, 7, 123000, tzinfo=UTC)
     assert ada.terminals == 2
     assert ada.terminals_last_activity == datetime(2025, 3, 3, 9, 30, 0, 500000, tzinfo=UTC)
+    assert ada.kernels_last_activity == datetime(2025, 3, 3, 9, 41, 40, tzinfo=UTC)
     bob = activity.servers[("bob", "gpu")]
     assert bob.kernels == () and bob.terminals is None
+    assert bob.kernels_last_activity is None  # a server that does not say
     with pytest.raises(ValueError):
         parse_server_activity({"message": "Forbidden"})
 
@@ -62,12 +65,14 @@ def test_freshness_rule():
     fresh = view_for(activity, "", ("ada", ""), STARTED, NOW)
     assert fresh.kind == "fresh" and fresh.source == "pushed 10s ago" and not fresh.hold
     assert fresh.kernels[0].execution_state == "busy"
+    assert fresh.kernels_last_activity == datetime(2025, 3, 3, 9, 41, 40, tzinfo=UTC)
     # Older than stale_after_s: nothing is busy now; busy kernels were active until the push.
     stale = view_for(activity, "", ("ada", ""), STARTED, NOW + timedelta(minutes=4))
     assert stale.kind == "stale" and "stale: pushed 250s ago" in stale.source
     assert [(k.execution_state, k.last_activity) for k in stale.kernels] == [
         ("idle", datetime(2025, 3, 3, 9, 41, 50, tzinfo=UTC)),
         ("idle", datetime(2025, 3, 3, 8, 12, tzinfo=UTC))]
+    assert stale.kernels_last_activity == datetime(2025, 3, 3, 9, 41, 40, tzinfo=UTC)
     # A push of an earlier run of the server does not count; a server that never
     # pushed is judged on the hub's activity, unless its push may still be on its way.
     restarted = view_for(activity, "", ("bob", "gpu"), NOW - timedelta(minutes=10), NOW)

@@ -253,3 +253,16 @@ def test_a_server_started_while_watched_counts_idle_from_its_start():
     found = observe(None, snap(started=T0 - timedelta(hours=1)), T0 + timedelta(seconds=40),
                     watching_since=culler_start)
     assert found.first_seen == T0 + timedelta(seconds=40)
+
+
+def test_a_kernel_shut_down_between_two_pushes_still_counts_as_activity():
+    """A script through the REST API that starts a kernel, runs a cell and shuts it down
+    within one of the server's looks leaves no kernel in any push: the server's record of
+    any kernel's last activity, pushed beside the list, is what keeps its use counted."""
+    used = T0 + 20 * MIN
+    s = snap(kernels=(), kernels_last_activity=used)
+    assert run(s, 45).action == WARN and run(s, 45).idle_since == used
+    assert run(s, 50).action == SUSPEND
+    assert "none running, last activity 2025-03-03T09:20:00Z" in run(s, 45).signals["kernels"]
+    # without it (a server that does not push it) the same server was idle since its start
+    assert run(snap(kernels=()), 45).action == SUSPEND

@@ -106,3 +106,17 @@ def test_the_store_keeps_the_latest_push_bounded_per_user_and_forgets_old_ones()
     later = NOW + timedelta(hours=7)
     store.put(parse_push({"kernels": []}, "ada", "s3", later))
     assert [(p.user, p.server) for p in store.pushes(later)] == [("ada", "s3")]
+
+
+def test_a_push_carries_any_kernels_last_activity_shut_down_ones_too():
+    body = {"kernels": [], "terminals": None, "last_kernel_activity": "2030-01-01T11:58:00Z"}
+    push = parse_push(body, "ada", "", NOW)
+    assert push.view()["last_kernel_activity"] == "2030-01-01T11:58:00.000Z"
+    assert parse_push({"kernels": []}, "ada", "", NOW).view()["last_kernel_activity"] is None
+    with pytest.raises(PushError) as e:
+        parse_push({"kernels": [], "last_kernel_activity": "soon"}, "ada", "", NOW)
+    assert dict(e.value.errors) == {
+        "last_kernel_activity": "soon is not an ISO 8601 timestamp"}
+    with pytest.raises(PushError) as e:
+        parse_push({"kernels": [], "extra": 1}, "ada", "", NOW)
+    assert "allowed: kernels, terminals, last_kernel_activity" in dict(e.value.errors)["extra"]
