@@ -364,6 +364,8 @@ failed_starts = Table(
     Column("why", Text, nullable=False),
     Column("cleared_at", DateTime, nullable=True),
     Column("cleared_by", String(255), nullable=True),
+    # the last lines its server wrote, as shown (gpulease.core.server_log.shown_tail)
+    Column("log_tail", Text, nullable=True),
 )
 Index("ix_failed_starts_user_profile_at", failed_starts.c.user_name, failed_starts.c.profile,
       failed_starts.c.at)

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, func, insert, select, update
 
 from gpulease.core.clock import utcnow
 from gpulease.core.refusal import Refusal
@@ -85,6 +85,15 @@ class FailedStart:
     profile: str
     at: dt.datetime
     why: str
+    log_tail: str = ""  # the last lines its server wrote, as shown
+
+
+TAIL_LIMIT = 8000  # characters kept of a tail: the kubelet's 2048 bytes, stripped, fit
+
+
+def _row(r) -> FailedStart:
+    return FailedStart(r.id, r.user_name, r.server_name, r.profile, r.at, r.why,
+                       r.log_tail or "")
 
 
 class FailedStarts:
@@ -106,8 +115,18 @@ class FailedStarts:
             query = query.where(failed_starts.c.profile == profile)
         with reading(self.engine) as conn:
             rows = conn.execute(query.order_by(failed_starts.c.at)).all()
-        return [FailedStart(r.id, r.user_name, r.server_name, r.profile, r.at, r.why)
-                for r in rows]
+        return [_row(r) for r in rows]
+
+    def last_by_server(self, user: str) -> dict[str, FailedStart]:
+        """Each of the user's servers' most recent failed start, counted or cleared (what
+        the home page shows its owner while the server stays stopped)."""
+        latest = (select(failed_starts.c.server_name,
+                         func.max(failed_starts.c.id).label("id"))
+                  .where(failed_starts.c.user_name == user)
+                  .group_by(failed_starts.c.server_name).subquery())
+        query = select(failed_starts).join(latest, failed_starts.c.id == latest.c.id)
+        with reading(self.engine) as conn:
+            return {r.server_name: _row(r) for r in conn.execute(query).all()}
 
     def refusal(self, user: str, profile: str, now: dt.datetime | None = None
                 ) -> Refusal | None:
@@ -119,13 +138,15 @@ class FailedStarts:
         return refusal(profile, [f.at for f in counted], counted[-1].why, now, self.rule)
 
     def record(self, user: str, server: str, profile: str, why: str,
-               at: dt.datetime | None = None) -> bool:
-        """Count one failed start; True when it makes the user rationed on `profile`
-        (then written to the audit log, in the same transaction)."""
+               at: dt.datetime | None = None, log_tail: str = "") -> bool:
+        """Count one failed start (with the last lines its server wrote, as shown); True
+        when it makes the user rationed on `profile` (then written to the audit log, in
+        the same transaction)."""
         at = at or utcnow()
         with self.engine.begin() as conn:
             conn.execute(insert(failed_starts).values(
-                user_name=user, server_name=server, profile=profile, at=at, why=why[:2000]))
+                user_name=user, server_name=server, profile=profile, at=at, why=why[:2000],
+                log_tail=log_tail[-TAIL_LIMIT:] or None))
             since = at - dt.timedelta(seconds=max(self.rule.window_s, 0))
             times = conn.execute(select(failed_starts.c.at).where(
                 failed_starts.c.user_name == user, failed_starts.c.profile == profile,

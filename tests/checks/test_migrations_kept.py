@@ -36,6 +36,7 @@ RELEASED = {
     "0009_session_preemption.py": "bb5e6167bb0ae0750fabc5411701947126df4e4ec3f19380f09c8dd13f8f4e44",
     "0010_reservations.py": "0e84234940e7bc40046de0644a5378e6a4890ff1f789f7f2b10c78fea3a1b4ba",
     "0011_failed_starts.py": "709f78e1f3937a98e13cb9f4a1fbbefa8b8d9f4862f5dc625630bf917f985f17",
+    "0012_failed_start_tail.py": "47e701e171512560061b84804ded0b8a793a85c74fcbb958aa713ec328837c58",
 }
 
 

@@ -83,3 +83,20 @@ def test_an_admins_clear_forgives_keeps_the_rows_and_is_audited(engine):
     entries, _ = AuditLog(engine).entries(action="failed_starts.clear")
     assert sorted((e.actor, e.before["failed_starts"], e.after["profile"]) for e in entries) \
         == [("root", 1, "every profile"), ("root", 3, "p")]
+
+
+def test_each_servers_last_failed_start_keeps_its_tail_cleared_or_not(engine):
+    store = FailedStarts(engine, RULE)
+    store.record("ada", "", "p", "exited", at(0), log_tail="first try")
+    store.record("ada", "", "p", "exited", at(1), log_tail="ImportError: no module x")
+    store.record("ada", "big", "p", "did not answer", at(2))
+    store.record("bob", "", "p", "exited", at(3), log_tail="bob's")
+    store.clear("ada", "root")
+    last = store.last_by_server("ada")
+    assert sorted(last) == ["", "big"]
+    assert (last[""].at, last[""].log_tail) == (at(1), "ImportError: no module x")
+    assert (last["big"].why, last["big"].log_tail) == ("did not answer", "")
+    assert store.last_by_server("carol") == {}
+    # a tail longer than kept keeps its end: the last lines are what say why
+    store.record("carol", "", "p", "exited", at(4), log_tail="x" * 9000 + "the end")
+    assert store.last_by_server("carol")[""].log_tail.endswith("the end")
