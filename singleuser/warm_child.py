@@ -4,8 +4,10 @@ What a cold start gets from Popen and gpulease.spawners.local.isolation.preexec_
 in the same order, before anything of the researcher's can run (their
 ~/.jupyter config, their user-site packages and the kernels come later):
 
-1. signals as a new program has them; every descriptor of the launcher closed but
-   stdio and its own request socket;
+1. signals as a new program has them; its output (the write end of its own log's
+   pipe, sent by the hub with the request socket; /dev/null if none was) on its
+   stdout and stderr, never the launcher's, which are the hub's; every other
+   descriptor of the launcher closed but stdin and its own request socket;
 2. its request read (JSON to EOF: argv, env, cwd, uid, gid, groups, cgroup folders,
    sandbox);
 3. a new session (start_new_session), the server's cgroups joined and its sandbox
@@ -62,10 +64,11 @@ class SetupError(Exception):
 REIMPORT_AS_RESEARCHER = ("send2trash.plat_other", "jupyterlab.labapp")
 
 
-def run_server(request_fd: int) -> int:
+def run_server(request_fd: int, output_fd: int = -1) -> int:
     launcher_env = dict(os.environ)
     _fresh_signals()
     try:
+        _take_output(output_fd)
         _close_other_descriptors(request_fd)
         request = _read_request(request_fd)
         # what /proc/PID/cmdline and environ are to show: as exec'ing the script gives
@@ -122,6 +125,16 @@ def _fresh_signals() -> None:
     for ignored in ("SIGPIPE", "SIGXFSZ"):  # as the interpreter sets them at start
         if hasattr(signal, ignored):
             signal.signal(getattr(signal, ignored), signal.SIG_IGN)
+
+
+def _take_output(output_fd: int) -> None:
+    """`output_fd` (else /dev/null) as stdout and stderr, in place of the launcher's: the
+    hub's own, which no server may write to or truncate."""
+    if output_fd < 0:
+        output_fd = os.open(os.devnull, os.O_WRONLY)
+    for target in (1, 2):
+        os.dup2(output_fd, target)
+    os.close(output_fd)
 
 
 def _close_other_descriptors(keep: int) -> None:
@@ -256,7 +269,7 @@ def _say(fd: int, message: dict) -> bool:
 
 
 def _note(message: str) -> None:
-    """A line for the hub's log, on the server's stderr (never a reason to fail)."""
+    """A line for the server's log, on its stderr (never a reason to fail)."""
     try:
         os.write(2, f"[gpulease] {message}\n".encode())
     except OSError:

@@ -9,7 +9,9 @@ nothing of the hub (secrets, tokens, database handles) is in its memory. It
 imports the server's modules, says it is ready, and then only waits.
 
 For each server the hub sends, over the control socket, one end of a fresh
-socket pair. The launcher forks at once and never reads what comes on it: the
+socket pair and the write end of the server's output (its own log's pipe). The
+launcher forks at once, hands both to the child, keeps neither, and never
+reads what comes on the socket: the
 child reads its own request (gpulease.singleuser.warm_child), so no server's
 token ever passes through the launcher's memory and no later server can
 inherit another's. The launcher writes there the pid it forked (which the hub
@@ -66,13 +68,14 @@ def preimport() -> list[str]:
     return missing
 
 
-def serve(control: socket.socket) -> int | None:
+def serve(control: socket.socket) -> tuple[int, int] | None:
     """Fork a server for each socket the hub sends; report each one's pid and exit on it.
 
     Returns None in the parent when the hub closes the control socket, and, in
-    each forked child, the descriptor of its request socket (the caller runs
-    the server with it). The parent only ever writes to those sockets, and
-    never waits to: what a researcher does with their end cannot stop it.
+    each forked child, the descriptors of its request socket and of its output
+    (-1: none was sent; the caller runs the server with them). The parent only
+    ever writes to those sockets, and never waits to: what a researcher does
+    with their end cannot stop it.
     """
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -98,13 +101,16 @@ def serve(control: socket.socket) -> int | None:
             fds, msg = [], b""
         if not msg:
             return None  # the hub is gone; the servers run on
-        for extra in fds[1:]:
+        for extra in fds[2:]:
             os.close(extra)
         if not fds:
             continue
+        output = fds[1] if len(fds) > 1 else -1
         if threading.active_count() != 1:  # a fork must copy one thread only
             _send_nowait(fds[0], {"error": "the warm launcher has threads"})
             os.close(fds[0])
+            if output >= 0:
+                os.close(output)
             continue
         pid = os.fork()
         if pid == 0:
@@ -112,7 +118,9 @@ def serve(control: socket.socket) -> int | None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for fd in (wake_r, wake_w, control.detach(), *children.values()):
                 os.close(fd)
-            return fds[0]
+            return fds[0], output
+        if output >= 0:  # the child's alone: its log ends when the server's processes do
+            os.close(output)
         # The hub trusts this pid, the launcher's (root's) word, not the child's.
         _send_nowait(fds[0], {"forked": pid})
         children[pid] = fds[0]
@@ -150,12 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     control = socket.socket(fileno=int(args[0]))
     missing = preimport()
     control.sendall(json.dumps({"ready": os.getpid(), "missing": missing}).encode() + b"\n")
-    request_fd = serve(control)
-    if request_fd is None:
+    forked = serve(control)
+    if forked is None:
         return 0
     from gpulease.singleuser.warm_child import run_server
 
-    return run_server(request_fd)
+    return run_server(*forked)
 
 
 if __name__ == "__main__":

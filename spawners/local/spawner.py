@@ -46,6 +46,7 @@ from gpulease.spawners.local.process_spec import (
 from gpulease.spawners.local.process_tree import kill_tree
 from gpulease.spawners.local.run_end import RunEnd
 from gpulease.spawners.local.sandbox import Sandbox, enter_spec, pool_for, source_root
+from gpulease.spawners.local.server_output import ServerOutput
 from gpulease.spawners.local.warm_start import (
     WarmChild,
     WarmLauncher,
@@ -58,12 +59,13 @@ from gpulease.spawners.spawn_core import GPULeaseSpawnCore
 from gpulease.spawners.start.launch_billing import StartFailed
 
 
-class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
+class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, ServerOutput, LocalProcessSpawner):
     """Run each server as a local process on the GPU devices placed for it.
 
     The spawn path shared with the cluster shape (the form, options, refusals,
     progress, the first answer and billing) is GPULeaseSpawnCore's
-    (spawners/spawn_core.py); its queue and limit options AdmissionOptions'.
+    (spawners/spawn_core.py); its queue and limit options AdmissionOptions'; where
+    its output goes, ServerOutput's (spawners/local/server_output.py).
     """
 
     state_dir = Unicode(
@@ -259,13 +261,16 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             await self._take_sandbox()
             spec = self._spec()
             self.cmd = [*self.gpulease_isolation.cmd_prefix, *spec.cmd]
+            output = await self._capture_output()  # its own log, never the hub's
             try:
-                ip, port, launched_at = await self._launch(spec.cmd[0])
+                ip, port, launched_at = await self._launch(spec.cmd[0], output)
             except PermissionError:
                 raise http_error(Refusal(
                     f"Cannot start the server: {self.cmd[0]} cannot be run as "
                     f"{self._spec().env['USER']} (permission denied on its way or its "
                     "interpreter); see docs/security.md", status=500)) from None
+            finally:
+                self._output_launched()
             # From here the researcher's code runs (their config, .pth files, kernels'
             # startup files): billed from the launch, until the last of it has ended.
             self._gpulease_starting = True
@@ -276,6 +281,7 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             # Killed (or exited) before it answered: nothing of it runs on after its
             # session closes, at the moment the last of it ended.
             await self._release("start_failed", self._gpulease_exited_at)
+            failed.tail = await self._output_tail()  # what it wrote: shown to its owner
             raise await self._count_failed_start(
                 choice, failed, await self._billed_ms_of_failed_start()) from None
         except BaseException:
@@ -318,10 +324,11 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
 
     # --- warm starts (spawners/local/warm_start.py, singleuser/warm_launcher.py) ---------------
 
-    async def _launch(self, script: str) -> tuple[str, int, datetime]:
-        """Fork the server from its environment's warm launcher, or start it cold; where
-        it listens, and the moment its code could first run (UTC): a warm child's
-        report from its cgroup, or a cold start's return from Popen (after its exec)."""
+    async def _launch(self, script: str, output: int) -> tuple[str, int, datetime]:
+        """Fork the server from its environment's warm launcher, or start it cold, with
+        `output` as its stdout and stderr; where it listens, and the moment its code could
+        first run (UTC): a warm child's report from its cgroup, or a cold start's return
+        from Popen (after its exec)."""
         interpreter, env_problem = check_script(script)
         why = why_not_warm(enabled=self.warm_start, shell_cmd=self.shell_cmd,
                            cmd_prefix=self.gpulease_isolation.cmd_prefix,
@@ -330,13 +337,14 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             launcher, known = launcher_for(interpreter, self.launcher_env)
             if known:
                 try:
-                    return await self._start_warm(launcher)
+                    return await self._start_warm(launcher, output)
                 except WarmUnavailable as e:
                     why = str(e)
             else:
                 why = "its environment's warm launcher is only starting now"
         if self.warm_start:
             self.log.info("%s starts cold: %s", self._log_name, why)
+        self.popen_kwargs = {**self.popen_kwargs, **self._cold_output(output)}
         ip, port = await super().start()  # Popen has returned: exec'd, in its cgroup
         return ip, port, utcnow()
 
@@ -348,7 +356,8 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
         return {**filter_server_env(kept, isolation.SECRET_ENV, isolation.hub_secrets(state)),
                 "HOME": "/nonexistent"}
 
-    async def _start_warm(self, launcher: WarmLauncher) -> tuple[str, int, datetime]:
+    async def _start_warm(self, launcher: WarmLauncher, output: int
+                          ) -> tuple[str, int, datetime]:
         """LocalProcessSpawner.start, with the launcher's fork in place of Popen."""
         if self.port == 0:
             self.port = random_port()
@@ -363,7 +372,10 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
             sandbox=self._sandbox_spec())
         self.log.info("Spawning %s (forked by warm launcher %d)", shlex.join(argv),
                       launcher.pid)
-        forking = asyncio.ensure_future(asyncio.to_thread(launcher.spawn, request))
+        # The fork gets a copy of `output` of its own: a start cancelled meanwhile closes
+        # the spawner's at once, while the fork may still be sending it.
+        forking = asyncio.ensure_future(asyncio.to_thread(_fork, launcher, request,
+                                                          os.dup(output)))
         try:
             # Shielded: a start cancelled meanwhile (the researcher's DELETE, a timeout)
             # must not leave a forked server running that no one knows of (Popen
@@ -422,6 +434,14 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, LocalProcessSpawner):
     def clear_state(self):
         super().clear_state()
         self.gpulease_devices = ()
+
+
+def _fork(launcher: WarmLauncher, request: dict, output: int) -> WarmChild:
+    """The launcher's fork of a server writing to `output` (closed here once sent)."""
+    try:
+        return launcher.spawn(request, output)
+    finally:
+        os.close(output)
 
 
 def _end_unwanted_child(forking: asyncio.Future) -> None:

@@ -4,9 +4,13 @@
 a fork of the hub) with the interpreter a server would run, a clean
 environment, stdin on /dev/null, and no descriptor but one end of a control
 socket pair. `spawn` sends it the other end of a fresh socket pair per
-server; the forked child reads its request there, answers with its pid or why
-it could not become the server, and the launcher later writes its exit status
-there. `WarmChild` (spawners/local/warm_process.py) reads that as Popen's `poll` and `wait` do, so
+server, with the write end of the server's output (its own log's pipe,
+gpulease.host.server_logs): the forked child puts that on its stdout and
+stderr before anything of the researcher's runs, so no server writes to the
+hub's (which the launcher inherits). The child reads its request on the
+socket, answers with its pid or why it could not become the server, and the
+launcher later writes its exit status there. `WarmChild`
+(spawners/local/warm_process.py) reads that as Popen's `poll` and `wait` do, so
 LocalGPUSpawner's stop, exit watch and billing treat both kinds of start alike.
 
 One launcher per interpreter, kept here for the hub's life: the default
@@ -117,8 +121,10 @@ class WarmLauncher:
     def ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout) and not self.failure
 
-    def spawn(self, request: dict, wait_ready: float = READY_TIMEOUT_S) -> WarmChild:
-        """Fork a server (blocking: run in a thread)."""
+    def spawn(self, request: dict, output: int | None = None,
+              wait_ready: float = READY_TIMEOUT_S) -> WarmChild:
+        """Fork a server whose stdout and stderr are `output` (None: /dev/null; it stays
+        the caller's to close). Blocking: run it in a thread."""
         if not self.ready(wait_ready):
             raise WarmUnavailable(self.failure or "the warm launcher is still starting")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -128,7 +134,8 @@ class WarmLauncher:
                 if self.proc is None or self.proc.poll() is not None or self._control is None:
                     self._fail(f"the warm launcher ended (status {self.proc and self.proc.poll()})")
                     raise WarmUnavailable(self.failure)
-                socket.send_fds(self._control, [b"s"], [theirs.fileno()])
+                socket.send_fds(self._control, [b"s"], [theirs.fileno(),
+                                                        *([] if output is None else [output])])
         except OSError as e:
             ours.close()
             self._fail(f"the warm launcher cannot be reached ({e})")

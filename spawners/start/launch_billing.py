@@ -19,6 +19,7 @@ if it can say more than "it is no longer running", `_exit_description`.
 from __future__ import annotations
 
 import asyncio
+import html
 from collections.abc import Callable
 from datetime import datetime
 
@@ -44,12 +45,36 @@ from gpulease.store.failed_starts import (
 class StartFailed(Exception):
     """The server's own code failed its start: `why` is what the researcher is told;
     `status` what the start answers: 504 it did not answer in time, 502 it exited (the
-    server behind the hub failed, not the hub)."""
+    server behind the hub failed, not the hub); `tail` the last lines the server wrote,
+    as shown (gpulease.core.server_log.shown_tail), once the spawner has read them."""
 
-    def __init__(self, why: str, status: int = 502):
+    def __init__(self, why: str, status: int = 502, tail: str = ""):
         super().__init__(why)
         self.why = why
         self.status = status
+        self.tail = tail
+
+
+TAIL_HEADING = "The last lines your server wrote:"
+
+
+def failed_start_error(said: str, status: int, tail: str) -> Exception:
+    """The error JupyterHub shows for a start the server's own code failed: `said`, then
+    the last lines the server wrote, in the API's answer, the spawn's progress
+    (JupyterHub's `jupyterhub_message`, and `jupyterhub_html_message` for its pages: the
+    text escaped, the lines kept as lines) and its "Spawn failed" page. The tail is the
+    researcher's own text, already stripped of control sequences; it is escaped here
+    like any text, never marked safe as it is. The error's own text (what JupyterHub
+    writes to the hub's log) is `said` alone: no line of a server's reaches that log."""
+    error = http_error(Refusal(said, status=status))
+    error.jupyterhub_message = (  # type: ignore[attr-defined]
+        f"{said}\n\n{TAIL_HEADING}\n{tail}" if tail else said)
+    page = f"<p>{html.escape(said)}</p>"
+    if tail:
+        page += (f"<p>{html.escape(TAIL_HEADING)}</p>"
+                 f'<pre class="gpulease-log-tail">{html.escape(tail)}</pre>')
+    error.jupyterhub_html_message = page  # type: ignore[attr-defined]
+    return error
 
 
 class LaunchBilling(Configurable):
@@ -194,7 +219,7 @@ class LaunchBilling(Configurable):
         self.log.warning("%s: start failed: %s", self._log_name, failed.why)
         try:
             if await asyncio.to_thread(self._failed_starts().record, self.user.name, self.name,
-                                       choice.profile.slug, failed.why):
+                                       choice.profile.slug, failed.why, None, failed.tail):
                 self.log.warning("%s: starts of %s are paused: %d failed within %d s",
                                  self._log_name, choice.profile.slug, self.failed_start_limit,
                                  self.failed_start_window)
@@ -204,10 +229,10 @@ class LaunchBilling(Configurable):
         if billed_ms is not None and choice.rate_per_hour_ucr > 0:
             billed = (f" It was billed for the {billed_ms / 1000:.1f} s it ran "
                       "(end reason start_failed).")
-        return http_error(Refusal(
+        return failed_start_error(
             f"Your server could not start: {failed.why}.{billed} Look at what runs as it "
             "starts: your ~/.jupyter config, startup files, packages in your home.",
-            status=failed.status))
+            failed.status, failed.tail)
 
     async def _count_failed_wait(self) -> None:
         """Count a start whose server answered gpulease's probe but not JupyterHub's own

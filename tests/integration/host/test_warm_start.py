@@ -106,6 +106,29 @@ def test_child_keeps_no_descriptor_of_the_launcher(launcher, tmp_path):
         child.wait(30)
 
 
+def test_child_writes_to_the_output_it_was_sent_never_the_launchers(launcher, tmp_path):
+    """The launcher's stdout and stderr are the hub's: a forked server gets the write end
+    of its own log's pipe on both instead (and /dev/null when none is sent), and the
+    launcher keeps no copy of it, so the log's reader sees its end with the server's."""
+    launchers = {os.readlink(f"/proc/{launcher.pid}/fd/{n}") for n in (1, 2)}
+    read_end, write_end = os.pipe()
+    pipe_id = f"pipe:[{os.fstat(read_end).st_ino}]"
+    try:
+        child = launcher.spawn(shell("echo out; echo err >&2; readlink /proc/$$/fd/1 "
+                                     "/proc/$$/fd/2", tmp_path), write_end)
+    finally:
+        os.close(write_end)  # the hub's copy, as LocalGPUSpawner lets go of it
+    assert child.wait(30) == 0
+    with os.fdopen(read_end, "rb") as pipe:
+        written = pipe.read().decode()  # ends: neither the launcher nor the hub holds it
+    # (the child's own notes come first: "[gpulease] starting cold: ...")
+    assert written.endswith("out\nerr\n" + f"{pipe_id}\n" * 2), written
+    assert not launchers & set(written.splitlines()), (written, launchers)
+    quiet = launcher.spawn(shell("test \"$(readlink /proc/$$/fd/1)\" = /dev/null && "
+                                 "test \"$(readlink /proc/$$/fd/2)\" = /dev/null", tmp_path))
+    assert quiet.wait(30) == 0
+
+
 def test_child_runs_in_its_folder_with_exactly_its_environment(launcher, tmp_path):
     out = tmp_path / "env"
     request = shell(f"pwd > {out}; env >> {out}", tmp_path)
@@ -399,8 +422,9 @@ def test_a_cancelled_warm_start_kills_the_server_it_forked(monkeypatch):
     class SlowLauncher:
         pid = 1
 
-        def spawn(self, request: dict) -> Child:
+        def spawn(self, request: dict, output: int) -> Child:
             time.sleep(0.5)  # the fork in flight when the start is cancelled
+            os.fstat(output)  # still open: the start's cancel did not close the fork's
             return child
 
     spawner = LocalGPUSpawner()
@@ -411,14 +435,21 @@ def test_a_cancelled_warm_start_kills_the_server_it_forked(monkeypatch):
     monkeypatch.setattr(spawner, "get_args", lambda: [])
 
     async def cancel_midway() -> None:
-        start = asyncio.ensure_future(spawner._start_warm(SlowLauncher()))
+        start = asyncio.ensure_future(spawner._start_warm(SlowLauncher(), output))
         await asyncio.sleep(0.1)
         start.cancel()
         with pytest.raises(asyncio.CancelledError):
             await start
         await asyncio.sleep(0.8)
 
-    asyncio.run(cancel_midway())
+    read_end, output = os.pipe()
+    try:
+        asyncio.run(cancel_midway())
+    finally:
+        os.close(output)
+    os.set_blocking(read_end, False)
+    assert os.read(read_end, 10) == b""  # no copy of it is left open
+    os.close(read_end)
     assert child.killed and child.closed
     assert spawner.proc is None
 
