@@ -21,6 +21,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulease.core.billing.my_servers import (
+    LastFailure,
     ServerFacts,
     ServerState,
     check_profile_choice,
@@ -32,6 +33,7 @@ from gpulease.core.policy.options import OptionsRefused, price_text
 from gpulease.core.units import format_credits, seconds_text
 from gpulease.hub.web.template_values import OffLoop
 from gpulease.spawners.http_error import http_error
+from gpulease.store.failed_starts import FailedStarts
 from gpulease.store.identities import IdentityStore
 from gpulease.store.sessions import SessionLedger
 
@@ -68,6 +70,10 @@ class HomeData:
     def started(self, state: ServerState) -> str:
         return state.started.isoformat(timespec="seconds") + "Z" if state.started else ""
 
+    def failed_at(self, state: ServerState) -> str:
+        failed = state.failed_start
+        return f"{failed.at:%Y-%m-%d %H:%M:%S} UTC" if failed is not None else ""
+
 
 def user_facts(user: Any) -> list[ServerFacts]:
     """JupyterHub's User wrapper -> the facts of every server, running or not."""
@@ -95,6 +101,8 @@ def home_data(ctx: Any, name: str, groups: set[str], facts: list[ServerFacts]) -
         default = ctx.profiles.get_default_profile(name)
         positions = {f.name: ctx.queue.position(name, f.name) for f in facts if f.pending}
         bound = IdentityStore(ctx.engine).of_user(name)
+        failures = {server: LastFailure(f.at, f.why, f.log_tail)
+                    for server, f in FailedStarts(ctx.engine).last_by_server(name).items()}
     except Exception as e:  # noqa: BLE001 - shown as "states unavailable", logged
         log.warning("home page of %s without gpulease's data: %s", name, e)
         return HomeData(servers=server_states(facts, {}, {}, {}, utcnow()), unavailable=True)
@@ -102,7 +110,7 @@ def home_data(ctx: Any, name: str, groups: set[str], facts: list[ServerFacts]) -
     usable = sorted((p for p in profiles if usable_by(p, groups)),
                     key=lambda p: (p.price_per_hour_ucr, p.slug))
     return HomeData(
-        servers=server_states(facts, latest, timeouts, positions, utcnow()),
+        servers=server_states(facts, latest, timeouts, positions, utcnow(), failures),
         profiles=[ProfileChoice(p.slug, p.display_name, p.gpu is not None,
                                 price_text(p.price_per_hour_ucr)) for p in usable],
         default_profile=default,

@@ -49,6 +49,17 @@ class ServerFacts:
 
 
 @dataclass(frozen=True)
+class LastFailure:
+    """A server's most recent start that its own code failed: when, why (gpulease's
+    words), and the last lines the server wrote (its owner's text, stripped of control
+    sequences; a page escapes it as any text)."""
+
+    at: dt.datetime
+    why: str
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
 class ServerState:
     name: str
     state: str
@@ -61,6 +72,9 @@ class ServerState:
     queue_position: int | None = None
     reason: str | None = None
     reason_text: str | None = None
+    # its last start failed, and nothing ran since: shown to its owner only (the home
+    # page), never in api/me/servers, which admins and auditors read too
+    failed_start: LastFailure | None = None
 
     def to_json(self) -> dict[str, Any]:
         """`api/me/servers` shape: money as decimal credit strings, times ISO UTC with Z."""
@@ -94,17 +108,27 @@ def _parse_iso(text: str) -> dt.datetime:
     return moment
 
 
+def failure_shown(failure: LastFailure | None, session: Session | None) -> LastFailure | None:
+    """A stopped server's last failed start, while it is the last thing that happened to
+    it: no session began after it (the failed start's own began at its launch, before)."""
+    if failure is None or (session is not None and session.started > failure.at):
+        return None
+    return failure
+
+
 def server_states(
     facts: Collection[ServerFacts],
     latest: Mapping[str, Session],
     idle_timeouts: Mapping[str, int],
     positions: Mapping[str, int | None],
     now: dt.datetime,
+    failures: Mapping[str, LastFailure] | None = None,
 ) -> list[ServerState]:
     """One state per server, the default server ("") always first, then by name.
 
     `latest` is each server's most recent billing session (open or closed);
-    `positions` the queue position of servers waiting for capacity.
+    `positions` the queue position of servers waiting for capacity; `failures` each
+    server's last failed start (shown with a stopped server: `failure_shown`).
     """
     by_name = {f.name: f for f in facts}
     by_name.setdefault("", ServerFacts(""))
@@ -144,7 +168,8 @@ def server_states(
             out.append(ServerState(name, "suspended", profile or s.profile, reason=s.reason,
                                    reason_text=s.text))
         else:
-            out.append(ServerState(name, "stopped", profile))
+            out.append(ServerState(name, "stopped", profile, failed_start=failure_shown(
+                (failures or {}).get(name), session)))
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from gpulease.core.billing.my_servers import ServerFacts, server_states
+from gpulease.core.billing.my_servers import LastFailure, ServerFacts, server_states
 from gpulease.core.billing.sessions import Session
 
 NOW = dt.datetime(2025, 3, 1, 12, 0, 0)
@@ -64,3 +64,22 @@ def test_a_running_servers_start_is_written_to_its_millisecond():
     (state,) = [s for s in states if s.name == "run"]
     assert state.to_json()["started"] == "2025-03-01T11:58:30.120Z"
     assert state.to_json()["billed_ms"] == 89_880
+
+
+def test_a_stopped_servers_last_failed_start_is_shown_until_it_runs_again():
+    failed = LastFailure(NOW - dt.timedelta(seconds=30), "it exited before it answered",
+                         "ValueError: bad config")
+    earlier = session("", ended=NOW - dt.timedelta(seconds=30), reason="start_failed",
+                      started=NOW - dt.timedelta(seconds=35))
+    later = session("", ended=NOW - dt.timedelta(seconds=5), reason="user",
+                    started=NOW - dt.timedelta(seconds=20))
+    facts = [ServerFacts(""), ServerFacts("big", pending="spawn")]
+    failures = {"": failed, "big": failed}
+    (default, big) = server_states(facts, {"": earlier}, {}, {}, NOW, failures)
+    assert default.state == "stopped" and default.failed_start == failed
+    assert big.state == "pending" and big.failed_start is None  # starting again
+    (default, _) = server_states(facts, {"": later}, {}, {}, NOW, failures)
+    assert default.failed_start is None  # it ran since
+    (default, _) = server_states(facts, {}, {}, {}, NOW, failures)  # not metered
+    assert default.failed_start == failed
+    assert "failed_start" not in default.to_json() and "log_tail" not in str(default.to_json())
