@@ -19,6 +19,7 @@ from gpulease.hub.cli.billing import BILLING_COMMANDS, add_billing_parsers
 from gpulease.hub.cli.client import ClientError, HubClient, client_from
 from gpulease.hub.cli.cluster import CLUSTER_COMMANDS, add_cluster_parsers, needs_hub
 from gpulease.hub.cli.limits import LIMITS_COMMANDS, add_limits_parsers
+from gpulease.hub.cli.logs import LOGS_COMMANDS, add_logs_parsers
 from gpulease.hub.cli.reservations import RESERVATIONS_COMMANDS, add_reservations_parsers
 from gpulease.process_exit import end_process
 
@@ -227,12 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_billing_parsers(sub)
     add_limits_parsers(sub)
     add_reservations_parsers(sub)
+    add_logs_parsers(sub)
     add_cluster_parsers(sub)
     return parser
 
 
 COMMANDS = {"inventory": cmd_inventory, "profiles": cmd_profiles, "users": cmd_users,
-            **BILLING_COMMANDS, **LIMITS_COMMANDS, **RESERVATIONS_COMMANDS, **CLUSTER_COMMANDS}
+            **BILLING_COMMANDS, **LIMITS_COMMANDS, **RESERVATIONS_COMMANDS, **LOGS_COMMANDS,
+            **CLUSTER_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from gpulease.hub.service.api import (
     inventory,
     limits,
     reservations,
+    server_logs,
     servers,
 )
 from gpulease.hub.service.api import billing as b
@@ -85,7 +86,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"admin/report", pages.ReportPage),
     ]
     for module in (audit, failed_starts, limits, servers, admin_pages, activity, inventory,
-                   reservations, openapi):
+                   reservations, server_logs, openapi):
         routes += module.ROUTES
     # First: a body declared over the bound is refused before any route reads it.
     handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]
@@ -118,6 +119,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         # GPULeaseHub.reservation_lead_time: sooner, a period fits beside running servers
         gpulease_reservation_lead_s=int(env.get("GPULEASE_RESERVATION_LEAD_S") or 86400),
         # GPULeaseHub.failed_start_limit and _window: the rationing api/failed-starts shows
+        # the embedded box's state folder, where servers' own logs are (api/logs)
+        gpulease_server_log_root=env.get("GPULEASE_SERVER_LOG_ROOT", ""),
         gpulease_failed_start_rule=Rationing(
             int(env.get("GPULEASE_FAILED_START_LIMIT") or DEFAULT_LIMIT),
             int(env.get("GPULEASE_FAILED_START_WINDOW_S") or DEFAULT_WINDOW_S)),
