@@ -286,7 +286,7 @@ class GPULeaseHub(GPULeaseOptions, HostAtStart, JupyterHub):
             isolation={} if self._isolation is None else {
                 **self._isolation.settings(), "homes": str(state.homes),
                 "server_env": self._server_env, "warm_start": self.warm_start,
-                "sandbox": self._sandbox.spawner},
+                "sandbox": self._sandbox.spawner, **self._server_log_settings()},
             shape=self.shape, cluster_namespace=namespace,
             cluster_nodes=spawner_nodes(self.config) if self._cluster else {},
             kubeconfig=os.environ.get("KUBECONFIG", ""),

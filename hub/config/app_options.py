@@ -12,6 +12,9 @@ from traitlets.config import Configurable
 
 from gpulease.core.capacity.queue import QUEUE_PLACES_PER_USER
 from gpulease.core.policy.cpu_totals import CPU_ONLY_CPU_PER_USER, CPU_ONLY_MEMORY_PER_USER
+from gpulease.core.server_log import DEFAULT_KEEP as DEFAULT_SERVER_LOG_KEEP
+from gpulease.core.server_log import DEFAULT_MAX_BYTES as DEFAULT_SERVER_LOG_MAX_BYTES
+from gpulease.core.server_log import rotation_problem
 from gpulease.core.units import parse_duration
 from gpulease.hub.servers.notifier import WebhookURL
 from gpulease.spawners.queueing.spot_preemption import SPOT_GRACE_S
@@ -394,3 +397,32 @@ class GPULeaseOptions(Configurable):
         "each hub on the host takes a free /24 of it (up to 250 servers), the .1 of "
         "which is the host's, where servers reach the hub API and the gpulease service.",
     )
+
+    # --- each server's own log on the embedded box (docs/admin.md, "Servers' logs")
+    server_log_max_bytes = Integer(
+        DEFAULT_SERVER_LOG_MAX_BYTES, config=True,
+        help="embedded shape: the bytes a server's log file (its stdout and stderr, in "
+        "<state>/logs/servers/<user>/<server>.log) grows to before it is rotated: renamed "
+        ".1 and a new one begun. 64 KiB to 1 GiB. Each start of a server begins a new file "
+        "too. (cluster shape: the logs are Kubernetes', kubectl logs.)",
+    )
+    server_log_keep = Integer(
+        DEFAULT_SERVER_LOG_KEEP, config=True,
+        help="embedded shape: rotated log files kept per server (the older are removed): a "
+        "server's log takes at most (server_log_keep + 1) * server_log_max_bytes. 0 to 100.",
+    )
+
+    @validate("server_log_max_bytes", "server_log_keep")
+    def _valid_server_log(self, proposal):
+        values = {"server_log_max_bytes": self.server_log_max_bytes,
+                  "server_log_keep": self.server_log_keep,
+                  proposal["trait"].name: proposal["value"]}
+        problem = rotation_problem(values["server_log_max_bytes"], values["server_log_keep"])
+        if problem:
+            raise TraitError(problem)
+        return proposal["value"]
+
+    def _server_log_settings(self) -> dict[str, int]:
+        """LocalGPUSpawner's options of the same names (hub_config sets them)."""
+        return {"server_log_max_bytes": self.server_log_max_bytes,
+                "server_log_keep": self.server_log_keep}

@@ -331,6 +331,8 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_FAILED_START_LIMIT": str(s.failed_start_limit),
                 "GPULEASE_FAILED_START_WINDOW_S": str(s.failed_start_window_s),
                 "GPULEASE_EXTRA_TIERS": json.dumps(list(s.extra_tiers)),
+                # where servers' own logs are (api/logs): the embedded box's state folder
+                "GPULEASE_SERVER_LOG_ROOT": "" if cluster else str(s.state.root),
                 # The cluster shape's inventory reads the cluster (JupyterHub passes
                 # no KUBECONFIG, nor the in-cluster variables, to services).
                 "GPULEASE_CLUSTER_NAMESPACE": s.cluster_namespace if cluster else "",
@@ -451,7 +453,7 @@ def hub_config(s: HubSettings) -> Config:
         spawner.state_dir = str(s.state.root)
         for key in ("unix_accounts", "unix_prefix", "unix_uid_min", "unix_uid_max",
                     "resource_limits", "device_control", "device_nodes", "server_env",
-                    "warm_start", "sandbox"):
+                    "warm_start", "sandbox", "server_log_max_bytes", "server_log_keep"):
             if key in s.isolation:
                 setattr(spawner, key, s.isolation[key])
     # A queued spawn is still a pending start for JupyterHub: its start_timeout

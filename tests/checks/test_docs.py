@@ -12,6 +12,7 @@ from gpulease.hub.auth.oidc import GPULeaseOIDCAuthenticator
 from gpulease.hub.config.app_options import GPULeaseOptions
 from gpulease.singleuser.activity_push import ActivityPusher
 from gpulease.singleuser.kernel_pool import PooledKernelManager
+from gpulease.spawners.local.server_output import ServerOutput
 from gpulease.spawners.local.spawner import LocalGPUSpawner
 from gpulease.spawners.start.admission_options import AdmissionOptions
 
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (GPULeaseOptions, "GPULeaseHub"),  # GPULeaseHub's own options live in this mixin
     (LocalGPUSpawner, "LocalGPUSpawner"),
     (AdmissionOptions, "LocalGPUSpawner"),  # its queue and per-user limit options
+    (ServerOutput, "LocalGPUSpawner"),  # its log's rotation
     (LocalAccountsAuthenticator, "LocalAccountsAuthenticator"),
     (ProviderSignIn, "ProviderSignIn"),
     (GPULeaseOIDCAuthenticator, "GPULeaseOIDCAuthenticator"),
