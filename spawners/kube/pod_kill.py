@@ -21,6 +21,7 @@ from kubernetes_asyncio.client import ApiException, V1DeleteOptions
 from gpulease.core.clock import utcnow
 from gpulease.core.policy.options import ServerChoice
 from gpulease.core.refusal import Refusal
+from gpulease.core.server_log import shown_tail
 from gpulease.spawners.http_error import http_error
 from gpulease.spawners.kube import pod_start
 from gpulease.spawners.start.launch_billing import StartFailed
@@ -93,7 +94,14 @@ class PodKill:
                                          pod_start.node_ready(self._node_of(seen)))
         if not self._gpulease_killed and now is not None:
             await self._delete_pod(KILL_GRACE_S, "its start failed")
-        ended = await self._pod_end(((seen or {}).get("metadata") or {}).get("uid"))
+        uid = ((seen or {}).get("metadata") or {}).get("uid")
+        ended = await self._pod_end(uid)
+        # what its container wrote last, as the kubelet kept it (FallbackToLogsOnError)
+        last = self._pod()
+        if last is not None and (last.get("metadata") or {}).get("uid") != uid:
+            last = None  # another pod of that name
+        failed.tail = shown_tail(pod_start.termination_message(
+            self._gone_pod(uid) or last or seen).encode())
         billed_ms = None
         if self.gpulease_launched_at is not None:
             await self._end_billing(verdict.reason, ended)

@@ -182,6 +182,13 @@ def only_on(terms: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
         {"matchFields": [on]}]
 
 
+# The notebook container's: a container that fails with nothing in its termination message
+# file gets the tail of its log as its status's `state.terminated.message` (the kubelet's
+# last 80 lines, at most 2 KiB: gpulease.core.server_log's TAIL_*), which a failed start
+# shows its owner. The full log stays with Kubernetes (kubectl logs).
+TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
+
+
 def restricted_security() -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod, container) security contexts that pass PodSecurity `restricted`."""
     pod = {"runAsNonRoot": True, "runAsUser": POD_UID, "runAsGroup": POD_GID,

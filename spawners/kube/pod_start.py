@@ -147,6 +147,19 @@ def exit_description(pod: dict | None) -> str:
     return "its container is no longer running"
 
 
+def termination_message(pod: dict | None) -> str:
+    """What the kubelet kept of the notebook container's end: its termination message,
+    which under FallbackToLogsOnError is the tail of the log of a container that failed
+    (pod_spec.TERMINATION_MESSAGE_POLICY); its current run's, else the run before a
+    restart's. "" when there is none (the server's own text: shown only as shown_text)."""
+    status = notebook_status(pod) or {}
+    for state in (status.get("state") or {}, status.get("lastState") or {}):
+        message = (state.get("terminated") or {}).get("message")
+        if message:
+            return str(message)
+    return ""
+
+
 def ran_and_ended(pod: dict | None) -> str | None:
     """For a pod not yet running as kubespawner means it (Running and ready): a
     description when its notebook container already ran and ended or was restarted

@@ -61,6 +61,7 @@ from gpulease.spawners.kube.pod_kill import (  # noqa: F401 - the tests read the
 from gpulease.spawners.kube.pod_spec import (
     DEFAULT_GPU_TOLERATIONS,
     MIG_STRATEGIES,
+    TERMINATION_MESSAGE_POLICY,
     ClusterGpus,
     avoiding,
     kubespawner_traits,
@@ -212,6 +213,8 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
         if tier.priority_class:
             pod.spec.priority_class_name = tier.priority_class
         pod.metadata.labels = {**(pod.metadata.labels or {}), **tier.labels}
+        # a failed start's last lines, in its status (pod_start.termination_message)
+        pod.spec.containers[0].termination_message_policy = TERMINATION_MESSAGE_POLICY
         if tier.pre_stop_sleep_s:
             notebook = pod.spec.containers[0]
             lifecycle = notebook.lifecycle or V1Lifecycle()

@@ -336,7 +336,10 @@ class Emulator:
         # next pod to them straight away (a kubelet's device manager frees them as the
         # pod stops being active, too).
         self.release(run)
-        self.set_status(run, pod_plan.terminated_status(pod, codes, run.started, finished, reasons))
+        logs = pod_plan.read_logs(self.state / "pods" / f"{run.namespace}_{run.name}_{run.uid}",
+                                  run.procs)
+        self.set_status(run, pod_plan.terminated_status(pod, codes, run.started, finished, reasons,
+                                                        logs))
         run.done.set()
         self.event(pod, "Exited", "Every container exited ("
                    + ", ".join(f"{n}: {c}" for n, c in codes.items())

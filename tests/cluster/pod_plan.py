@@ -27,7 +27,9 @@ Kubernetes writes times: to the whole second, truncated (`iso_at`).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 GPU_RESOURCE_PREFIX = "nvidia.com/"
@@ -233,22 +235,58 @@ def running_status(pod: dict, pod_ip: str, started: str | dict[str, str],
             "containerStatuses": statuses}
 
 
+# The kubelet's bounds of a termination message read from a container's log
+# (kubernetes pkg/kubelet/container: MaxContainerTerminationMessageLogLines, ...Length).
+FALLBACK_LOG_LINES = 80
+FALLBACK_LOG_BYTES = 2048
+
+
+def read_logs(folder: Path, containers: Iterable[str]) -> dict[str, bytes]:
+    """What each container wrote (its stdout and stderr: <folder>/<container>.log)."""
+    out = {}
+    for name in containers:
+        try:
+            out[name] = (folder / f"{name}.log").read_bytes()
+        except OSError:
+            pass
+    return out
+
+
+def fallback_message(container: dict, exit_code: int, reason: str, log: bytes) -> str:
+    """A container's termination message as the kubelet writes it when its termination
+    message file is empty or missing (the emulator has none: a container cannot write
+    /dev/termination-log without a mount namespace): under terminationMessagePolicy
+    FallbackToLogsOnError, for a container that failed (exit code not 0, reason not
+    ContainerCannotRun), the last 80 lines of its log, of which the last 2048 bytes
+    (kuberuntime's convertToKubeContainerStatus and readLastStringFromContainerLogs:
+    ReadLogs with TailLines into a 2048-byte circular buffer). "" otherwise."""
+    if container.get("terminationMessagePolicy") != "FallbackToLogsOnError" or exit_code == 0 \
+            or reason == "ContainerCannotRun":
+        return ""
+    lines = log.splitlines(keepends=True)[-FALLBACK_LOG_LINES:]
+    return b"".join(lines)[-FALLBACK_LOG_BYTES:].decode("utf-8", "replace")
+
+
 def terminated_status(pod: dict, exit_codes: dict[str, int], started: str | dict[str, str],
                       finished: str | dict[str, str],
-                      reason_for: dict[str, str] | None = None) -> dict:
+                      reason_for: dict[str, str] | None = None,
+                      logs: dict[str, bytes] | None = None) -> dict:
     """Every container ended: Succeeded if all exited 0, else Failed (no restarts here).
-    `started` and `finished`: each container's (by name), or one for all."""
+    `started` and `finished`: each container's (by name), or one for all; `logs`: what
+    each wrote (its termination message, fallback_message)."""
     statuses = []
     for c in pod["spec"]["containers"]:
         code = exit_codes.get(c["name"], 137)
         reason = (reason_for or {}).get(c["name"]) or ("Completed" if code == 0 else "Error")
+        ended = {"exitCode": code, "reason": reason, "startedAt": _started(started, c["name"]),
+                 "finishedAt": _started(finished, c["name"])}
+        message = fallback_message(c, code, reason, (logs or {}).get(c["name"], b""))
+        if message:
+            ended["message"] = message
         statuses.append({"name": c["name"], "image": c["image"], "imageID": "",
                          "containerID": f"emulated://{pod['metadata']['uid']}/{c['name']}",
                          "ready": False, "started": False, "restartCount": 0,
-                         "state": {"terminated": {
-                             "exitCode": code, "reason": reason,
-                             "startedAt": _started(started, c["name"]),
-                             "finishedAt": _started(finished, c["name"])}}})
+                         "state": {"terminated": ended}})
     phase = "Succeeded" if all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses) \
         else "Failed"
     ended = max(_started(finished, c["name"]) for c in pod["spec"]["containers"])

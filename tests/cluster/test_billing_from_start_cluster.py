@@ -50,7 +50,7 @@ from tests.cluster.test_gpulease_up_cluster import (
     start,
     wait_for,
 )
-from tests.support.hubproc import HubProcess
+from tests.support.hubproc import HubProcess, password_of
 
 HTTP_TIMEOUT_S = 5  # where a start must fail for want of an answer
 SLOW_HTTP_TIMEOUT_S = 30  # where a server works WORK_S before it answers
@@ -74,7 +74,10 @@ _s.signal(_s.SIGTERM, _s.SIG_IGN)
 while True:
     _t.sleep(1)
 """
-EXITS_CONFIG = MARK + "raise SystemExit(7)\n"
+# Says why in red, with HTML, then exits: its container's log's end is its termination
+# message (FallbackToLogsOnError), which its owner is shown.
+GAVE_UP = "CLUSTER-MARK-5e1d: my config gave up on <missing> data"
+EXITS_CONFIG = MARK + f"print('\\x1b[31m{GAVE_UP}\\x1b[0m', flush=True)\nraise SystemExit(7)\n"
 
 
 def catalog_and_profiles(folder: Path, namespace: str) -> tuple[Path, dict]:
@@ -307,8 +310,18 @@ def test_a_start_that_never_answers_is_killed_billed_counted_and_rationed(
     assert 0 < session["billed_ms"] < 30_000, session
     message = start_failed(hub, "alice", alice)
     assert "exited before it answered (its container exited with status 7)" in message, message
+    # ... and what it wrote last, from its container's termination message, stripped
+    assert GAVE_UP in message and "\x1b" not in message, message
     hub.wait_server_stopped("alice", alice, timeout=30)
     assert len(failed_starts(hub, alice)) == LIMIT
+    page = hub.signed_in("alice", password_of("alice")).get(f"{hub.url}/hub/home", timeout=30)
+    assert "Its last start failed" in page.text
+    assert GAVE_UP.replace("<missing>", "&lt;missing&gt;") in page.text, page.text[-3000:]
+    shown = hub.cli("logs", "alice")  # an admin: the tail, and where the full log is
+    assert shown.returncode == 0 and GAVE_UP in shown.stdout, shown
+    assert "kubectl logs --namespace" in shown.stderr and "\x1b" not in shown.stdout
+    bob = hub.add_user(admin, "bob", "1")
+    assert hub.service("GET", "api/logs/alice", bob).status_code == 403
 
     # Past the limit: refused before anything is made, 429 with when to try again.
     r = start(hub, "alice", alice, "slice")

@@ -116,6 +116,36 @@ def test_a_container_that_exited_before_its_pod_ran_fails_the_start_as_its_own(s
     assert spawner.is_pod_running(pod(RUNNING)) is True
 
 
+def test_a_failed_start_shows_its_owner_the_end_of_its_containers_log(spawner, monkeypatch):
+    """The kubelet keeps a failed container's last lines in its termination message
+    (FallbackToLogsOnError): the start's failure shows them, stripped of what a terminal
+    would obey and escaped on the page, and records them with the failed start."""
+    recorded = []
+    monkeypatch.setattr(GPUKubeSpawner, "_failed_starts", lambda self: SimpleNamespace(
+        record=lambda *args: recorded.append(args) and False))
+    monkeypatch.setattr(GPUKubeSpawner, "_node_of", lambda self, seen: None)
+
+    async def deleted(self, grace, why):
+        return True
+
+    async def unbilled(self):
+        return None
+    monkeypatch.setattr(GPUKubeSpawner, "_delete_pod", deleted)
+    monkeypatch.setattr(GPUKubeSpawner, "_billed_ms_of_failed_start", unbilled)
+    ended = {"terminated": {**EXITED["terminated"], "message":
+                            "loading config\n\x1b[31mValueError: <bad> setting\x1b[0m\n"}}
+    spawner.pods["gpulease/jupyter-ada"] = pod(ended, phase="Failed")
+    spawner.gpulease_launched_at = k8s_time(T0)
+    picked = SimpleNamespace(profile=SimpleNamespace(slug="cpu"), rate_per_hour_ucr=0)
+    error = asyncio.run(spawner._failed_start(picked, StartFailed("it exited before it "
+                                                                    "answered")))
+    tail = "loading config\nValueError: <bad> setting"
+    assert error.status_code == 502 and error.jupyterhub_message.endswith(tail)
+    assert "ValueError: &lt;bad&gt; setting</pre>" in error.jupyterhub_html_message
+    assert tail not in str(error)  # what JupyterHub logs: gpulease's words only
+    assert recorded and recorded[0][-1] == tail
+
+
 def test_a_pod_watch_keeps_the_last_object_of_a_pod_that_went(no_cluster):
     """kubespawner's watch drops a pod on its DELETED event; ours keeps that last object
     (the one with its containers' finishedAt), and a pod missing from a new list too."""

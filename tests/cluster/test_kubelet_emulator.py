@@ -76,6 +76,26 @@ def test_a_pod_runs_as_its_user_at_its_own_address_and_reports_its_exit(
     assert AGENT in writers and writers <= {AGENT, "kube-scheduler"}, writers
 
 
+def test_a_failed_container_reports_the_end_of_its_log_as_its_termination_message(
+        kube: Kube, namespace: str, gpu_nodes):
+    """terminationMessagePolicy FallbackToLogsOnError, as a kubelet applies it."""
+    gpu_nodes(GpuNode("n", gpus=1))
+    script = ("import sys\nfor i in range(100): print('line', i)\nsys.stdout.flush()\n"
+              "print('\\x1b[31mboom\\x1b[0m', file=sys.stderr)\nsys.exit(4)")
+    body = _pod("tail", namespace, script)
+    body["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    kube.create(pods_path(namespace), body)
+    kube.create(pods_path(namespace), _pod("plain", namespace, script))
+    ended = {}
+    for name in ("tail", "plain"):
+        ended[name] = kube.wait_for(f"pod {name} ended", lambda n=name: (
+            p := kube.get(pods_path(namespace, n)))["status"].get("phase") == "Failed" and p,
+            timeout=30)["status"]["containerStatuses"][0]["state"]["terminated"]
+    lines = ended["tail"]["message"].splitlines()
+    assert len(lines) == 80 and lines[0] == "line 21" and lines[-1] == "\x1b[31mboom\x1b[0m"
+    assert "message" not in ended["plain"]  # the default policy (File) reads no log
+
+
 def _listening(ip: str, port: int) -> bool:
     try:
         socket.create_connection((ip, port), timeout=1).close()

@@ -72,3 +72,26 @@ def test_exit_codes_decide_the_phase():
     failed = pod_plan.terminated_status(pod, {"notebook": 137}, "t0", "t1")
     assert failed["phase"] == "Failed"
     assert failed["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
+
+
+def test_a_failed_container_under_fallback_to_logs_gets_its_logs_tail_as_its_message():
+    """The kubelet's rule: exit code not 0 and terminationMessagePolicy FallbackToLogsOnError
+    (the emulator has no termination message file): the last 80 lines, of which the last
+    2048 bytes; nothing for a container that succeeded or keeps the default policy."""
+    pod = _pod()
+    pod["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    log = b"".join(b"line %03d\n" % i for i in range(100))
+    failed = pod_plan.terminated_status(pod, {"notebook": 3}, "t0", "t1", logs={"notebook": log})
+    message = failed["containerStatuses"][0]["state"]["terminated"]["message"]
+    assert message.splitlines() == [f"line {i:03d}" for i in range(20, 100)]
+    wide = b"".join(b"%03d" % i + b"x" * 96 + b"\n" for i in range(50))  # 100 bytes a line
+    message = pod_plan.terminated_status(pod, {"notebook": 1}, "t0", "t1",
+                                         logs={"notebook": wide})["containerStatuses"][0][
+        "state"]["terminated"]["message"]
+    assert len(message) == 2048 and message.endswith("049" + "x" * 96 + "\n")
+    ok = pod_plan.terminated_status(pod, {"notebook": 0}, "t0", "t1", logs={"notebook": log})
+    assert "message" not in ok["containerStatuses"][0]["state"]["terminated"]
+    plain = _pod()  # the default policy, File: only the (absent) file's content
+    failed = pod_plan.terminated_status(plain, {"notebook": 3}, "t0", "t1",
+                                        logs={"notebook": log})
+    assert "message" not in failed["containerStatuses"][0]["state"]["terminated"]

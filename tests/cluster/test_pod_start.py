@@ -20,6 +20,7 @@ from gpulease.spawners.kube.pod_start import (
     node_ready,
     ran_and_ended,
     running_still,
+    termination_message,
 )
 
 T0 = "2026-12-06T10:00:01Z"
@@ -122,6 +123,18 @@ def test_a_container_that_ran_and_ended_before_the_pod_ran_is_the_servers_failur
     assert ran_and_ended(pod(waiting, phase="Pending")) is None
     assert ran_and_ended(pod(terminated(), phase="Failed", deleting=True)) is None
     assert ran_and_ended(pod(running())) is None
+
+
+def test_the_termination_message_is_the_notebook_containers_current_or_last_runs():
+    failed = terminated(code=1)
+    failed["state"]["terminated"]["message"] = "ValueError: bad config\n"
+    sidecar = terminated(name="sidecar", code=1)
+    sidecar["state"]["terminated"]["message"] = "not the server's"
+    assert termination_message(pod(sidecar, failed, phase="Failed")) == "ValueError: bad config\n"
+    again = running(restarts=1, last={"exitCode": 1, "message": "before the restart"})
+    assert termination_message(pod(again)) == "before the restart"
+    assert termination_message(pod(terminated(), phase="Failed")) == ""
+    assert termination_message(None) == ""
 
 
 def test_node_readiness():

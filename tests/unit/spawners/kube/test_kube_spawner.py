@@ -67,6 +67,15 @@ def test_a_mig_slice_pod_asks_for_its_slice_on_the_models_nodes_and_is_locked_do
     assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
 
 
+def test_a_failed_notebook_container_leaves_the_tail_of_its_log_in_its_status():
+    """terminationMessagePolicy FallbackToLogsOnError: the kubelet puts the end of a failed
+    container's log in state.terminated.message, which its start's failure shows."""
+    for picked in (choice(GpuSpec("H200", "1g.18gb")), choice(None, "cpu")):
+        _, pod = manifest(picked)
+        (container,) = pod["spec"]["containers"]
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_every_server_of_a_user_mounts_the_one_home_claim():
     spawner, pod = manifest(choice(GpuSpec("A100-80GB", None, 2), "two-a100"), name="train")
     assert spawner.pvc_name_template == HOME_CLAIM and spawner.pvc_name == "claim-ada"
