@@ -163,10 +163,10 @@ def test_the_kernel_started_with_the_server_is_unseen_until_asked_for(hub, admin
     api = urljoin(f"{hub.url}/", url) + "api"
     headers = {"Authorization": f"token {token}"}
     assert requests.get(f"{api}/kernels", headers=headers, timeout=30).json() == []
-    handed_out = hub.log().count("(started with the server)")
+    handed_out = hub.server_log("cy").count("(started with the server)")
     first = requests.post(f"{api}/kernels", json={"name": "python3"}, headers=headers,
                           timeout=30).json()
-    assert f"Kernel started: {first['id']} (started with the server)" in hub.log()
+    assert f"Kernel started: {first['id']} (started with the server)" in hub.server_log("cy")
     assert [k["id"] for k in requests.get(f"{api}/kernels", headers=headers,
                                           timeout=30).json()] == [first["id"]]
     ws = api.replace("http://", "ws://") + f"/kernels/{first['id']}/channels"
@@ -174,7 +174,7 @@ def test_the_kernel_started_with_the_server_is_unseen_until_asked_for(hub, admin
     second = requests.post(f"{api}/kernels", json={"name": "python3"}, headers=headers,
                            timeout=30).json()
     assert second["id"] != first["id"]  # a pool of one: the next is started as usual
-    assert hub.log().count("(started with the server)") == handed_out + 1
+    assert hub.server_log("cy").count("(started with the server)") == handed_out + 1
 
 
 def test_a_notebook_gets_the_pooled_kernel_named_for_it(hub, admin):
@@ -187,7 +187,7 @@ def test_a_notebook_gets_the_pooled_kernel_named_for_it(hub, admin):
         "kernel": {"name": "python3"}})
     assert r.status_code == 201, r.text
     kernel_id = r.json()["kernel"]["id"]
-    assert f"Kernel started: {kernel_id} (started with the server)" in hub.log()
+    assert f"Kernel started: {kernel_id} (started with the server)" in hub.server_log("dee")
     ws = api.replace("http://", "ws://") + f"/kernels/{kernel_id}/channels"
     seen = json.loads(execute_over_websocket(
         ws, "import os, json; print(json.dumps([os.environ.get('JPY_SESSION_NAME'), "
@@ -226,7 +226,7 @@ def test_a_first_kernel_asked_for_elsewhere_shuts_the_pooled_one_down(hub, admin
         time.sleep(0.2)
     assert len(kernels_of("gl-fay")) == 1, kernels_of("gl-fay")
     assert "shutting down the kernel started with the server: the first kernel asked for " \
-        "is another" in hub.log()
+        "is another" in hub.server_log("fay")
     ws = api.replace("http://", "ws://") + f"/kernels/{kernel['id']}/channels"
     assert execute_over_websocket(ws, "import os; print(os.path.basename(os.getcwd()))",
                                   headers).strip() == "sub"

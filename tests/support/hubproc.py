@@ -45,15 +45,22 @@ def _ephemeral_low() -> int:
 _HANDED_OUT: set[int] = set()  # by free_port, in this process
 
 # Every hub log this process wrote: a failed test's report shows the tracebacks
-# its hubs logged (tests/conftest.py), so a bare 500 in CI can be traced.
+# its hubs logged (tests/conftest.py), so a bare 500 in CI can be traced. Servers
+# write logs of their own (<state>/logs/servers/): their folders are looked in too.
 HUB_LOGS: list[Path] = []
+SERVER_LOG_FOLDERS: list[Path] = []
+
+
+def _logs() -> list[Path]:
+    servers = [p for folder in SERVER_LOG_FOLDERS for p in sorted(folder.glob("*/*.log"))]
+    return [*HUB_LOGS, *servers]
 
 
 def hub_tracebacks(since: float, limit: int = 3, lines_each: int = 60) -> str:
     """The last `limit` tracebacks, or 5xx answers with the lines before them, in hub logs
     written since `since` (epoch seconds)."""
     found: list[str] = []
-    for path in HUB_LOGS:
+    for path in _logs():
         try:
             if path.stat().st_mtime < since:
                 continue
@@ -228,6 +235,7 @@ class HubProcess:
         python, no_accounts = hub_python()
         if os.geteuid() == 0 and not no_accounts:
             self.state = relocate_state(self.state)
+        SERVER_LOG_FOLDERS.append(self.state / "logs" / "servers")
         args = [
             python, "-m", "gpulease.hub.cli", "up",
             f"--state={self.state}",
@@ -286,6 +294,15 @@ class HubProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def server_log(self, user: str, server: str = "") -> str:
+        """What `user`'s server wrote in its last start: its own log (docs/admin.md,
+        "Servers' logs"); the hub's log holds none of it."""
+        path = self.state / "logs" / "servers" / user / f"{server or '_default'}.log"
+        try:
+            return path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def interrupt(self, timeout: float = 60) -> int:
         """Ctrl-C: what a user does to stop `gpulease up`."""
