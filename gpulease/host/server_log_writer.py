@@ -63,15 +63,32 @@ def still_at(path: str, fd: int) -> bool:
     return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
 
 
+def _open_or_none(path: str) -> int:
+    """`open_log`, or -1 where the file cannot be made now (a disk with no space or inode
+    left): the output that comes meanwhile is dropped, and the next chunk tries again."""
+    try:
+        return open_log(path)
+    except OSError:
+        return -1
+
+
+def _rotate_or_not(path: str, keep: int) -> None:
+    try:
+        rotate(path, keep)
+    except OSError:
+        pass  # kept as it is: the next file is appended to it (bounded all the same)
+
+
 def run(source: int, path: str, rule: Rotation) -> int:
-    """Copy `source` to the log until its end; the bytes it could not keep."""
+    """Copy `source` to the log until its end; the bytes it could not keep. No file it
+    cannot make or write ends it: it reads on to the end whatever the disk does."""
     try:
         if os.stat(path, follow_symlinks=False).st_size > 0:
-            rotate(path, rule.keep)  # each start begins a file of its own
-    except FileNotFoundError:
+            _rotate_or_not(path, rule.keep)  # each start begins a file of its own
+    except OSError:
         pass
-    fd = open_log(path)
-    written, dropped = os.fstat(fd).st_size, 0
+    fd = _open_or_none(path)
+    written, dropped = (os.fstat(fd).st_size if fd >= 0 else 0), 0
     while True:
         try:
             data = os.read(source, CHUNK)
@@ -79,20 +96,40 @@ def run(source: int, path: str, rule: Rotation) -> int:
             continue
         if not data:
             break
-        if written + len(data) > rule.max_bytes:
+        if fd < 0:  # no file yet: room may have come back
+            fd = _open_or_none(path)
+            written = os.fstat(fd).st_size if fd >= 0 else 0
+        if fd >= 0 and written + len(data) > rule.max_bytes:
             if not still_at(path, fd):  # not ours to rotate: kept to its bound, no further
                 dropped += len(data)
                 continue
             os.close(fd)
-            rotate(path, rule.keep)
-            fd, written = open_log(path), 0
+            _rotate_or_not(path, rule.keep)
+            fd, written = _open_or_none(path), 0
+            if fd >= 0:
+                written = os.fstat(fd).st_size  # a rotation that failed left it in place
+        if fd < 0 or written + len(data) > rule.max_bytes:
+            dropped += len(data)
+            continue
         try:
             os.write(fd, data)
             written += len(data)
         except OSError:
             dropped += len(data)  # a full disk: the server runs on, its output is lost
-    os.close(fd)
+    if fd >= 0:
+        os.close(fd)
     return dropped
+
+
+def drain(source: int) -> None:
+    """Read `source` to its end, keeping nothing: what the writer does if it fails in a
+    way `run` did not foresee, so that the server's writes never fail (EPIPE, SIGPIPE)."""
+    while True:
+        try:
+            if not os.read(source, CHUNK):
+                return
+        except InterruptedError:
+            continue
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(number, signal.SIG_IGN)
     os.umask(0o027)
-    run(0, args[0], Rotation(int(args[1]), int(args[2])))
+    try:
+        run(0, args[0], Rotation(int(args[1]), int(args[2])))
+    except Exception:
+        drain(0)
+        return 1
     return 0
 
 

@@ -134,3 +134,56 @@ def test_another_account_cannot_read_or_write_the_log():
         assert cap.path.read_text() == "secret\n"
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: a disk that fills")
+def test_a_full_disk_costs_output_never_the_server_or_its_writer():
+    """A disk with no inode left (a researcher's home on the state folder's disk can use
+    them all up): the writer cannot begin a file at its rotation, nor at its start. It
+    reads on, dropping what it cannot keep, so the server's writes never fail (a process
+    writing to a pipe no one reads dies of SIGPIPE), and it keeps what comes once there
+    is room again."""
+    state = Path(tempfile.mkdtemp(prefix="gpulease-full-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=6", "gpulease-full",
+                    str(state)], check=True)
+    try:
+        # inodes: the root, logs/, servers/, ada/, the log; its first rotation takes the last
+        cap = capture(state, "ada", "", RULE)
+        code = ("import os, sys\nfor i in range(12):\n    os.write(1, b'x' * 16000 + b'\\n')\n"
+                "sys.stdin.readline()\nos.write(2, b'after the room came back\\n')\n")
+        server = subprocess.Popen(
+            ["sh", "-c", f'{sys.executable} -c "$0"; echo "the shell lived on: $?"', code],
+            stdin=subprocess.PIPE, stdout=cap.write_fd, stderr=cap.write_fd)
+        cap.launched()
+        deadline = time.monotonic() + 10
+        folder = state / "logs/servers/ada"
+        while time.monotonic() < deadline and not (folder / "_default.log.2").exists():
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert cap.writer.poll() is None, "the log writer died of the full disk"
+        (folder / "_default.log.2").unlink()  # room again: one inode
+        server.communicate(b"go\n", timeout=30)
+        assert server.returncode == 0, "the server died of its output (SIGPIPE)"
+        assert cap.wait_written(10) and cap.writer.returncode == 0
+        assert cap.path.read_text().endswith(
+            "after the room came back\nthe shell lived on: 0\n"), cap.path.read_text()[-200:]
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: a disk that fills")
+def test_a_writer_that_cannot_begin_its_file_still_reads():
+    state = Path(tempfile.mkdtemp(prefix="gpulease-full-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=4", "gpulease-full",
+                    str(state)], check=True)
+    try:
+        cap = capture(state, "ada", "", RULE)  # its folders take every inode: no file
+        done = run_server(cap, "import time\nfor i in range(3):\n"
+                               "    print('lost', flush=True); time.sleep(0.2)")
+        assert done.returncode == 0, "the server's writes failed: its writer had ended"
+        assert cap.wait_written(10) and cap.writer.returncode == 0
+        assert not cap.path.exists() and cap.tail() == ""
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+        shutil.rmtree(state, ignore_errors=True)
