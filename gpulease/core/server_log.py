@@ -133,14 +133,17 @@ def tail(data: bytes, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> b
 
 
 # ESC-introduced sequences, as ECMA-48 defines them: CSI (ESC [ ... final byte), the
-# strings OSC, DCS, SOS, PM and APC (ended by BEL or ST = ESC \, or running to the end),
+# strings OSC, DCS, SOS, PM and APC (ended by BEL or ST = ESC \; one never ended is taken
+# out to the end of its line, so that it hides no later line: its opening is gone, so no
+# terminal reads on as a string),
 # and the two- and three-byte escapes (ESC, intermediates 0x20-0x2f, a final byte).
 # Their 8-bit C1 forms (0x9b CSI, 0x9d OSC, ...) are taken out as C1 characters are.
 _CSI = r"\x1b\[[0-?]*[ -/]*[@-~]?"
-_STRING = r"\x1b[\]PX^_].*?(?:\x07|\x1b\\|\x9c|$)"
+_STRING = r"\x1b[\]PX^_].*?(?:\x07|\x1b\\|\x9c|(?=\n)|\Z)"
 _ESCAPE = r"\x1b[ -/]*[0-~]?"
 _SEQUENCES = re.compile(f"{_CSI}|{_STRING}|{_ESCAPE}", re.DOTALL)
-_C1_STRING = re.compile(r"[\x90\x98\x9d\x9e\x9f].*?(?:\x07|\x9c|$)", re.DOTALL)
+_C1_STRING = re.compile(r"[\x90\x98\x9d\x9e\x9f].*?(?:\x07|\x9c|(?=\n)|\Z)",
+                        re.DOTALL)
 _C1_CSI = re.compile(r"\x9b[0-?]*[ -/]*[@-~]?")
 # Every other C0 control but \t and \n, DEL, the C1 controls, and the Unicode
 # controls that reorder text on the screen (bidirectional embeddings, overrides,

@@ -134,3 +134,14 @@ def test_the_shown_tail_is_the_stripped_end_without_blank_ends():
     shown = shown_tail(data)
     assert shown.endswith("ValueError: boom") and "\x1b" not in shown
     assert "noise 0\n" not in shown and shown.count("\n") <= TAIL_LINES
+
+
+def test_a_string_sequence_never_ended_hides_no_later_line():
+    """An OSC or DCS without its end (a title cut short, a crash mid-sequence) is taken out
+    to the end of its line, not of the log: the lines after it, the traceback that
+    explains the failure or gpulease's own notes among them, are still shown."""
+    written = b"\x1b]0;title never ended\nTraceback: the real error\n[gpulease] a note\n"
+    assert shown_text(written) == "\nTraceback: the real error\n[gpulease] a note\n"
+    assert shown_text("\u009d0;t\nnext\n".encode()) == "\nnext\n"
+    assert shown_text(b"a\x1bPq#0\nb\n") == "a\nb\n"
+    assert shown_text(b"ok \x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ end") == "ok link end"
