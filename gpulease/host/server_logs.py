@@ -157,3 +157,30 @@ def read_log(state_root: Path, user: str, server: str, lines: int | None,
     if lines is not None:
         data = tail(data, lines, limit)
     return data
+
+
+def remove_logs(state_root: Path, user: str, server: str) -> int:
+    """Remove a server's log and its rotated files, when the server itself is deleted (a
+    named server removed, a user deleted): how many were. A server's log is bounded, but
+    a user's are not unless a deleted server's go with it (create, start, delete, again).
+    Its user's folder goes too once empty. ValueError for a name outside the rules."""
+    path = Path(log_path(state_root, user, server))
+    folder, name = path.parent, path.name
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for found in names:
+        number = found[len(name) + 1:] if found.startswith(f"{name}.") else ""
+        if found == name or (number.isascii() and number.isdigit()):
+            try:
+                os.unlink(folder / found)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # another server's logs are in it
+    return removed

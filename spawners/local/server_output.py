@@ -9,7 +9,10 @@ the forked child puts it on its fd 1 and 2 before anything of the
 researcher's runs (singleuser/warm_child.py). The hub lets go of its own copy
 once the server has it, so that the writer ends when the server's last process
 does. A start the server's own code failed reads the end of that output
-(`_output_tail`), once the writer has written it, for its owner to see.
+(`_output_tail`), once the writer has written it, for its owner to see. A server
+deleted (a named one removed, its user deleted) takes its logs with it
+(`delete_forever`): else names created, started and deleted without end would
+fill the disk with the hub's files.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import asyncio
 import subprocess
 from pathlib import Path
 
+from jupyterhub.utils import maybe_future
 from traitlets import Integer, TraitError, validate
 from traitlets.config import Configurable
 
 from gpulease.core.refusal import Refusal
 from gpulease.core.server_log import DEFAULT_KEEP, DEFAULT_MAX_BYTES, Rotation, rotation_problem
-from gpulease.host.server_logs import Capture, ServerLogError, capture
+from gpulease.host.server_logs import Capture, ServerLogError, capture, remove_logs
 from gpulease.spawners.http_error import http_error
 
 WRITTEN_WAIT_S = 3.0  # a failed start waits this long for its output to be written
@@ -94,3 +98,17 @@ class ServerOutput(Configurable):
         output.launched()
         await asyncio.to_thread(output.wait_written, WRITTEN_WAIT_S)
         return await asyncio.to_thread(output.tail)
+
+    async def delete_forever(self) -> None:
+        """JupyterHub's hook as a server is deleted (stopped before): its logs removed."""
+        try:
+            removed = await asyncio.to_thread(remove_logs, Path(self._state_root()),
+                                              self.user.name, self.name)
+        except (ValueError, OSError) as e:
+            self.log.warning("the logs of %s are kept: %s", self._log_name, e)
+        else:
+            if removed:
+                self.log.info("%s deleted: its %d log file(s) removed", self._log_name, removed)
+        parent = getattr(super(), "delete_forever", None)
+        if parent is not None:
+            await maybe_future(parent())

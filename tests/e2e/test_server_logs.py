@@ -225,3 +225,34 @@ def test_a_server_that_truncates_its_output_leaves_the_hubs_log_intact(hub):
         assert int(uid) != 0 and int(uid) != st.st_uid
     hub.api("DELETE", "users/bob/server", token)
     hub.wait_server_stopped("bob", token)
+
+
+def writers_of(log) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
+            and "gpulease.host.server_log_writer" in p.info["cmdline"]
+            and str(log) in p.info["cmdline"]]
+
+
+def test_a_deleted_server_takes_its_logs_and_its_writer_with_it(hub):
+    """A named server deleted (and a user) leaves no log behind: else creating, starting
+    and deleting names without end would fill the disk with the hub's files, beyond any
+    quota of the researcher's account. While it runs the hub holds no end of its log's
+    pipe (its writer could never end); once stopped, its writer has ended."""
+    admin = hub.admin_token
+    token = hub.add_user(admin, "cid")
+    configure(hub, "cid", "print('GPULEASE-DELETED-MARK', flush=True)\n")
+    hub.start_servers("cid", token, {"n1": {"profile": "cpu"}}, timeout=90)
+    folder = hub.state / "logs" / "servers" / "cid"
+    log = folder / "n1.log"
+    (writer,) = writers_of(log)
+    pipe = open_files(writer.pid)[0]
+    assert pipe.startswith("pipe:") and pipe not in open_files(hub.proc.pid).values()
+    hub.api("DELETE", "users/cid/servers/n1", token)
+    hub.wait_server_stopped("cid", token, "n1")
+    writer.wait(30)  # the server's last process gone: its writer ended, the hub reaped it
+    assert not writers_of(log)
+    assert "GPULEASE-DELETED-MARK" in log.read_text()
+    (folder / "n1.log.1").write_text("an earlier start\n")
+    r = hub.api("DELETE", "users/cid/servers/n1", token, {"remove": True})
+    assert r.status_code == 204, r.text
+    assert not folder.exists(), sorted(p.name for p in folder.iterdir())  # cid's only server

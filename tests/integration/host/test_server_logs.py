@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpulease.core.server_log import Rotation
-from gpulease.host.server_logs import ServerLogError, capture, read_log
+from gpulease.host.server_logs import ServerLogError, capture, read_log, remove_logs
 
 RULE = Rotation(max_bytes=64 * 1024, keep=2)
 
@@ -187,3 +187,16 @@ def test_a_writer_that_cannot_begin_its_file_still_reads():
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_deleted_servers_logs_go_and_no_other_servers(tmp_path):
+    folder = tmp_path / "logs/servers/ada"
+    folder.mkdir(parents=True)
+    for name in ("n1.log", "n1.log.1", "n1.log.7", "n10.log", "n1.logx", "_default.log"):
+        (folder / name).write_text(name)
+    assert remove_logs(tmp_path, "ada", "n1") == 3
+    assert sorted(p.name for p in folder.iterdir()) == ["_default.log", "n1.logx", "n10.log"]
+    assert remove_logs(tmp_path, "ada", "n1") == 0
+    assert remove_logs(tmp_path, "bob", "") == 0  # never started: nothing to remove
+    with pytest.raises(ValueError):
+        remove_logs(tmp_path, "ada", "../ada")
