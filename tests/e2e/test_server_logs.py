@@ -256,3 +256,54 @@ def test_a_deleted_server_takes_its_logs_and_its_writer_with_it(hub):
     r = hub.api("DELETE", "users/cid/servers/n1", token, {"remove": True})
     assert r.status_code == 204, r.text
     assert not folder.exists(), sorted(p.name for p in folder.iterdir())  # cid's only server
+
+
+# Writes a numbered line every 0.1 s for as long as the server runs.
+TICKING_CONFIG = """
+import os, threading, time
+def _tick():
+    n = 0
+    while True:
+        os.write(1, b"GPULEASE-TICK %d\\n" % n)
+        n += 1
+        time.sleep(0.1)
+threading.Thread(target=_tick, daemon=True).start()
+"""
+
+
+def ticks(text: str) -> list[int]:
+    return [int(line.split()[1]) for line in text.splitlines()
+            if line.startswith("GPULEASE-TICK ")]
+
+
+def test_a_server_and_its_writer_outlive_a_killed_hub_and_the_next_hub_adds_none(tmp_path):
+    """The hub killed (SIGKILL) while a server writes: its writer writes on (the server's
+    writes never fail), the restarted hub starts no second writer, nothing is written
+    twice or lost, and the server's stop ends its writer, which leaves no zombie."""
+    (tmp_path / "profiles.yaml").write_text(PROFILES)
+    h = HubProcess(state=tmp_path / "state", admin_password=ADMIN_PW, extra_args=[
+        f"--profiles={tmp_path / 'profiles.yaml'}", "--GPULeaseHub.culler_enabled=False"])
+    h.start()
+    try:
+        admin = h.token_for("admin", ADMIN_PW)
+        token = h.add_user(admin, "dan")
+        configure(h, "dan", TICKING_CONFIG)
+        h.start_servers("dan", token, {"": {"profile": "cpu"}}, timeout=90)
+        log = h.state / "logs" / "servers" / "dan" / "_default.log"
+        (writer,) = writers_of(log)
+        h.kill()
+        seen = len(ticks(log.read_text()))
+        time.sleep(1.5)
+        assert writer.is_running() and writer.status() != psutil.STATUS_ZOMBIE
+        assert len(ticks(log.read_text())) > seen + 5, "the server's output stopped"
+        h.start()
+        assert writers_of(log) == [writer]
+        assert h.api("GET", "users/dan", token).json()["servers"][""]["ready"]
+        assert h.api("DELETE", "users/dan/server", token).status_code in (202, 204)
+        h.wait_server_stopped("dan", token)
+        writer.wait(30)  # ended; reaped by init, not left a zombie of the dead hub
+        numbers = ticks(log.read_text())
+        assert numbers == list(range(len(numbers))) and len(numbers) > 20, numbers[-5:]
+        assert "GPULEASE-TICK" not in h.log()
+    finally:
+        h.close()
