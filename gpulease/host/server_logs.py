@@ -159,28 +159,47 @@ def read_log(state_root: Path, user: str, server: str, lines: int | None,
     return data
 
 
+def _log_files(folder: Path, name: str) -> list[str]:
+    """The files of one server's log in its user's folder: `name` and `name`.N."""
+    try:
+        found = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    numbers = (f[len(name) + 1:] for f in found)
+    return [f for f, n in zip(found, numbers, strict=True)
+            if f == name or (f.startswith(f"{name}.") and n.isascii() and n.isdigit())]
+
+
 def remove_logs(state_root: Path, user: str, server: str) -> int:
     """Remove a server's log and its rotated files, when the server itself is deleted (a
     named server removed, a user deleted): how many were. A server's log is bounded, but
     a user's are not unless a deleted server's go with it (create, start, delete, again).
     Its user's folder goes too once empty. ValueError for a name outside the rules."""
     path = Path(log_path(state_root, user, server))
-    folder, name = path.parent, path.name
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return 0
+    folder = path.parent
     removed = 0
-    for found in names:
-        number = found[len(name) + 1:] if found.startswith(f"{name}.") else ""
-        if found == name or (number.isascii() and number.isdigit()):
-            try:
-                os.unlink(folder / found)
-                removed += 1
-            except FileNotFoundError:
-                pass
+    for found in _log_files(folder, path.name):
+        try:
+            os.unlink(folder / found)
+            removed += 1
+        except FileNotFoundError:
+            pass
     try:
         folder.rmdir()
     except OSError:
-        pass  # another server's logs are in it
+        pass  # another server's logs are in it, or it was never made
     return removed
+
+
+def rename_logs(state_root: Path, user: str, old: str, new: str) -> int:
+    """A server renamed: its log files take the new name (what was left under that name
+    removed first), so that none stays behind under a name no server has. How many moved.
+    ValueError for a name outside the rules."""
+    source, target = Path(log_path(state_root, user, old)), Path(log_path(state_root, user, new))
+    moving = _log_files(source.parent, source.name)
+    if not moving:
+        return 0
+    remove_logs(state_root, user, new)
+    for found in moving:
+        os.rename(source.parent / found, target.parent / (target.name + found[len(source.name):]))
+    return len(moving)

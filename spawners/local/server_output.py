@@ -11,8 +11,9 @@ once the server has it, so that the writer ends when the server's last process
 does. A start the server's own code failed reads the end of that output
 (`_output_tail`), once the writer has written it, for its owner to see. A server
 deleted (a named one removed, its user deleted) takes its logs with it
-(`delete_forever`): else names created, started and deleted without end would
-fill the disk with the hub's files.
+(`delete_forever`), and one renamed takes them to its new name (`rename`): else
+names created (or renamed), started and deleted without end would fill the disk
+with the hub's files.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from traitlets.config import Configurable
 
 from gpulease.core.refusal import Refusal
 from gpulease.core.server_log import DEFAULT_KEEP, DEFAULT_MAX_BYTES, Rotation, rotation_problem
-from gpulease.host.server_logs import Capture, ServerLogError, capture, remove_logs
+from gpulease.host.server_logs import (
+    Capture,
+    ServerLogError,
+    capture,
+    remove_logs,
+    rename_logs,
+)
 from gpulease.spawners.http_error import http_error
 
 WRITTEN_WAIT_S = 3.0  # a failed start waits this long for its output to be written
@@ -112,3 +119,16 @@ class ServerOutput(Configurable):
         parent = getattr(super(), "delete_forever", None)
         if parent is not None:
             await maybe_future(parent())
+
+    async def rename(self, old_name: str, new_name: str) -> None:
+        """JupyterHub's hook as a stopped server is renamed: its logs take the new name
+        (an error refuses the rename, so no log is left under a name no server has)."""
+        try:
+            await asyncio.to_thread(rename_logs, Path(self._state_root()), self.user.name,
+                                    old_name, new_name)
+        except (ValueError, OSError) as e:
+            raise http_error(Refusal(f"Cannot rename {self._log_name}: its logs cannot be "
+                                     f"moved ({e})", status=500)) from None
+        parent = getattr(super(), "rename", None)
+        if parent is not None:
+            await maybe_future(parent(old_name, new_name))

@@ -256,6 +256,18 @@ def test_a_deleted_server_takes_its_logs_and_its_writer_with_it(hub):
     r = hub.api("DELETE", "users/cid/servers/n1", token, {"remove": True})
     assert r.status_code == 204, r.text
     assert not folder.exists(), sorted(p.name for p in folder.iterdir())  # cid's only server
+    # a server renamed takes its logs to its new name: none is left under the old one,
+    # where no deletion would find them
+    hub.start_servers("cid", token, {"n2": {"profile": "cpu"}}, timeout=90)
+    hub.api("DELETE", "users/cid/servers/n2", token)
+    hub.wait_server_stopped("cid", token, "n2")
+    r = hub.api("PATCH", "users/cid/servers/n2", token, {"name": "n3"})
+    assert r.status_code == 200, r.text
+    assert sorted(p.name for p in folder.iterdir()) == ["n3.log"]
+    assert "GPULEASE-DELETED-MARK" in hub.service("GET", "api/logs/cid/n3", token).json()["log"]
+    r = hub.api("DELETE", "users/cid/servers/n3", token, {"remove": True})
+    assert r.status_code == 204, r.text
+    assert not folder.exists(), sorted(p.name for p in folder.iterdir())
 
 
 # Writes a numbered line every 0.1 s for as long as the server runs.

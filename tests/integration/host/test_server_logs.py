@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from gpulease.core.server_log import Rotation
-from gpulease.host.server_logs import ServerLogError, capture, read_log, remove_logs
+from gpulease.host.server_logs import (
+    ServerLogError,
+    capture,
+    read_log,
+    remove_logs,
+    rename_logs,
+)
 
 RULE = Rotation(max_bytes=64 * 1024, keep=2)
 
@@ -200,3 +206,17 @@ def test_a_deleted_servers_logs_go_and_no_other_servers(tmp_path):
     assert remove_logs(tmp_path, "bob", "") == 0  # never started: nothing to remove
     with pytest.raises(ValueError):
         remove_logs(tmp_path, "ada", "../ada")
+
+
+def test_a_renamed_servers_logs_take_its_new_name(tmp_path):
+    folder = tmp_path / "logs/servers/ada"
+    folder.mkdir(parents=True)
+    for name in ("a.log", "a.log.1", "b.log.2", "ab.log"):
+        (folder / name).write_text(name)
+    assert rename_logs(tmp_path, "ada", "a", "b") == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["ab.log", "b.log", "b.log.1"]
+    assert (folder / "b.log.1").read_text() == "a.log.1"  # b's stale .2 was removed first
+    assert rename_logs(tmp_path, "ada", "a", "c") == 0
+    assert rename_logs(tmp_path, "ada", "b", "") == 2  # to the default server's name
+    assert sorted(p.name for p in folder.iterdir()) == ["_default.log", "_default.log.1",
+                                                        "ab.log"]
