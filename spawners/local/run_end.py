@@ -76,8 +76,14 @@ class RunEnd:
                 self.log.info("%s stopped: its process ended at %s%s", self._log_name,
                               self._gpulease_exited_at,
                               f"; what it left running was ended at {ended}" if ended else "")
-                await self._release("start_failed" if failed_wait else "user",
-                                    ended or self._gpulease_exited_at)
+                try:
+                    await self._release("start_failed" if failed_wait else "user",
+                                        ended or self._gpulease_exited_at)
+                except Exception:
+                    # JupyterHub drops a stop's error without a word (stop_single_user)
+                    self.log.exception("%s: its stop could not release all it held",
+                                       self._log_name)
+                    raise
                 if failed_wait:
                     await self._count_failed_wait()
             finally:
@@ -119,18 +125,29 @@ class RunEnd:
         with it (the kernel frees it once the last of its processes is gone)."""
         cgroup, self.gpulease_cgroup = self.gpulease_cgroup, None
         if not cgroup:
-            await self._drop_sandbox()
+            await self._drop_sandbox_logged()
             return None, None
 
         def end() -> tuple[Emptied, datetime]:
             return isolation.end_everything(cgroup), utcnow()
 
         emptied, at = await asyncio.to_thread(end)
-        await self._drop_sandbox()
+        await self._drop_sandbox_logged()
         if not emptied.empty:
             self.log.error("%s stopped, but its cgroup is not empty: %s", self._log_name,
                            emptied.describe())
         return emptied, (at if emptied.found else None)
+
+    async def _drop_sandbox_logged(self) -> None:
+        """Drop the sandbox's namespace name; a failure is logged, never the stop's: the
+        name is the host's bookkeeping, and the stop still has a session to close and
+        devices to give back (a name whose file cannot be removed, its mount shadowed by a
+        later bind of /run/netns onto itself, is gpulease.spawners.local.sandbox's case)."""
+        try:
+            await self._drop_sandbox()
+        except Exception:
+            self.log.exception("%s: cannot drop its sandbox's network namespace",
+                               self._log_name)
 
     async def _release(self, reason: str, ended: datetime | None = None) -> None:
         """Release the devices and close the billing session, with the stop's reason.
@@ -153,12 +170,18 @@ class RunEnd:
 
     async def _release_now(self, reason: str, ended: datetime | None) -> None:
         self._gpulease_unwatch()
-        emptied, emptied_at = await self._remove_cgroup()
-        ended = max((t for t in (ended, emptied_at) if t is not None), default=None)
+        emptied_at: datetime | None = None
+        try:
+            emptied, emptied_at = await self._remove_cgroup()
+        finally:
+            # Whatever ending the cgroup came to, the session closes now, with this
+            # release's reason: JupyterHub drops a failed stop's error and counts the
+            # server gone, and the heartbeat would close it later as server_died.
+            ended = max((t for t in (ended, emptied_at) if t is not None), default=None)
+            self.gpulease_devices = ()
+            await self._end_billing(reason, ended)  # GPULeaseSpawnCore's
         ctx = self.gpulease
         user, server = self.user.name, self.name
-        self.gpulease_devices = ()
-        await self._end_billing(reason, ended)  # GPULeaseSpawnCore's
         if devices_may_go(emptied):
             def give_back() -> object:
                 return ctx.assignments.release(user, server, reason)

@@ -120,8 +120,18 @@ class NamespacePool:
         return sandbox
 
     def drop(self, sandbox: Sandbox) -> None:
-        """A stopped server's namespace: its name removed (blocking)."""
-        netns.remove_netns(sandbox.name)
+        """A stopped server's namespace: its name removed (blocking). Never raises: a
+        name that cannot be removed is logged and its number kept out of use (its file
+        is still there), and the server's stop goes on. That happens when /run/netns was
+        bound onto itself after the namespace was made (`ip netns add` does so where
+        /run/netns is no mount point yet, as do CNI plugins): the namespace's mount is
+        then hidden under the bind, and unlinking its file fails with EBUSY."""
+        try:
+            netns.remove_netns(sandbox.name)
+        except OSError as e:
+            log.error("cannot remove the network namespace %s of a stopped server (its "
+                      "number stays out of use): %s", sandbox.name, e)
+            return
         with self._lock:
             self._taken.discard(sandbox.index)
 

@@ -9,6 +9,7 @@ takes it.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import subprocess
@@ -165,3 +166,56 @@ def test_a_stop_racing_the_poll_that_found_its_server_dead_releases_nothing_earl
             os.kill(pid, 9)
         remove_dirs([str(folder)])
     assert store.seen and all(not left for _, left in store.seen), store.seen
+
+
+def test_a_stop_whose_namespace_name_cannot_be_removed_still_closes_its_session(engine):
+    """The idle culler's stop (api/stop recorded "idle") of a server whose sandbox's
+    namespace file cannot be unlinked (EBUSY: /run/netns was bound onto itself by a
+    later `ip netns add`, hiding the namespace's mount): the release raised before
+    closing the session, JupyterHub dropped the error and counted the server gone, and
+    the heartbeat closed the session as server_died, up to a beat later. The session
+    closes at the stop, with its reason, and the devices go back."""
+    meter = Meter(engine, heartbeat_s=1)
+    meter.acquire_lease()
+    session = meter.open("ann", "", "gpu", "user:ann", RATE, utcnow())
+    assert meter.sessions.request_end_reason("ann", "", "idle")
+    released: list[tuple[str, str, str]] = []
+
+    class Store(AssignmentStore):
+        def release(self, user: str, server: str, reason: str) -> list[str]:
+            released.append((user, server, reason))
+            return super().release(user, server, reason)
+
+    run = Run(SimpleNamespace(meter=meter, assignments=Store(engine)), None)
+
+    async def busy() -> None:  # what NamespacePool.drop raised (netns.remove_netns)
+        raise OSError(errno.EBUSY, "Device or resource busy", "/run/netns/0a1b2c3d-4")
+
+    run._drop_sandbox = busy
+    exited = utcnow()
+    asyncio.run(run._release("user", exited))
+    closed = meter.sessions.get(session.id)
+    assert closed.ended is not None and closed.end_reason == "idle", closed
+    assert closed.ended == to_ms(exited) and ("ann", "") not in meter.live
+    assert released == [("ann", "", "user")]
+
+
+def test_a_release_that_fails_ending_the_cgroup_still_closes_the_session_first(
+        engine, monkeypatch):
+    """Whatever fails in ending what the server ran (gpulease's own error), the session
+    is closed with the release's reason before the error goes on to the stop."""
+    from gpulease.spawners.local import run_end
+
+    def broken(state: dict):
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(run_end.isolation, "end_everything", broken)
+    meter = Meter(engine, heartbeat_s=1)
+    meter.acquire_lease()
+    session = meter.open("ann", "", "gpu", "user:ann", RATE, utcnow())
+    run = Run(SimpleNamespace(meter=meter, assignments=AssignmentStore(engine)),
+              {"kind": "cgroup1", "unit": "gone", "dirs": ["/nonexistent/gone"]})
+    with pytest.raises(RuntimeError):
+        asyncio.run(run._release("user", utcnow()))
+    closed = meter.sessions.get(session.id)
+    assert closed.ended is not None and closed.end_reason == "user", closed

@@ -5,6 +5,8 @@ making real ones needs root; tests/e2e/test_sandbox.py does it on a real hub).""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from gpulease.core.policy.sandbox_net import SandboxNet
@@ -53,3 +55,24 @@ def test_the_pool_hands_out_namespaces_made_ahead_and_never_a_taken_number(made)
     assert pool.take().index == 3
     pool.close()
     assert made == {"0a1b2c3d-2", "0a1b2c3d-3"}  # the ones still taken, by their servers
+
+
+def test_a_name_that_cannot_be_removed_fails_no_stop_and_its_number_stays_out_of_use(
+        made, monkeypatch, caplog):
+    """/run/netns bound onto itself after a namespace was made (`ip netns add` does so
+    where it is no mount point yet) hides the namespace's mount: unlinking its file
+    fails with EBUSY. The drop raised, and the stop that called it ended before closing
+    its session. Now it is logged, and the number is not handed out again (its file
+    is still there)."""
+    pool = NamespacePool(SandboxNet("0a1b2c3d", "10.213.0.0/24"), ready=1, background=False)
+    pool.fill()
+    stuck = pool.take()
+
+    def busy(name: str) -> None:
+        raise OSError(errno.EBUSY, "Device or resource busy", f"/run/netns/{name}")
+
+    monkeypatch.setattr(sandbox_module.netns, "remove_netns", busy)
+    pool.drop(stuck)  # no error
+    assert f"cannot remove the network namespace {stuck.name}" in caplog.text
+    pool.fill()
+    assert pool.take().index != stuck.index
