@@ -33,6 +33,8 @@ LOCK_FILE = Path("/run/gpulease-sandbox.lock")
 NFT = "nft"
 CLONE_NEWNET = 0x40000000
 MS_BIND = 4096
+MS_REC = 16384
+MS_SHARED = 1 << 20
 MNT_DETACH = 2
 
 
@@ -97,6 +99,24 @@ def host_addresses() -> list[str]:
         return [f"{a.get_attr('IFA_ADDRESS')}/32" for a in ipr.get_addr(family=2)]
 
 
+def own_mount_point(folder: Path = NETNS_DIR) -> None:
+    """`folder` made a shared mount point of its own before a namespace is named in it,
+    as `ip netns add` makes /run/netns (iproute2's netns_add): else the first `ip netns
+    add` on the box (an admin's, another tool's) binds the folder onto itself over the
+    names already there, and those can no longer be removed (unlink: EBUSY) nor their
+    namespaces freed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    where = str(folder).encode()
+    if libc.mount(b"none", where, b"none", MS_SHARED | MS_REC, None) == 0:
+        return  # a mount point already (ours, or ip's): shared, as ip leaves it
+    err = ctypes.get_errno()
+    if err != errno.EINVAL:  # EINVAL: no mount point yet
+        raise OSError(err, f"share {folder}: {os.strerror(err)}")
+    _ok(libc.mount(where, where, b"none", MS_BIND | MS_REC, None), f"make {folder} a mount point")
+    _ok(libc.mount(b"none", where, b"none", MS_SHARED | MS_REC, None), f"share {folder}")
+
+
 def netns_path(name: str) -> Path:
     return NETNS_DIR / name
 
@@ -129,7 +149,7 @@ def _make_in_thread(net: SandboxNet, index: int, failure: list[BaseException]) -
     libc = ctypes.CDLL(None, use_errno=True)
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        NETNS_DIR.mkdir(parents=True, exist_ok=True)
+        own_mount_point()
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDONLY | os.O_CLOEXEC, 0o444))
         _ok(libc.unshare(CLONE_NEWNET), "unshare")
         _ok(libc.mount(b"/proc/thread-self/ns/net", str(path).encode(), None, MS_BIND, None),
