@@ -1,4 +1,4 @@
-"""Open file descriptors on a stopped server's GPU nodes, held by processes outside its cgroup.
+"""Descriptors and mappings of a stopped server's GPU nodes held outside its cgroup.
 
 The devices cgroup checks a device node when it is *opened*, never when an
 open descriptor is used. A server that holds a GPU node open can pass the
@@ -13,7 +13,9 @@ the next tenant.
 So before a device goes back, everything that holds one of its *own*
 nodes (the full GPU's `/dev/nvidiaN`, a MIG device's capability nodes; not
 a node it shares with other devices, such as a MIG device's parent GPU) is
-found by reading every process's `/proc/PID/fd`, and those that belong to a
+found by reading every process's `/proc/PID/fd` and `/proc/PID/map_files` (a
+process that maps a node and closes its descriptor keeps the device through the
+mapping: the driver's memory and doorbells stay reachable), and those that belong to a
 tenant (the stopped server's own account, or any process inside a gpulease
 server's cgroup) are SIGKILLed. The driver's own daemons and the hub (root,
 or outside every gpulease cgroup) are left alone. A holder that cannot be
@@ -63,8 +65,19 @@ def _fd_node(path: str) -> NodeId | None:
     return None
 
 
+def _holds(folder: str, nodes: set[NodeId]) -> bool | None:
+    """Whether an entry of `folder` (a process's fd/ or map_files/) is one of `nodes`;
+    None when the folder cannot be read (the process is gone, or a kernel thread)."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return None
+    return any(_fd_node(f"{folder}/{e}") in nodes for e in entries)
+
+
 def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
-    """pid → uid of every process with an open descriptor on one of `nodes`."""
+    """pid → uid of every process with an open descriptor on one of `nodes`, or a mapping
+    of one (map_files: readable by root only, as the hub runs)."""
     found: dict[int, int] = {}
     if not nodes:
         return found
@@ -76,18 +89,11 @@ def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
     for pid in pids:
         if pid == me:
             continue
-        folder = f"{proc}/{pid}/fd"
-        try:
-            fds = os.listdir(folder)
-        except OSError:
-            continue  # gone, or a kernel thread
-        for fd in fds:
-            if _fd_node(f"{folder}/{fd}") in nodes:
-                try:
-                    found[pid] = os.stat(f"{proc}/{pid}").st_uid
-                except OSError:
-                    pass
-                break
+        if _holds(f"{proc}/{pid}/fd", nodes) or _holds(f"{proc}/{pid}/map_files", nodes):
+            try:
+                found[pid] = os.stat(f"{proc}/{pid}").st_uid
+            except OSError:
+                pass
     return found
 
 
