@@ -43,6 +43,7 @@ from gpulease.hub.auth.github import GPULeaseGitHubAuthenticator
 from gpulease.hub.auth.local import LocalAccountsAuthenticator
 from gpulease.hub.auth.oauth import ProviderSignIn
 from gpulease.hub.auth.oidc import GPULeaseOIDCAuthenticator
+from gpulease.hub.auth.rights_groups import refuse_unproducible_groups
 from gpulease.hub.billing.metering import Meter
 from gpulease.hub.config import sandbox_setup
 from gpulease.hub.config.app_options import GPULeaseOptions
@@ -423,12 +424,12 @@ class GPULeaseHub(GPULeaseOptions, HostAtStart, JupyterHub):
 
     async def start(self):
         # JupyterHub makes its HTTPServer in start() with no size option: set tornado's
-        # default for it. A body declared larger is refused (400) before any of it is
-        # read, one sent chunked is cut past the bound; and what bodies over 16 KiB
-        # hold at once is bounded too, each must arrive within a minute
-        # (gpulease.hub.web.body_budget).
+        # default for it. A body declared larger is refused (400) before any of it is read,
+        # one sent chunked is cut past the bound; what bodies over 16 KiB hold at once is
+        # bounded too, each must arrive within a minute (gpulease.hub.web.body_budget).
         HTTPServer.configure(BudgetedHTTPServer, max_body_size=HUB_MAX_BODY_BYTES)
         self._refuse_taken_ports()
+        refuse_unproducible_groups(self)  # GitHub: rights no stranger's organisation gets
         self._warm_line = "" if self._cluster else prestart_warm_launcher(self.config)
         if self._warm_line:
             self.log.info(self._warm_line)

@@ -2,7 +2,9 @@
 
 GitHub cannot run here: its OAuth and REST endpoints are a test double
 (tests/support/github_double.py), reached through oauthenticator's own `github_url`
-setting. Organisations and teams become groups; a team decides a profile.
+setting. The allowed organisations and their teams become groups, no other
+organisation does; a team decides a profile; a group that gives rights which GitHub
+never gives refuses the start.
 """
 
 from __future__ import annotations
@@ -39,7 +41,20 @@ def site(tmp_path_factory):
     (base / "profiles.yaml").write_text(yaml.safe_dump(profiles))
     port = free_port()
     config = base / "gpulease_config.py"
-    config.write_text("\n".join([
+    config.write_text(_config(github, port))
+    hub = HubProcess(state=base / "state", extra_args=[
+        f"--config={config}", f"--GPULeaseHub.profiles_file={base / 'profiles.yaml'}",
+        "--GPULeaseHub.admin_groups=uni-lab:admins"])
+    hub.port, hub.hub_port, hub.api_port = port, free_port(), free_port()
+    hub.start()
+    hub.admin_token = (hub.state / "private" / "cli_token").read_text().strip()
+    yield hub, github
+    hub.close()
+    github.stop()
+
+
+def _config(github: GitHubDouble, port: int) -> str:
+    return "\n".join([
         'c.JupyterHub.authenticator_class = "gpulease-github"',
         f"c.GPULeaseGitHubAuthenticator.github_url = {github.url!r}",
         'c.GPULeaseGitHubAuthenticator.client_id = "gh-client"',
@@ -47,15 +62,7 @@ def site(tmp_path_factory):
         f"c.GPULeaseGitHubAuthenticator.oauth_callback_url = "
         f"'http://localhost:{port}/hub/oauth_callback'",
         'c.GPULeaseGitHubAuthenticator.allowed_organizations = {"uni-lab"}',
-    ]) + "\n")
-    hub = HubProcess(state=base / "state", extra_args=[
-        f"--config={config}", f"--GPULeaseHub.profiles_file={base / 'profiles.yaml'}"])
-    hub.port, hub.hub_port, hub.api_port = port, free_port(), free_port()
-    hub.start()
-    hub.admin_token = (hub.state / "private" / "cli_token").read_text().strip()
-    yield hub, github
-    hub.close()
-    github.stop()
+    ]) + "\n"
 
 
 def _sign_in(hub: HubProcess, login: str) -> tuple[requests.Session, requests.Response]:
@@ -104,9 +111,38 @@ def test_someone_outside_the_allowed_organisations_gets_a_page_not_a_500(site):
     assert "text/html" in final.headers["content-type"]
 
 
-def test_organisations_past_githubs_first_page_are_groups_too(site):
+def test_an_allowed_organisation_past_githubs_first_page_is_the_only_group(site):
     hub, _ = site
     browser, final = _sign_in(hub, "busy")
     assert final.status_code == 200, final.text[:500]
     groups = browser.get(f"{hub.url}/hub/api/user", timeout=10).json()["groups"]
-    assert "uni-lab" in groups and len(groups) == 150  # the 150th of 150, on page two
+    # uni-lab is the 150th of 150, on page two; the 149 clubs anyone could make are no groups
+    assert groups == ["uni-lab"]
+
+
+def test_an_organisation_anyone_can_make_gives_no_admin_rights(site):
+    hub, github = site
+    # gpu-admins is an organisation `stranger` made; uni-lab lets them in
+    github.users["mallory"] = GitHubUser("mallory", 5004, orgs=["uni-lab", "gpu-admins"],
+                                         teams={"gpu-admins": ["admins"]})
+    browser, final = _sign_in(hub, "mallory")
+    assert final.status_code == 200, final.text[:500]
+    me = browser.get(f"{hub.url}/hub/api/user", timeout=10).json()
+    assert me["groups"] == ["uni-lab"] and not me["admin"]
+
+
+def test_a_rights_group_github_never_gives_refuses_the_start(site, tmp_path):
+    _, github = site
+    config = tmp_path / "gpulease_config.py"
+    port = free_port()
+    config.write_text(_config(github, port))
+    hub = HubProcess(state=tmp_path / "state", extra_args=[
+        f"--config={config}", "--GPULeaseHub.admin_groups=gpu-admins",
+        "--GPULeaseHub.auditor_groups=uni-lab:audit"])
+    hub.port, hub.hub_port, hub.api_port = port, free_port(), free_port()
+    with pytest.raises(RuntimeError) as refused:
+        hub.start()
+    log = str(refused.value)
+    assert "cannot start" in log
+    assert "GPULeaseHub.admin_groups names the group 'gpu-admins'" in log
+    assert "names the group 'uni-lab:audit'" not in log  # a team of an allowed organisation

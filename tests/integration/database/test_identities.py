@@ -88,12 +88,12 @@ def test_what_counts_as_a_provider_that_cannot_be_reached():
     assert not provider_unreachable(ValueError("bad answer"))
 
 
-def test_github_orgs_and_teams_become_groups():
-    state = {"orgs": ["Uni-Lab"], "teams": [
+def test_github_orgs_and_teams_of_the_allowed_organisations_become_groups():
+    state = {"orgs": ["Uni-Lab", "other"], "teams": [
         {"slug": "vision", "organization": {"login": "Uni-Lab"}},
         {"slug": "nlp", "organization": {"login": "other"}}]}
-    assert github_groups(state) == ["other", "other:nlp", "uni-lab", "uni-lab:vision"]
-    assert github_groups({}) == []
+    assert github_groups(state, {"uni-lab"}) == ["uni-lab", "uni-lab:vision"]
+    assert github_groups({}, {"uni-lab"}) == []
 
 
 @pytest.mark.parametrize("raw, groups", [

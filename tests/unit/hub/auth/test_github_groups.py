@@ -1,0 +1,58 @@
+"""GitHub sign-in: only the allowed organisations and their teams are groups, and a group
+that gives rights which no allowed organisation or team can be refuses the start."""
+
+from __future__ import annotations
+
+from gpulease.hub.auth.github import (
+    GPULeaseGitHubAuthenticator,
+    github_groups,
+    group_orgs,
+    producible,
+    unproducible,
+)
+
+STATE = {"orgs": ["Uni-Lab", "gpu-admins", "club-001"], "teams": [
+    {"slug": "vision", "organization": {"login": "Uni-Lab"}},
+    {"slug": "owners", "organization": {"login": "gpu-admins"}}]}
+
+
+def test_only_the_allowed_organisations_and_their_teams_become_groups():
+    orgs = group_orgs(["uni-lab"])
+    # gpu-admins is an organisation anyone could have made: it is no group
+    assert github_groups(STATE, orgs) == ["uni-lab", "uni-lab:vision"]
+    assert github_groups(STATE, group_orgs([])) == []
+
+
+def test_an_allowed_team_names_its_organisation():
+    assert group_orgs(["Uni-Lab:vision", "other"]) == {"uni-lab", "other"}
+    assert github_groups(STATE, group_orgs(["uni-lab:vision"])) == ["uni-lab", "uni-lab:vision"]
+
+
+def test_the_authenticator_reads_its_allowed_organisations():
+    auth = GPULeaseGitHubAuthenticator(allowed_organizations={"uni-lab"})
+    assert auth.auth_state_groups_key(STATE) == ["uni-lab", "uni-lab:vision"]
+
+
+def test_what_github_can_produce():
+    orgs = frozenset({"uni-lab"})
+    assert producible("uni-lab", orgs) and producible("uni-lab:vision", orgs)
+    assert not producible("gpu-admins", orgs)  # no allowed organisation
+    assert not producible("gpu-admins:owners", orgs)
+    assert not producible("Uni-Lab", orgs)  # groups are lowercase
+    assert not producible("uni-lab:", orgs) and not producible("uni-lab:a:b", orgs)
+
+
+def test_a_rights_group_no_allowed_organisation_produces_is_refused_by_name():
+    rights = {"GPULeaseHub.admin_groups": ["gpu-admins"],
+              "GPULeaseHub.auditor_groups": ["uni-lab:audit"],
+              "profile h200-full (groups)": ["uni-lab:vision", "vision"],
+              "group account group:nlp": ["nlp"]}
+    problems = unproducible(rights, group_orgs(["uni-lab"]))
+    assert len(problems) == 3
+    assert problems[0].startswith("GPULeaseHub.admin_groups names the group 'gpu-admins'")
+    assert "(uni-lab)" in problems[0] and "ORG:TEAM" in problems[0]
+    assert problems[1].startswith("profile h200-full (groups) names the group 'vision'")
+    assert problems[2].startswith("group account group:nlp names the group 'nlp'")
+    assert "allowed_organizations is empty" in unproducible({"x": ["a"]}, frozenset())[0]
+    auth = GPULeaseGitHubAuthenticator(allowed_organizations={"uni-lab:vision"})
+    assert auth.refused_rights_groups({"GPULeaseHub.admin_groups": ["uni-lab:vision"]}) == []
