@@ -38,7 +38,7 @@ from gpulease.host.state import (
     read_or_create_secret,
     write_cli_file,
 )
-from gpulease.host.unix_accounts import UnixAccountError, UnixAccountPolicy
+from gpulease.host.unix_accounts import UnixAccountError
 from gpulease.hub.auth.github import GPULeaseGitHubAuthenticator
 from gpulease.hub.auth.local import LocalAccountsAuthenticator
 from gpulease.hub.auth.oauth import ProviderSignIn
@@ -308,8 +308,7 @@ class GPULeaseHub(GPULeaseOptions, HostAtStart, JupyterHub):
             raise StateError(str(e)) from None
         plan = decide(
             is_root=os.geteuid() == 0, per_user_accounts=self.per_user_accounts,
-            policy=UnixAccountPolicy(self.unix_account_prefix, self.unix_uid_min,
-                                     self.unix_uid_max),
+            policy=self.unix_policy(state),
             mechanism=mechanism, hub_account=pwd.getpwuid(os.geteuid()).pw_name,
             device_nodes=self.device_nodes,
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterator
@@ -153,6 +154,20 @@ def read_or_create_secret(path: Path, nbytes: int = 32) -> str:
         return path.read_text().strip()
     value = secrets.token_hex(nbytes)
     write_private(path, value + "\n")
+    return value
+
+
+def hub_id(state: StateDir) -> str:
+    """This hub's id: random, made at its first start and kept in `private/hub_id`. Each
+    Unix account the hub makes records it (gpulease.host.unix_accounts.gecos), so that two
+    hubs on one host never take each other's accounts."""
+    path = state.private / "hub_id"
+    value = read_or_create_secret(path, nbytes=8)
+    if not re.fullmatch(r"[0-9a-f]{16,64}", value):
+        raise StateError(f"{path} holds {value[:80]!r}, not a hub id (16 to 64 lowercase hex "
+                         "digits): restore this hub's own id, which its Unix accounts "
+                         "record in their comment (`getent passwd`: 'gpulease user NAME hub "
+                         "ID')")
     return value
 
 

@@ -5,7 +5,8 @@ kernel's uid — not a convention — keeps researchers out of each other's
 homes, processes and the hub's private files. The decisions are pure
 functions: the Unix name derived from the hub name (`unix_name`), the uid
 (`choose_uid`, stable: the same name gets the same uid on every host unless
-that uid is taken), whether an existing account is ours (`account_problem`)
+that uid is taken), whether an existing account is ours (`account_problem`:
+made for this hub user by this hub, whose id its GECOS field records, `gecos`)
 and whether a path is reachable by such an account (`blocking_dir`). The
 adapter (`ensure_unix_account`) runs Debian's shadow tools (`groupadd`,
 `useradd`).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import logging
 import os
 import pwd
 import re
@@ -34,7 +36,9 @@ MAX_UNIX_NAME = 32  # useradd's limit
 # the server stops. The hub's setuid (and systemd-run's) asks no PAM: servers still run.
 EXPIRED = "1"
 GECOS_MARK = "gpulease user "  # the GECOS field names the hub user: how we know an account is ours
+HUB_MARK = " hub "  # ... and then the hub that made it (its id in private/hub_id)
 _UNSAFE = re.compile(r"[^a-z0-9_-]")
+log = logging.getLogger(__name__)
 
 
 class UnixAccountError(RuntimeError):
@@ -47,6 +51,8 @@ class UnixAccountPolicy:
     uid_min: int = 61000
     uid_max: int = 64999
     shell: str = "/bin/bash"  # JupyterLab's terminals start the account's shell
+    hub_id: str = ""  # this hub's id (gpulease.host.state.hub_id), recorded in each account
+    adopt_unmarked: bool = False  # GPULeaseHub.adopt_unmarked_accounts
 
     def __post_init__(self) -> None:
         if not 0 < self.uid_min <= self.uid_max:
@@ -98,16 +104,45 @@ def choose_uid(name: str, taken: set[int], uid_min: int, uid_max: int) -> int:
     raise UnixAccountError(f"no free uid left in {uid_min}-{uid_max} for {name}")
 
 
+def gecos(hub_name: str, hub_id: str) -> str:
+    """The GECOS field of an account made for `hub_name` by the hub `hub_id`."""
+    return f"{GECOS_MARK}{hub_name}{HUB_MARK}{hub_id}" if hub_id else GECOS_MARK + hub_name
+
+
+def gecos_owner(field: str) -> tuple[str, str] | None:
+    """(hub user, hub id) an account's GECOS field records; hub id "" when it records none
+    (made by a gpulease before hub ids); None when gpulease did not make it."""
+    if not field.startswith(GECOS_MARK):
+        return None
+    rest = field[len(GECOS_MARK):]
+    user, mark, hub = rest.rpartition(HUB_MARK)
+    return (user, hub) if mark and user and hub else (rest, "")
+
+
 def account_problem(entry: pwd.struct_passwd, hub_name: str, policy: UnixAccountPolicy) -> str:
-    """Why an existing account of the derived name may not be used ('' when it may)."""
+    """Why an existing account of the derived name may not be used ('' when it may): not
+    gpulease's, another hub user's, another hub's, or no hub's unless adopted."""
     if entry.pw_uid == 0 or entry.pw_gid == 0:
         return f"Unix account {entry.pw_name} has uid or gid 0"
     if not policy.uid_min <= entry.pw_uid <= policy.uid_max:
         return (f"Unix account {entry.pw_name} exists with uid {entry.pw_uid}, outside "
                 f"gpulease's range {policy.uid_min}-{policy.uid_max}: it is not gpulease's")
-    if entry.pw_gecos != GECOS_MARK + hub_name:
+    owner = gecos_owner(entry.pw_gecos)
+    if owner is None or owner[0] != hub_name:
         return (f"Unix account {entry.pw_name} exists but was not made by gpulease for hub "
                 f"user {hub_name} (its comment is {entry.pw_gecos!r})")
+    made_by = owner[1]
+    if made_by and made_by != policy.hub_id:
+        return (f"Unix account {entry.pw_name} belongs to another gpulease hub, {made_by} "
+                f"(this hub is {policy.hub_id or 'unnamed'}): two hubs on one host must not "
+                "share an account, its uid, home or processes. Give this hub another "
+                "GPULeaseHub.unix_account_prefix and uid range (unix_uid_min, unix_uid_max)")
+    if not made_by and not policy.adopt_unmarked:
+        return (f"Unix account {entry.pw_name} was made by gpulease for hub user {hub_name} "
+                "but records no hub (an older gpulease, or another hub on this host): if it "
+                f"is this hub's ({policy.hub_id}), set GPULeaseHub.adopt_unmarked_accounts = "
+                "True to adopt it; otherwise give this hub another "
+                "GPULeaseHub.unix_account_prefix")
     return ""
 
 
@@ -171,6 +206,11 @@ def ensure_unix_account(hub_name: str, policy: UnixAccountPolicy, home: Path,
                 raise UnixAccountError(problem)
             if not _expired(name):  # made by an older gpulease
                 _run(["usermod", "--expiredate", EXPIRED, name])
+            if gecos_owner(entry.pw_gecos) == (hub_name, "") and policy.hub_id:
+                _run(["usermod", "--comment", gecos(hub_name, policy.hub_id), name])
+                log.warning("Adopted Unix account %s (uid %d), which recorded no hub, as hub "
+                            "%s's (GPULeaseHub.adopt_unmarked_accounts)", name, entry.pw_uid,
+                            policy.hub_id)
             return UnixAccount(name, entry.pw_uid, entry.pw_gid, hub_name)
         uid = choose_uid(name, _taken_ids(), policy.uid_min, policy.uid_max)
         try:
@@ -179,7 +219,7 @@ def ensure_unix_account(hub_name: str, policy: UnixAccountPolicy, home: Path,
             gid = _group_gid(name)
             _run(["useradd", "--uid", str(uid), "--gid", str(gid), "--no-create-home",
                   "--home-dir", str(home), "--shell", policy.shell, "--expiredate", EXPIRED,
-                  "--comment", GECOS_MARK + hub_name, name])
+                  "--comment", gecos(hub_name, policy.hub_id), name])
         except UnixAccountError as e:
             errors.append(str(e))
             if attempt < 5:

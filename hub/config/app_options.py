@@ -16,6 +16,8 @@ from gpulease.core.server_log import DEFAULT_KEEP as DEFAULT_SERVER_LOG_KEEP
 from gpulease.core.server_log import DEFAULT_MAX_BYTES as DEFAULT_SERVER_LOG_MAX_BYTES
 from gpulease.core.server_log import rotation_problem
 from gpulease.core.units import parse_duration
+from gpulease.host.state import StateDir, hub_id
+from gpulease.host.unix_accounts import UnixAccountPolicy
 from gpulease.hub.servers.notifier import WebhookURL
 from gpulease.spawners.queueing.spot_preemption import SPOT_GRACE_S
 from gpulease.spawners.start.cap_traits import CoresCap, MemoryCap
@@ -339,6 +341,21 @@ class GPULeaseOptions(Configurable):
     )
     unix_uid_min = Integer(61000, config=True, help="Lowest uid of a per-user Unix account.")
     unix_uid_max = Integer(64999, config=True, help="Highest uid of a per-user Unix account.")
+    adopt_unmarked_accounts = Bool(
+        False, config=True,
+        help="Use a per-user Unix account that gpulease made for that hub user but that "
+        "records no hub (made before hub ids: its comment is 'gpulease user NAME'), and "
+        "record this hub's id in it (logged). Only when no other hub on this host uses the "
+        "same prefix: its accounts would become this hub's. An account recording another "
+        "hub's id is always refused.",
+    )
+
+    def unix_policy(self, state: StateDir) -> UnixAccountPolicy:
+        """The per-user accounts' names and uids, and this hub's id they record."""
+        return UnixAccountPolicy(self.unix_account_prefix, self.unix_uid_min, self.unix_uid_max,
+                                 hub_id=hub_id(state),
+                                 adopt_unmarked=self.adopt_unmarked_accounts)
+
     warm_start = Bool(
         True, config=True,
         help="Fork each server from a launcher process that has already imported the "

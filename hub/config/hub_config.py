@@ -452,6 +452,7 @@ def hub_config(s: HubSettings) -> Config:
     else:  # what only the embedded box has: its state folder, accounts, cgroups
         spawner.state_dir = str(s.state.root)
         for key in ("unix_accounts", "unix_prefix", "unix_uid_min", "unix_uid_max",
+                    "unix_hub_id", "adopt_unmarked_accounts",
                     "resource_limits", "device_control", "device_nodes", "server_env",
                     "warm_start", "sandbox", "server_log_max_bytes", "server_log_keep"):
             if key in s.isolation:

@@ -53,6 +53,8 @@ class IsolationPlan:
             "unix_prefix": self.policy.prefix,
             "unix_uid_min": self.policy.uid_min,
             "unix_uid_max": self.policy.uid_max,
+            "unix_hub_id": self.policy.hub_id,
+            "adopt_unmarked_accounts": self.policy.adopt_unmarked,
             "resource_limits": self.mechanism.kind,
             "device_control": self.mechanism.devices,
             "device_nodes": dict(self.device_nodes),

@@ -84,6 +84,12 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, ServerOutput, LocalProcessSpawn
     unix_prefix = Unicode("gl-", config=True, help="Prefix of the per-user Unix account names.")
     unix_uid_min = Integer(61000, config=True, help="Lowest uid of a per-user Unix account.")
     unix_uid_max = Integer(64999, config=True, help="Highest uid of a per-user Unix account.")
+    unix_hub_id = Unicode("", config=True, help="This hub's id, recorded in each Unix account "
+                          "it makes; an account recording another is refused. Set by "
+                          "`gpulease up` from the state folder's private/hub_id.")
+    adopt_unmarked_accounts = Bool(False, config=True, help="Adopt an account that records "
+                                   "no hub. Set by `gpulease up` "
+                                   "(GPULeaseHub.adopt_unmarked_accounts).")
     resource_limits = Unicode(
         "none",
         config=True,
@@ -183,7 +189,9 @@ class LocalGPUSpawner(GPULeaseSpawnCore, RunEnd, ServerOutput, LocalProcessSpawn
     def _isolation_settings(self) -> isolation.IsolationSettings:
         return isolation.IsolationSettings(
             unix_accounts=self.unix_accounts,
-            policy=UnixAccountPolicy(self.unix_prefix, self.unix_uid_min, self.unix_uid_max),
+            policy=UnixAccountPolicy(self.unix_prefix, self.unix_uid_min, self.unix_uid_max,
+                                     hub_id=self.unix_hub_id,
+                                     adopt_unmarked=self.adopt_unmarked_accounts),
             limits=self.resource_limits, devices=self.device_control,
             device_nodes=dict(self.device_nodes), state_root=self._state_root(),
             nvml=self.gpulease.inventory.source == "nvml",

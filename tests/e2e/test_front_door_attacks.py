@@ -36,8 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpulease.host.unix_accounts import GECOS_MARK, choose_uid
-from tests.support.hubproc import HubOptions, free_port
+from gpulease.host.unix_accounts import choose_uid, gecos
+from tests.support.hubproc import HubOptions, free_port, password_of
 from tests.support.isolation_env import hub_python
 
 pytestmark = pytest.mark.e2e
@@ -87,6 +87,35 @@ def test_the_users_account_takes_no_login_of_its_own(hub, admin):
     assert hub.api("DELETE", "users/sami/server", token).status_code in (202, 204)
 
 
+def test_an_account_another_hub_on_the_host_made_is_never_taken(hub, admin):
+    """Two hubs on one host, the same user name: the second hub's `gl-NAME` would share
+    the first's uid, home and signals. The account records the hub that made it; this hub
+    refuses it, naming the account and its hub."""
+    if os.geteuid() != 0 or hub_python()[1]:
+        pytest.skip("servers run as per-user accounts only when the hub runs as root")
+    name = f"two{uuid.uuid4().hex[:6]}"
+    unix, other_hub = f"gl-{name}", "f00dfeedf00dfeed"
+    uid = choose_uid(unix, {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()},
+                     61000, 64999)
+    subprocess.run(["groupadd", "--gid", str(uid), unix], check=True)
+    subprocess.run(["useradd", "--uid", str(uid), "--gid", str(uid), "--no-create-home",
+                    "--home-dir", "/nonexistent", "--shell", "/bin/bash",
+                    "--comment", gecos(name, other_hub), unix], check=True)
+    try:
+        r = hub.service("POST", "api/users", admin, {"name": name, "password": password_of(name)})
+        assert r.status_code == 201, r.text
+        error = r.json().get("unix_account_error", "")
+        assert unix in error and other_hub in error and "another gpulease hub" in error, r.text
+        token = hub.token_for(name, password_of(name))
+        hub.grant(admin, f"user:{name}", "100")
+        messages = hub.start_with_progress(name, token, body={"user_options": {"profile": "cpu1"}})
+        assert any(unix in m and other_hub in m for m in messages), messages
+        assert pwd.getpwnam(unix).pw_gecos == gecos(name, other_hub)  # left as it was
+    finally:
+        subprocess.run(["userdel", unix], capture_output=True)
+        subprocess.run(["groupdel", unix], capture_output=True)
+
+
 def test_an_account_an_older_gpulease_made_takes_no_login_after_its_next_start(hub, admin):
     if os.geteuid() != 0 or hub_python()[1]:
         pytest.skip("servers run as per-user accounts only when the hub runs as root")
@@ -97,7 +126,8 @@ def test_an_account_an_older_gpulease_made_takes_no_login_after_its_next_start(h
     subprocess.run(["groupadd", "--gid", str(uid), unix], check=True)
     subprocess.run(["useradd", "--uid", str(uid), "--gid", str(uid), "--no-create-home",
                     "--home-dir", str(hub.state / "homes" / name), "--shell", "/bin/bash",
-                    "--comment", f"{GECOS_MARK}{name}", unix], check=True)  # no expiry
+                    "--comment", gecos(name, (hub.state / "private" / "hub_id").read_text().strip()),
+                    unix], check=True)  # no expiry
     try:
         token = hub.add_user(admin, name)
         r = hub.api("POST", f"users/{name}/server", token, {"user_options": {"profile": "cpu1"}})

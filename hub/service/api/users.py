@@ -127,7 +127,8 @@ def make_unix_account(name: str, isolation: dict) -> dict[str, str]:
     homes = Path(isolation["homes"])
     try:
         policy = UnixAccountPolicy(isolation["unix_prefix"], isolation["unix_uid_min"],
-                                   isolation["unix_uid_max"])
+                                   isolation["unix_uid_max"], hub_id=isolation["unix_hub_id"],
+                                   adopt_unmarked=isolation["adopt_unmarked_accounts"])
         home = ensure_home(StateDir(homes.parent), name)
         account = ensure_unix_account(name, policy, home)
         own_home(home, account)

@@ -17,6 +17,8 @@ from gpulease.host.unix_accounts import (
     account_problem,
     blocking_dir,
     choose_uid,
+    gecos,
+    gecos_owner,
     unix_name,
 )
 from gpulease.hub.config.isolation_check import decide, unreachable
@@ -55,16 +57,99 @@ def test_policy_refuses_bad_prefix_and_range():
         UnixAccountPolicy(uid_min=10, uid_max=5)
 
 
-def _entry(uid=61001, gid=61001, gecos=GECOS_MARK + "ada", name="gl-ada"):
+HUB = "0123456789abcdef"
+OTHER_HUB = "fedcba9876543210"
+
+
+def _entry(uid=61001, gid=61001, gecos=GECOS_MARK + "ada hub " + HUB, name="gl-ada"):
     return pwd.struct_passwd((name, "x", uid, gid, gecos, "/h", "/bin/bash"))
 
 
 def test_only_accounts_made_by_gpulease_for_that_user_are_used():
-    policy = UnixAccountPolicy()
+    policy = UnixAccountPolicy(hub_id=HUB)
     assert account_problem(_entry(), "ada", policy) == ""
     assert "not made by gpulease" in account_problem(_entry(gecos="Ada L"), "ada", policy)
+    assert "not made by gpulease" in account_problem(_entry(gecos=gecos("bob", HUB)), "ada",
+                                                     policy)
     assert "outside" in account_problem(_entry(uid=1000), "ada", policy)
     assert "uid or gid 0" in account_problem(_entry(uid=0), "ada", policy)
+
+
+def test_the_gecos_field_records_the_hub_user_and_the_hub():
+    assert gecos("ada", HUB) == f"gpulease user ada hub {HUB}"
+    assert gecos_owner(gecos("ada", HUB)) == ("ada", HUB)
+    assert gecos_owner("gpulease user ada") == ("ada", "")  # made before hub ids
+    assert gecos_owner("Ada Lovelace") is None
+
+
+def test_an_account_another_hub_made_is_refused_naming_the_account_and_that_hub():
+    problem = account_problem(_entry(gecos=gecos("ada", OTHER_HUB)), "ada",
+                              UnixAccountPolicy(hub_id=HUB, adopt_unmarked=True))
+    assert "gl-ada" in problem and OTHER_HUB in problem and "another gpulease hub" in problem
+    assert "unix_account_prefix" in problem  # the way out
+
+
+def test_an_account_with_no_hub_recorded_is_adopted_only_where_the_admin_says_so():
+    unmarked = _entry(gecos=GECOS_MARK + "ada")
+    problem = account_problem(unmarked, "ada", UnixAccountPolicy(hub_id=HUB))
+    assert "gl-ada" in problem and "records no hub" in problem
+    assert "GPULeaseHub.adopt_unmarked_accounts" in problem
+    assert account_problem(unmarked, "ada", UnixAccountPolicy(hub_id=HUB, adopt_unmarked=True)) == ""
+
+
+def _fake_host(monkeypatch, entry):
+    from gpulease.host import unix_accounts as ua
+    calls: list[list[str]] = []
+    monkeypatch.setattr(ua, "_run", calls.append)
+    monkeypatch.setattr(ua, "_lookup", lambda name: entry)
+    monkeypatch.setattr(ua, "_expired", lambda name: True)
+    return ua, calls
+
+
+def test_an_adopted_account_records_this_hub_and_the_adoption_is_logged(monkeypatch, tmp_path,
+                                                                         caplog):
+    ua, calls = _fake_host(monkeypatch, _entry(gecos=GECOS_MARK + "ada"))
+    policy = UnixAccountPolicy(hub_id=HUB, adopt_unmarked=True)
+    with caplog.at_level("WARNING", logger=ua.__name__):
+        account = ua.ensure_unix_account("ada", policy, tmp_path)
+    assert account.uid == 61001
+    assert calls == [["usermod", "--comment", f"gpulease user ada hub {HUB}", "gl-ada"]]
+    assert "Adopted Unix account gl-ada" in caplog.text and HUB in caplog.text
+    ua, calls = _fake_host(monkeypatch, _entry(gecos=GECOS_MARK + "ada"))
+    with pytest.raises(UnixAccountError, match="records no hub"):
+        ua.ensure_unix_account("ada", UnixAccountPolicy(hub_id=HUB), tmp_path)
+    assert calls == []  # refused: nothing changed
+
+
+def test_an_account_this_hub_makes_records_its_id(monkeypatch, tmp_path):
+    ua, calls = _fake_host(monkeypatch, None)
+    made: dict = {}
+
+    def run(cmd):
+        calls.append(cmd)
+        if cmd[0] == "useradd":
+            made["entry"] = _entry(gecos=cmd[cmd.index("--comment") + 1], uid=61000, gid=61000)
+    monkeypatch.setattr(ua, "_run", run)
+    monkeypatch.setattr(ua, "_lookup", lambda name: made.get("entry"))
+    monkeypatch.setattr(ua, "_group_gid", lambda name: 61000)
+    monkeypatch.setattr(ua, "_taken_ids", lambda: set())
+    ua.ensure_unix_account("ada", UnixAccountPolicy(hub_id=HUB), tmp_path)
+    useradd = next(c for c in calls if c[0] == "useradd")
+    assert useradd[useradd.index("--comment") + 1] == f"gpulease user ada hub {HUB}"
+    with pytest.raises(UnixAccountError, match=f"another gpulease hub, {HUB}"):
+        ua.ensure_unix_account("ada", UnixAccountPolicy(hub_id=OTHER_HUB), tmp_path)
+
+
+def test_the_hub_id_is_random_kept_in_private_and_checked(tmp_path):
+    from gpulease.host.state import StateError, hub_id, prepare_state_dir
+    state = prepare_state_dir(tmp_path / "s", homes=False)
+    first = hub_id(state)
+    assert len(first) == 16 and hub_id(state) == first
+    assert (state.private / "hub_id").stat().st_mode & 0o077 == 0
+    assert hub_id(prepare_state_dir(tmp_path / "t", homes=False)) != first
+    (state.private / "hub_id").write_text("x hub y:z\n")
+    with pytest.raises(StateError, match="not a hub id"):
+        hub_id(state)
 
 
 def _modes(table):
@@ -149,13 +234,15 @@ def test_a_locked_passwd_file_is_waited_out_not_failed_at_once(monkeypatch, tmp_
             raise ua.UnixAccountError("useradd: cannot lock /etc/passwd; try again later.")
         if cmd[0] == "useradd":
             made["entry"] = pwd.struct_passwd((cmd[-1], "x", 61000, 61000,
-                                               ua.GECOS_MARK + "alice", str(tmp_path), "/bin/sh"))
+                                               cmd[cmd.index("--comment") + 1], str(tmp_path),
+                                               "/bin/sh"))
     monkeypatch.setattr(ua, "_run", run)
     monkeypatch.setattr(ua, "_lookup", lambda name: made.get("entry"))
     monkeypatch.setattr(ua, "_group_gid", lambda name: 61000)
     monkeypatch.setattr(ua, "_taken_ids", lambda: set())
     monkeypatch.setattr(ua, "_expired", lambda name: True)
     slept: list[float] = []
-    account = ua.ensure_unix_account("alice", ua.UnixAccountPolicy(), tmp_path, sleep=slept.append)
+    account = ua.ensure_unix_account("alice", ua.UnixAccountPolicy(hub_id=HUB), tmp_path,
+                                     sleep=slept.append)
     assert account.uid == 61000
     assert slept == [0.05, 0.1]  # two waits, then the third useradd got the lock
