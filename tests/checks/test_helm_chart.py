@@ -134,7 +134,7 @@ def test_the_users_namespace_enforces_podsecurity_restricted(case):
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
-def test_the_servers_network_policy_blocks_metadata_and_allows_dns_and_the_hub(case):
+def test_the_servers_network_policy_blocks_metadata_and_allows_cluster_dns_and_the_hub(case):
     values, objects = case
     policies = find(objects, "NetworkPolicy")
     if not values_of(values)["singleuser"]["networkPolicy"]["enabled"]:
@@ -144,18 +144,34 @@ def test_the_servers_network_policy_blocks_metadata_and_allows_dns_and_the_hub(c
     assert spec["podSelector"] == {"matchLabels": {"component": "singleuser-server"}}
     assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
     egress = spec["egress"]
-    dns = [r for r in egress if "to" not in r]
-    assert dns == [{"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]
+    assert all("to" in r for r in egress)  # no port is open to every address
+    # DNS (port 53) only to the cluster's DNS service's pods, never to any address
+    dns = [r for r in egress if any(p["port"] == 53 for p in r.get("ports", []))]
+    assert dns == [{"to": [{"namespaceSelector": {"matchLabels": {
+                                "kubernetes.io/metadata.name": "kube-system"}},
+                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]
     # the hub's API and the gpulease service (a server's notices and kernel state, at the
     # hub's Service since the proxy routes the service by its subdomain); not the proxy
     ports = {(p["port"], r["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"])
-             for r in egress if "to" in r and "ports" in r for p in r["ports"]}
+             for r in egress if "ports" in r and r not in dns for p in r["ports"]}
     assert ports == {(8081, "hub"), (values_of(values)["hub"]["servicePort"], "hub")}
     (internet,) = [r for r in egress if "to" in r and "ports" not in r]
     blocks = {b["ipBlock"]["cidr"]: b["ipBlock"].get("except", []) for b in internet["to"]}
     assert "169.254.169.254/32" in blocks["0.0.0.0/0"]
     assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"} <= set(blocks["0.0.0.0/0"])
     assert "fd00::/8" in blocks["::/0"]
+
+
+def test_the_cluster_dns_service_is_a_value():
+    objects = render(None, "singleuser.networkPolicy.dns.namespace=dns-system",
+                     "singleuser.networkPolicy.dns.podLabels.app=coredns",
+                     "singleuser.networkPolicy.dns.port=5353")
+    egress = one(objects, "NetworkPolicy", f"{RELEASE}-singleuser")["spec"]["egress"]
+    (dns,) = [r for r in egress if any(p["port"] == 5353 for p in r.get("ports", []))]
+    (to,) = dns["to"]
+    assert to["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "dns-system"}
+    assert to["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns", "app": "coredns"}
 
 
 def test_every_container_runs_as_podsecurity_restricted_asks(case):
@@ -437,6 +453,8 @@ def test_the_proxy_has_a_disruption_budget_and_both_services():
     (("ingress.enabled=true",), "at '/ingress/hosts': minItems"),
     (("singleuser.networkPolicy.blockedEgress[0]=metadata",), "at '/singleuser/networkPolicy/"
                                                                "blockedEgress/0'"),
+    (("singleuser.networkPolicy.dns.namespace=Kube System",), "at '/singleuser/networkPolicy/"
+                                                               "dns/namespace'"),
     (("hub.replicas=2",), "at '/hub': additional properties 'replicas' not allowed"),
     (("profiles[0].price_per_hour=1",), "at '/profiles/0/price_per_hour'"),
     (("auth.type=saml",), "at '/auth/type': value must be one of 'local', 'oidc', 'github'"),
