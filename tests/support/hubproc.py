@@ -29,7 +29,12 @@ import requests
 import yaml
 
 from gpulease.site_urls import SiteURLs, loopback_session
-from tests.support.isolation_env import hub_python, mock_server_catalog, relocate_state
+from tests.support.isolation_env import (
+    hub_python,
+    mock_server_catalog,
+    relocate_state,
+    seed_hub_id,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHP = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -236,6 +241,7 @@ class HubProcess:
         if os.geteuid() == 0 and not no_accounts:
             self.state = relocate_state(self.state)
         SERVER_LOG_FOLDERS.append(self.state / "logs" / "servers")
+        seed_hub_id(self.state)
         args = [
             python, "-m", "gpulease.hub.cli", "up",
             f"--state={self.state}",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -139,3 +140,36 @@ def mock_server_catalog(base: Path) -> Path:
         {"name": "mock", "image": "example.org/mock:1", "description": "mock server",
          "local_env": str(env)}]}))
     return catalog
+
+
+# Every test hub's id (private/hub_id): the suite's hubs take turns with the same user
+# names (alice, bob), so as far as Unix accounts go they are one hub started again, as
+# one lab's hub is. A test of another hub's account makes one recording another id.
+TEST_HUB_ID = "9e57ab1e9e57ab1e"
+
+
+def seed_hub_id(state: Path) -> None:
+    """The test hubs' shared id, where the state folder has none yet. As root, accounts an
+    earlier run's test hubs made before hub ids (their homes under SHARED, so never a real
+    hub's) are made over to it, as GPULeaseHub.adopt_unmarked_accounts would."""
+    private = state / "private"
+    private.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = private / "hub_id"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(TEST_HUB_ID + "\n")
+    if os.geteuid() == 0:
+        _mark_test_accounts()
+
+
+def _mark_test_accounts() -> None:
+    import pwd
+
+    from gpulease.host.unix_accounts import gecos, gecos_owner
+    for entry in pwd.getpwall():
+        owner = gecos_owner(entry.pw_gecos)
+        if (owner is not None and owner[1] == "" and 61000 <= entry.pw_uid <= 64999
+                and Path(entry.pw_dir).is_relative_to(SHARED)):
+            subprocess.run(["usermod", "--comment", gecos(owner[0], TEST_HUB_ID),
+                            entry.pw_name], capture_output=True, timeout=30)
