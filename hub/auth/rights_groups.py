@@ -26,7 +26,9 @@ def rights_groups(admin_groups: Iterable[str], auditor_groups: Iterable[str], au
     found: dict[str, list[str]] = {
         "GPULeaseHub.admin_groups": list(admin_groups),
         "GPULeaseHub.auditor_groups": list(auditor_groups),
-        f"{name}.admin_groups": sorted(getattr(authenticator, "admin_groups", ()) or ()),
+        # gpulease sets the authenticator's admin_groups from GPULeaseHub's: named once
+        f"{name}.admin_groups": sorted(set(getattr(authenticator, "admin_groups", ()) or ())
+                                       - set(admin_groups)),
         f"{name}.allowed_groups": sorted(getattr(authenticator, "allowed_groups", ()) or ()),
     }
     for p in profiles:

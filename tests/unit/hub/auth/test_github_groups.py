@@ -3,6 +3,8 @@ that gives rights which no allowed organisation or team can be refuses the start
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from gpulease.hub.auth.github import (
     GPULeaseGitHubAuthenticator,
     github_groups,
@@ -10,6 +12,7 @@ from gpulease.hub.auth.github import (
     producible,
     unproducible,
 )
+from gpulease.hub.auth.rights_groups import rights_groups
 
 STATE = {"orgs": ["Uni-Lab", "gpu-admins", "club-001"], "teams": [
     {"slug": "vision", "organization": {"login": "Uni-Lab"}},
@@ -56,3 +59,23 @@ def test_a_rights_group_no_allowed_organisation_produces_is_refused_by_name():
     assert "allowed_organizations is empty" in unproducible({"x": ["a"]}, frozenset())[0]
     auth = GPULeaseGitHubAuthenticator(allowed_organizations={"uni-lab:vision"})
     assert auth.refused_rights_groups({"GPULeaseHub.admin_groups": ["uni-lab:vision"]}) == []
+
+
+def test_every_place_a_group_gives_rights_is_checked():
+    auth = GPULeaseGitHubAuthenticator(allowed_organizations={"uni-lab"},
+                                       admin_groups={"gpu-admins", "ops"},
+                                       allowed_groups={"uni-lab"})
+    profiles = [SimpleNamespace(slug="h200-full", groups=("vision",), spot_groups=()),
+                SimpleNamespace(slug="cpu", groups=(), spot_groups=("uni-lab:students",))]
+    rights = rights_groups(["gpu-admins"], ["finance"], auth, profiles, ["group:nlp"])
+    assert rights == {
+        "GPULeaseHub.admin_groups": ["gpu-admins"],
+        "GPULeaseHub.auditor_groups": ["finance"],
+        "GPULeaseGitHubAuthenticator.admin_groups": ["ops"],  # gpu-admins named once
+        "GPULeaseGitHubAuthenticator.allowed_groups": ["uni-lab"],
+        "profile h200-full (groups)": ["vision"],
+        "profile cpu (spot_groups)": ["uni-lab:students"],
+        "group account group:nlp": ["nlp"]}
+    refused = auth.refused_rights_groups(rights)
+    assert [line.split(" names the group ")[1].split(",")[0] for line in refused] == [
+        "'gpu-admins'", "'finance'", "'ops'", "'vision'", "'nlp'"]
