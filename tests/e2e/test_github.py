@@ -131,6 +131,16 @@ def test_an_organisation_anyone_can_make_gives_no_admin_rights(site):
     assert me["groups"] == ["uni-lab"] and not me["admin"]
 
 
+def test_a_team_of_an_allowed_organisation_gives_the_rights_it_is_named_for(site):
+    hub, github = site
+    github.users["root-of-lab"] = GitHubUser("root-of-lab", 5005, orgs=["uni-lab"],
+                                             teams={"uni-lab": ["admins"]})
+    browser, final = _sign_in(hub, "root-of-lab")
+    assert final.status_code == 200, final.text[:500]
+    me = browser.get(f"{hub.url}/hub/api/user", timeout=10).json()
+    assert me["groups"] == ["uni-lab", "uni-lab:admins"] and me["admin"]
+
+
 def test_a_rights_group_github_never_gives_refuses_the_start(site, tmp_path):
     _, github = site
     config = tmp_path / "gpulease_config.py"
