@@ -84,7 +84,7 @@ def test_a_program_the_server_execs_gets_its_own(linux):
 
 def test_security_md_names_what_warm_servers_share_and_how_to_turn_it_off():
     text = (ROOT / "docs" / "security.md").read_text()
-    start = text.index("between warm servers")
+    start = text.index("- **Address-space layout, canary and hash seed between warm servers.**")
     section = text[start:start + 2500]
     for needle in ("AT_RANDOM", "stack canary", "pointer guard", "libc", "hash seed",
                    "root launcher", "`random`", "GPULeaseHub.warm_start = False",
