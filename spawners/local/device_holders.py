@@ -15,7 +15,9 @@ nodes (the full GPU's `/dev/nvidiaN`, a MIG device's capability nodes; not
 a node it shares with other devices, such as a MIG device's parent GPU) is
 found by reading every process's `/proc/PID/fd` and `/proc/PID/map_files` (a
 process that maps a node and closes its descriptor keeps the device through the
-mapping: the driver's memory and doorbells stay reachable), and those that belong to a
+mapping: the driver's memory and doorbells stay reachable), for each of its threads
+(`/proc/TID/`: a thread can keep a descriptor table of its own, or run on after the
+main thread has ended, which empties /proc/PID's), and those that belong to a
 tenant (the stopped server's own account, or any process inside a gpulease
 server's cgroup) are SIGKILLed. The driver's own daemons and the hub (root,
 or outside every gpulease cgroup) are left alone. A holder that cannot be
@@ -75,6 +77,17 @@ def _holds(folder: str, nodes: set[NodeId]) -> bool | None:
     return any(_fd_node(f"{folder}/{e}") in nodes for e in entries)
 
 
+def _threads(pid: int, proc: str) -> list[int]:
+    """`pid` and its other threads: a thread may have a descriptor table of its own
+    (unshare(CLONE_FILES)), and once the main thread has ended (SYS_exit) /proc/PID/fd
+    and map_files are empty while the others run on; /proc/TID/ shows each thread's."""
+    try:
+        tids = [int(t) for t in os.listdir(f"{proc}/{pid}/task") if t.isdigit()]
+    except OSError:
+        tids = []
+    return [pid] + [t for t in tids if t != pid]
+
+
 def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
     """pid → uid of every process with an open descriptor on one of `nodes`, or a mapping
     of one (map_files: readable by root only, as the hub runs)."""
@@ -89,7 +102,8 @@ def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
     for pid in pids:
         if pid == me:
             continue
-        if _holds(f"{proc}/{pid}/fd", nodes) or _holds(f"{proc}/{pid}/map_files", nodes):
+        if any(_holds(f"{proc}/{tid}/fd", nodes) or _holds(f"{proc}/{tid}/map_files", nodes)
+               for tid in _threads(pid, proc)):
             try:
                 found[pid] = os.stat(f"{proc}/{pid}").st_uid
             except OSError:

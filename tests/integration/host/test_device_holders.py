@@ -76,3 +76,53 @@ def test_a_mapping_without_a_descriptor_is_found_and_its_tenant_ended(mapper):
     killed, left = end_holders([node], leaving_uid=NOBODY, wait_s=5.0)
     assert killed >= 1 and proc.pid not in left
     assert proc.wait(timeout=10) == -9
+
+
+# A process whose main thread has ended (SYS_exit, not exit_group) lives on in its other
+# threads, and /proc/PID/fd and /proc/PID/map_files are the main thread's: empty. A thread
+# that unshares its descriptor table keeps a descriptor the main thread has closed.
+HIDE_IN_A_THREAD = r"""
+import ctypes, mmap, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+how = sys.argv[2]
+fd = os.open(sys.argv[1], os.O_RDONLY)
+if how == "map" and libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) in (
+        None, 2**64 - 1):
+    sys.exit(f"mmap failed: errno {ctypes.get_errno()}")
+os.setgid(NOBODY)
+os.setuid(NOBODY)
+libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+shared = threading.Event()
+def keeper():
+    if how == "unshare" and libc.unshare(0x400) != 0:  # CLONE_FILES
+        sys.exit("unshare failed")
+    shared.set()
+    time.sleep(120)
+threading.Thread(target=keeper).start()
+shared.wait()
+if how in ("map", "unshare"):
+    os.close(fd)
+print("hidden", flush=True)
+if how == "unshare":
+    time.sleep(120)
+libc.syscall(60, 0)  # SYS_exit: the main thread alone ends; the keeper holds the device
+"""
+
+
+@pytest.mark.parametrize("how", ["map", "descriptor", "unshare"])
+def test_a_device_held_by_a_thread_other_than_the_main_one_is_found_and_ended(how):
+    path, node = _loop_node()
+    proc = subprocess.Popen([sys.executable, "-c", f"NOBODY = {NOBODY}\n{HIDE_IN_A_THREAD}",
+                             path, how], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "hidden"
+        assert holders({node}).get(proc.pid) == NOBODY
+        killed, left = end_holders([node], leaving_uid=NOBODY, wait_s=5.0)
+        assert killed >= 1 and proc.pid not in left
+        assert proc.wait(timeout=10) == -9
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
