@@ -6,7 +6,8 @@ allowed_groups (oauthenticator's), profiles' groups and spot_groups (who may sta
 and group accounts (`group:NAME`, charged by NAME's members). With GitHub sign-in only
 the allowed organisations and their teams are groups (gpulease.hub.auth.github): a
 group of another name would be given to whoever makes a GitHub organisation of that
-name, so the hub refuses to start, naming each (docs/auth.md, "GitHub").
+name, so the hub refuses to start, naming each (docs/auth.md, "GitHub"); a group account,
+which the ledger keeps for ever, is named in a warning instead.
 """
 
 from __future__ import annotations
@@ -47,8 +48,13 @@ def refuse_unproducible_groups(app) -> None:
         return
     ctx = app._ctx
     problems = auth.refused_rights_groups(rights_groups(
-        app.admin_groups, app.auditor_groups, auth, ctx.profiles.list(),
-        ctx.ledger.group_accounts()))
+        app.admin_groups, app.auditor_groups, auth, ctx.profiles.list(), ()))
+    # A group account is a ledger row, kept for ever: refusing it would stop every later
+    # start (an admin's grant to group:Lab, an organisation no longer allowed), and as no
+    # GitHub user is ever given its group, no one can charge it. Said, not refused.
+    for line in auth.refused_rights_groups(rights_groups(
+            (), (), None, (), ctx.ledger.group_accounts())):
+        app.log.warning("%s: no one can charge it.", line.split(". Name an allowed")[0])
     if problems:
         print("gpulease: cannot start:\n  " + "\n  ".join(problems), file=sys.stderr, flush=True)
         app._undo_prepare()

@@ -12,7 +12,7 @@ from gpulease.hub.auth.github import (
     producible,
     unproducible,
 )
-from gpulease.hub.auth.rights_groups import rights_groups
+from gpulease.hub.auth.rights_groups import refuse_unproducible_groups, rights_groups
 
 STATE = {"orgs": ["Uni-Lab", "gpu-admins", "club-001"], "teams": [
     {"slug": "vision", "organization": {"login": "Uni-Lab"}},
@@ -79,3 +79,30 @@ def test_every_place_a_group_gives_rights_is_checked():
     refused = auth.refused_rights_groups(rights)
     assert [line.split(" names the group ")[1].split(",")[0] for line in refused] == [
         "'gpu-admins'", "'finance'", "'ops'", "'vision'", "'nlp'"]
+
+
+def _github_hub(group_accounts, admin_groups=()):
+    """What refuse_unproducible_groups reads of a GPULeaseHub, with its outcome recorded."""
+    hub = SimpleNamespace(
+        authenticator=GPULeaseGitHubAuthenticator(allowed_organizations={"uni-lab"}),
+        admin_groups=list(admin_groups), auditor_groups=[], exited=[], warnings=[],
+        _ctx=SimpleNamespace(profiles=SimpleNamespace(list=lambda: []),
+                             ledger=SimpleNamespace(group_accounts=lambda: group_accounts)),
+        _undo_prepare=lambda: None)
+    hub.exit = hub.exited.append
+    hub.log = SimpleNamespace(warning=lambda msg, *a: hub.warnings.append(msg % a))
+    return hub
+
+
+def test_a_group_account_the_ledger_keeps_warns_and_never_stops_the_hub():
+    # An admin granted credits to group:Lab (or an organisation later dropped from
+    # allowed_organizations) while the hub ran: the ledger keeps that account for ever, so
+    # refusing it would stop every later start, and no GitHub user can spend it anyway.
+    hub = _github_hub(["group:Lab", "group:uni-lab"])
+    refuse_unproducible_groups(hub)
+    assert hub.exited == []
+    assert len(hub.warnings) == 1 and "group account group:Lab" in hub.warnings[0]
+    assert "no one can charge it" in hub.warnings[0]
+    config = _github_hub(["group:Lab"], admin_groups=["gpu-admins"])
+    refuse_unproducible_groups(config)  # configuration is refused still
+    assert config.exited == [1]
