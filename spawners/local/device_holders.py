@@ -17,7 +17,8 @@ found by reading every process's `/proc/PID/fd` and `/proc/PID/map_files` (a
 process that maps a node and closes its descriptor keeps the device through the
 mapping: the driver's memory and doorbells stay reachable), for each of its threads
 (`/proc/TID/`: a thread can keep a descriptor table of its own, or run on after the
-main thread has ended, which empties /proc/PID's), and those that belong to a
+main thread has ended, which empties /proc/PID's) and the files registered with each
+io_uring it holds (its fdinfo), and those that belong to a
 tenant (the stopped server's own account, or any process inside a gpulease
 server's cgroup) are SIGKILLed. The driver's own daemons and the hub (root,
 or outside every gpulease cgroup) are left alone. A holder that cannot be
@@ -67,14 +68,47 @@ def _fd_node(path: str) -> NodeId | None:
     return None
 
 
+def _ring_files(fdinfo: str) -> list[str]:
+    """The files registered with the io_uring whose /proc/PID/fdinfo/N is `fdinfo`: they
+    stay held once their descriptors are closed, and IORING_OP_FIXED_FD_INSTALL gives
+    one back as a descriptor ("UserFiles:" then "  INDEX: PATH" lines)."""
+    try:
+        with open(fdinfo, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return []
+    _, found, rest = text.partition("\nUserFiles:")
+    paths = []
+    for line in rest.splitlines()[1:] if found else ():
+        index, colon, path = line.strip().partition(": ")
+        if not (colon and index.isdigit()):
+            break
+        paths.append(path)
+    return paths
+
+
 def _holds(folder: str, nodes: set[NodeId]) -> bool | None:
-    """Whether an entry of `folder` (a process's fd/ or map_files/) is one of `nodes`;
-    None when the folder cannot be read (the process is gone, or a kernel thread)."""
+    """Whether an entry of `folder` (a process's fd/ or map_files/) is one of `nodes`, or
+    (fd/) an io_uring holding one; None when the folder cannot be read (the process is
+    gone, or a kernel thread)."""
     try:
         entries = os.listdir(folder)
     except OSError:
         return None
-    return any(_fd_node(f"{folder}/{e}") in nodes for e in entries)
+    for e in entries:
+        if _fd_node(f"{folder}/{e}") in nodes:
+            return True
+        if folder.endswith("/fd") and _link(f"{folder}/{e}") == "anon_inode:[io_uring]" and any(
+                _fd_node(p) in nodes for p in _ring_files(f"{folder}info/{e}")):
+            return True
+    return False
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def _threads(pid: int, proc: str) -> list[int]:

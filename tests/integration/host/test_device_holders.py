@@ -126,3 +126,44 @@ def test_a_device_held_by_a_thread_other_than_the_main_one_is_found_and_ended(ho
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+# An io_uring instance keeps the files registered with it (IORING_REGISTER_FILES) after
+# their descriptors are closed, and gives one back as a descriptor on request
+# (IORING_OP_FIXED_FD_INSTALL): /proc/PID/fd shows the ring, its fdinfo the files.
+IN_A_RING = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+params = (ctypes.c_char * 120)()
+ring = libc.syscall(425, 4, params)  # io_uring_setup
+if ring < 0:
+    print(f"no io_uring: errno {ctypes.get_errno()}", flush=True)
+    sys.exit(0)
+fd = os.open(sys.argv[1], os.O_RDONLY)
+if libc.syscall(427, ring, 2, (ctypes.c_int * 1)(fd), 1) < 0:  # IORING_REGISTER_FILES
+    sys.exit(f"register failed: errno {ctypes.get_errno()}")
+os.close(fd)
+os.setgid(NOBODY)
+os.setuid(NOBODY)
+libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+print("registered", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_device_registered_with_an_io_uring_and_closed_is_found_and_ended():
+    path, node = _loop_node()
+    proc = subprocess.Popen([sys.executable, "-c", f"NOBODY = {NOBODY}\n{IN_A_RING}", path],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        if line.startswith("no io_uring"):
+            pytest.skip(f"this kernel gives no io_uring ({line})")
+        assert line == "registered"
+        assert holders({node}).get(proc.pid) == NOBODY
+        killed, left = end_holders([node], leaving_uid=NOBODY, wait_s=5.0)
+        assert killed >= 1 and proc.pid not in left
+        assert proc.wait(timeout=10) == -9
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
