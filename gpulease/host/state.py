@@ -162,7 +162,13 @@ def hub_id(state: StateDir) -> str:
     Unix account the hub makes records it (gpulease.host.unix_accounts.gecos), so that two
     hubs on one host never take each other's accounts."""
     path = state.private / "hub_id"
-    value = read_or_create_secret(path, nbytes=8)
+    if path.is_symlink():
+        raise StateError(f"{path} is a symbolic link: this hub's id is a file of its own "
+                         "(remove the link and restore the file)")
+    try:
+        value = read_or_create_secret(path, nbytes=8)
+    except UnicodeDecodeError:
+        value = path.read_bytes().decode(errors="replace").strip()
     if not re.fullmatch(r"[0-9a-f]{16,64}", value):
         raise StateError(f"{path} holds {value[:80]!r}, not a hub id (16 to 64 lowercase hex "
                          "digits): restore this hub's own id, which its Unix accounts "

@@ -152,6 +152,21 @@ def test_the_hub_id_is_random_kept_in_private_and_checked(tmp_path):
         hub_id(state)
 
 
+def test_a_hub_id_file_that_is_bytes_or_a_link_is_refused_naming_it(tmp_path):
+    from gpulease.host.state import StateError, hub_id, prepare_state_dir
+    state = prepare_state_dir(tmp_path / "s", homes=False)
+    path = state.private / "hub_id"
+    path.write_bytes(b"\xff\xfe\x00garbage")  # a disk's garbage: not UTF-8
+    with pytest.raises(StateError, match=f"{path} holds .*not a hub id"):
+        hub_id(state)
+    path.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    path.symlink_to(elsewhere)  # dangling: the id would be written through it
+    with pytest.raises(StateError, match=f"{path} is a symbolic link"):
+        hub_id(state)
+    assert not elsewhere.exists()
+
+
 def _modes(table):
     def stat_of(path):
         if path not in table:
