@@ -123,8 +123,8 @@ def _threads(pid: int, proc: str) -> list[int]:
 
 
 def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
-    """pid → uid of every process with an open descriptor on one of `nodes`, or a mapping
-    of one (map_files: readable by root only, as the hub runs)."""
+    """pid → real uid of every process with an open descriptor on one of `nodes`, or a
+    mapping of one (map_files: readable by root only, as the hub runs)."""
     found: dict[int, int] = {}
     if not nodes:
         return found
@@ -138,11 +138,23 @@ def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
             continue
         if any(_holds(f"{proc}/{tid}/fd", nodes) or _holds(f"{proc}/{tid}/map_files", nodes)
                for tid in _threads(pid, proc)):
-            try:
-                found[pid] = os.stat(f"{proc}/{pid}").st_uid
-            except OSError:
-                pass
+            uid = _real_uid(pid, proc)
+            if uid is not None:
+                found[pid] = uid
     return found
+
+
+def _real_uid(pid: int, proc: str) -> int | None:
+    """The process's real uid: whose it is. Not /proc/PID's owner, its effective uid,
+    which is root's while a tenant's descriptor sits in a setuid program it ran."""
+    try:
+        with open(f"{proc}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+        return os.stat(f"{proc}/{pid}").st_uid
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _cgroup_text(pid: int, proc: str) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -160,6 +162,38 @@ def test_a_device_registered_with_an_io_uring_and_closed_is_found_and_ended():
         if line.startswith("no io_uring"):
             pytest.skip(f"this kernel gives no io_uring ({line})")
         assert line == "registered"
+        assert holders({node}).get(proc.pid) == NOBODY
+        killed, left = end_holders([node], leaving_uid=NOBODY, wait_s=5.0)
+        assert killed >= 1 and proc.pid not in left
+        assert proc.wait(timeout=10) == -9
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+
+def test_a_holder_running_a_setuid_program_is_still_its_tenants():
+    # A tenant's descriptor survives exec: a setuid-root program that waits (chfn at its
+    # password prompt) holds the device with effective uid 0, its real uid the tenant's.
+    path, node = _loop_node()
+    chfn = shutil.which("chfn")
+    if not chfn or not os.stat(chfn).st_mode & stat.S_ISUID:
+        pytest.skip("no setuid-root chfn to wait in")
+    fd = os.open(path, os.O_RDONLY)
+
+    def tenant():
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+
+    proc = subprocess.Popen([chfn, "-r", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=tenant, pass_fds=(fd,))
+    os.close(fd)
+    try:
+        deadline = time.monotonic() + 10
+        while os.stat(f"/proc/{proc.pid}").st_uid != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the exec of the setuid program
+        assert os.stat(f"/proc/{proc.pid}").st_uid == 0 and proc.poll() is None
         assert holders({node}).get(proc.pid) == NOBODY
         killed, left = end_holders([node], leaving_uid=NOBODY, wait_s=5.0)
         assert killed >= 1 and proc.pid not in left
