@@ -55,6 +55,11 @@ def refuse_unproducible_groups(app) -> None:
     for line in auth.refused_rights_groups(rights_groups(
             (), (), None, (), ctx.ledger.group_accounts())):
         app.log.warning("%s: no one can charge it.", line.split(". Name an allowed")[0])
+    if any(line.startswith("profile ") for line in problems):
+        problems.append("A profile's groups (the admin page's edits too, kept in the database "
+                        "until the profiles file changes) are corrected in the profiles file "
+                        "(GPULeaseHub.profiles_file, `gpulease up --profiles`), applied at the "
+                        "next start.")
     if problems:
         print("gpulease: cannot start:\n  " + "\n  ".join(problems), file=sys.stderr, flush=True)
         app._undo_prepare()

@@ -106,3 +106,16 @@ def test_a_group_account_the_ledger_keeps_warns_and_never_stops_the_hub():
     config = _github_hub(["group:Lab"], admin_groups=["gpu-admins"])
     refuse_unproducible_groups(config)  # configuration is refused still
     assert config.exited == [1]
+
+
+def test_a_refused_profile_group_says_how_to_correct_it_while_the_hub_is_down(capsys):
+    # The admin page's edits live in the database until the profiles file changes: the
+    # refusal says that the file is where to correct a profile the page gave a bad group.
+    hub = _github_hub([])
+    hub._ctx.profiles.list = lambda: [SimpleNamespace(slug="h200", groups=("vision",),
+                                                      spot_groups=())]
+    refuse_unproducible_groups(hub)
+    assert hub.exited == [1]
+    err = capsys.readouterr().err
+    assert "profile h200 (groups) names the group 'vision'" in err
+    assert "GPULeaseHub.profiles_file" in err
