@@ -89,12 +89,14 @@ def _ring_files(fdinfo: str) -> list[str]:
 
 def _holds(folder: str, nodes: set[NodeId]) -> bool | None:
     """Whether an entry of `folder` (a process's fd/ or map_files/) is one of `nodes`, or
-    (fd/) an io_uring holding one; None when the folder cannot be read (the process is
-    gone, or a kernel thread)."""
+    (fd/) an io_uring holding one; None when the folder cannot be read or is empty (the
+    process is gone, a kernel thread, a main thread that has ended)."""
     try:
         entries = os.listdir(folder)
     except OSError:
         return None
+    if not entries:
+        return None  # no mappings: a kernel thread, or a main thread that has ended
     for e in entries:
         if _fd_node(f"{folder}/{e}") in nodes:
             return True
@@ -122,6 +124,20 @@ def _threads(pid: int, proc: str) -> list[int]:
     return [pid] + [t for t in tids if t != pid]
 
 
+def _holder(pid: int, proc: str, nodes: set[NodeId]) -> bool:
+    """Whether process `pid` holds one of `nodes`: a descriptor of any of its threads, or
+    a mapping (its threads share one address space: read through another thread's only
+    when the main thread's shows none, as once that thread has ended)."""
+    if _holds(f"{proc}/{pid}/fd", nodes):
+        return True
+    maps = _holds(f"{proc}/{pid}/map_files", nodes)
+    if maps:
+        return True
+    return any(_holds(f"{proc}/{tid}/fd", nodes)
+               or (maps is None and _holds(f"{proc}/{tid}/map_files", nodes))
+               for tid in _threads(pid, proc)[1:])
+
+
 def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
     """pid → real uid of every process with an open descriptor on one of `nodes`, or a
     mapping of one (map_files: readable by root only, as the hub runs)."""
@@ -136,8 +152,7 @@ def holders(nodes: set[NodeId], proc: str = "/proc") -> dict[int, int]:
     for pid in pids:
         if pid == me:
             continue
-        if any(_holds(f"{proc}/{tid}/fd", nodes) or _holds(f"{proc}/{tid}/map_files", nodes)
-               for tid in _threads(pid, proc)):
+        if _holder(pid, proc, nodes):
             uid = _real_uid(pid, proc)
             if uid is not None:
                 found[pid] = uid
