@@ -44,6 +44,9 @@ class GpuNode:
     cuda_runtime: str = "12.8"
     product: str = ""  # GFD's product value; default: the model's first board
     bind_only: bool = False  # no kubelet emulator: its pods are bound, never run
+    # NVIDIA's DRA driver serves its GPUs (tests/cluster/dra_driver.py publishes them):
+    # no device plugin, so no nvidia.com/* capacity on the Node
+    dra: bool = False
 
 
 def _device_id(kind: str, node: str, n: int) -> str:
@@ -98,6 +101,9 @@ def node_object(spec: GpuNode) -> dict:
             f"{prefix}.slices.gi": str(slices), f"{prefix}.slices.ci": str(slices),
             f"{prefix}.engines.copy": str(slices), f"{prefix}.engines.decoder": str(slices),
         })
+    if spec.dra:
+        capacity = {k: v for k, v in capacity.items() if not k.startswith("nvidia.com/")}
+        devices = {}
     key, value = BIND_ONLY_NODE_ANNOTATION if spec.bind_only else EMULATED_NODE_ANNOTATION
     return {
         "apiVersion": "v1", "kind": "Node",

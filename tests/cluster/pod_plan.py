@@ -36,6 +36,9 @@ GPU_RESOURCE_PREFIX = "nvidia.com/"
 # Node annotation listing the device IDs behind each GPU resource (JSON
 # {resource: [ids]}), as the device plugin would enumerate them.
 DEVICES_ANNOTATION = "gpulease.test/devices"
+# DRA: the uuids of the devices allocated to the pod's claims, where a real node's
+# NVIDIA DRA driver would have its CDI spec put the devices' nodes in the container.
+DRA_DEVICES_ENV = "GPULEASE_TEST_DRA_DEVICES"
 DEFAULT_HOME = "/home/jovyan"
 # In each pod process's environment: which pod it belongs to, so that where no
 # cgroup can hold a pod, its processes can still all be found and ended.
@@ -166,7 +169,7 @@ def user_of(pod: dict, container: dict, image: Image) -> tuple[int, int, list[in
 
 def plan_container(pod: dict, container: dict, image: Image, pod_ip: str,
                    mounts: dict[str, str], devices: dict[str, list[str]],
-                   lookup: Any = None) -> ProcessPlan:
+                   lookup: Any = None, dra_devices: list[str] | None = None) -> ProcessPlan:
     """The local process standing for one container. `mounts`: mountPath -> host folder."""
     declared = container_env(pod, container, pod_ip, lookup)
     home_in_pod = declared.get("HOME", DEFAULT_HOME)
@@ -188,6 +191,8 @@ def plan_container(pod: dict, container: dict, image: Image, pod_ip: str,
     env[POD_MARKER] = pod["metadata"]["uid"]
     ids = [d for resource in sorted(devices) for d in devices[resource]]
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids) if ids else "void"
+    if dra_devices is not None:
+        env[DRA_DEVICES_ENV] = ",".join(dra_devices)
     argv = list(container.get("command") or image.entrypoint) + list(container.get("args", []))
     if not argv:
         raise PlanError("CreateContainerConfigError", "no command: the image stand-in has no entrypoint")

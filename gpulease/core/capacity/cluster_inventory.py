@@ -21,6 +21,7 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpulease.core.capacity.dra_device import DraDevice
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.drivers import driver_from_labels, new_enough, too_old
@@ -44,6 +45,8 @@ USER_LABEL = "hub.jupyter.org/username"
 USER_ANNOTATION = "hub.jupyter.org/username"
 SERVER_ANNOTATION = "hub.jupyter.org/servername"
 TERMINAL_PHASES = ("Succeeded", "Failed")
+# A node's mig_strategy in DRA mode: its devices come from NVIDIA's DRA driver.
+DRA_NODE = "dra"
 _EXPONENT = re.compile(r"(\d{1,20})[eE](\d{1,2})")
 
 
@@ -109,6 +112,9 @@ class ClusterNode:
     labels: Mapping[str, str] = field(default_factory=dict, compare=False)
     # NoSchedule / NoExecute taints: (key, value, effect)
     taints: tuple[tuple[str, str, str], ...] = ()
+    # DRA mode (mig_strategy "dra"): each device of the node, from its ResourceSlices
+    # (dra_inventory.py); `allocatable` counts them by kind.
+    devices: tuple[DraDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,9 @@ class Hold:
     spot: bool = False  # a gpulease spot server's pod (tier spot)
     tier: str = ON_DEMAND  # a gpulease server's (its pod's label); others' pods: on-demand
     reservation: int | None = None  # tier reserved: the reservation whose unit it runs on
+    devices: tuple[str, ...] = ()  # DRA mode: the uuids of its claim's devices
+    since: str = ""  # DRA mode: its pod's start (ISO, UTC), for preempting the newest first
+    leaving: bool = False  # DRA mode: its pod is being deleted or has ended (claim clearing)
 
     @property
     def on_tier(self) -> str:
@@ -168,23 +177,41 @@ class ClusterInventory:
         return self._derived[key]
 
     def rows(self) -> list[dict]:
-        """The `api/inventory` cluster form: per node, per resource, who holds how many."""
+        """The `api/inventory` cluster form: per node, per resource, who holds how many;
+        in DRA mode (a node with devices) also each device, by uuid, and its holder."""
         free = self.free()
         holders: dict[tuple[str, str], list[dict]] = defaultdict(list)
+        by_device: dict[str, dict] = {}
         for hold in self.holds:
+            who = _holder_row(hold)
             for resource, count in hold.resources.items():
-                who = {"user": hold.user, "server": hold.server} if hold.user else {"pod": hold.pod}
-                if hold.user:
-                    who["tier"] = hold.on_tier
-                    if hold.reservation is not None:
-                        who["reservation"] = hold.reservation
                 holders[(hold.node, resource)].append({**who, "count": count})
-        return [{"name": n.name, "model": n.model, "mig_strategy": n.mig_strategy,
-                 "driver": n.driver, "schedulable": n.schedulable,
-                 "resources": [{"resource": r, "allocatable": a, "free": max(free[n.name][r], 0),
-                                "holders": holders.get((n.name, r), [])}
-                               for r, a in sorted(n.allocatable.items())]}
-                for n in sorted(self.nodes, key=lambda n: n.name)]
+            for uuid in hold.devices:
+                by_device[uuid] = who
+        rows = []
+        for n in sorted(self.nodes, key=lambda n: n.name):
+            row = {"name": n.name, "model": n.model, "mig_strategy": n.mig_strategy,
+                   "driver": n.driver, "schedulable": n.schedulable,
+                   "resources": [{"resource": r, "allocatable": a,
+                                  "free": max(free[n.name][r], 0),
+                                  "holders": holders.get((n.name, r), [])}
+                                 for r, a in sorted(n.allocatable.items())]}
+            if n.mig_strategy == DRA_NODE:
+                row["devices"] = [{"name": d.name, "uuid": d.uuid, "type": d.type,
+                                   "model": d.model, "profile": d.profile,
+                                   "holder": by_device.get(d.uuid)} for d in n.devices]
+            rows.append(row)
+        return rows
+
+
+def _holder_row(hold: Hold) -> dict:
+    """Who holds: a gpulease server ({user, server, tier[, reservation]}) or a pod."""
+    if not hold.user:
+        return {"pod": hold.pod}
+    who: dict = {"user": hold.user, "server": hold.server, "tier": hold.on_tier}
+    if hold.reservation is not None:
+        who["reservation"] = hold.reservation
+    return who
 
 
 def _ready(obj: dict) -> bool:
@@ -240,32 +267,40 @@ def select_nodes(inventory: ClusterInventory, selector: Mapping[str, str],
 
 
 def hold_from_pod(pod: dict, servers_namespace: str | None = None) -> Hold | None:
-    """The GPU resources a live pod requests, or None (no GPU, or it has ended).
-
-    A pod is gpulease's server (a user's, by its label) only in `servers_namespace`,
-    where only the hub makes pods: anyone who may make a pod elsewhere writes its labels,
-    and a forged `hub.jupyter.org/username` there would count against that user's limits
-    and hide whose GPUs they are. None: every namespace's labels are believed (tests).
-    The user is kubespawner's annotation (the name as it is), else its label."""
+    """The GPU resources a live pod requests, or None (no GPU, or it has ended)."""
     if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
         return None
     wanted = pod_gpu_requests(pod["spec"])
     if not wanted:
         return None
     meta = pod["metadata"]
+    return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
+                dict(wanted), *pod_holder(pod, servers_namespace))
+
+
+def pod_holder(pod: dict, servers_namespace: str | None = None
+               ) -> tuple[str, str, bool, str, int | None]:
+    """(user, server, spot, tier, reservation) of the gpulease server a pod is, or
+    ("", "", False, on-demand, None) for anyone else's.
+
+    A pod is gpulease's server (a user's, by its label) only in `servers_namespace`,
+    where only the hub makes pods: anyone who may make a pod elsewhere writes its labels,
+    and a forged `hub.jupyter.org/username` there would count against that user's limits
+    and hide whose GPUs they are. None: every namespace's labels are believed (tests).
+    The user is kubespawner's annotation (the name as it is), else its label."""
+    meta = pod["metadata"]
     ours = servers_namespace is None or meta.get("namespace") == servers_namespace
     annotations = meta.get("annotations") or {}
-    user = (annotations.get(USER_ANNOTATION) or meta.get("labels", {}).get(USER_LABEL, "")
-            if ours else "")
     labels = meta.get("labels") or {}
-    tier = labels.get(TIER_LABEL, ON_DEMAND) if user else ON_DEMAND
+    user = (annotations.get(USER_ANNOTATION) or labels.get(USER_LABEL, "")) if ours else ""
+    if not user:
+        return "", "", False, ON_DEMAND, None
+    tier = labels.get(TIER_LABEL, ON_DEMAND)
     if tier not in ALL_TIERS:
         tier = ON_DEMAND
     reservation = labels.get(RESERVATION_LABEL, "") if tier == RESERVED else ""
-    return Hold(f"{meta['namespace']}/{meta['name']}", pod["spec"].get("nodeName", ""),
-                dict(wanted), user, meta.get("annotations", {}).get(SERVER_ANNOTATION, "") if user
-                else "", tier == SPOT, tier,
-                int(reservation) if reservation.isdigit() and len(reservation) < 12 else None)
+    return (user, annotations.get(SERVER_ANNOTATION, ""), tier == SPOT, tier,
+            int(reservation) if reservation.isdigit() and len(reservation) < 12 else None)
 
 
 Kind = tuple[str, "str | None"]  # what a request asks for: (model, MIG profile or None)

@@ -43,6 +43,26 @@ GFD_PRODUCTS: dict[str, tuple[str, ...]] = {
     "T4": ("Tesla-T4",),
 }
 
+# Model key -> every NVML name of a whole card of that model: what NVIDIA's DRA driver
+# publishes as a device's `productName` attribute (gpulease/core/model/nvidia_dra.py),
+# so a ResourceClaim's CEL selector for a model lists them all. The same boards as
+# GFD_PRODUCTS, with NVML's spaces (GFD's labels replace them with hyphens).
+NVML_PRODUCTS: dict[str, tuple[str, ...]] = {
+    "A100-40GB": ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"),
+    "A100-80GB": ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
+    "H100-80GB": ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"),
+    "H100-NVL": ("NVIDIA H100 NVL",),
+    "H200": ("NVIDIA H200",),
+    "L40S": ("NVIDIA L40S",),
+    "A10G": ("NVIDIA A10G",),
+    "T4": ("Tesla T4",),
+}
+
+# NVML name -> model key: the only names DRA mode counts as a model (its selectors ask for
+# exactly these), so that what the inventory offers is what a claim can be allocated.
+NVML_MODELS: dict[str, str] = {name: key for key, names in NVML_PRODUCTS.items()
+                               for name in names}
+
 _A100_80_PROFILES = {
     "1g.10gb": 7,
     "1g.10gb+me": 1,
