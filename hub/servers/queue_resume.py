@@ -168,6 +168,11 @@ async def _resume_then_serve(app: JupyterHub, ctx: GPULeaseContext,
             meter.queue_resuming = False
             if meter.preempting and embedded:
                 await runner_for(ctx).serve()
+            elif meter.preempting:  # the cluster's runners (DRA mode preempts itself)
+                from gpulease.spawners.kube.cluster_runner import runners_of
+
+                for runner in runners_of(ctx):
+                    await runner.serve()
 
 
 async def resume_in_order(rows: Sequence[QueuedSpawn], now_of: Callable[[str, str], ServerNow],

@@ -46,6 +46,7 @@ from gpulease.core.tiers import ON_DEMAND, RESERVED
 from gpulease.core.units import format_duration
 from gpulease.spawners.kube.cluster_preemption import preempted_pod
 from gpulease.spawners.kube.cluster_watch import ClusterWatch
+from gpulease.spawners.kube.dra_preemption import CLAIMS_CLEARED_S, ClaimPreemptions
 from gpulease.spawners.queueing.base import QueueBase, Refused, Ticket, log
 from gpulease.spawners.queueing.runner import asks
 from gpulease.spawners.queueing.spot_preemption import (
@@ -96,9 +97,10 @@ class ClusterQueueRunner(QueueBase):
     def __init__(self, ctx: GPULeaseContext, api: client.CoreV1Api,
                  selector: Mapping[str, str] = {},
                  tolerations: Sequence[Mapping[str, str]] = (), poll_s: float = 5.0, *,
-                 namespace: str | None = None):
+                 namespace: str | None = None, dra: client.ResourceV1Api | None = None):
         super().__init__(ctx, poll_s)
         self.api = api
+        self.dra = dra  # DRA mode: the inventory is NVIDIA's slices and the claims
         self.namespace = namespace  # the servers' (only there is a pod gpulease's)
         self.selector = dict(selector)
         self.tolerations = [dict(t) for t in tolerations]
@@ -109,7 +111,11 @@ class ClusterQueueRunner(QueueBase):
         # Both tiers have a PriorityClass (GPUKubeSpawner.spot_preempts): an on-demand
         # start counts what spot pods hold as free, and kube-scheduler preempts them.
         self.spot_yields = False
+        # DRA mode with spot preemption configured: kube-scheduler does not preempt for
+        # claims, so this runner stops the victims itself (dra_preemption.py).
+        self.claims_preempt = False
         self.spot_grace_s = SPOT_GRACE_S  # the spawners' spot_grace_period (displacement's)
+        self.claim_preemptions = ClaimPreemptions(ctx, SPOT_GRACE_S)
         self._told: set[str] = set()  # uids of preempted pods whose users were told
 
     # --- the picture -------------------------------------------------------------------
@@ -118,19 +124,22 @@ class ClusterQueueRunner(QueueBase):
         """The nodes of this runner's selector and every pod's holds, as watched now."""
         if self.watch is None:
             self.watch = ClusterWatch(self.api, on_change=self._changed,
-                                      servers_namespace=self.namespace, on_pod=self._pod_seen)
-            for w in (self.watch.nodes, self.watch.pods):
+                                      servers_namespace=self.namespace, on_pod=self._pod_seen,
+                                      dra=self.dra)
+            for w in self.watch.watches:
                 w.start()
-        for w in (self.watch.nodes, self.watch.pods):
+        for w in self.watch.watches:
             if not w.first_list.done() and w.failures:  # pausing, up to 30 s: list now
                 await w.stop()
                 w.start()
-        lists = asyncio.gather(self.watch.nodes.first_list, self.watch.pods.first_list)
+        lists = asyncio.gather(*(w.first_list for w in self.watch.watches))
         try:
             await asyncio.wait_for(asyncio.shield(lists), WATCH_READY_S)
         except TimeoutError:
-            why = self.watch.nodes.last_error or self.watch.pods.last_error or "no answer"
-            raise Refused(503, "Cannot read the cluster's nodes and pods from the Kubernetes "
+            why = next((w.last_error for w in self.watch.watches if w.last_error), "no answer")
+            kinds = [w.kind for w in self.watch.watches]
+            what = f"{', '.join(kinds[:-1])} and {kinds[-1]}"
+            raise Refused(503, f"Cannot read the cluster's {what} from the Kubernetes "
                                f"API server ({why}); try again shortly.") from None
         return select_nodes(self.watch.inventory(), self.selector, self.tolerations)
 
@@ -194,7 +203,7 @@ class ClusterQueueRunner(QueueBase):
                                     await self._withholding(inventory))
             never = dict(decision.never)
             if me in never:
-                raise Refused(422, never[me])
+                raise Refused(422, never[me] + self._no_driver(inventory))
             node = dict(decision.start).get(me)
             if node is not None:
                 self._admit(key, request, tier, reservation, node)
@@ -202,6 +211,10 @@ class ClusterQueueRunner(QueueBase):
                          request.describe(), node)
                 return ClusterAdmitted(node, avoid=too_old_nodes(inventory, request),
                                        pinned=me in decision.pinned)
+            if max_wait <= 0 and self.claims_preempt and self.claim_preemptions.would_preempt(
+                    request, tier, inventory, tuple(unbound.values())):
+                # waits, without a queue otherwise, for the servers it preempts to go
+                max_wait = self.spot_grace_s + CLAIMS_CLEARED_S
             if max_wait <= 0:
                 raise Refused(503, self._no_room(request, inventory))
             theirs = queue_places_refusal(user, [(t.user, t.server) for t in self.waiting],
@@ -258,6 +271,14 @@ class ClusterQueueRunner(QueueBase):
                 used.setdefault(start.reservation, set()).add(key)
         return used
 
+    def _no_driver(self, inventory: ClusterInventory) -> str:
+        """DRA mode with no device published on any node: what an operator must look at."""
+        if self.dra is None or any(n.devices for n in inventory.nodes):
+            return ""
+        return (" NVIDIA's DRA driver publishes no GPU on this cluster's nodes: is it "
+                "installed, with its GPU kubelet plugin on them? (docs/deploy.md, GPUs "
+                "through DRA)")
+
     def _no_room(self, request: DeviceRequest, inventory: ClusterInventory) -> str:
         try:
             fit(request, inventory, tuple(self.unbound(inventory).values()))
@@ -271,6 +292,8 @@ class ClusterQueueRunner(QueueBase):
         """One pass: admit every waiting start that fits now, in the queue's order."""
         async with self._lock:
             await self._withdraw_displacement()
+            if self.claims_preempt:  # DRA: preemptions for starts that left are taken back
+                await self.claim_preemptions.withdraw_unneeded(self.waiting)
             if not self.waiting:
                 return
             inventory = await self.inventory()
@@ -286,6 +309,10 @@ class ClusterQueueRunner(QueueBase):
                 log.info("%s/%s admitted from the queue for %s (fits on %s)", ticket.user,
                          ticket.server, ticket.request.describe(), node)
                 self._settle(ticket, (node, ticket in decision.pinned))
+            if self.claims_preempt and not decision.start:
+                if await self.claim_preemptions.serve(
+                        decision.waiting, inventory, tuple(self.unbound(inventory).values())):
+                    return
             if not decision.start and not self.unbound(inventory):
                 await self._displace_for(decision.waiting, inventory, withheld)
 
@@ -334,16 +361,22 @@ _runners: dict[tuple, tuple[GPULeaseContext, ClusterQueueRunner]] = {}
 
 def cluster_runner_for(ctx: GPULeaseContext, api: client.CoreV1Api,
                        selector: Mapping[str, str], tolerations: Sequence[Mapping[str, str]],
-                       poll_s: float = 5.0, *, namespace: str | None = None
-                       ) -> ClusterQueueRunner:
-    """The one runner of this context, servers' namespace, node selector and tolerations
-    in this process."""
+                       poll_s: float = 5.0, *, namespace: str | None = None,
+                       dra: client.ResourceV1Api | None = None) -> ClusterQueueRunner:
+    """The one runner of this context, servers' namespace, node selector, tolerations and
+    GPU allocation (device plugin, or DRA) in this process."""
     key = (id(ctx), namespace, frozenset(selector.items()),
-           tuple(sorted(tuple(sorted(t.items())) for t in tolerations)))
+           tuple(sorted(tuple(sorted(t.items())) for t in tolerations)), dra is not None)
     entry = _runners.get(key)
     if entry is None or entry[0] is not ctx:
         entry = (ctx, ClusterQueueRunner(ctx, api, selector, tolerations, poll_s,
-                                         namespace=namespace))
+                                         namespace=namespace, dra=dra))
         _runners[key] = entry
     entry[1].poll_s = poll_s
     return entry[1]
+
+
+def runners_of(ctx: GPULeaseContext) -> list[ClusterQueueRunner]:
+    """The runners of this context in this process (a hub restart serves them once its
+    queued starts are back: DRA preemptions no start needs are taken back then)."""
+    return [runner for owner, runner in _runners.values() if owner is ctx]

@@ -13,8 +13,15 @@ admission can say so rather than decide on an old picture. (kubespawner's
 reflector, which keys objects by namespace and so cannot hold Nodes, gives
 up after about 50 s of failures; GPUKubeSpawner restarts its own.)
 
+In DRA mode (`dra` given) two more watches hold NVIDIA's ResourceSlices and
+every namespace's ResourceClaims, and the inventory is the DRA one
+(gpulease/core/capacity/dra_inventory.py): devices from the slices, holds from
+the allocated claims, holders from the pods.
+
 Needs `list` and `watch` on nodes and pods cluster-wide, nothing else
-(CLUSTER_RULES; the ClusterRole in docs/cluster.md).
+(CLUSTER_RULES; the ClusterRole in docs/cluster.md); in DRA mode also on
+resourceslices and resourceclaims (DRA_CLUSTER_RULES): claims of every
+namespace hold devices, as pods of every namespace do.
 """
 
 from __future__ import annotations
@@ -33,11 +40,15 @@ from gpulease.core.capacity.cluster_inventory import (
     hold_from_pod,
     node_from_object,
 )
+from gpulease.core.capacity.dra_inventory import dra_inventory
 
 log = logging.getLogger("gpulease.cluster")
 # What the watches need, cluster-wide (a ClusterRole; docs/cluster.md).
 # Each rule is needed: tests/cluster/test_cluster_watch.py removes each in turn.
 CLUSTER_RULES = [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}]
+DRA_CLUSTER_RULES = [{"apiGroups": ["resource.k8s.io"],
+                      "resources": ["resourceslices", "resourceclaims"],
+                      "verbs": ["list", "watch"]}]
 PAUSES_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # then 30 s each time
 WATCH_TIMEOUT_S = 300  # the API server ends a watch after this; it is started again
 
@@ -47,9 +58,13 @@ class ObjectWatch:
 
     def __init__(self, kind: str, api: client.CoreV1Api,
                  on_change: Callable[[], None] = lambda: None,
-                 on_object: Callable[[dict], None] | None = None):
+                 on_object: Callable[[dict], None] | None = None,
+                 lister: Callable | None = None):
         self.kind = kind
         self.api = api
+        # the list call (watched with watch=True): nodes and pods by default
+        self._list_call = lister or (api.list_node if kind == "nodes"
+                                     else api.list_pod_for_all_namespaces)
         self.objects: dict[str, dict] = {}  # namespace/name (name for nodes) -> object
         self.version = 0  # counts the changes seen, for the inventory's cache
         self.running = False  # listed, and watching
@@ -61,7 +76,7 @@ class ObjectWatch:
         self.first_list: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def _lister(self):
-        return self.api.list_node if self.kind == "nodes" else self.api.list_pod_for_all_namespaces
+        return self._list_call
 
     @staticmethod
     def key(obj: dict) -> str:
@@ -149,39 +164,58 @@ def _why(e: Exception) -> str:
 
 
 class ClusterWatch:
-    """Nodes and pods, watched; `inventory()` the ClusterInventory they make."""
+    """Nodes and pods (and in DRA mode slices and claims), watched; `inventory()` the
+    ClusterInventory they make."""
 
     def __init__(self, api: client.CoreV1Api, on_change: Callable[[], None] | None = None,
                  servers_namespace: str | None = None,
-                 on_pod: Callable[[dict], None] | None = None):
+                 on_pod: Callable[[dict], None] | None = None,
+                 dra: client.ResourceV1Api | None = None):
         notify = on_change or (lambda: None)
         self.servers_namespace = servers_namespace  # gpulease's pods: only there (hold_from_pod)
         self.nodes = ObjectWatch("nodes", api, notify)
         self.pods = ObjectWatch("pods", api, notify, on_pod)
-        self._cached: tuple[tuple[int, int], ClusterInventory] | None = None
+        self.slices: ObjectWatch | None = None
+        self.claims: ObjectWatch | None = None
+        if dra is not None:
+            self.slices = ObjectWatch("resourceslices", api, notify,
+                                      lister=dra.list_resource_slice)
+            self.claims = ObjectWatch("resourceclaims", api, notify,
+                                      lister=dra.list_resource_claim_for_all_namespaces)
+        self._cached: tuple[tuple[int, ...], ClusterInventory] | None = None
+
+    @property
+    def watches(self) -> list[ObjectWatch]:
+        return [w for w in (self.nodes, self.pods, self.slices, self.claims) if w is not None]
 
     async def start(self, timeout: float = 60) -> None:
-        """Start both watches; return once both listed (TimeoutError after `timeout` s)."""
-        for w in (self.nodes, self.pods):
+        """Start the watches; return once each listed (TimeoutError after `timeout` s)."""
+        for w in self.watches:
             w.start()
-        await asyncio.wait_for(asyncio.gather(self.nodes.first_list, self.pods.first_list),
-                               timeout)
+        await asyncio.wait_for(asyncio.gather(*(w.first_list for w in self.watches)), timeout)
 
     @property
     def stale(self) -> bool:
-        """True while either watch is not running (failed, listing again)."""
-        return not (self.nodes.running and self.pods.running)
+        """True while any watch is not running (failed, listing again)."""
+        return not all(w.running for w in self.watches)
 
     def inventory(self) -> ClusterInventory:
         """The inventory as the watches see it now (rebuilt only after a change)."""
-        key = (self.nodes.version, self.pods.version)
+        key = tuple(w.version for w in self.watches)
         if self._cached is None or self._cached[0] != key:
-            holds = tuple(h for h in (hold_from_pod(p, self.servers_namespace)
-                                      for p in self.pods.objects.values()) if h is not None)
-            nodes = tuple(node_from_object(n) for n in self.nodes.objects.values())
-            self._cached = (key, ClusterInventory(nodes, holds))
+            self._cached = (key, self._build())
         return self._cached[1]
 
+    def _build(self) -> ClusterInventory:
+        if self.slices is not None and self.claims is not None:
+            return dra_inventory(self.nodes.objects.values(), self.slices.objects.values(),
+                                 self.claims.objects.values(), self.pods.objects.values(),
+                                 self.servers_namespace)
+        holds = tuple(h for h in (hold_from_pod(p, self.servers_namespace)
+                                  for p in self.pods.objects.values()) if h is not None)
+        nodes = tuple(node_from_object(n) for n in self.nodes.objects.values())
+        return ClusterInventory(nodes, holds)
+
     async def stop(self) -> None:
-        for w in (self.nodes, self.pods):
+        for w in self.watches:
             await w.stop()

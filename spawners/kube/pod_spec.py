@@ -28,6 +28,7 @@ from gpulease.core.tiers import (
     registered,
     tier,
 )
+from gpulease.spawners.kube.dra_claims import ALLOCATIONS
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_STRATEGIES = ("mixed", "single")
@@ -49,11 +50,17 @@ class ClusterGpus:
     mig_strategy: str = "mixed"  # the device plugin's MIG strategy: mixed | single
     tolerations: tuple[dict[str, str], ...] = DEFAULT_GPU_TOLERATIONS
     scheduler_name: str = ""  # the GPU-packing scheduler; "" = the cluster's default
+    # device-plugin | dra: under DRA a pod's GPUs are a ResourceClaim (dra_claims.py), so
+    # its spec asks no extended resource and no product affinity here
+    allocation: str = "device-plugin"
 
     def __post_init__(self) -> None:
         if self.mig_strategy not in MIG_STRATEGIES:
             raise ValueError(f"mig_strategy {self.mig_strategy!r}: allowed are "
                              f"{', '.join(MIG_STRATEGIES)}")
+        if self.allocation not in ALLOCATIONS:
+            raise ValueError(f"gpu_allocation {self.allocation!r}: allowed are "
+                             f"{', '.join(ALLOCATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,9 @@ def pod_needs(profile: Profile, cluster: ClusterGpus) -> PodNeeds:
     """What a server of `profile` asks of Kubernetes."""
     if profile.gpu is None:
         return PodNeeds(profile.cpu, profile.memory_bytes, scheduler_name=cluster.scheduler_name)
+    if cluster.allocation == "dra":  # its devices: the claim's selectors say which
+        return PodNeeds(profile.cpu, profile.memory_bytes, tolerations=tuple(cluster.tolerations),
+                        scheduler_name=cluster.scheduler_name)
     resource, count = gpu_resource(profile.gpu, cluster.mig_strategy)
     term = {"matchExpressions": [{"key": PRODUCT_LABEL, "operator": "In",
                                   "values": product_values(profile.gpu, cluster.mig_strategy)}]}

@@ -27,11 +27,29 @@ Who needs what:
   every pod holding some, in any namespace; kubespawner's own pod watch of
   the users' namespace is covered by the same grant, so the Role holds no
   pod list or watch of its own.
+
+In DRA mode (GPUKubeSpawner.gpu_allocation = "dra") they grow by DRA_ROLE_RULES
+and DRA_CLUSTER_ROLE_RULES, and by nothing else:
+
+- resourceclaimtemplates create, get, list, delete (namespaced): the hub makes
+  a profile's template before a start's pod; a create answered 409 reads the
+  one of that name, used only if it is gpulease's and asks for exactly the
+  profile's devices; it lists its own to prune, and deletes those no pod
+  names (spawners/kube/dra_templates.py).
+- resourceslices and resourceclaims list, watch, cluster-wide: the inventory's
+  devices and who holds them; claims of every namespace hold devices, as pods
+  of every namespace do (spawners/kube/cluster_watch.py DRA_CLUSTER_RULES).
+- deviceclasses get, cluster-wide: a start checks once that the DeviceClass
+  its template asks from exists (NVIDIA's DRA driver installed), and says so
+  instead of leaving the pod Pending.
+
+The generated ResourceClaims themselves are made and deleted by the
+controller-manager's resourceclaim controller, not the hub.
 """
 
 from __future__ import annotations
 
-from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES
+from gpulease.spawners.kube.cluster_watch import CLUSTER_RULES, DRA_CLUSTER_RULES
 
 HUB_ROLE_RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
@@ -39,6 +57,13 @@ HUB_ROLE_RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch"]},
 ]
 HUB_CLUSTER_ROLE_RULES: list[dict] = CLUSTER_RULES  # the inventory's watches (one list)
+DRA_ROLE_RULES: list[dict] = [
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+     "verbs": ["create", "get", "list", "delete"]},
+]
+DRA_CLUSTER_ROLE_RULES: list[dict] = DRA_CLUSTER_RULES + [
+    {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["get"]},
+]
 RBAC_API = "rbac.authorization.k8s.io/v1"
 
 
@@ -48,11 +73,26 @@ def grants(rules: list[dict]) -> list[tuple[str, str]]:
 
 
 def rules_of(granted: list[tuple[str, str]]) -> list[dict]:
-    """Rules granting exactly `granted`, one (resource, verb) a rule (core API group)."""
-    return [{"apiGroups": [""], "resources": [r], "verbs": [v]} for r, v in granted]
+    """Rules granting exactly `granted`, one (resource, verb) a rule (the core API group,
+    or resource.k8s.io for DRA's resources)."""
+    return [{"apiGroups": [_group(r)], "resources": [r], "verbs": [v]} for r, v in granted]
 
 
-def hub_rbac_objects(namespace: str, account: str = "gpulease-hub") -> list[dict]:
+def _group(resource: str) -> str:
+    dra = {r for rule in DRA_ROLE_RULES + DRA_CLUSTER_ROLE_RULES for r in rule["resources"]}
+    return "resource.k8s.io" if resource in dra else ""
+
+
+def hub_role_rules(dra: bool = False) -> list[dict]:
+    return HUB_ROLE_RULES + (DRA_ROLE_RULES if dra else [])
+
+
+def hub_cluster_role_rules(dra: bool = False) -> list[dict]:
+    return HUB_CLUSTER_ROLE_RULES + (DRA_CLUSTER_ROLE_RULES if dra else [])
+
+
+def hub_rbac_objects(namespace: str, account: str = "gpulease-hub",
+                     dra: bool = False) -> list[dict]:
     """The ServiceAccount, Role, ClusterRole and their bindings, as Kubernetes objects.
 
     The ClusterRole's name carries the namespace: a cluster may run more than
@@ -66,12 +106,12 @@ def hub_rbac_objects(namespace: str, account: str = "gpulease-hub") -> list[dict
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": {"name": account, "namespace": namespace}},
         {"apiVersion": RBAC_API, "kind": "Role",
-         "metadata": {"name": account, "namespace": namespace}, "rules": HUB_ROLE_RULES},
+         "metadata": {"name": account, "namespace": namespace}, "rules": hub_role_rules(dra)},
         {"apiVersion": RBAC_API, "kind": "RoleBinding",
          "metadata": {"name": account, "namespace": namespace},
          "roleRef": role_ref("Role", account), "subjects": subject},
         {"apiVersion": RBAC_API, "kind": "ClusterRole",
-         "metadata": {"name": cluster_name}, "rules": HUB_CLUSTER_ROLE_RULES},
+         "metadata": {"name": cluster_name}, "rules": hub_cluster_role_rules(dra)},
         {"apiVersion": RBAC_API, "kind": "ClusterRoleBinding",
          "metadata": {"name": cluster_name},
          "roleRef": role_ref("ClusterRole", cluster_name), "subjects": subject},

@@ -52,6 +52,8 @@ from gpulease.core.tiers import ON_DEMAND
 from gpulease.singleuser import SERVER_SCRIPT
 from gpulease.spawners.kube import pod_start
 from gpulease.spawners.kube.cluster_runner import ClusterQueueRunner, cluster_runner_for
+from gpulease.spawners.kube.dra_claims import DraClasses, claim_spec
+from gpulease.spawners.kube.dra_spawner import DraClaims
 from gpulease.spawners.kube.pod_kill import (  # noqa: F401 - the tests read these here
     KILL_GRACE_S,
     KUBELET_SILENT_S,
@@ -103,7 +105,7 @@ def api_server_refusal(slug: str, e: ApiException) -> Refusal:
                    "try again shortly.", status=502)
 
 
-class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
+class GPUKubeSpawner(DraClaims, ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
     """One pod per server, asking for exactly its profile's GPUs (see the module doc)."""
 
     mig_strategy = Unicode(
@@ -187,11 +189,17 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
         NVIDIA_VISIBLE_DEVICES=all the runtime honours in a container that asked the device
         plugin for nothing (where it is the default runtime, as the GPU operator sets it):
         on a GPU node such a pod saw every GPU there, unbilled and uncounted. A GPU pod's
-        devices are the device plugin's to name (as the embedded shape's device_env)."""
+        devices are the device plugin's to name (as the embedded shape's device_env); in
+        DRA mode its claim's, which the driver's CDI spec injects whatever the variable
+        says, so there it is `void` too."""
         env = KubeSpawner.get_env(self)
         choice = self.gpulease_choice
         if choice is not None and choice.profile.gpu is None:
             env.update(NO_GPU_ENV)
+        elif choice is not None and self.dra_mode:
+            # No device plugin names its devices: the driver's CDI spec injects them, and
+            # the image's `all` must not reach a runtime that still reads the variable.
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
         return env
 
     @property
@@ -213,6 +221,7 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
         if tier.priority_class:
             pod.spec.priority_class_name = tier.priority_class
         pod.metadata.labels = {**(pod.metadata.labels or {}), **tier.labels}
+        self._add_claims(pod)  # DRA mode: its GPUs are its claim's
         # a failed start's last lines, in its status (pod_start.termination_message)
         pod.spec.containers[0].termination_message_policy = TERMINATION_MESSAGE_POLICY
         if tier.pre_stop_sleep_s:
@@ -226,7 +235,7 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
 
     def cluster_gpus(self) -> ClusterGpus:
         return ClusterGpus(self.mig_strategy, tuple(dict(t) for t in self.gpu_tolerations),
-                           self.packing_scheduler)
+                           self.packing_scheduler, self.gpu_allocation)
 
     # --- the start --------------------------------------------------------------
 
@@ -236,6 +245,8 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
             self.refuse(Refusal("No profile was resolved for this start"))
         try:
             options = pod_options(choice, self.cluster_gpus())
+            if self.dra_mode and choice.profile.gpu is not None:
+                claim_spec(choice.profile.gpu, DraClasses())  # a model DRA cannot name
         except ValueError as e:  # a GPU model this cluster's labels cannot name
             self.refuse(Refusal(f"Cannot start {choice.profile.slug}: {e}", status=422))
         self._gpulease_admitted = False
@@ -289,12 +300,14 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
         container ran and ended first (is_pod_running)."""
         running = False
         try:
+            await self._ensure_claim_template(choice.profile)  # DRA mode: before its pod
             url = await KubeSpawner.start(self)
             running = True
             return url
         except ApiException as e:
             self.refuse(api_server_refusal(choice.profile.slug, e))
         finally:  # it runs (counted until the cluster watch sees its pod), or it failed
+            self._release_claim_template()
             if admitted is not None:
                 self._queue_runner().done(self.user.name, self.name, running=running)
 
@@ -348,9 +361,11 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
     def _queue_runner(self) -> ClusterQueueRunner:
         runner = cluster_runner_for(self.gpulease, self.api, self.node_selector,
                                     self.cluster_gpus().tolerations, self.queue_poll_interval,
-                                    namespace=self.namespace)
-        runner.spot_yields = self.spot_preempts
-        runner.spot_grace_s = self.spot_grace_period
+                                    namespace=self.namespace, dra=self.dra_api())
+        # kube-scheduler does not preempt for DRA devices (docs/cluster.md, GPUs through DRA)
+        runner.spot_yields = self.spot_preempts and not self.dra_mode
+        runner.claims_preempt = self.spot_preempts and self.dra_mode  # gpulease stops them
+        runner.spot_grace_s = runner.claim_preemptions.grace_s = self.spot_grace_period
         return runner
 
     async def _form_availability(self) -> Callable[[DeviceRequest], Availability]:
@@ -441,6 +456,7 @@ class GPUKubeSpawner(ReflectorUpkeep, PodKill, GPULeaseSpawnCore, KubeSpawner):
                 await self._end_billing(*(("server_died", None) if died else ("user", utcnow())))
         finally:
             self._stopping = False
+        await self._prune_claim_templates()
 
     async def poll(self):
         if self._gpulease_starting:

@@ -159,27 +159,41 @@ async def preempt_for(ctx: GPULeaseContext, waiting: Sequence[Ticket],
     # (after a restart, not before every queued start is back: hub/servers/queue_resume.py)
     for key in () if meter.queue_resuming else decided.unneeded:
         await withdraw(ctx, key, "no waiting start needs its GPU any more")
-    told = []
+    told: list[str] = []
     for ticket, chosen in decided.chosen:
-        deadline = utcnow() + dt.timedelta(seconds=grace_s)
-        for key in chosen.victims:
-            user, server = key
-            profile = live[key].profile
-            start = ("start on its reservation" if ticket.reservation is not None
-                     else f"{ticket.tier} start")
-            why = (f"preempted for {ticket.user}/{ticket.server or '(default)'}'s {start} "
-                   f"of {ticket.request.describe()}")
-            if not meter.preempt(key, deadline, why):
-                continue
-            await _record(meter, key, deadline, why)
-            told.append(f"{user}/{server}")
-            log.warning("%s/%s (%s, %s, %s credits/h) %s: suspended at %s", user,
-                        server or "(default)", live[key].tier, profile,
-                        price_text(live[key].rate_per_hour_ucr), why, deadline.isoformat())
-            await _tell(ctx, user, server, profile, deadline,
-                        _warning(server, profile, deadline, ticket.request.describe(),
-                                 live[key].tier, ticket.tier))
+        told += await preempt_chosen(ctx, ticket, chosen.victims, grace_s)
     return tuple(told)
+
+
+async def preempt_chosen(ctx: GPULeaseContext, ticket: Ticket,
+                         victims: Sequence[tuple[str, str]], grace_s: float) -> list[str]:
+    """Tell the servers `victims`, chosen for `ticket`'s waiting start, that they are
+    stopped at the end of the grace period with reason preempted; returns the
+    "user/server" names told (one already being preempted is left as it is)."""
+    meter = ctx.meter
+    live = meter.live
+    deadline = utcnow() + dt.timedelta(seconds=grace_s)
+    told = []
+    for key in victims:
+        user, server = key
+        if key not in live:
+            continue
+        profile = live[key].profile
+        start = ("start on its reservation" if ticket.reservation is not None
+                 else f"{ticket.tier} start")
+        why = (f"preempted for {ticket.user}/{ticket.server or '(default)'}'s {start} "
+               f"of {ticket.request.describe()}")
+        if not meter.preempt(key, deadline, why):
+            continue
+        await _record(meter, key, deadline, why)
+        told.append(f"{user}/{server}")
+        log.warning("%s/%s (%s, %s, %s credits/h) %s: suspended at %s", user,
+                    server or "(default)", live[key].tier, profile,
+                    price_text(live[key].rate_per_hour_ucr), why, deadline.isoformat())
+        await _tell(ctx, user, server, profile, deadline,
+                    _warning(server, profile, deadline, ticket.request.describe(),
+                             live[key].tier, ticket.tier))
+    return told
 
 
 def displacing(meter) -> bool:

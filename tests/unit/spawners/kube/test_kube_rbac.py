@@ -7,6 +7,8 @@ from pathlib import Path
 import yaml
 
 from gpulease.spawners.kube.rbac import (
+    DRA_CLUSTER_ROLE_RULES,
+    DRA_ROLE_RULES,
     HUB_CLUSTER_ROLE_RULES,
     HUB_ROLE_RULES,
     SCHEDULER_CLUSTER_ROLES,
@@ -23,14 +25,28 @@ def test_docs_show_exactly_the_modules_rules():
     doc = (ROOT / "docs" / "cluster.md").read_text()
     section = doc.split("\n## Rights\n", 1)[1].split("\n## ", 1)[0]
     blocks = [yaml.safe_load(b.split("```", 1)[0]) for b in section.split("```yaml\n")[1:]]
-    assert blocks == [HUB_ROLE_RULES, HUB_CLUSTER_ROLE_RULES]
+    assert blocks == [HUB_ROLE_RULES, HUB_CLUSTER_ROLE_RULES, DRA_ROLE_RULES,
+                      DRA_CLUSTER_ROLE_RULES]
 
 
 def test_each_grant_is_named_once():
     for rules in (HUB_ROLE_RULES, HUB_CLUSTER_ROLE_RULES):
         assert len(set(grants(rules))) == len(grants(rules))
         assert all(rule["apiGroups"] == [""] for rule in rules)
+    for rules in (DRA_ROLE_RULES, DRA_CLUSTER_ROLE_RULES):
+        assert all(rule["apiGroups"] == ["resource.k8s.io"] for rule in rules)
+    every = [*HUB_ROLE_RULES, *HUB_CLUSTER_ROLE_RULES, *DRA_ROLE_RULES, *DRA_CLUSTER_ROLE_RULES]
+    assert len(set(grants(every))) == len(grants(every))
     assert grants(rules_of(grants(HUB_ROLE_RULES))) == grants(HUB_ROLE_RULES)
+    # rules_of keeps each grant's API group, so a DRA grant removed in turn stays DRA's
+    assert rules_of(grants(DRA_CLUSTER_ROLE_RULES))[0]["apiGroups"] == ["resource.k8s.io"]
+
+
+def test_dra_mode_grows_the_roles_by_the_dra_rules_only():
+    plain = {o["kind"]: o for o in hub_rbac_objects("jhub")}
+    dra = {o["kind"]: o for o in hub_rbac_objects("jhub", dra=True)}
+    assert dra["Role"]["rules"] == plain["Role"]["rules"] + DRA_ROLE_RULES
+    assert dra["ClusterRole"]["rules"] == plain["ClusterRole"]["rules"] + DRA_CLUSTER_ROLE_RULES
 
 
 def test_the_objects_bind_one_account_to_both_roles():
