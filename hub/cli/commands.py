@@ -89,6 +89,11 @@ def _print_cluster_inventory(data: dict) -> None:
             holders = ", ".join(f"{_holder(h) if 'user' in h else h['pod']} x{h['count']}"
                                 for h in r["holders"]) or "none"
             print(f"  {r['resource']:<28} {r['free']}/{r['allocatable']} free  held by {holders}")
+        for d in node.get("devices") or []:  # DRA mode: each device and its holder
+            h = d["holder"]
+            who = "free" if h is None else _holder(h) if "user" in h else h["pod"]
+            what = f"MIG {d['profile']}" if d["type"] == "mig" else "full card"
+            print(f"    {d['uuid']:<44} {what:<16} {who}")
     for line in cluster_summary(data["nodes"]):
         print(line)
     for q in data.get("queue", []):

@@ -66,8 +66,9 @@ def resolve_namespace(configured: str, user_config: Config,
 
 def spawner_nodes(user_config: Config) -> dict:
     """The nodes GPUKubeSpawner admits GPU starts to, as the admin's config sets them: its
-    `node_selector` and `gpu_tolerations`. The gpulease service counts the availability it
-    shows (api/profiles) on the same nodes (GPULEASE_CLUSTER_NODES)."""
+    `node_selector` and `gpu_tolerations`, and how pods ask for GPUs (`gpu_allocation`:
+    device-plugin or dra). The gpulease service counts the availability it shows
+    (api/profiles) on the same nodes, from the same objects (GPULEASE_CLUSTER_NODES)."""
     from gpulease.spawners.kube.pod_spec import DEFAULT_GPU_TOLERATIONS
 
     nodes = {"node_selector": {}, "tolerations": [dict(t) for t in DEFAULT_GPU_TOLERATIONS]}
@@ -78,6 +79,7 @@ def spawner_nodes(user_config: Config) -> dict:
     theirs = user_config["GPUKubeSpawner"] if "GPUKubeSpawner" in user_config else {}
     if "gpu_tolerations" in theirs:
         nodes["tolerations"] = [dict(t) for t in theirs["gpu_tolerations"]]
+    nodes["allocation"] = str(theirs.get("gpu_allocation", "device-plugin"))
     return nodes
 
 
@@ -90,6 +92,8 @@ def banner_lines(namespace: str, user_config: Config) -> list[str]:
     warnings = unmapped_priority_classes(
         mine.get("on_demand_priority_class", ""), mine.get("spot_priority_class", ""),
         dict(mine.get("tier_priority_classes", {})))
-    return [f"GPU inventory: the Kubernetes cluster's nodes (servers in namespace {namespace})",
+    dra = mine.get("gpu_allocation", "device-plugin") == "dra"
+    return [f"GPU inventory: the Kubernetes cluster's nodes (servers in namespace {namespace})"
+            + (", their GPUs from NVIDIA's DRA driver's ResourceSlices" if dra else ""),
             "Servers run as pods (GPUKubeSpawner); each user's home is the claim claim-<user>",
             *(f"Warning: {line}" for line in warnings)]

@@ -5,10 +5,14 @@ is set (`gpulease up` sets it, and passes `KUBECONFIG` through). This thin
 adapter is its only Kubernetes I/O: it lists the Nodes and the live Pods of
 every namespace (in pages, so 1,000 nodes are a few requests) and makes them
 the pure ClusterInventory (gpulease/core/capacity/cluster_inventory.py) with the same
-functions the spawner's ClusterWatch uses. A listing is kept for
+functions the spawner's ClusterWatch uses; in DRA mode (GPULEASE_CLUSTER_NODES
+`allocation: dra`) also NVIDIA's ResourceSlices and every namespace's
+ResourceClaims, made the DRA inventory (gpulease/core/capacity/dra_inventory.py),
+whose rows show each device and its holder. A listing is kept for
 `cache_s` seconds, and concurrent requests share one listing, so that page
 reloads do not list the whole cluster each time. It needs only `list` on
-nodes and pods cluster-wide (part of CLUSTER_RULES, docs/cluster.md).
+nodes and pods cluster-wide (part of CLUSTER_RULES, docs/cluster.md), and in DRA
+mode on resourceslices and resourceclaims (part of DRA_CLUSTER_RULES).
 
 An API server that cannot be reached is a 503, one that refuses gpulease's
 credentials (401) or rights (403) or fails (5xx) a 502, each naming the
@@ -31,6 +35,7 @@ from gpulease.core.capacity.cluster_inventory import (
     node_from_object,
     select_nodes,
 )
+from gpulease.core.capacity.dra_inventory import dra_inventory
 from gpulease.core.refusal import Refusal
 
 CACHE_S = 3.0  # how long one listing answers api/inventory and the page
@@ -39,7 +44,8 @@ REQUEST_TIMEOUT_S = 15.0  # per list request
 # Pods that ended hold nothing; the API server leaves them out of the list.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 RIGHTS = ("the gpulease service's Kubernetes account needs list on nodes and pods "
-          "cluster-wide (the inventory's ClusterRole, docs/cluster.md)")
+          "cluster-wide, and in DRA mode on resourceslices and resourceclaims (the "
+          "inventory's ClusterRole, docs/cluster.md)")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class ClusterSource:
         # The spawner's nodes (GPULEASE_CLUSTER_NODES): what availability counts.
         self.node_selector: dict[str, str] = {}
         self.tolerations: list[dict[str, str]] = []
+        self.dra = False  # GPUs through DRA: devices from slices, holds from claims
 
     def spawner_nodes(self, inventory: ClusterInventory) -> ClusterInventory:
         """Only the nodes the spawner admits GPU starts to (every hold stays)."""
@@ -83,10 +90,19 @@ class ClusterSource:
             nodes = await self._list_all("nodes", api.list_node)
             pods = await self._list_all("pods", api.list_pod_for_all_namespaces,
                                         field_selector=LIVE_PODS)
-            inventory = ClusterInventory(
-                tuple(node_from_object(n) for n in nodes),
-                tuple(h for h in (hold_from_pod(p, self.namespace) for p in pods)
-                      if h is not None))
+            if self.dra:
+                from kubernetes_asyncio import client
+
+                resource = client.ResourceV1Api(api.api_client)
+                slices = await self._list_all("resourceslices", resource.list_resource_slice)
+                claims = await self._list_all(
+                    "resourceclaims", resource.list_resource_claim_for_all_namespaces)
+                inventory = dra_inventory(nodes, slices, claims, pods, self.namespace)
+            else:
+                inventory = ClusterInventory(
+                    tuple(node_from_object(n) for n in nodes),
+                    tuple(h for h in (hold_from_pod(p, self.namespace) for p in pods)
+                          if h is not None))
             self.listings += 1
             listed = Listed(inventory, datetime.now(UTC))
             self._cached = (self._clock(), listed)
@@ -176,4 +192,5 @@ def source_from_env(env: dict[str, str]) -> ClusterSource | None:
     nodes = json.loads(env.get("GPULEASE_CLUSTER_NODES") or "{}")
     source.node_selector = dict(nodes.get("node_selector") or {})
     source.tolerations = [dict(t) for t in nodes.get("tolerations") or ()]
+    source.dra = nodes.get("allocation") == "dra"
     return source

@@ -246,8 +246,24 @@ def cluster_node_tables(view: Mapping[str, Any]) -> list[dict[str, Any]]:
         tables.append({"name": node.get("name", ""), "model": node.get("model") or "(no GPU model)",
                        "mig_strategy": node.get("mig_strategy", ""),
                        "driver": node.get("driver") or "unknown",
-                       "schedulable": bool(node.get("schedulable")), "rows": rows})
+                       "schedulable": bool(node.get("schedulable")), "rows": rows,
+                       "devices": [dra_device_row(d) for d in node.get("devices") or []]})
     return tables
+
+
+def dra_device_row(device: Mapping[str, Any]) -> dict[str, str]:
+    """A DRA node's device (api/inventory's `devices`): its uuid, what it is, its holder."""
+    h = device.get("holder")
+    if not h:
+        holder = "free"
+    elif h.get("user"):
+        tier = f", {h['tier']}" if is_preemptible(h.get("tier", "")) else ""
+        holder = f"{h['user']}/{h.get('server') or '(default)'}{tier}"
+    else:
+        holder = f"{h.get('pod', '')} (not gpulease's)"
+    return {"uuid": device.get("uuid", ""), "name": device.get("name", ""),
+            "what": (f"MIG {device.get('profile')}" if device.get("type") == "mig"
+                     else "full card"), "holder": holder}
 
 
 def queue_rows(view: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -240,3 +240,39 @@ def test_the_cli_prints_the_cluster_form(capsys):
     out = capsys.readouterr().out
     assert "servers in namespace lab" in out and "NOT SCHEDULABLE" in out
     assert "nvidia.com/mig-1g.18gb       4/7 free  held by ada/(default) x2, ns/theirs x1" in out
+
+
+def test_the_dra_form_lists_each_device_with_its_holder_as_the_docs_say():
+    import jsonschema
+
+    from gpulease.core.capacity.dra_inventory import dra_inventory
+    from tests.cluster.dra_driver import node_slice
+    from tests.cluster.nodes import GpuNode, node_object
+
+    spec = GpuNode("n1", mig={"1g.18gb": 2}, dra=True)
+    node = node_object(spec)
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    one = node_slice(spec)
+    first = one["spec"]["devices"][0]
+    pod = {"metadata": {"name": "jupyter-ada", "namespace": "ns", "uid": "u1",
+                        "annotations": {"hub.jupyter.org/username": "ada",
+                                        "hub.jupyter.org/servername": "train"}},
+           "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+    claim = {"metadata": {"name": "jupyter-ada-gpus-x", "namespace": "ns"},
+             "status": {"reservedFor": [{"resource": "pods", "name": "jupyter-ada", "uid": "u1"}],
+                        "allocation": {"devices": {"results": [
+                            {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1",
+                             "device": first["name"]}]}}}}
+    view = cluster_inventory_view(dra_inventory([node], [one], [claim], [pod], "ns"),
+                                  datetime(2026, 3, 1, tzinfo=UTC), "ns")
+    doc = yaml.safe_load((Path(__file__).resolve().parents[3] / "docs" / "rest-api.yml").read_text())
+    jsonschema.Draft202012Validator(
+        {"$ref": "#/components/schemas/Inventory", "components": doc["components"]}
+    ).validate(view)
+    (table,) = af.cluster_node_tables(view)
+    assert table["mig_strategy"] == "dra"
+    assert table["rows"] == [{"resource": "nvidia.com/mig-1g.18gb", "allocatable": 2, "free": 1,
+                              "holders": ["ada/train ×1"]}]
+    uuid = first["attributes"]["uuid"]["string"]
+    assert [(d["uuid"] == uuid, d["what"], d["holder"]) for d in table["devices"]] == [
+        (True, "MIG 1g.18gb", "ada/train"), (False, "MIG 1g.18gb", "free")]

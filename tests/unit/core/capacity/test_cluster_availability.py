@@ -110,11 +110,16 @@ def test_the_service_counts_the_nodes_the_spawner_admits_to():
     config.GPUKubeSpawner.node_selector = {"pool": "gpu"}
     nodes = spawner_nodes(config)
     assert nodes == {"node_selector": {"pool": "gpu"},
-                     "tolerations": [dict(t) for t in DEFAULT_GPU_TOLERATIONS]}
+                     "tolerations": [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
+                     "allocation": "device-plugin"}
     config.GPUKubeSpawner.gpu_tolerations = []
     assert spawner_nodes(config)["tolerations"] == []
     source = source_from_env({"GPULEASE_CLUSTER_NAMESPACE": "lab",
                               "GPULEASE_CLUSTER_NODES": json.dumps(nodes)})
+    assert not source.dra
+    config.GPUKubeSpawner.gpu_allocation = "dra"  # the service lists slices and claims too
+    assert source_from_env({"GPULEASE_CLUSTER_NAMESPACE": "lab", "GPULEASE_CLUSTER_NODES":
+                            json.dumps(spawner_nodes(config))}).dra
     inventory = ClusterInventory((
         ClusterNode("in", "H200", "mixed", "570", {MIG: 7}, labels={"pool": "gpu"}),
         ClusterNode("out", "H200", "mixed", "570", {MIG: 7}, labels={"pool": "cpu"})))
