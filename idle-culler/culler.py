@@ -20,7 +20,13 @@ from typing import Protocol
 import aiohttp
 
 from gpulease.idle_culler.cpu import CpuSource
-from gpulease.idle_culler.gpu import DCGM_METRIC, GpuActivitySource, combine, pod_label
+from gpulease.idle_culler.gpu import (
+    DCGM_METRIC,
+    GpuActivitySource,
+    combine,
+    no_gpu_reading,
+    pod_label,
+)
 from gpulease.idle_culler.hubapi import HubClient, HubError, ProfileLimits, ServerInfo
 from gpulease.idle_culler.metrics import CullerMetrics
 from gpulease.idle_culler.pod_metrics import pod_of
@@ -289,6 +295,8 @@ class Culler:
         if not found and limits.gpus is None:
             return None, (f"no {DCGM_METRIC} series of pod {namespace}/{name} "
                           "(its profile is unknown)")
+        if not found:  # a GPU pod the exporter attributes nothing to: judged on the rest
+            return None, no_gpu_reading(namespace, name)
         missing = range(len(found) + 1, (limits.gpus or 0) + 1)
         return [*found, *(f"GPU {i} of pod {namespace}/{name}" for i in missing)], ""
 

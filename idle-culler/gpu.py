@@ -40,6 +40,16 @@ def pod_label(namespace: str, pod: str) -> str:
     return f"pod {namespace}/{pod}"
 
 
+def no_gpu_reading(namespace: str, pod: str) -> str:
+    """Why a GPU pod has no reading when dcgm-exporter attributes none of its series to it.
+    Under DRA (GPUKubeSpawner.gpu_allocation "dra") the exporter maps devices to pods only
+    with KUBERNETES_ENABLE_DRA (its Helm value kubernetesDRA.enabled): without it every
+    DRA server's GPU is unread, and the culler judges on its other signals."""
+    return (f"no GPU reading: dcgm-exporter attributes no device to pod {namespace}/{pod} "
+            "(it maps devices to pods from the kubelet; a DRA claim's only with "
+            "KUBERNETES_ENABLE_DRA)")
+
+
 def combine(source: GpuActivitySource, values: dict[str, float | None],
             threshold: float) -> tuple[float | None, str]:
     """One server's GPU signal from its devices: the busiest device.

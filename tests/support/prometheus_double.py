@@ -20,14 +20,26 @@ from gpulease.idle_culler.gpu import DCGM_METRIC
 
 def dcgm_series(uuid: str, ratio: float, *, gpu: int = 0, pod: str = "", namespace: str = "",
                 container: str = "notebook", instance: int | None = None,
-                profile: str = "") -> dict:
-    """One DCGM_FI_PROF_GR_ENGINE_ACTIVE sample (a ratio 0..1) as Prometheus returns it."""
+                profile: str = "", dra_claim: str = "", mig_uuid: str = "") -> dict:
+    """One DCGM_FI_PROF_GR_ENGINE_ACTIVE sample (a ratio 0..1) as Prometheus returns it.
+
+    `dra_claim`: the labels dcgm-exporter adds with KUBERNETES_ENABLE_DRA for a device of
+    a DRA claim (NVIDIA/dcgm-exporter internal/pkg/transformation/const.go): the claim,
+    NVIDIA's driver, its pool and device, and for a MIG device its profile and uuid (the
+    series stays the parent GPU's UUID with the instance's GPU_I_ID)."""
     labels = {"__name__": DCGM_METRIC, "UUID": uuid, "gpu": str(gpu),
               "device": f"nvidia{gpu}", "Hostname": "gpu-node-1", "modelName": "NVIDIA H200"}
     if pod:  # dcgm-exporter leaves them empty, which Prometheus drops, for a device no pod holds
         labels |= {"namespace": namespace, "pod": pod, "container": container}
     if instance is not None:
         labels |= {"GPU_I_ID": str(instance), "GPU_I_PROFILE": profile or "1g.18gb"}
+    if dra_claim:
+        labels |= {"dra_claim_name": dra_claim, "dra_claim_namespace": namespace,
+                   "dra_driver_name": "gpu.nvidia.com", "dra_pool_name": "gpu-node-1",
+                   "dra_device_name": f"gpu-{gpu}"}
+        if instance is not None:
+            labels |= {"dra_mig_profile": profile or "1g.18gb", "dra_mig_device_uuid": mig_uuid,
+                       "dra_device_name": f"gpu-{gpu}-mig-1g18gb-19-{instance}"}
     return {"metric": labels, "value": [1741000000.0, repr(ratio)]}
 
 

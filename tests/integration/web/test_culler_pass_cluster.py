@@ -16,7 +16,7 @@ from gpulease.idle_culler.culler import Culler, CullerConfig
 from gpulease.idle_culler.gpu import PrometheusDcgmSource
 from gpulease.idle_culler.pod_metrics import NO_METRICS_SERVER, PodMetricsCpuSource
 from tests.support.culler_fakehub import REF, Clock, FakeServer, RecordingNotices, start
-from tests.support.metrics_api_double import MetricsApiDouble
+from tests.support.metrics_api_double import MetricsApiDouble, pod_metrics
 from tests.support.prometheus_double import PrometheusDouble, dcgm_series
 
 NS = "jhub"
@@ -100,6 +100,57 @@ async def test_a_cluster_pass_without_a_metrics_server():
         assert later.action == "keep"
         assert later.signals["gpu"].startswith(f"unknown: Prometheus at {prometheus.url}")
         assert report.stops == {}
+    finally:
+        http.stop()
+        await hub_client.close()
+        await cpu.close()
+        await prometheus.stop()
+        await metrics_api.stop()
+
+
+async def test_dra_servers_are_read_where_the_exporter_attributes_them_else_judged_on_the_rest():
+    """DRA mode: dcgm-exporter with KUBERNETES_ENABLE_DRA labels a claim's devices with their
+    pod (and the claim): read as any other. Without it the series carry no pod: the culler
+    says there is no GPU reading and judges on the other signals (here a readable CPU)."""
+    servers = [pod_server("attributed", "slice"), pod_server("cards", "two"),
+               pod_server("unread", "two"), pod_server("unreadbusy", "slice")]
+    prometheus = await PrometheusDouble([
+        dcgm_series("GPU-1", 0.0, pod="jupyter-attributed", namespace=NS, instance=3,
+                    dra_claim="jupyter-attributed-gpus-x1", mig_uuid="MIG-1"),
+        dcgm_series("GPU-2", 0.5, gpu=1, pod="jupyter-cards", namespace=NS,
+                    dra_claim="jupyter-cards-gpus-x2"),
+        dcgm_series("GPU-3", 0.0, gpu=2, pod="jupyter-cards", namespace=NS,
+                    dra_claim="jupyter-cards-gpus-x2"),
+        dcgm_series("GPU-4", 0.9, gpu=3), dcgm_series("GPU-5", 0.9, gpu=4),  # no pod labels
+    ]).start()
+    metrics_api = await MetricsApiDouble().start()
+    metrics_api.pods[NS] = [pod_metrics(f"jupyter-{s.user}", NS, notebook="0")
+                            for s in servers[:3]] + [
+        pod_metrics("jupyter-unreadbusy", NS, notebook="900000000n")]
+
+    async def api() -> client.ApiClient:
+        return client.ApiClient(client.Configuration(host=metrics_api.url))
+
+    clock = Clock(REF)
+    hub, http, hub_client = await start(servers, profiles=PROFILES, clock=clock)
+    cpu = PodMetricsCpuSource(api, cache_s=0)
+    culler = Culler(hub_client, cpu, PrometheusDcgmSource(prometheus.url, cache_s=0),
+                    notices=RecordingNotices(), config=CullerConfig(), clock=clock)
+    try:
+        await culler.run_pass()
+        clock.now = REF + timedelta(minutes=31)
+        report = await culler.run_pass()
+        d = {s.user: report.decisions[s.key] for s in servers}
+        assert d["attributed"].signals["gpu"] == "0.0% compute via dcgm (threshold 5%)"
+        assert d["attributed"].action == "suspend"
+        assert d["cards"].signals["gpu"].startswith("50.0% compute via dcgm")
+        assert d["cards"].action == "keep"
+        why = ("unknown: no GPU reading: dcgm-exporter attributes no device to pod "
+               "jhub/jupyter-unread (it maps devices to pods from the kubelet; a DRA claim's "
+               "only with KUBERNETES_ENABLE_DRA)")
+        assert d["unread"].signals["gpu"] == why
+        assert d["unread"].action == "suspend", d["unread"]  # idle kernels, idle CPU
+        assert d["unreadbusy"].action == "keep" and d["unreadbusy"].reason == "active now: cpu"
     finally:
         http.stop()
         await hub_client.close()
