@@ -24,9 +24,9 @@ from gpulease.core.model.catalog import load_catalog
 from gpulease.core.model.profiles import load_profiles_file
 from gpulease.images import CATALOG_PATH, shipped_catalog
 from gpulease.spawners.kube.rbac import (
-    HUB_CLUSTER_ROLE_RULES,
-    HUB_ROLE_RULES,
     SCHEDULER_CLUSTER_ROLES,
+    hub_cluster_role_rules,
+    hub_role_rules,
     scheduler_lease_rules,
 )
 from gpulease.spawners.kube.scheduler_config import (
@@ -84,10 +84,11 @@ def test_the_hubs_rights_are_the_ones_spawners_kube_rbac_proves(case):
     values, objects = case
     role = one(objects, "Role", HUB)
     assert role["metadata"]["namespace"] == users_namespace(values_of(values))
-    assert role["rules"] == HUB_ROLE_RULES
+    dra = values_of(values)["gpu"]["allocation"] == "dra"  # DRA's rules only then
+    assert role["rules"] == hub_role_rules(dra)
     (cluster_role,) = [r for r in find(objects, "ClusterRole")
                        if r["metadata"]["name"].startswith(HUB)]
-    assert cluster_role["rules"] == HUB_CLUSTER_ROLE_RULES
+    assert cluster_role["rules"] == hub_cluster_role_rules(dra)
     subject = [{"kind": "ServiceAccount", "name": HUB, "namespace": NAMESPACE}]
     assert one(objects, "RoleBinding", HUB)["subjects"] == subject
     (binding,) = [b for b in find(objects, "ClusterRoleBinding")

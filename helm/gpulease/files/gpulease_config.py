@@ -37,6 +37,7 @@ if db_url:  # hub.db.type postgresql: both in the one database
     c.GPULeaseHub.billing_db_url = db_url
 
 c.GPUKubeSpawner.mig_strategy = chart["migStrategy"]
+c.GPUKubeSpawner.gpu_allocation = chart["gpuAllocation"]  # device-plugin | dra
 c.GPUKubeSpawner.packing_scheduler = chart["schedulerName"]
 # The tiers' PriorityClasses (priorityclasses.yaml): kube-scheduler preempts spot pods.
 c.GPUKubeSpawner.on_demand_priority_class = chart["priorityClasses"]["onDemand"]
