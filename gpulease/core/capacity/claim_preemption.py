@@ -17,7 +17,12 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from gpulease.core.capacity.cluster_inventory import ClusterInventory, fit, kinds_offered
+from gpulease.core.capacity.cluster_inventory import (
+    ClusterInventory,
+    fit,
+    kinds_offered,
+    too_old_nodes,
+)
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.tiers import yields_to
@@ -58,10 +63,11 @@ def claim_victims(request: DeviceRequest, tier: str, inventory: ClusterInventory
         if nofit.status == 422:
             return None
     free = gone.free()
+    old = too_old_nodes(gone, request)  # its image's CUDA would not run there
     best: tuple[tuple[int, int, str], ClaimPreemption] | None = None
     for node in gone.nodes:
         resource = dict(kinds_offered(node)).get((request.model, request.mig_profile))
-        if resource is None or not node.schedulable:
+        if resource is None or not node.schedulable or node.name in old:
             continue
         have = max(free[node.name].get(resource, 0), 0)
         # the most devices first, and of equals the most recently started (the least work

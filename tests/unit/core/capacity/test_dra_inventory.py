@@ -272,3 +272,22 @@ def test_a_pod_being_deleted_or_ended_leaves_and_is_never_a_victim_twice():
     # a server that cannot be stopped now (no running session) is never chosen
     assert claim_victims(DeviceRequest("H200", count=3), "on-demand", inventory,
                          may_stop=set()) is None
+
+
+def test_no_server_is_preempted_on_a_node_whose_driver_is_too_old_for_the_image():
+    from gpulease.core.capacity.claim_preemption import claim_victims
+
+    new = GpuNode("dra-new", gpus=1, dra=True, driver="595.10.1")  # on demand holds its card
+    cards, newer_card = names(CARDS, "gpu"), names(new, "gpu")[0]
+    pods = [pod(f"jupyter-s{i}", f"u{i}", f"s{i}", "dra-cards", tier="spot") for i in range(4)]
+    pods.append(pod("jupyter-od", "u9", "od", "dra-new"))
+    claims = [claim(f"c{i}", [("dra-cards", cards[i])], f"u{i}") for i in range(4)] + [
+        claim("c9", [("dra-new", newer_card)], "u9")]
+    inventory = dra_inventory([node_object(CARDS), node_object(new)],
+                              [node_slice(CARDS), node_slice(new)], claims, pods, NS)
+    assert claim_victims(DeviceRequest("H200", count=1), "on-demand", inventory).node == (
+        "dra-cards")
+    # an image needing 590 runs only on dra-new (580.95.5 on dra-cards): no spot server
+    # there to stop, and stopping one on dra-cards would make room it cannot use
+    newer = DeviceRequest("H200", count=1, min_driver="590.1", image="cuda13")
+    assert claim_victims(newer, "on-demand", inventory) is None
