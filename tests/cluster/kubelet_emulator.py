@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from gpulease.spawners.local.cgroup_kill import empty_cgroup, remove_dirs
-from tests.cluster import pod_plan
+from tests.cluster import dra_driver, pod_plan
 from tests.cluster.kube import Kube, KubeError
 
 log = logging.getLogger("kubelet-emulator")
@@ -57,6 +57,13 @@ def _pre_stop_sleep(pod: dict) -> int:
     containers = pod.get("spec", {}).get("containers") or [{}]
     hook = ((containers[0].get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
     return max(0, int(hook.get("seconds", 0) or 0))
+
+
+DRA_KEY = "dra"  # PodRun.devices' entry for the devices of its claims
+
+
+def _uses_claims(container: dict) -> bool:
+    return bool((container.get("resources") or {}).get("claims"))
 
 
 def kube_from_kubeconfig(path: str) -> Kube:
@@ -238,6 +245,16 @@ class Emulator:
             taken = {d for r in self.runs.values() for ids in r.devices.values() for d in ids}
             run.devices = pod_plan.pick_devices(pod_plan.gpu_requests(pod),
                                                 self.nodes.get(node, {}), taken)
+        claimed = (dra_driver.prepare(self.kube, pod) if pod["spec"].get("resourceClaims")
+                   else None)
+        with self.lock:
+            taken = {d for r in self.runs.values() for ids in r.devices.values() for d in ids}
+            if claimed and taken & set(claimed):  # the scheduler gave one device twice
+                raise pod_plan.PlanError(
+                    "UnexpectedAdmissionError", f"DRA devices {sorted(taken & set(claimed))} "
+                    "are prepared for another pod still running")
+            if claimed:
+                run.devices[DRA_KEY] = claimed
             run.ip = self.free_ips.pop(0)
         plans, images = [], {}
         start_time = pod_plan.now_iso()
@@ -250,9 +267,11 @@ class Emulator:
             self.event(pod, "Pulled", f"Container image {container['image']!r} is the local "
                        f"stand-in {image.prefix}")
             images[container["name"]] = f"local://{image.prefix}"
-            plans.append(pod_plan.plan_container(pod, container, image, run.ip,
-                                                 self.mounts(pod, container, run), run.devices,
-                                                 self.lookup(run.namespace)))
+            plans.append(pod_plan.plan_container(
+                pod, container, image, run.ip, self.mounts(pod, container, run),
+                {k: v for k, v in run.devices.items() if k != DRA_KEY},
+                self.lookup(run.namespace),
+                claimed if _uses_claims(container) else None))
         if self.cgroups:
             try:
                 (self.cgroups / run.uid).mkdir(exist_ok=True)

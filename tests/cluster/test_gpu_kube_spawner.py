@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from decimal import Decimal
 
 import aiohttp
@@ -18,6 +19,7 @@ from gpulease.core.model.catalog import Image
 from gpulease.core.model.profiles import GpuSpec, Profile
 from gpulease.core.policy.options import ServerChoice
 from gpulease.spawners.kube.spawner import GPUKubeSpawner, pod_options
+from tests.cluster import dra_driver
 from tests.cluster.conftest import POOL_LABEL, SINGLEUSER_IMAGE, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
@@ -69,6 +71,65 @@ async def test_its_pod_passes_restricted_and_mounts_the_users_home_claim(
     with pytest.raises(KubeError) as refused:  # the check that admitted it can refuse
         kube.create(pods_path(namespace), root)
     assert refused.value.status == 403 and "restricted" in str(refused.value)
+
+
+async def test_in_dra_mode_its_pod_names_a_template_the_api_server_takes(
+        kube: Kube, namespace: str):
+    """The template's CEL compiles (the API server checks it at create) and the pod, asking
+    no extended resource, passes restricted with its claim."""
+    from gpulease.spawners.kube.dra_claims import claim_spec, claim_template
+
+    kube.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    spawner = spawner_of(namespace)
+    spawner.gpu_allocation = "dra"
+    choice = slice_choice()
+    template = claim_template(claim_spec(choice.profile.gpu), namespace, "h200-slice")
+    kube.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+                template)
+    for name, value in pod_options(choice, spawner.cluster_gpus()).items():
+        setattr(spawner, name, value)
+    spawner.gpulease_choice = choice
+    spawner._gpulease_claim_template = template["metadata"]["name"]
+    body = ApiClient().sanitize_for_serialization(await spawner.get_pod_manifest())
+    created = kube.create(pods_path(namespace), body)
+    (container,) = created["spec"]["containers"]
+    assert not [r for r in (container["resources"].get("limits") or {})
+                if r.startswith("nvidia.com/")]
+    assert container["resources"]["claims"] == [{"name": "gpus"}]
+    assert created["spec"]["resourceClaims"] == [
+        {"name": "gpus", "resourceClaimTemplateName": template["metadata"]["name"]}]
+    assert "affinity" not in created["spec"] or not created["spec"]["affinity"]
+    # the controller-manager makes the pod's claim from the template
+    kube.wait_for("the pod's ResourceClaim", lambda: kube.get(
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")["items"])
+
+
+async def test_a_template_of_gpuleases_name_asking_for_more_is_never_used(
+        kube: Kube, namespace: str):
+    """Its name is a hash, not a lock: one made by someone else under that name (asking for
+    eight cards of any kind) refuses the start; gpulease's own is used as found."""
+    from kubernetes_asyncio.client import ResourceV1Api
+
+    from gpulease.core.model.nvidia_dra import GPU_DEVICE_CLASS
+    from gpulease.spawners.kube.dra_claims import claim_spec, claim_template
+    from gpulease.spawners.kube.dra_templates import ClaimTemplates, ForeignTemplate
+
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+    dra_driver.install(kube)  # NVIDIA's DeviceClasses (the driver's chart; its double)
+    spec = claim_spec(GpuSpec("H200", count=2))
+    foreign = claim_template(copy.deepcopy(spec), namespace, "x")
+    foreign["spec"]["spec"]["devices"]["requests"][0]["exactly"] = {
+        "deviceClassName": GPU_DEVICE_CLASS, "count": 8}
+    kube.create(path, foreign)
+    templates = ClaimTemplates(ResourceV1Api(spawner_of(namespace).api.api_client), namespace,
+                               lambda: [])
+    with pytest.raises(ForeignTemplate, match="was not made by gpulease for this profile"):
+        await templates.ensure(spec, "h200-2")
+    assert not templates.starting  # the refused start holds nothing
+    kube.delete(f"{path}/{foreign['metadata']['name']}")
+    kube.create(path, claim_template(spec, namespace, "h200-2"))
+    assert await templates.ensure(spec, "h200-2") == foreign["metadata"]["name"]
 
 
 async def test_a_pod_watch_that_gave_up_is_replaced(kube: Kube, namespace: str):

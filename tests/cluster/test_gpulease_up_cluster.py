@@ -16,7 +16,7 @@ deleted while the hub is down is closed as `hub_lost`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
 from tests.cluster.rbac import grant_cluster
-from tests.cluster.test_kubespawner import home_volume, hub_kubeconfig
+from tests.cluster.test_kubespawner import HUB_RULES, home_volume, hub_kubeconfig
 from tests.support.hubproc import HubProcess
 
 PW = "admin-secret-pw"
@@ -61,16 +61,21 @@ c.GPUKubeSpawner.http_timeout = 90
 @contextmanager
 def cluster_hub_at(control_plane: ControlPlane, kube: Kube, namespace: str, folder: Path,
                    pool: str = "", extra_args: tuple[str, ...] = (),
-                   profiles: dict | None = None, config: str = "") -> Iterator[HubProcess]:
+                   profiles: dict | None = None, config: str = "",
+                   extra_rules: Sequence[dict] = (), extra_cluster_rules: Sequence[dict] = ()
+                   ) -> Iterator[HubProcess]:
     """`gpulease up --GPULeaseHub.shape=cluster` with its pods in `namespace`, on the nodes
     labelled `POOL_LABEL=pool` (default: the namespace's own, as gpu_nodes labels them), a
     home volume, the token of a ServiceAccount with z2jh's hub Role and CLUSTER_RULES, and
     `profiles` (default PROFILES); `config` is added to the admin's config file, `extra_args`
-    go to `gpulease up`; users' servers at USER.localhost:PORT (SUBDOMAIN_HOST). Also used
-    by bench/kube_spawn.py."""
+    go to `gpulease up`; users' servers at USER.localhost:PORT (SUBDOMAIN_HOST);
+    `extra_rules` and `extra_cluster_rules` are added to the Role and ClusterRole (DRA's).
+    Also used by bench/kube_spawn.py."""
     storage_class, _home = home_volume(kube, control_plane, namespace)
-    kubeconfig = hub_kubeconfig(kube, control_plane, namespace, folder)
-    grant_cluster(kube, namespace, "hub", CLUSTER_RULES)  # the inventory's and admission's
+    kubeconfig = hub_kubeconfig(kube, control_plane, namespace, folder,
+                                rules=HUB_RULES + list(extra_rules))
+    # the inventory's and admission's
+    grant_cluster(kube, namespace, "hub", CLUSTER_RULES + list(extra_cluster_rules))
     profiles_file = folder / "profiles.yaml"
     profiles_file.write_text(yaml.safe_dump(profiles or PROFILES))
     config_file = folder / "admin_config.py"

@@ -15,6 +15,12 @@ watch begins.
 With every grant this succeeds with no refusal of rights. With any single
 grant removed (a verb on a resource, of the Role or of the ClusterRole) it
 fails, and every refusal the API server made names that grant.
+
+The same in DRA mode (GPUKubeSpawner.gpu_allocation "dra"), on a node whose GPUs
+the test double of NVIDIA's DRA driver publishes: with the hub's rules and
+DRA's (DRA_ROLE_RULES, DRA_CLUSTER_ROLE_RULES) it succeeds, its templates made
+before each pod and deleted once no pod names them; with any one of DRA's
+grants removed it fails, naming that grant.
 """
 
 from __future__ import annotations
@@ -36,9 +42,18 @@ from jupyterhub.objects import Server
 from kubernetes_asyncio.client import Configuration
 
 from gpulease.spawners.context import get_context
-from gpulease.spawners.kube import cluster_runner
-from gpulease.spawners.kube.rbac import HUB_CLUSTER_ROLE_RULES, HUB_ROLE_RULES, grants, rules_of
+from gpulease.spawners.kube import cluster_runner, dra_spawner
+from gpulease.spawners.kube.dra_claims import claim_spec, claim_template
+from gpulease.spawners.kube.rbac import (
+    DRA_CLUSTER_ROLE_RULES,
+    DRA_ROLE_RULES,
+    HUB_CLUSTER_ROLE_RULES,
+    HUB_ROLE_RULES,
+    grants,
+    rules_of,
+)
 from gpulease.spawners.kube.spawner import GPUKubeSpawner
+from tests.cluster import dra_driver
 from tests.cluster.conftest import ControlPlane
 from tests.cluster.faults import FaultProxy
 from tests.cluster.kube import Kube
@@ -58,6 +73,8 @@ STAND_IN_SERVER = (
     "h.HTTPServer(('0.0.0.0', 8888), Answer).serve_forever()\n")
 EVERY_GRANT = ([("Role", *g) for g in grants(HUB_ROLE_RULES)]
                + [("ClusterRole", *g) for g in grants(HUB_CLUSTER_ROLE_RULES)])
+DRA_GRANTS = ([("Role", *g) for g in grants(DRA_ROLE_RULES)]
+              + [("ClusterRole", *g) for g in grants(DRA_CLUSTER_ROLE_RULES)])
 DENIED = re.compile(r'cannot (\w+) resource "([\w.]+)"')  # an RBAC refusal's message
 # Lists of one collection in a run: a watch that holds lists twice as it begins (kubespawner's
 # reflector) and once more each 30 s; a refused watch is listed again every fraction of a second.
@@ -93,7 +110,12 @@ async def hub_as(control_plane: ControlPlane, kube: Kube, namespace: str, proxy:
                                              Callable[[], GPUKubeSpawner]]]:
     """hub_as(granted) -> a maker of the hub's spawners for user ada, whose client holds a
     ServiceAccount token bound to exactly `granted` ((Role or ClusterRole, resource, verb))."""
-    gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}))
+    # a device plugin's node, and one whose GPUs NVIDIA's DRA driver (its double) publishes
+    dra_node = GpuNode("h200dra", mig={"1g.18gb": 7}, dra=True)
+    _plugin, made = gpu_nodes(GpuNode("h200", mig={"1g.18gb": 7}), dra_node)
+    dra_driver.install(kube)
+    dra_driver.publish(kube, replace(dra_node, name=made["metadata"]["name"]),
+                       owner=made["metadata"]["uid"])
     storage_class, _home = home_volume(kube, control_plane, namespace)
     kube.create(f"/api/v1/namespaces/{namespace}/resourcequotas", {
         "metadata": {"name": "homes"}, "spec": {"hard": {"persistentvolumeclaims": "1"}}})
@@ -105,13 +127,18 @@ async def hub_as(control_plane: ControlPlane, kube: Kube, namespace: str, proxy:
     stored = replace(slice_choice().profile, images=("pytorch",))
     get_context(db_url).profiles.apply([stored], actor="test")
 
-    def bind(granted: list[tuple[str, str, str]]) -> Callable[[], GPUKubeSpawner]:
+    def bind(granted: list[tuple[str, str, str]], dra: bool = False
+             ) -> Callable[[], GPUKubeSpawner]:
         token = service_account_token(kube, namespace, "hub", seconds=600)
         grant(kube, namespace, "hub", rules=rules_of(
             [(r, v) for kind, r, v in granted if kind == "Role"]))
         grant_cluster(kube, namespace, "hub", rules_of(
             [(r, v) for kind, r, v in granted if kind == "ClusterRole"]))
         _wait_applied(control_plane.as_token(token), namespace, granted)
+        if dra:  # made before (by the hub, say, before a restart): the first start reads it
+            template = claim_template(claim_spec(slice_choice().profile.gpu), namespace, "x")
+            kube.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/"
+                        "resourceclaimtemplates", template)
         config = Configuration(host=proxy.url)
         config.api_key = {"BearerToken": token}
         config.api_key_prefix = {"BearerToken": "Bearer"}
@@ -131,6 +158,8 @@ async def hub_as(control_plane: ControlPlane, kube: Kube, namespace: str, proxy:
             spawner.start_timeout = spawner.http_timeout = 30
             spawner.server = Server(base_url="/user/ada/")
             spawner.gpulease_choice = slice_choice()
+            if dra:
+                spawner.gpu_allocation = "dra"
             return spawner
         return make
 
@@ -138,6 +167,8 @@ async def hub_as(control_plane: ControlPlane, kube: Kube, namespace: str, proxy:
     for key in [k for k in GPUKubeSpawner.reflectors if namespace in k]:
         with contextlib.suppress(asyncio.CancelledError):
             await GPUKubeSpawner.reflectors.pop(key).stop()
+    for key in [k for k in dra_spawner._templates if k[1] == namespace]:
+        dra_spawner._templates.pop(key)
     ctx = get_context(db_url)
     for key, (owner, runner) in list(cluster_runner._runners.items()):
         if owner is ctx:
@@ -171,7 +202,10 @@ async def start(spawner: GPUKubeSpawner) -> None:
     spawner.server.ip, spawner.server.port = where.hostname, where.port
 
 
-async def what_the_hub_does(make: Callable[[], GPUKubeSpawner]) -> None:
+async def what_the_hub_does(make: Callable[[], GPUKubeSpawner],
+                            templates_left: Callable[[], list] | None = None) -> None:
+    """The hub's work for ada (see the module doc); `templates_left`: in DRA mode, the
+    namespace's ResourceClaimTemplates, none of which may outlive the last stop."""
     first = make()
     await start(first)
     assert first.gpulease_answered_at is not None, "the server's first answer was not seen"
@@ -186,8 +220,11 @@ async def what_the_hub_does(make: Callable[[], GPUKubeSpawner]) -> None:
     runner = again._queue_runner()
     await asyncio.wait_for(again.stop(), 60)
     assert runner.watch is not None and not runner.watch.stale, (
-        f"the cluster inventory is stale: {runner.watch.nodes.last_error} "
-        f"{runner.watch.pods.last_error}")
+        "the cluster inventory is stale: "
+        + " ".join(w.last_error for w in runner.watch.watches))
+    if templates_left is not None:
+        await eventually("no template once no pod names it (pruned at the stop)",
+                         lambda: not templates_left(), timeout=10)
 
 
 def _id(g: tuple[str, str, str]) -> str:
@@ -205,6 +242,36 @@ async def test_each_grant_is_needed(hub_as, proxy: FaultProxy, missing: tuple[st
     failure: BaseException | None = None
     try:
         await what_the_hub_does(hub_as([g for g in EVERY_GRANT if g != missing]))
+        lists = lists_made(proxy)
+        assert max(lists.values()) <= MOST_LISTS, f"a watch did not hold: {lists}"
+    except Exception as e:  # noqa: BLE001 - whatever the hub's failure, it is checked below
+        failure = e
+    print(f"{_id(missing)}: {type(failure).__name__}: {failure}")
+    assert failure is not None, f"everything worked without {missing}"
+    assert rbac_refusals(proxy) == {missing[1:]}, (
+        f"refused {rbac_refusals(proxy)} (failure: {failure!r})")
+
+
+def _dra_templates(kube: Kube, namespace: str) -> Callable[[], list]:
+    return lambda: kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/"
+                            "resourceclaimtemplates")["items"]
+
+
+async def test_in_dra_mode_the_hub_runs_with_its_rules_and_dras(
+        hub_as, proxy: FaultProxy, kube: Kube, namespace: str):
+    await what_the_hub_does(hub_as(EVERY_GRANT + DRA_GRANTS, dra=True),
+                            _dra_templates(kube, namespace))
+    assert rbac_refusals(proxy) == set()
+    assert max(lists_made(proxy).values()) <= MOST_LISTS, lists_made(proxy)
+
+
+@pytest.mark.parametrize("missing", DRA_GRANTS, ids=_id)
+async def test_in_dra_mode_each_of_dras_grants_is_needed(
+        hub_as, proxy: FaultProxy, kube: Kube, namespace: str, missing: tuple[str, str, str]):
+    failure: BaseException | None = None
+    try:
+        await what_the_hub_does(hub_as([g for g in EVERY_GRANT + DRA_GRANTS if g != missing],
+                                       dra=True), _dra_templates(kube, namespace))
         lists = lists_made(proxy)
         assert max(lists.values()) <= MOST_LISTS, f"a watch did not hold: {lists}"
     except Exception as e:  # noqa: BLE001 - whatever the hub's failure, it is checked below
