@@ -291,3 +291,4 @@ def test_no_server_is_preempted_on_a_node_whose_driver_is_too_old_for_the_image(
     # there to stop, and stopping one on dra-cards would make room it cannot use
     newer = DeviceRequest("H200", count=1, min_driver="590.1", image="cuda13")
     assert claim_victims(newer, "on-demand", inventory) is None
+
