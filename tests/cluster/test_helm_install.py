@@ -28,6 +28,7 @@ from kubernetes_asyncio.config import kube_config
 
 from gpulease.core.model.profiles import GpuSpec
 from gpulease.site_urls import loopback_session
+from gpulease.spawners.kube.rbac import hub_role_rules
 from tests.cluster.conftest import POOL_LABEL, ControlPlane
 from tests.cluster.kube import Kube, KubeError, pods_path
 from tests.cluster.nodes import GpuNode
@@ -35,7 +36,7 @@ from tests.cluster.packing_scheduler import SchedulerProcess, token_kubeconfig
 from tests.cluster.test_kubespawner import home_volume
 from tests.cluster.test_packing_scheduler import place, pod, pool
 from tests.cluster.test_pod_spec_cluster import _manifest
-from tests.support.helm import CHART, VALUES_FILES, helm, values_args
+from tests.support.helm import CHART, VALUES_FILES, helm, values_args, values_of
 from tests.support.hubproc import HubProcess, free_port
 from tests.support.oidc_provider import (
     CLIENT_ID,
@@ -156,8 +157,11 @@ async def test_install_is_admitted_and_upgrade_keeps_the_secrets(
         assert {f"{release}-hub", f"{release}-proxy"} <= deployments
         role = kube.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{users}/roles/"
                         f"{release}-hub")
+        # the hub's Role as rbac.py writes it (DRA's rule too where the values choose DRA)
+        dra = values_of(values)["gpu"]["allocation"] == "dra"
+        assert role["rules"] == hub_role_rules(dra)
         assert {r["resources"][0] for r in role["rules"]} == {
-            "pods", "persistentvolumeclaims", "events"}
+            "pods", "persistentvolumeclaims", "events", *(["resourceclaimtemplates"] * dra)}
 
         # PodSecurity restricted there: GPUKubeSpawner's pod is admitted, a privileged one not
         body = await _manifest(GpuSpec("H200", "1g.18gb"), users, "jupyter-alice")
