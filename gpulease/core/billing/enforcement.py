@@ -125,13 +125,18 @@ def who_must_stop(metered: Iterable[Metered], balances: Mapping[str, int],
 
     `caps` is keyed by (account, user) for members with a cap on a group
     account. A free session (rate 0) is never stopped for money: a user in
-    debt must still reach their files on a free profile.
+    debt must still reach their files on a free profile. A session whose
+    account's balance was not read (it opened while this heartbeat read the
+    balances, on another thread) is judged at the next one: it was stopped as
+    out of credit at once, its balance taken for 0.
     """
     orders = []
     for m in metered:
         if m.rate_per_hour_ucr <= 0:
             continue
-        balance = balances.get(m.account, 0)
+        balance = balances.get(m.account)
+        if balance is None:
+            continue
         if balance <= 0:
             orders.append(StopOrder(m.key, OUT_OF_CREDIT, m.account,
                                     f"{m.account} is out of credit ({format_credits(balance)})"))

@@ -223,6 +223,17 @@ def test_who_must_stop_out_of_credit_before_cap_and_never_free_sessions():
     assert "5.000000" in cap.why and "group:lab" in cap.why and "monthly cap" in cap.why
 
 
+def test_a_session_opened_while_the_heartbeat_read_the_balances_is_not_stopped():
+    """The heartbeat reads the balances of the accounts it meters on another thread; a
+    session that opens meanwhile (a start billed from its launch) has no balance read
+    this beat. It was taken for 0 and stopped as out of credit at once (seen in
+    tests/e2e/test_spot.py under load: the on-demand start a spot server was
+    preempted for, stopped the same second). It is judged at the next beat."""
+    sessions = [Metered(("odin", ""), "user:odin", RATE), Metered(("a", ""), "user:a", RATE)]
+    orders = who_must_stop(sessions, {"user:a": 0}, {})
+    assert [(o.key[0], o.reason) for o in orders] == [("a", OUT_OF_CREDIT)]
+
+
 def test_stop_actions_stop_every_heartbeat_and_kill_once_a_stop_had_its_time():
     order = StopOrder(("a", ""), OUT_OF_CREDIT, "user:a", "out")
     progress = StopProgress(order, first_at=at(0))
