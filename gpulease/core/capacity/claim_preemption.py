@@ -9,25 +9,33 @@ yields_to) frees enough of its kind. Those are stopped at the spot deadline
 through the hub; the start stays in the queue until their claims' allocations
 are cleared (the inventory shows the devices free), and the ordinary fit then
 admits it. Servers already being preempted count as gone, so that one start
-never preempts twice.
+never preempts twice. On a DynamicMIG node what a server frees depends on where
+its slice sits, so there the victims are the fewest whose slices, once gone,
+let the allocator carve the start's (partitions.carve).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from itertools import combinations
 
 from gpulease.core.capacity.cluster_inventory import (
     ClusterInventory,
+    Hold,
     fit,
     kinds_offered,
     too_old_nodes,
 )
+from gpulease.core.capacity.partitions import PartitionedNode, carve
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.tiers import yields_to
 
 Key = tuple[str, str]  # (user, server)
+# Victim sets tried per DynamicMIG node: a node of 8 GPUs has at most 56 slices, and the
+# first sets of one or two servers are nearly always enough.
+MAX_VICTIM_SETS = 5000
 
 
 @dataclass(frozen=True)
@@ -69,14 +77,24 @@ def claim_victims(request: DeviceRequest, tier: str, inventory: ClusterInventory
         resource = dict(kinds_offered(node)).get((request.model, request.mig_profile))
         if resource is None or not node.schedulable or node.name in old:
             continue
-        have = max(free[node.name].get(resource, 0), 0)
-        # the most devices first, and of equals the most recently started (the least work
-        # lost, as kube-scheduler and the embedded box choose)
+        # the most recently started first (the least work lost, as kube-scheduler and the
+        # embedded box choose)
         newest_first = sorted((h for h in gone.holds if h.node == node.name and h.user
-                               and h.resources.get(resource) and yields_to(h.on_tier, tier)
+                               and h.resources and yields_to(h.on_tier, tier)
                                and (may_stop is None or (h.user, h.server) in may_stop)),
                               key=lambda h: (h.since, h.user, h.server), reverse=True)
-        yielding = sorted(newest_first, key=lambda h: -h.resources[resource])
+        if node.partitions is not None and resource in node.partitions.resources():
+            found = _carving_victims(node.partitions, resource, request.count,
+                                     gone.allocated_on(node.name), newest_first)
+            if found is not None:
+                rank = (len(found), 0, node.name)
+                if best is None or rank < best[0]:
+                    best = (rank, ClaimPreemption(node.name, found))
+            continue
+        have = max(free[node.name].get(resource, 0), 0)
+        # of those, the most devices first
+        yielding = sorted((h for h in newest_first if h.resources.get(resource)),
+                          key=lambda h: -h.resources[resource])
         chosen: list[Key] = []
         for hold in yielding:
             if have >= request.count:
@@ -89,3 +107,21 @@ def claim_victims(request: DeviceRequest, tier: str, inventory: ClusterInventory
         if best is None or rank < best[0]:
             best = (rank, ClaimPreemption(node.name, tuple(chosen)))
     return best[1] if best else None
+
+
+def _carving_victims(partitions: PartitionedNode, resource: str, count: int,
+                     allocated: set[str], newest_first: list[Hold]) -> tuple[Key, ...] | None:
+    """DynamicMIG: the fewest of `newest_first` whose slices, once gone, let the allocator
+    carve `count` of `resource` (of equals, the most recently started); None if stopping
+    them all would not. Slices free only where theirs overlap, so every set is tried, the
+    smallest first, up to MAX_VICTIM_SETS per node."""
+    tried = 0
+    for size in range(1, len(newest_first) + 1):
+        for victims in combinations(newest_first, size):
+            tried += 1
+            if tried > MAX_VICTIM_SETS:
+                return None
+            freed = allocated - {d for h in victims for d in h.devices}
+            if carve(partitions, [resource] * count, freed) is not None:
+                return tuple((h.user, h.server) for h in victims)
+    return None

@@ -22,6 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpulease.core.capacity.dra_device import DraDevice
+from gpulease.core.capacity.partitions import PartitionedNode, carved_rows, free_counts
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.model.drivers import driver_from_labels, new_enough, too_old
@@ -115,6 +116,9 @@ class ClusterNode:
     # DRA mode (mig_strategy "dra"): each device of the node, from its ResourceSlices
     # (dra_inventory.py); `allocatable` counts them by kind.
     devices: tuple[DraDevice, ...] = ()
+    # DynamicMIG (dra_partitions.py): its partitionable devices; `allocatable` counts,
+    # per kind, how many an idle node could carve, and free() carves by the fit rule.
+    partitions: PartitionedNode | None = None
 
 
 @dataclass(frozen=True)
@@ -151,16 +155,32 @@ class ClusterInventory:
     _derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     def free(self) -> dict[str, dict[str, int]]:
-        """node -> resource -> free count, after the bound pods' requests."""
+        """node -> resource -> free count, after the bound pods' requests; on a DynamicMIG
+        node, of each kind how many could still be carved (partitions.free_counts)."""
         if "free" not in self._derived:
             free = {n.name: dict(n.allocatable) for n in self.nodes}
+            carved_from = {n.name: set(n.partitions.resources()) for n in self.nodes
+                           if n.partitions is not None}
             for hold in self.holds:
                 room = free.get(hold.node)
                 if room is not None:
                     for resource, count in hold.resources.items():
-                        room[resource] = room.get(resource, 0) - count
+                        if resource not in carved_from.get(hold.node, ()):
+                            room[resource] = room.get(resource, 0) - count
+            for n in self.nodes:
+                if n.partitions is not None:
+                    free[n.name].update(free_counts(n.partitions, self.allocated_on(n.name)))
             self._derived["free"] = free
         return self._derived["free"]
+
+    def allocated_on(self, node: str) -> set[str]:
+        """The devices the holds on `node` name (DRA mode; partitions' keys among them)."""
+        return {d for h in self.holds if h.node == node for d in h.devices}
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether a node has DynamicMIG devices (kinds then share its GPUs)."""
+        return any(n.partitions is not None for n in self.nodes)
 
     def without_spot(self) -> ClusterInventory:
         """The inventory as an on-demand start sees it where spot pods yield."""
@@ -200,6 +220,8 @@ class ClusterInventory:
                 row["devices"] = [{"name": d.name, "uuid": d.uuid, "type": d.type,
                                    "model": d.model, "profile": d.profile,
                                    "holder": by_device.get(d.uuid)} for d in n.devices]
+            if n.partitions is not None:
+                row["gpus"] = carved_rows(n.partitions, self.allocated_on(n.name), by_device)
             rows.append(row)
         return rows
 
@@ -353,8 +375,12 @@ def _index(inventory: ClusterInventory) -> _Index:
 
 def fit(request: DeviceRequest, inventory: ClusterInventory,
         pending: tuple[DeviceRequest, ...] = (),
-        reserved: Mapping[Kind, Collection[str]] | None = None) -> str:
+        reserved: Mapping[Kind, Collection[str]] | None = None,
+        kept: Collection[str] = ()) -> str:
     """The node `request` would fit on now (after room for `pending`); NoFit 422 or 503.
+
+    `kept`: DynamicMIG devices (partition keys) kept for earlier waiting requests
+    (partitioned_fit.py); a request is not admitted where it would overlap one.
 
     `reserved`: per kind, nodes whose free capacity is kept for earlier waiting
     requests (the fair queue, gpulease/core/capacity/cluster_queue.py); `request` is not
@@ -363,19 +389,12 @@ def fit(request: DeviceRequest, inventory: ClusterInventory,
     O(largest free count + pending) per decision: the index is built once per
     inventory (the watch adapter makes a new one as pods and nodes change).
     """
+    if inventory.partitioned:  # DynamicMIG: kinds share GPUs (the module builds on this one)
+        from gpulease.core.capacity.partitioned_fit import partitioned_fit
+        return partitioned_fit(request, inventory, pending, reserved, kept)
+    old = offered_somewhere(request, inventory)
     index = _index(inventory)
     kind: Kind = (request.model, request.mig_profile)
-    if kind not in index.largest:
-        offered = sorted(f"{k[0]} {'slice ' + k[1] if k[1] else 'full cards'}"
-                         for k in index.largest)
-        raise NoFit(422, f"No node offers {request.describe()}, so it can never run here "
-                         f"(offered: {', '.join(offered) or 'no GPU on any node'}).")
-    old = too_old_nodes(inventory, request)
-    largest = _largest_new_enough(inventory, index, request, kind, old)
-    if request.count > largest:
-        raise NoFit(422, f"{request.describe()} needs {request.count} on one node; the largest "
-                         f"{request.model} node{' with a driver new enough' if old else ''} "
-                         f"has {largest}.")
     moved: dict[Kind, dict[str, int]] = defaultdict(dict)  # room given to pending requests
     for earlier in pending:  # admitted, not yet bound: they come first
         earlier_kind: Kind = (earlier.model, earlier.mig_profile)
@@ -395,6 +414,25 @@ def fit(request: DeviceRequest, inventory: ClusterInventory,
                          f"{request.describe()} now ({free} free across "
                          f"{index.nodes[kind]} node(s)).")
     return chosen[0]
+
+
+def offered_somewhere(request: DeviceRequest, inventory: ClusterInventory) -> frozenset[str]:
+    """NoFit 422 when no node could ever run `request` (none offers its kind, or enough of
+    it on one node with a driver new enough); else the nodes whose driver is too old."""
+    index = _index(inventory)
+    kind: Kind = (request.model, request.mig_profile)
+    if kind not in index.largest:
+        offered = sorted(f"{k[0]} {'slice ' + k[1] if k[1] else 'full cards'}"
+                         for k in index.largest)
+        raise NoFit(422, f"No node offers {request.describe()}, so it can never run here "
+                         f"(offered: {', '.join(offered) or 'no GPU on any node'}).")
+    old = too_old_nodes(inventory, request)
+    largest = _largest_new_enough(inventory, index, request, kind, old)
+    if request.count > largest:
+        raise NoFit(422, f"{request.describe()} needs {request.count} on one node; the largest "
+                         f"{request.model} node{' with a driver new enough' if old else ''} "
+                         f"has {largest}.")
+    return old
 
 
 def _largest_new_enough(inventory: ClusterInventory, index: _Index, request: DeviceRequest,

@@ -12,6 +12,11 @@ of other kinds (another model, a MIG slice) still pass.
 Admitted requests whose pods are not bound yet come first (`admitted`): the
 scheduler has yet to place them, and they must not be counted twice.
 
+On DynamicMIG nodes, where every kind is carved from the same GPUs, a waiting
+request keeps the placement nearest to free instead of whole nodes, and later
+requests are admitted only where the scheduler would not carve into it
+(gpulease/core/capacity/partitioned_fit.py).
+
 Where spot pods yield (`spot_yields`: both tiers have their PriorityClass), an
 on-demand request counts what spot servers hold as free: it is admitted, its pod
 is made at the higher priority, and kube-scheduler's preemption picks the spot
@@ -33,6 +38,7 @@ from gpulease.core.capacity.cluster_inventory import (
     kinds_offered,
     nodes_for,
 )
+from gpulease.core.capacity.partitioned_fit import keep_for, with_admitted
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.capacity.queue import Waiting, served_order
 from gpulease.core.capacity.reservation_rules import Reservation
@@ -62,6 +68,7 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
     a start its tier may not have waits without keeping nodes from those after it."""
     pending = list(admitted)
     reserved: dict[Kind, set[str]] = defaultdict(set)
+    kept: list[str] = []  # DynamicMIG placements kept for waiting requests (partitioned_fit)
     result = ClusterPlan()
     for entry in served_order(queue):
         request = entry.request
@@ -73,15 +80,20 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
         splitting = withholding.splitting_nodes(request, entry.reservation, entry.yields)
         try:
             node = fit(request, seen, tuple(pending),
-                       {**reserved, kind: reserved[kind] | splitting} if splitting else reserved)
+                       {**reserved, kind: reserved[kind] | splitting} if splitting else reserved,
+                       kept)
         except NoFit as nofit:
-            if nofit.status == 503 and splitting and _fits(request, seen, pending, reserved):
+            if nofit.status == 503 and splitting and _fits(request, seen, pending, reserved,
+                                                           kept):
                 result.waiting.append(entry.key)  # withheld: it keeps no node from others
                 continue
             if nofit.status != 503:
                 result.never.append((entry.key, nofit.message))
                 continue
-            reserved[(request.model, request.mig_profile)] |= nodes_for(request, inventory)
+            reserved[kind] |= {n for n in nodes_for(request, inventory)
+                               if n not in _carving(inventory)}
+            if inventory.partitioned:
+                kept += keep_for(request, with_admitted(seen, pending), kept)
             result.waiting.append(entry.key)
             continue
         pending.append(request)
@@ -93,12 +105,17 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
 
 
 def _fits(request: DeviceRequest, inventory: ClusterInventory, pending: list[DeviceRequest],
-          reserved: Mapping[Kind, set[str]]) -> bool:
+          reserved: Mapping[Kind, set[str]], kept: list[str]) -> bool:
     try:
-        fit(request, inventory, tuple(pending), reserved)
+        fit(request, inventory, tuple(pending), reserved, kept)
     except NoFit:
         return False
     return True
+
+
+def _carving(inventory: ClusterInventory) -> set[str]:
+    """The DynamicMIG nodes: a waiting request keeps placements there, not whole nodes."""
+    return {n.name for n in inventory.nodes if n.partitions is not None}
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """One GPU or MIG device as NVIDIA's DRA driver publishes it in a ResourceSlice: pure.
 
+`device_from` reads one from a slice's device entry.
+
 The record the DRA inventory (dra_inventory.py) keeps per device, and the
 inventory page's device rows show (uuid, profile, holder).
 """
@@ -8,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpulease.core.model import nvidia_dra as nv
+from gpulease.core.model.gpu_models import NVML_MODELS
 from gpulease.core.model.nvidia_dra import TYPE_MIG
 
 
@@ -28,3 +32,26 @@ class DraDevice:
         (nvidia.com/gpu for a full card, nvidia.com/mig-<profile> for a slice), so
         that every capacity decision reads a DRA node as it reads a device-plugin one."""
         return f"nvidia.com/mig-{self.profile}" if self.type == TYPE_MIG else "nvidia.com/gpu"
+
+
+def attribute(device: dict, name: str) -> str:
+    """A device attribute's value as text ({string|version|int|bool: value}); "" if none."""
+    value = (device.get("attributes") or {}).get(name) or {}
+    for key in ("string", "version", "int", "bool"):
+        if key in value:
+            return str(value[key])
+    return ""
+
+
+def device_from(pool: str, device: dict) -> DraDevice | None:
+    """A published GPU or MIG device; None for other types (not sold)."""
+    kind = attribute(device, nv.TYPE)
+    if kind not in (nv.TYPE_GPU, nv.TYPE_MIG):
+        return None
+    product = attribute(device, nv.PRODUCT_NAME)
+    profile = attribute(device, nv.MIG_PROFILE) if kind == nv.TYPE_MIG else ""
+    if kind == nv.TYPE_MIG and not profile:
+        return None  # a slice of no known profile can be asked for by no profile
+    return DraDevice(device["name"], pool, attribute(device, nv.UUID) or device["name"], kind,
+                     NVML_MODELS.get(product, product) if product else None, profile or None,
+                     attribute(device, nv.DRIVER_VERSION), attribute(device, nv.PARENT_UUID))

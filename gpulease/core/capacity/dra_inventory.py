@@ -24,9 +24,12 @@ What counts, as kube-scheduler's allocator sees it:
   asks for (gpu_models.NVML_MODELS): any other is offered under its own
   name, which no profile asks for, never as a model a claim could not get;
 - not a device with a NoSchedule or NoExecute taint (the driver's health
-  check, an admin's DeviceTaintRule), nor a partitionable one (shared
-  counters: the dynamic MIG of issue 46), nor a full GPU whose MIG devices
-  are published (while it is split its slices are what can be allocated);
+  check, an admin's DeviceTaintRule), nor a full GPU whose static MIG
+  devices are published (while it is split its slices are what can be
+  allocated);
+- a partitionable device (DynamicMIG: shared counters) is not counted but
+  carved: the node's `partitions` (dra_partitions.py) hold them, and what is
+  free of each kind is what the fit rule could still carve (partitions.py);
 - an allocated claim holds its devices until its allocation is cleared,
   whatever became of its pod (the scheduler counts them so too); a claim's
   results with adminAccess (monitoring) hold nothing.
@@ -49,22 +52,14 @@ from gpulease.core.capacity.cluster_inventory import (
     node_from_object,
     pod_holder,
 )
-from gpulease.core.capacity.dra_device import DraDevice
+from gpulease.core.capacity.dra_device import DraDevice, attribute, device_from  # noqa: F401
+from gpulease.core.capacity.dra_partitions import partitioned_nodes
+from gpulease.core.capacity.partitions import PartitionedNode, free_counts
 from gpulease.core.model import nvidia_dra as nv
-from gpulease.core.model.gpu_models import NVML_MODELS
 from gpulease.core.tiers import ON_DEMAND
 
 DeviceIndex = dict[tuple[str, str], tuple[str, DraDevice]]  # (pool, device) -> (node, device)
 NOBODY = ("", "", False, ON_DEMAND, None)  # pod_holder's answer for no gpulease server
-
-
-def attribute(device: dict, name: str) -> str:
-    """A device attribute's value as text ({string|version|int|bool: value}); "" if none."""
-    value = (device.get("attributes") or {}).get(name) or {}
-    for key in ("string", "version", "int", "bool"):
-        if key in value:
-            return str(value[key])
-    return ""
 
 
 def _pool(slice_: dict) -> tuple[str, int, int]:
@@ -92,20 +87,6 @@ def _usable(device: dict) -> bool:
         return False
     return not any(t.get("effect") in ("NoSchedule", "NoExecute")
                    for t in device.get("taints") or [])
-
-
-def device_from(pool: str, device: dict) -> DraDevice | None:
-    """A published GPU or MIG device; None for other types (not sold)."""
-    kind = attribute(device, nv.TYPE)
-    if kind not in (nv.TYPE_GPU, nv.TYPE_MIG):
-        return None
-    product = attribute(device, nv.PRODUCT_NAME)
-    profile = attribute(device, nv.MIG_PROFILE) if kind == nv.TYPE_MIG else ""
-    if kind == nv.TYPE_MIG and not profile:
-        return None  # a slice of no known profile can be asked for by no profile
-    return DraDevice(device["name"], pool, attribute(device, nv.UUID) or device["name"], kind,
-                     NVML_MODELS.get(product, product) if product else None, profile or None,
-                     attribute(device, nv.DRIVER_VERSION), attribute(device, nv.PARENT_UUID))
 
 
 def device_index(slices: Iterable[dict]) -> DeviceIndex:
@@ -177,15 +158,33 @@ def claim_holds(claims: Iterable[dict], pods: Iterable[dict], index: DeviceIndex
     return holds
 
 
-def dra_node(base: ClusterNode, devices: list[DraDevice]) -> ClusterNode:
-    """A Node as DRA mode sees it: its labels, taints and readiness, and its devices."""
+def dra_node(base: ClusterNode, devices: list[DraDevice],
+             partitions: PartitionedNode | None = None) -> ClusterNode:
+    """A Node as DRA mode sees it: its labels, taints and readiness, and its devices (and
+    its DynamicMIG GPUs: as many of each kind as an idle node could carve)."""
     devices = sorted(devices, key=lambda d: d.name)
     models = Counter(d.model for d in devices if d.model)
+    allocatable = Counter(d.resource for d in devices)
+    if partitions is not None:
+        models.update({partitions.model: len(partitions.gpus())} if partitions.model else {})
+        allocatable.update(free_counts(partitions, ()))
+    driver = next((d.driver_version for d in devices if d.driver_version),
+                  partitions.driver if partitions is not None else "")
     return replace(base, model=models.most_common(1)[0][0] if models else None,
-                   mig_strategy=DRA_NODE,
-                   driver=next((d.driver_version for d in devices if d.driver_version), ""),
-                   allocatable=dict(Counter(d.resource for d in devices)),
-                   single_profile=None, devices=tuple(devices))
+                   mig_strategy=DRA_NODE, driver=driver, allocatable=dict(allocatable),
+                   single_profile=None, devices=tuple(devices), partitions=partitions)
+
+
+def _partition_index(parts: dict[str, PartitionedNode]) -> DeviceIndex:
+    """The partitionable devices, as claim_holds looks results up (uuid: their key)."""
+    index: DeviceIndex = {}
+    for node, partitioned in parts.items():
+        for p in partitioned.devices:
+            pool, name = p.key.split("/", 1)
+            index[(pool, name)] = (node, DraDevice(
+                name, pool, p.key, nv.TYPE_MIG if p.profile else nv.TYPE_GPU,
+                partitioned.model, p.profile, partitioned.driver))
+    return index
 
 
 def dra_inventory(nodes: Iterable[dict], slices: Iterable[dict], claims: Iterable[dict],
@@ -193,10 +192,13 @@ def dra_inventory(nodes: Iterable[dict], slices: Iterable[dict], claims: Iterabl
                   ) -> ClusterInventory:
     """The ClusterInventory of a DRA cluster: Node objects, NVIDIA's slices, every claim
     and every pod (to name a claim's holder)."""
-    index = device_index(slices)
+    current = current_slices(slices)
+    index = device_index(current)
+    parts = partitioned_nodes(current)
     per_node: dict[str, list[DraDevice]] = defaultdict(list)
     for node, device in index.values():
         per_node[node].append(device)
-    shown = tuple(dra_node(base, per_node.get(base.name, []))
+    shown = tuple(dra_node(base, per_node.get(base.name, []), parts.get(base.name))
                   for base in map(node_from_object, nodes))
-    return ClusterInventory(shown, tuple(claim_holds(claims, pods, index, servers_namespace)))
+    return ClusterInventory(shown, tuple(claim_holds(
+        claims, pods, {**index, **_partition_index(parts)}, servers_namespace)))
