@@ -5,7 +5,7 @@
 An inventory of NODES nodes × 8 H200s — half whole cards (nvidia.com/gpu: 8),
 half in MIG mode under the mixed strategy (7 × 1g.18gb slices per GPU, 56 per
 node) — about 70 % held by bound pods, with 20 requests admitted but not yet
-bound. Each decision is `cluster_inventory.fit` for a random request (a slice,
+bound. Each decision is `cluster_fit.fit` for a random request (a slice,
 or 1, 2, 4 or 8 cards) on the maintained inventory (its index built once, as
 the watch adapter builds one per change); the index build is timed apart.
 The target is p99 < 1 ms. --quick: 50 nodes, 200 decisions (CI: it runs to its end).
@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.figures import figure, target  # noqa: E402
-from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, Hold, fit  # noqa: E402
+from gpulease.core.capacity.cluster_fit import fit  # noqa: E402
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, Hold  # noqa: E402
 from gpulease.core.capacity.placement import NoFit  # noqa: E402
 from gpulease.core.model.device_request import DeviceRequest  # noqa: E402
 

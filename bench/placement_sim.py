@@ -19,16 +19,17 @@ decision by decision.
 
 gpulease's queue in front, the same for every policy, as
 gpulease/core/capacity/cluster_queue.py plan_cluster decides (with
-gpulease/core/capacity/cluster_inventory.py fit and nodes_for): oldest first per kind (a MIG
-profile; whole cards of the model); a waiting request keeps every node that
-could ever run it from later requests of its kind, and for whole cards every
-node can run each size, so that queue is strictly FIFO (an 8-GPU head is not
-overtaken); other kinds pass. A request fits when some node has enough free
-of its resource (cpu and memory never run out here: a full node's pods ask 192
-of 224 CPUs), so an admitted pod is always bound. The queue is served when a
-pod ends and when a waiting request gives up (queue_max_wait, 30 min, the
-hub's default in hub/config/app_options.py). No queue length cap (the hub's
-queue_max_length, 500 by default, is not modelled).
+gpulease/core/capacity/cluster_fit.py fit and cluster_offer.py nodes_for):
+oldest first per kind (a MIG profile; whole cards of the model); a waiting
+request keeps every node that could ever run it from later requests of its
+kind, and for whole cards every node can run each size, so that queue is
+strictly FIFO (an 8-GPU head is not overtaken); other kinds pass. A request
+fits when some node has enough free of its resource (cpu and memory never run
+out here: a full node's pods ask 192 of 224 CPUs), so an admitted pod is
+always bound. The queue is served when a pod ends and when a waiting request
+gives up (queue_max_wait, 30 min, the hub's default in
+hub/config/app_options.py). No queue length cap (the hub's queue_max_length,
+500 by default, is not modelled).
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ class Engine:
                     insort(feasible, pos)
 
     def fits(self, k: int) -> bool:
-        """gpulease's admission: some node has room for the kind (cluster_inventory.fit)."""
+        """gpulease's admission: some node has room for the kind (cluster_fit.fit)."""
         return bool(self.feasible[k])
 
     def choose(self, k: int) -> int | None:

@@ -3,7 +3,7 @@
 gpulease decides whether and when a GPU pod may be made; kube-scheduler then
 decides where. A start is admitted when some schedulable node of its model
 (and of the spawner's node selector) has that many free of its resource, as
-the cluster inventory counts them (gpulease/core/capacity/cluster_inventory.py `fit`, over
+the cluster inventory counts them (gpulease/core/capacity/cluster_fit.py `fit`, over
 the ClusterWatch's picture); only then does GPUKubeSpawner make the pod. A
 start that does not fit waits in the fair queue (gpulease/core/capacity/cluster_queue.py
 decides who goes first); the watch wakes a pass whenever a pod or node
@@ -28,12 +28,9 @@ from typing import TYPE_CHECKING
 
 from kubernetes_asyncio import client
 
-from gpulease.core.capacity.cluster_inventory import (
-    ClusterInventory,
-    fit,
-    select_nodes,
-    too_old_nodes,
-)
+from gpulease.core.capacity.cluster_fit import fit
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, select_nodes
+from gpulease.core.capacity.cluster_offer import too_old_nodes
 from gpulease.core.capacity.cluster_queue import AdmittedStart, cluster_withholding, plan_cluster
 from gpulease.core.capacity.displacement import in_the_cluster
 from gpulease.core.capacity.placement import NoFit

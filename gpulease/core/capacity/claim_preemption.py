@@ -20,13 +20,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import combinations
 
-from gpulease.core.capacity.cluster_inventory import (
-    ClusterInventory,
-    Hold,
-    fit,
-    kinds_offered,
-    too_old_nodes,
-)
+from gpulease.core.capacity.cluster_fit import fit
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, Hold, kinds_offered
+from gpulease.core.capacity.cluster_offer import too_old_nodes
 from gpulease.core.capacity.partitions import PartitionedNode, carve
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest

@@ -1,4 +1,4 @@
-"""The GPU inventory of the cluster shape, and whether a request fits it: pure.
+"""The GPU inventory of the cluster shape: pure.
 
 The API server never says which device a pod got, only how many of an
 extended resource each pod requests and on which node it is bound. So the
@@ -7,25 +7,20 @@ plugin's `nvidia.com/gpu` and `nvidia.com/mig-*`), minus what the pods bound
 there request, with gpulease's own pods named as holders. Node facts come from
 GPU feature discovery's labels (model, MIG strategy, CUDA driver version).
 
-`fit` is gpulease's admission decision for capacity: a request fits when some
-schedulable node of its model has that many free of its resource, after the
-requests already admitted but not yet bound are given room (first fit, the
-fullest node first, as the packing scheduler would). Kubernetes then decides
-where. The watch adapter that keeps these dataclasses current is separate.
+gpulease's admission decides on these (cluster_fit.py, cluster_offer.py). The
+watch adapter that keeps these dataclasses current is separate.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpulease.core.capacity.dra_device import DraDevice
 from gpulease.core.capacity.partitions import PartitionedNode, carved_rows, free_counts
-from gpulease.core.capacity.placement import NoFit
-from gpulease.core.model.device_request import DeviceRequest
-from gpulease.core.model.drivers import driver_from_labels, new_enough, too_old
+from gpulease.core.model.drivers import driver_from_labels
 from gpulease.core.model.gpu_models import model_key_from_gfd_product
 from gpulease.core.tiers import (
     ALL_TIERS,
@@ -342,159 +337,3 @@ def kinds_offered(node: ClusterNode) -> list[tuple[Kind, str]]:
         elif resource.startswith("nvidia.com/mig-"):
             offered.append(((node.model, resource.removeprefix("nvidia.com/mig-")), resource))
     return offered
-
-
-@dataclass
-class _Index:
-    """Per kind: the nodes offering it, and the schedulable ones bucketed by free count."""
-
-    resource: dict[tuple[str, Kind], str]  # (node, kind) -> resource
-    largest: dict[Kind, int]
-    buckets: dict[Kind, dict[int, list[str]]]  # free count -> node names (sorted)
-    nodes: dict[Kind, int]  # how many nodes offer it
-
-    @classmethod
-    def of(cls, inventory: ClusterInventory) -> _Index:
-        free = inventory.free()
-        index = cls({}, {}, defaultdict(lambda: defaultdict(list)), Counter())
-        for node in sorted(inventory.nodes, key=lambda n: n.name):
-            for kind, resource in kinds_offered(node):
-                index.resource[(node.name, kind)] = resource
-                index.largest[kind] = max(index.largest.get(kind, 0), node.allocatable[resource])
-                index.nodes[kind] += 1
-                if node.schedulable:
-                    index.buckets[kind][max(free[node.name][resource], 0)].append(node.name)
-        return index
-
-
-def _index(inventory: ClusterInventory) -> _Index:
-    if "index" not in inventory._derived:
-        inventory._derived["index"] = _Index.of(inventory)
-    return inventory._derived["index"]
-
-
-def fit(request: DeviceRequest, inventory: ClusterInventory,
-        pending: tuple[DeviceRequest, ...] = (),
-        reserved: Mapping[Kind, Collection[str]] | None = None,
-        kept: Collection[str] = ()) -> str:
-    """The node `request` would fit on now (after room for `pending`); NoFit 422 or 503.
-
-    `kept`: DynamicMIG devices (partition keys) kept for earlier waiting requests
-    (partitioned_fit.py); a request is not admitted where it would overlap one.
-
-    `reserved`: per kind, nodes whose free capacity is kept for earlier waiting
-    requests (the fair queue, gpulease/core/capacity/cluster_queue.py); `request` is not
-    placed there.
-
-    O(largest free count + pending) per decision: the index is built once per
-    inventory (the watch adapter makes a new one as pods and nodes change).
-    """
-    if inventory.partitioned:  # DynamicMIG: kinds share GPUs (the module builds on this one)
-        from gpulease.core.capacity.partitioned_fit import partitioned_fit
-        return partitioned_fit(request, inventory, pending, reserved, kept)
-    old = offered_somewhere(request, inventory)
-    index = _index(inventory)
-    kind: Kind = (request.model, request.mig_profile)
-    moved: dict[Kind, dict[str, int]] = defaultdict(dict)  # room given to pending requests
-    for earlier in pending:  # admitted, not yet bound: they come first
-        earlier_kind: Kind = (earlier.model, earlier.mig_profile)
-        chosen = _pick(index, earlier_kind, earlier.count, {
-            **moved[earlier_kind], **dict.fromkeys(too_old_nodes(inventory, earlier), 0)})
-        if chosen:
-            name, free = chosen
-            moved[earlier_kind][name] = free - earlier.count
-    room = dict(moved[kind])
-    for name in set((reserved or {}).get(kind, ())) | old:
-        room[name] = 0  # kept for an earlier request, or its driver is too old
-    chosen = _pick(index, kind, request.count, room)
-    if chosen is None:
-        free = sum(v * len(names) for v, names in index.buckets[kind].items())
-        free -= sum(_base_free(index, kind, n) - left for n, left in moved[kind].items())
-        raise NoFit(503, f"No {request.model} node has {request.count} free for "
-                         f"{request.describe()} now ({free} free across "
-                         f"{index.nodes[kind]} node(s)).")
-    return chosen[0]
-
-
-def offered_somewhere(request: DeviceRequest, inventory: ClusterInventory) -> frozenset[str]:
-    """NoFit 422 when no node could ever run `request` (none offers its kind, or enough of
-    it on one node with a driver new enough); else the nodes whose driver is too old."""
-    index = _index(inventory)
-    kind: Kind = (request.model, request.mig_profile)
-    if kind not in index.largest:
-        offered = sorted(f"{k[0]} {'slice ' + k[1] if k[1] else 'full cards'}"
-                         for k in index.largest)
-        raise NoFit(422, f"No node offers {request.describe()}, so it can never run here "
-                         f"(offered: {', '.join(offered) or 'no GPU on any node'}).")
-    old = too_old_nodes(inventory, request)
-    largest = _largest_new_enough(inventory, index, request, kind, old)
-    if request.count > largest:
-        raise NoFit(422, f"{request.describe()} needs {request.count} on one node; the largest "
-                         f"{request.model} node{' with a driver new enough' if old else ''} "
-                         f"has {largest}.")
-    return old
-
-
-def _largest_new_enough(inventory: ClusterInventory, index: _Index, request: DeviceRequest,
-                        kind: Kind, old: frozenset[str]) -> int:
-    """The most of `kind` one node with a driver new enough for `request` offers; NoFit 422
-    when no such node. Without too-old nodes that is the index's figure; with them it is
-    worked out once per inventory, kind and driver."""
-    if not old:
-        return index.largest[kind]
-    key = ("largest new enough", kind, request.min_driver)
-    if key not in inventory._derived:
-        usable = [n for n in inventory.nodes
-                  if (n.name, kind) in index.resource and n.name not in old]
-        inventory._derived[key] = max(
-            (n.allocatable[index.resource[(n.name, kind)]] for n in usable), default=None)
-    if inventory._derived[key] is None:
-        raise NoFit(422, too_old(request.image, str(request.min_driver), request.describe(),
-                                 (n.driver for n in inventory.nodes
-                                  if (n.name, kind) in index.resource)))
-    return inventory._derived[key]
-
-
-def nodes_for(request: DeviceRequest, inventory: ClusterInventory) -> set[str]:
-    """Every node that could ever run `request`: it offers the kind, enough of it."""
-    index = _index(inventory)
-    kind: Kind = (request.model, request.mig_profile)
-    old = too_old_nodes(inventory, request)
-    return {n.name for n in inventory.nodes
-            if (n.name, kind) in index.resource and n.name not in old
-            and n.allocatable[index.resource[(n.name, kind)]] >= request.count}
-
-
-def too_old_nodes(inventory: ClusterInventory, request: DeviceRequest) -> frozenset[str]:
-    """Nodes whose driver is older than the request's image needs (none if it needs none)."""
-    if not request.min_driver:
-        return frozenset()
-    key = ("too old", request.min_driver)
-    if key not in inventory._derived:
-        inventory._derived[key] = frozenset(
-            n.name for n in inventory.nodes if n.model is not None
-            and not new_enough(n.driver, request.min_driver, f"node {n.name}"))
-    return inventory._derived[key]
-
-
-def _base_free(index: _Index, kind: Kind, name: str) -> int:
-    for free, names in index.buckets[kind].items():
-        if name in names:
-            return free
-    return 0
-
-
-def _pick(index: _Index, kind: Kind, count: int,
-          moved: dict[str, int]) -> tuple[str, int] | None:
-    """(node, its free count) of the fullest node with room: packing keeps whole nodes free."""
-    best: tuple[int, str, int] | None = None  # (left, name, free)
-    buckets = index.buckets.get(kind, {})
-    for free in range(count, index.largest.get(kind, 0) + 1):
-        name = next((n for n in buckets.get(free, ()) if n not in moved), None)
-        if name is not None:
-            best = (free - count, name, free)
-            break
-    for name, free in moved.items():
-        if free >= count and (best is None or (free - count, name) < best[:2]):
-            best = (free - count, name, free)
-    return (best[1], best[2]) if best else None

@@ -31,13 +31,9 @@ from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpulease.core.capacity.cluster_inventory import (
-    ClusterInventory,
-    Kind,
-    fit,
-    kinds_offered,
-    nodes_for,
-)
+from gpulease.core.capacity.cluster_fit import fit
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, Kind, kinds_offered
+from gpulease.core.capacity.cluster_offer import nodes_for
 from gpulease.core.capacity.partitioned_fit import keep_for, with_admitted
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.capacity.queue import Waiting, served_order

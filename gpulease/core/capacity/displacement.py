@@ -40,7 +40,8 @@ from collections import defaultdict
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpulease.core.capacity.cluster_inventory import ClusterInventory, kinds_offered, too_old_nodes
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, kinds_offered
+from gpulease.core.capacity.cluster_offer import too_old_nodes
 from gpulease.core.capacity.placement import matches
 from gpulease.core.capacity.reserved_pool import HeldBy, Withholding
 from gpulease.core.model.device_request import DeviceRequest

@@ -1,7 +1,7 @@
 """Admission on DynamicMIG nodes: whether a request fits now, and what a waiting one keeps. Pure.
 
 On a DynamicMIG node every kind of slice is carved from the same GPUs, so the
-counts per kind that cluster_inventory.fit works on do not add up: a 3g
+counts per kind that cluster_fit.fit works on do not add up: a 3g
 carved on a GPU takes room from its 1g's, 2g's and full card alike. Here a
 request fits where kube-scheduler's own allocator would give it devices
 (partitions.carve, first fit in its order) after the starts admitted but not
@@ -27,8 +27,8 @@ from gpulease.core.capacity.cluster_inventory import (
     Hold,
     Kind,
     kinds_offered,
-    offered_somewhere,
 )
+from gpulease.core.capacity.cluster_offer import offered_somewhere
 from gpulease.core.capacity.partitions import Partition, carve, overlap
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
@@ -81,7 +81,7 @@ def partitioned_fit(request: DeviceRequest, inventory: ClusterInventory,
                     pending: tuple[DeviceRequest, ...] = (),
                     reserved: Mapping[Kind, Collection[str]] | None = None,
                     kept: Collection[str] = ()) -> str:
-    """cluster_inventory.fit for an inventory with DynamicMIG nodes; NoFit 422 or 503."""
+    """cluster_fit.fit for an inventory with DynamicMIG nodes; NoFit 422 or 503."""
     old = offered_somewhere(request, inventory)
     seen = with_admitted(inventory, pending)
     skip = set(old) | set((reserved or {}).get((request.model, request.mig_profile), ()))

@@ -1,14 +1,15 @@
-"""The cluster shape's inventory and capacity decision (gpulease/core/capacity/cluster_inventory.py): pure."""
+"""The cluster shape's inventory and capacity decision (gpulease/core/capacity/
+cluster_inventory.py, cluster_fit.py, cluster_offer.py): pure."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpulease.core.capacity.cluster_fit import fit
 from gpulease.core.capacity.cluster_inventory import (
     ClusterInventory,
     ClusterNode,
     Hold,
-    fit,
     hold_from_pod,
     node_from_object,
 )

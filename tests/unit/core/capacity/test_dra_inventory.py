@@ -8,7 +8,8 @@ import copy
 
 import pytest
 
-from gpulease.core.capacity.cluster_inventory import DRA_NODE, fit
+from gpulease.core.capacity.cluster_fit import fit
+from gpulease.core.capacity.cluster_inventory import DRA_NODE
 from gpulease.core.capacity.dra_inventory import (
     attribute,
     current_slices,

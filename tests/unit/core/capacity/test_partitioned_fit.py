@@ -7,13 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpulease.core.capacity.claim_preemption import claim_victims
-from gpulease.core.capacity.cluster_inventory import (
-    DRA_NODE,
-    ClusterInventory,
-    ClusterNode,
-    Hold,
-    fit,
-)
+from gpulease.core.capacity.cluster_fit import fit
+from gpulease.core.capacity.cluster_inventory import DRA_NODE, ClusterInventory, ClusterNode, Hold
 from gpulease.core.capacity.cluster_queue import plan_cluster
 from gpulease.core.capacity.dynamic_mig import mig_resource, partitioned_node
 from gpulease.core.capacity.partitioned_fit import keep_for, with_admitted

@@ -11,14 +11,9 @@ import logging
 
 import pytest
 
-from gpulease.core.capacity.cluster_inventory import (
-    ClusterInventory,
-    ClusterNode,
-    fit,
-    node_from_object,
-    nodes_for,
-    too_old_nodes,
-)
+from gpulease.core.capacity.cluster_fit import fit
+from gpulease.core.capacity.cluster_inventory import ClusterInventory, ClusterNode, node_from_object
+from gpulease.core.capacity.cluster_offer import nodes_for, too_old_nodes
 from gpulease.core.capacity.cluster_queue import Waiting, plan_cluster
 from gpulease.core.capacity.placement import NoFit, place
 from gpulease.core.model.device_request import DeviceRequest
