@@ -94,10 +94,21 @@ def _print_cluster_inventory(data: dict) -> None:
             who = "free" if h is None else _holder(h) if "user" in h else h["pod"]
             what = f"MIG {d['profile']}" if d["type"] == "mig" else "full card"
             print(f"    {d['uuid']:<44} {what:<16} {who}")
+        for gpu in node.get("gpus") or []:  # DynamicMIG: per GPU, the slices carved now
+            carved = "; ".join(_carved_text(c) for c in gpu["carved"])
+            print(f"    {gpu['gpu']}: {carved or 'nothing carved'}")
     for line in cluster_summary(data["nodes"]):
         print(line)
     for q in data.get("queue", []):
         print(f"queued {q['position']}: {_holder(q)} waits for {q['profile']}")
+
+
+def _carved_text(carved: dict) -> str:
+    """One slice carved on a DynamicMIG GPU: `3g.71gb at memory slice 4 (ada)`."""
+    h = carved["holder"] or {}
+    who = _holder(h) if h.get("user") else h.get("pod", "free")
+    at = carved["first_memory_slice"] or 0
+    return f"{carved['profile'] or 'whole GPU'} at memory slice {at} ({who})"
 
 
 def cluster_summary(nodes: list[dict]) -> list[str]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from gpulease.core.capacity.cluster_inventory import ClusterInventory, kinds_offered
 from gpulease.core.capacity.cluster_queue import plan_cluster
+from gpulease.core.capacity.partitioned_fit import with_admitted
 from gpulease.core.capacity.placement import NoFit, availability, place
 from gpulease.core.capacity.queue import Waiting
 from gpulease.core.model.device_request import DeviceRequest
@@ -55,7 +56,10 @@ def cluster_availability(request: DeviceRequest, inventory: ClusterInventory,
     a start would meet now: after room for `admitted` starts whose pods are not bound yet,
     and behind the `waiting` ones (the queue's order), as the cluster runner decides."""
     kind = (request.model, request.mig_profile)
-    room = inventory.free()
+    # DynamicMIG: the admitted starts take their devices first, and what is left is what
+    # the fit rule could still carve (a 3g admitted takes room from 1g's too)
+    carving = inventory.partitioned
+    room = (with_admitted(inventory, admitted) if carving else inventory).free()
     total = free = 0
     for node in inventory.nodes:
         for offered, resource in kinds_offered(node):
@@ -63,7 +67,8 @@ def cluster_availability(request: DeviceRequest, inventory: ClusterInventory,
                 total += node.allocatable[resource]
                 if node.schedulable:
                     free += max(room[node.name][resource], 0)
-    free -= sum(r.count for r in admitted if (r.model, r.mig_profile) == kind)
+    if not carving:
+        free -= sum(r.count for r in admitted if (r.model, r.mig_profile) == kind)
     me = object()
     queue = [Waiting(i, r) for i, r in enumerate(waiting)] + [Waiting(me, request)]
     plan = plan_cluster(queue, inventory, tuple(admitted))

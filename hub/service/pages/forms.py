@@ -247,20 +247,33 @@ def cluster_node_tables(view: Mapping[str, Any]) -> list[dict[str, Any]]:
                        "mig_strategy": node.get("mig_strategy", ""),
                        "driver": node.get("driver") or "unknown",
                        "schedulable": bool(node.get("schedulable")), "rows": rows,
-                       "devices": [dra_device_row(d) for d in node.get("devices") or []]})
+                       "devices": [dra_device_row(d) for d in node.get("devices") or []],
+                       "carved": [carved_gpu_row(g) for g in node.get("gpus") or []]})
     return tables
+
+
+def _holder_text(h: Mapping[str, Any] | None) -> str:
+    if not h:
+        return "free"
+    if h.get("user"):
+        tier = f", {h['tier']}" if is_preemptible(h.get("tier", "")) else ""
+        return f"{h['user']}/{h.get('server') or '(default)'}{tier}"
+    return f"{h.get('pod', '')} (not gpulease's)"
+
+
+def carved_gpu_row(gpu: Mapping[str, Any]) -> dict[str, Any]:
+    """A DynamicMIG GPU (api/inventory's `gpus`): the slices carved on it now, each with
+    its memory slices' start and holder; "nothing carved" when idle."""
+    slices = [{"device": c.get("device", ""),
+               "what": f"MIG {c['profile']}" if c.get("profile") else "whole GPU",
+               "at": c.get("first_memory_slice"), "holder": _holder_text(c.get("holder"))}
+              for c in gpu.get("carved") or []]
+    return {"gpu": gpu.get("gpu", ""), "slices": slices}
 
 
 def dra_device_row(device: Mapping[str, Any]) -> dict[str, str]:
     """A DRA node's device (api/inventory's `devices`): its uuid, what it is, its holder."""
-    h = device.get("holder")
-    if not h:
-        holder = "free"
-    elif h.get("user"):
-        tier = f", {h['tier']}" if is_preemptible(h.get("tier", "")) else ""
-        holder = f"{h['user']}/{h.get('server') or '(default)'}{tier}"
-    else:
-        holder = f"{h.get('pod', '')} (not gpulease's)"
+    holder = _holder_text(device.get("holder"))
     return {"uuid": device.get("uuid", ""), "name": device.get("name", ""),
             "what": (f"MIG {device.get('profile')}" if device.get("type") == "mig"
                      else "full card"), "holder": holder}

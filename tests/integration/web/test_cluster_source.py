@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -276,3 +277,50 @@ def test_the_dra_form_lists_each_device_with_its_holder_as_the_docs_say():
     uuid = first["attributes"]["uuid"]["string"]
     assert [(d["uuid"] == uuid, d["what"], d["holder"]) for d in table["devices"]] == [
         (True, "MIG 1g.18gb", "ada/train"), (False, "MIG 1g.18gb", "free")]
+
+
+def test_the_dynamic_mig_form_lists_each_gpus_carved_slices_on_page_cli_and_docs(capsys):
+    import jsonschema
+
+    from gpulease.core.capacity.cluster_inventory import (
+        DRA_NODE,
+        ClusterInventory,
+        ClusterNode,
+        Hold,
+    )
+    from gpulease.core.capacity.dynamic_mig import partitioned_node
+    from gpulease.core.capacity.partitions import free_counts
+    from gpulease.hub.cli.commands import cmd_inventory
+
+    carved = partitioned_node("H200", "n1", 2, "580.95.5")
+    node = ClusterNode("n1", "H200", DRA_NODE, "580.95.5", free_counts(carved, ()),
+                       partitions=carved)
+    held = (Hold("ns/jupyter-ada", "n1", {"nvidia.com/mig-3g.71gb": 1}, "ada", "train",
+                 devices=("n1/gpu-1-mig-3g71gb-9-4",)),
+            Hold("ns/theirs", "n1", {"nvidia.com/mig-1g.18gb": 1},
+                 devices=("n1/gpu-1-mig-1g18gb-19-0",)))
+    view = cluster_inventory_view(ClusterInventory((node,), held),
+                                  datetime(2026, 3, 1, tzinfo=UTC), "ns")
+    doc = yaml.safe_load((Path(__file__).resolve().parents[3] / "docs" / "rest-api.yml").read_text())
+    jsonschema.Draft202012Validator(
+        {"$ref": "#/components/schemas/Inventory", "components": doc["components"]}
+    ).validate(view)
+    (table,) = af.cluster_node_tables(view)
+    assert table["carved"] == [
+        {"gpu": "gpu-0", "slices": []},
+        {"gpu": "gpu-1", "slices": [
+            {"device": "gpu-1-mig-1g18gb-19-0", "what": "MIG 1g.18gb", "at": 0,
+             "holder": "ns/theirs (not gpulease's)"},
+            {"device": "gpu-1-mig-3g71gb-9-4", "what": "MIG 3g.71gb", "at": 4,
+             "holder": "ada/train"}]}]
+    free = {r["resource"]: r["free"] for r in table["rows"]}
+    assert free["nvidia.com/mig-3g.71gb"] == 2 and free["nvidia.com/gpu"] == 1
+
+    class Answers:  # stands in for HubClient: the one call cmd_inventory makes
+        def call(self, method: str, path: str):
+            return view
+    assert cmd_inventory(Answers(), SimpleNamespace(json=False)) == 0
+    out = capsys.readouterr().out
+    assert "    gpu-0: nothing carved\n" in out
+    assert ("    gpu-1: 1g.18gb at memory slice 0 (ns/theirs); "
+            "3g.71gb at memory slice 4 (ada/train)\n") in out

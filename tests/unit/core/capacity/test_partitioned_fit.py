@@ -132,3 +132,14 @@ def test_the_inventory_page_shows_each_gpus_carved_slices_and_holders():
                                                 "tier": "on-demand"}}]}]
     free = {r["resource"]: r["free"] for r in row["resources"]}
     assert free[mig_resource("3g.71gb")] == 3
+
+
+def test_the_start_form_counts_what_could_still_be_carved_after_the_admitted_starts():
+    from gpulease.core.capacity.cluster_availability import QUEUE, cluster_availability
+
+    inventory = ClusterInventory((dynamic(),), (hold("a", "gpu-0-mig-3g71gb-9-0"),))
+    shown = cluster_availability(slice_("1g.18gb"), inventory)
+    assert (shown.free, shown.total) == (3, 7)
+    # an admitted 3g (not bound yet) takes slices 4-7: no 1g is left to carve
+    shown = cluster_availability(slice_("1g.18gb"), inventory, admitted=(slice_("3g.71gb"),))
+    assert (shown.free, shown.state) == (0, QUEUE)
