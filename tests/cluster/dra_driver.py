@@ -16,6 +16,15 @@ of the devices allocated to its claims in DRA_DEVICES_ENV.
 A node published here has no nvidia.com/* capacity on its Node object (no
 device plugin serves it: the driver and the device plugin must never serve
 the same GPUs).
+
+A `dynamic_mig` node is published as the driver's DynamicMIG mode does on
+Kubernetes >= 1.35 (driver.go generateSplitResourceSlices, partitions.go): one
+pool named after the node, of one slice holding only `sharedCounters` (a
+counter set per GPU) and one slice per GPU holding only its `devices` (the
+full GPU and every placement of every MIG profile, sorted by name), each
+consuming counters of its GPU's set; `pool_slices` writes them, from
+gpulease/core/model/mig_geometry.py's placements. Its MIG devices have no uuid
+until a claim is prepared (the driver creates the MIG device then).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from gpulease.core.model import mig_geometry as geo
 from gpulease.core.model import nvidia_dra as nv
 from gpulease.core.model.gpu_models import GPU_MEMORY, NVML_PRODUCTS, mig_memory_bytes
 from tests.cluster.kube import Kube, KubeError
@@ -58,7 +68,7 @@ def devices(spec: GpuNode) -> list[dict[str, Any]]:
     for minor in range(spec.gpus):
         out.append({"name": f"gpu-{minor}", "attributes": {
             nv.TYPE: {"string": nv.TYPE_GPU},
-            nv.UUID: {"string": _uuid("GPU", f"{spec.name}.gpu.{minor}")}, **common},
+            nv.UUID: {"string": gpu_uuid(spec.name, minor)}, **common},
             "capacity": {"memory": {"value": str(GPU_MEMORY.get(spec.model, 0))}}})
     parent, used = spec.gpus, 0
     for profile, count in sorted(spec.mig.items()):
@@ -71,7 +81,7 @@ def devices(spec: GpuNode) -> list[dict[str, Any]]:
             out.append({"name": name, "attributes": {
                 nv.TYPE: {"string": nv.TYPE_MIG},
                 nv.UUID: {"string": _uuid("MIG", f"{spec.name}.{profile}.{n}")},
-                nv.PARENT_UUID: {"string": _uuid("GPU", f"{spec.name}.gpu.{parent}")},
+                nv.PARENT_UUID: {"string": gpu_uuid(spec.name, parent)},
                 nv.MIG_PROFILE: {"string": profile}, **common},
                 "capacity": {"multiprocessors": {"value": str(slices * 16)},
                              "memory": {"value": str(mig_memory_bytes(profile))}}})
@@ -91,6 +101,105 @@ def node_slice(spec: GpuNode, generation: int = 1, owner: str = "") -> dict[str,
                      "pool": {"name": spec.name, "generation": generation,
                               "resourceSliceCount": 1},
                      "devices": devices(spec)}}
+
+
+def _binary_si(value: int) -> str:
+    """A count as the driver's resource.NewQuantity(n, BinarySI) serializes it: plain below
+    1024, else in the largest power-of-1024 unit that divides it ("141Gi", "18048Mi")."""
+    if abs(value) < 1024:
+        return str(value)
+    suffix = ""
+    for unit in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"):
+        if value % 1024:
+            break
+        value, suffix = value // 1024, unit
+    return f"{value}{suffix}"
+
+
+def _camel(dns_name: str) -> str:
+    """A capacity's name (CommonCapacitiesMig: `copyEngines`) from its counter's (the driver
+    derives the counter by camelToDNSName: `copy-engines`)."""
+    first, *rest = dns_name.split("-")
+    return first + "".join(word.title() for word in rest)
+
+
+def _counters(model: str, profile: str | None, memory_slices: range) -> dict[str, Any]:
+    """What a device consumes (or, for the full GPU, the counter set holds): a counter per
+    capacity and one per memory slice of its placement, in Go's JSON order (sorted keys)."""
+    values = {**geo.capacities(model, profile),
+              **{geo.memory_slice_counter(i): 1 for i in memory_slices}}
+    return {name: {"value": _binary_si(n)} for name, n in sorted(values.items())}
+
+
+def _capacity(model: str, profile: str | None) -> dict[str, Any]:
+    """A device's capacity (CommonCapacitiesMig's names; the full GPU's are its counter
+    set's values, which the driver takes as the largest of its profiles')."""
+    return {_camel(name): {"value": _binary_si(n)}
+            for name, n in sorted(geo.capacities(model, profile).items())}
+
+
+def gpu_uuid(node: str, minor: int) -> str:
+    return _uuid("GPU", f"{node}.gpu.{minor}")
+
+
+def dynamic_mig_uuid(node: str, device: str) -> str:
+    """The uuid of the MIG device the driver creates when it prepares a claim for `device`
+    (made up, but stable: the same placement prepared twice is the same device here)."""
+    return _uuid("MIG", f"{node}.{device}")
+
+
+def dynamic_gpu_devices(spec: GpuNode, minor: int) -> list[dict[str, Any]]:
+    """GPU `minor`'s devices in DynamicMIG mode, sorted by name as the driver lists them:
+    the full GPU (with its uuid; it consumes the whole counter set) and every placement of
+    every MIG profile (no uuid: the MIG device does not exist until it is prepared)."""
+    common = _common(spec)
+    counter_set = geo.counter_set_name(minor)
+    whole = range(geo.MEMORY_SLICES)
+    out = [{"name": f"gpu-{minor}",
+            "attributes": {nv.TYPE: {"string": nv.TYPE_GPU},
+                           nv.UUID: {"string": gpu_uuid(spec.name, minor)}, **common},
+            "capacity": _capacity(spec.model, None),
+            "consumesCounters": [{"counterSet": counter_set,
+                                  "counters": _counters(spec.model, None, whole)}]}]
+    for profile, places in geo.placements(spec.model).items():
+        for place in places:
+            out.append({
+                "name": geo.device_name(minor, place),
+                "attributes": {nv.TYPE: {"string": nv.TYPE_MIG},
+                               nv.PARENT_UUID: {"string": gpu_uuid(spec.name, minor)},
+                               nv.MIG_PROFILE: {"string": profile}, **common},
+                "capacity": _capacity(spec.model, profile),
+                "consumesCounters": [{"counterSet": counter_set, "counters": _counters(
+                    spec.model, profile, place.memory_slices)}]})
+    return sorted(out, key=lambda d: d["name"])
+
+
+def pool_slices(spec: GpuNode, generation: int = 1, owner: str = "") -> list[dict[str, Any]]:
+    """The node's ResourceSlices, all of one pool named after it: `node_slice` alone, or
+    for a `dynamic_mig` node the split slices (counter sets first, then a slice per GPU).
+
+    The real resourceslice controller names each slice `<node>-<driver>-` plus a random
+    suffix, so on a real node the GPUs' slices sort in any order, and that order (slices by
+    name) is the order the allocator tries the GPUs in. Here the names are
+    `<node>-<driver>-<generation>-<index:02d>`, which sort in GPU order, so that a test can
+    name the GPU a first fit lands on; gpulease reads whatever order the names give."""
+    if not spec.dynamic_mig:
+        return [node_slice(spec, generation, owner)]
+    owners = [{"apiVersion": "v1", "kind": "Node", "name": spec.name, "uid": owner,
+               "controller": True}] if owner else []
+    sets = [{"name": geo.counter_set_name(minor),
+             "counters": _counters(spec.model, None, range(geo.MEMORY_SLICES))}
+            for minor in range(spec.gpus)]
+    contents = [{"sharedCounters": sets}] + [{"devices": dynamic_gpu_devices(spec, minor)}
+                                             for minor in range(spec.gpus)]
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+             "metadata": {"name": f"{spec.name}-{nv.DRIVER}-{generation}-{index:02d}",
+                          "ownerReferences": owners},
+             "spec": {"driver": nv.DRIVER, "nodeName": spec.name,
+                      "pool": {"name": spec.name, "generation": generation,
+                               "resourceSliceCount": len(contents)},
+                      **content}}
+            for index, content in enumerate(contents)]
 
 
 def device_classes() -> list[dict[str, Any]]:
@@ -118,9 +227,10 @@ def install(kube: Kube) -> None:
                 raise
 
 
-def publish(kube: Kube, spec: GpuNode, owner: str = "") -> dict[str, Any]:
-    """The driver's plugin on `spec`'s node (its Node's uid `owner`): its slice, written."""
-    return kube.create(f"{RESOURCE}/resourceslices", node_slice(spec, owner=owner))
+def publish(kube: Kube, spec: GpuNode, owner: str = "") -> list[dict[str, Any]]:
+    """The driver's plugin on `spec`'s node (its Node's uid `owner`): its slices, written."""
+    return [kube.create(f"{RESOURCE}/resourceslices", s)
+            for s in pool_slices(spec, owner=owner)]
 
 
 def unpublish(kube: Kube, node: str) -> None:
@@ -128,6 +238,18 @@ def unpublish(kube: Kube, node: str) -> None:
     listed = kube.get(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.nodeName={node}")
     for item in listed["items"]:
         kube.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+
+
+def device_uuid(pool: str, device: dict) -> str:
+    """The uuid the driver's CDI spec names for a published device: its uuid attribute; for a
+    DynamicMIG placement (none) the MIG device prepared for it; else its name."""
+    given = ((device.get("attributes") or {}).get(nv.UUID) or {}).get("string")
+    if given:
+        return given
+    kind = ((device.get("attributes") or {}).get(nv.TYPE) or {}).get("string")
+    if kind == nv.TYPE_MIG and device.get("consumesCounters"):
+        return dynamic_mig_uuid(pool, device["name"])  # the pool is named after the node
+    return device["name"]
 
 
 def prepare(kube: Kube, pod: dict) -> list[str]:
@@ -142,8 +264,7 @@ def prepare(kube: Kube, pod: dict) -> list[str]:
         statuses = (fresh.get("status") or {}).get("resourceClaimStatuses") or []
     names = {s["name"]: s.get("resourceClaimName") for s in statuses}
     slices = kube.get(f"{RESOURCE}/resourceslices")["items"]
-    uuids = {(s["spec"]["pool"]["name"], d["name"]):
-             ((d.get("attributes") or {}).get(nv.UUID) or {}).get("string", d["name"])
+    uuids = {(s["spec"]["pool"]["name"], d["name"]): device_uuid(s["spec"]["pool"]["name"], d)
              for s in slices for d in s["spec"].get("devices") or []}
     found: list[str] = []
     for entry in pod["spec"]["resourceClaims"]:

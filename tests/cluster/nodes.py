@@ -47,6 +47,9 @@ class GpuNode:
     # NVIDIA's DRA driver serves its GPUs (tests/cluster/dra_driver.py publishes them):
     # no device plugin, so no nvidia.com/* capacity on the Node
     dra: bool = False
+    # Its `gpus` GPUs are published in NVIDIA's DynamicMIG mode (each as a counter set, the
+    # full GPU and every MIG placement; dra_driver.pool_slices): needs `dra=True`
+    dynamic_mig: bool = False
 
 
 def _device_id(kind: str, node: str, n: int) -> str:
