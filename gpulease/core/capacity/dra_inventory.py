@@ -180,6 +180,7 @@ def _partition_index(parts: dict[str, PartitionedNode]) -> DeviceIndex:
     index: DeviceIndex = {}
     for node, partitioned in parts.items():
         for p in partitioned.devices:
+            # one of no kind sold is listed too: its claim's counters must be counted
             pool, name = p.key.split("/", 1)
             index[(pool, name)] = (node, DraDevice(
                 name, pool, p.key, nv.TYPE_MIG if p.profile else nv.TYPE_GPU,

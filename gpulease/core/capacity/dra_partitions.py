@@ -6,9 +6,11 @@ GPU, each device consuming counters (gpulease/core/model/mig_geometry.py). This
 module reads a node's PartitionedNode from them, in the allocator's order:
 slices by name within the pool, devices as listed (partitions.py).
 
-A device counts as dra_device.device_from reads it (a GPU or a MIG device
-of a known profile) and only without a NoSchedule/NoExecute taint. Devices
-without counters are the static ones and stay dra_inventory's.
+A device is offered as dra_device.device_from reads it (a GPU or a MIG
+device with a profile) and only without a NoSchedule/NoExecute taint; one
+that is not (tainted, of another type) is kept as never allocatable, since
+once allocated it still consumes its counters. Devices without counters are
+the static ones and stay dra_inventory's.
 """
 
 from __future__ import annotations
@@ -59,21 +61,26 @@ def partitioned_nodes(current: Iterable[dict]) -> dict[str, PartitionedNode]:
         devices, models, driver = [], [], ""
         for s in slices:
             for raw in s["spec"].get("devices") or []:
-                if not raw.get("consumesCounters") or _tainted(raw):
+                if not raw.get("consumesCounters"):
                     continue
                 device = device_from(pool, raw)
-                if device is None:
-                    continue
-                models.append(device.model)
-                driver = driver or device.driver_version
                 consumes = tuple((f"{pool}/{use.get('counterSet', '')}", name, amount)
                                  for use in raw["consumesCounters"]
                                  for name, amount in _counters(use.get("counters")).items())
+                key = partition_key(pool, raw["name"])
+                first_set = consumes[0][0] if consumes else ""
+                if device is None:  # of no kind sold: never handed out, still counted
+                    devices.append(Partition(key, "", first_set, consumes, allocatable=False))
+                    continue
+                models.append(device.model)
+                driver = driver or device.driver_version
                 start = raw["name"].rsplit("-", 1)[-1] if device.type == nv.TYPE_MIG else ""
-                devices.append(Partition(partition_key(pool, raw["name"]), device.resource,
-                                         consumes[0][0] if consumes else "", consumes,
-                                         device.profile, int(start) if start.isdigit() else None))
-        if devices:
+                # a tainted device is never handed out, but once allocated it still consumes
+                # its counters (the driver's health check taints a device its pod holds)
+                devices.append(Partition(key, device.resource, first_set, consumes,
+                                         device.profile, int(start) if start.isdigit() else None,
+                                         allocatable=not _tainted(raw)))
+        if any(d.allocatable for d in devices):
             model = max(set(models), key=models.count) if models else None
             out[node] = PartitionedNode(sets, tuple(devices), model, driver)
     return out

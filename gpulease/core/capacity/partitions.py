@@ -36,6 +36,9 @@ class Partition:
     consumes: tuple[tuple[str, str, int], ...]  # (counter set, counter, amount)
     profile: str | None = None
     start: int | None = None  # first memory slice, where the name says (for the page)
+    # False: never handed out (tainted, or of no kind gpulease sells), yet counted when
+    # allocated all the same, as the scheduler counts it
+    allocatable: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class PartitionedNode:
         return self._by_key.get(key)
 
     def resources(self) -> list[str]:
-        return sorted({d.resource for d in self.devices})
+        return sorted({d.resource for d in self.devices if d.allocatable})
 
     def gpus(self) -> list[str]:
         return list(dict.fromkeys(d.gpu for d in self.devices))
@@ -87,7 +90,7 @@ def first_fit(node: PartitionedNode, resource: str, allocated: Collection[str],
     order, not allocated and fitting; None when none fits. `gpus`: only on these."""
     left = available(node, allocated) if left is None else left
     for device in node.devices:
-        if (device.resource == resource and device.key not in allocated
+        if (device.allocatable and device.resource == resource and device.key not in allocated
                 and (gpus is None or device.gpu in gpus) and fits(device, left)):
             return device
     return None

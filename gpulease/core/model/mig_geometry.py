@@ -90,6 +90,8 @@ def capacities(model: str, profile: str | None) -> dict[str, int]:
     """The counters a profile's placement consumes besides its memory slices (None: the
     full GPU's, which are also its counter set's values), in the driver's DNS names."""
     compute = mig_compute_slices(profile) if profile else 7
+    if compute == 7:  # the 7g is the whole GPU's figures (the driver's maxima are its)
+        profile = None
     if profile is None:
         sms = _SMS_FULL.get(model, 132)
         memory = GPU_MEMORY[model]

@@ -108,28 +108,38 @@ def _device(slices: list[dict], name: str) -> dict:
 
 
 @pytest.mark.parametrize("effect", ["NoSchedule", "NoExecute"])
-def test_a_tainted_device_is_left_out(effect: str):
+def test_a_tainted_device_is_never_handed_out_but_counts_while_allocated(effect: str):
     slices = copy.deepcopy(pool_slices(spec()))
     _device(slices, "gpu-1-mig-2g35gb-14-2")["taints"] = [
         {"key": "gpu.nvidia.com/unhealthy", "value": "xid", "effect": effect}]
     node = read(slices)[NODE]
-    keys = [d.key for d in node.devices]
-    assert partition_key(NODE, "gpu-1-mig-2g35gb-14-2") not in keys
-    assert len(keys) == len(partitioned_node("H200", NODE, 2).devices) - 1
+    tainted = node.device(partition_key(NODE, "gpu-1-mig-2g35gb-14-2"))
+    assert tainted is not None and not tainted.allocatable
     # the placements beside it are still there: the next 2g after GPU 1's first skips it
     taken = {partition_key(NODE, "gpu-0"), partition_key(NODE, "gpu-1-mig-2g35gb-14-0")}
     assert partitions.first_fit(node, mig_resource("2g.35gb"), taken).key == partition_key(
         NODE, "gpu-1-mig-2g35gb-14-4")
+    # the driver's health check taints a device its pod still holds: the scheduler still
+    # counts its memory slices, and so does gpulease (no 1g at 2 or 3 of GPU 1)
+    held = taken | {tainted.key}
+    one = partitions.carve(node, [mig_resource("1g.18gb")] * 3, held)
+    assert [d.key for d in one] == [partition_key(NODE, f"gpu-1-mig-1g18gb-19-{i}")
+                                    for i in (4, 5, 6)]
 
 
-def test_a_mig_device_of_no_profile_and_a_device_of_another_type_are_left_out():
+def test_a_mig_device_of_no_profile_and_a_device_of_another_type_are_never_handed_out():
     slices = copy.deepcopy(pool_slices(spec(gpus=1)))
     del _device(slices, "gpu-0-mig-1g18gb-19-0")["attributes"][nv.MIG_PROFILE]
     _device(slices, "gpu-0-mig-1g35gb-15-0")["attributes"][nv.TYPE] = {"string": "vfio"}
-    keys = {d.key for d in read(slices)[NODE].devices}
-    assert partition_key(NODE, "gpu-0-mig-1g18gb-19-0") not in keys
-    assert partition_key(NODE, "gpu-0-mig-1g35gb-15-0") not in keys
-    assert partition_key(NODE, "gpu-0-mig-1g18gb-19-1") in keys
+    node = read(slices)[NODE]
+    for name in ("gpu-0-mig-1g18gb-19-0", "gpu-0-mig-1g35gb-15-0"):
+        odd = node.device(partition_key(NODE, name))
+        assert odd is not None and not odd.allocatable and odd.resource == ""
+    assert partitions.first_fit(node, mig_resource("1g.18gb"), ()).key == partition_key(
+        NODE, "gpu-0-mig-1g18gb-19-1")
+    # allocated all the same (someone's claim), it takes its slices: 0 and 1 are gone
+    left = partitions.free_counts(node, {partition_key(NODE, "gpu-0-mig-1g35gb-15-0")})
+    assert left[mig_resource("1g.18gb")] == 5
 
 
 @pytest.mark.parametrize("missing", [0, 1, 2])  # the counter sets' slice, or a GPU's
