@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlencode
 
 import aiohttp
@@ -220,27 +220,71 @@ def dcgm_index(body: Any) -> dict[tuple[str, str], float]:
     return out
 
 
-def dcgm_pods(body: Any) -> dict[tuple[str, str], list[tuple[str, str]]]:
-    """{(namespace, pod): [(GPU UUID, GPU instance id or '')]}: the devices dcgm-exporter
-    labels with the pod using them (DCGM_EXPORTER_KUBERNETES, from the kubelet's
-    pod-resources socket; `pod`, `namespace`, `container`).
+class PodDevice(NamedTuple):
+    """A device dcgm-exporter labels with a pod: its name as `read` takes it, and why it has
+    no reading of its own ('' where it has one)."""
+
+    name: str
+    unread: str = ""
+
+
+def dcgm_pods(body: Any) -> dict[tuple[str, str], list[PodDevice]]:
+    """{(namespace, pod): [its devices]}: the devices dcgm-exporter labels with the pod
+    using them (DCGM_EXPORTER_KUBERNETES, from the kubelet's pod-resources socket; `pod`,
+    `namespace`, `container`), named by `device_name` (UUID and GPU_I_ID).
 
     A Prometheus that does not honour the exporter's labels (honor_labels: false, a
     ServiceMonitor's default) keeps them as `exported_pod` and `exported_namespace`,
     its own `pod` and `namespace` then naming the exporter's pod: those win.
+
+    A DRA claim's MIG device (the series carries `dra_mig_profile`) is labelled on every
+    series of its GPU: `dra_slice` picks the pod's own. Full cards under DRA, and
+    everything the device plugin maps (exactly, to the instance), are as labelled.
     """
-    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    out: dict[tuple[str, str], list[PodDevice]] = {}
+    slices: dict[tuple[tuple[str, str], str, str, str], list[str]] = {}
     for item in _vector(body):
         labels = item.get("metric", {})
-        pod = labels.get("exported_pod") or labels.get("pod") or ""
-        namespace = labels.get("exported_namespace") or labels.get("namespace") or ""
-        if not pod:
+        pod = (labels.get("exported_namespace") or labels.get("namespace") or "",
+               labels.get("exported_pod") or labels.get("pod") or "")
+        if not pod[1]:
             continue  # a device no pod holds (or the exporter's mapping is off)
-        key = (labels.get("UUID", ""), str(labels.get("GPU_I_ID", "")))
-        devices = out.setdefault((namespace, pod), [])
-        if key not in devices:
-            devices.append(key)
+        uuid, instance = labels.get("UUID", ""), str(labels.get("GPU_I_ID", ""))
+        if profile := labels.get("dra_mig_profile", ""):
+            device = labels.get("dra_device_name") or profile
+            own = slices.setdefault((pod, uuid, device, profile), [])
+            if labels.get("GPU_I_PROFILE") == profile and instance not in own:
+                own.append(instance)
+            continue
+        devices = out.setdefault(pod, [])
+        if (found := PodDevice(device_name(uuid, instance))) not in devices:
+            devices.append(found)
+    for (pod, uuid, device, profile), own in slices.items():
+        out.setdefault(pod, []).append(dra_slice(uuid, device, profile, own))
     return out
+
+
+def dra_slice(uuid: str, device: str, profile: str, instances: list[str]) -> PodDevice:
+    """A pod's DRA MIG device on GPU `uuid` (`device`: the driver's name of it), from the
+    GPU_I_IDs of its `profile` among the series labelled with the pod.
+
+    Under DRA, dcgm-exporter maps a MIG device to its parent GPU's UUID (GetDeviceInfo) and
+    labels the GPU's series with every pod holding a slice of it, each with its own slice's
+    `dra_mig_profile` (and `dra_mig_device_uuid`, empty with DynamicMIG, where devices
+    have none). The pod's own is then the instance of its profile, where there is one;
+    two or more (slices of one profile on the GPU), or none, cannot be read: unknown,
+    never the busiest of them and never 0.
+    """
+    if len(instances) == 1:
+        return PodDevice(device_name(uuid, instances[0]))
+    name = f"{uuid}/{device}"
+    if instances:
+        return PodDevice(name, (
+            f"dcgm-exporter labels {len(instances)} {profile} instances of {uuid} with this "
+            "pod (DRA maps MIG devices to their GPU): no way to tell which is its own"))
+    return PodDevice(name, (
+        f"dcgm-exporter labels no {profile} instance of {uuid} with this pod, only other "
+        "series of that GPU (DRA maps MIG devices to their GPU)"))
 
 
 def device_name(uuid: str, instance: str) -> str:
@@ -254,7 +298,9 @@ class PrometheusDcgmSource:
     One query serves all servers of a pass (cached for `cache_s`). A full card
     joins on its UUID label; a MIG device on its parent's UUID and GPU_I_ID,
     from `mig_map` {MIG uuid: (GPU uuid, GPU instance id)}. In the cluster
-    shape a pod's devices are the series labelled with it (`pod_devices`).
+    shape a pod's devices are the series labelled with it (`pod_devices`,
+    `dcgm_pods`); a DRA MIG device whose own series cannot be told apart from its
+    GPU's others reads None, and `describe` says why (`dra_slice`).
     """
 
     name = "dcgm"
@@ -265,7 +311,8 @@ class PrometheusDcgmSource:
         self.mig_map = dict(mig_map or {})
         self.timeout_s, self.cache_s = timeout_s, cache_s
         self._index: dict[tuple[str, str], float] = {}
-        self._pods: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self._pods: dict[tuple[str, str], list[PodDevice]] = {}
+        self._unread: dict[str, str] = {}  # pods' devices without a reading: why
         self._fetched = -1e18
         self._error = ""
         self._why: dict[str, str] = {}
@@ -285,6 +332,8 @@ class PrometheusDcgmSource:
             except Exception as e:  # down, refusing, or garbage: all unknown
                 self._index, self._pods = {}, {}
                 self._error = f"Prometheus at {self.url}: {type(e).__name__}: {e}"
+            self._unread = {d.name: d.unread for devices in self._pods.values()
+                            for d in devices if d.unread}
             self._fetched = time.monotonic()
 
     async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
@@ -298,9 +347,12 @@ class PrometheusDcgmSource:
             elif "/gi" in uuid:  # a pod's MIG device, as device_name named it
                 parent, _, instance = uuid.rpartition("/gi")
                 key = (parent, instance)
-            value = self._index.get(key)
+            unread = self._unread.get(uuid, "")  # a DRA MIG device without its own series
+            value = None if unread else self._index.get(key)
             if self._error:
                 self._why[uuid] = self._error
+            elif unread:
+                self._why[uuid] = unread
             elif value is None:
                 self._why[uuid] = f"no {DCGM_METRIC} sample for {uuid}"
             else:
@@ -313,7 +365,7 @@ class PrometheusDcgmSource:
         if self._error:
             self._why[pod_label(namespace, pod)] = self._error
             return None
-        return [device_name(u, gi) for u, gi in self._pods.get((namespace, pod), [])]
+        return [d.name for d in self._pods.get((namespace, pod), [])]
 
     def describe(self, uuid: str) -> str:
         return self._why.get(uuid, self._error or "not read yet")

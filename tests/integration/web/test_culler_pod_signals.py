@@ -61,6 +61,46 @@ async def test_a_pods_devices_are_the_series_labelled_with_it_busy_or_idle():
         assert prometheus.queries == [DCGM_METRIC]
 
 
+def dra_slices(uuid: str, gpu: int, instances: dict[int, tuple[str, float]],
+               holders: dict[str, tuple[str, int]]) -> list[dict]:
+    """A MIG GPU as dcgm-exporter with KUBERNETES_ENABLE_DRA labels it: each instance's series
+    (GPU_I_ID -> its profile, ratio) once for every pod holding a slice of the GPU, with
+    that pod's slice's claim (pod -> its profile, the slice's memory slice)."""
+    out = []
+    for instance, (profile, ratio) in instances.items():
+        for pod, (held, first) in holders.items():
+            series = dcgm_series(uuid, ratio, gpu=gpu, pod=pod, namespace=NS,
+                                 instance=instance, profile=profile, dra_claim=f"{pod}-gpus")
+            series["metric"] |= {"dra_mig_profile": held, "dra_mig_device_uuid": "",
+                                 "dra_device_name": f"gpu-{gpu}-mig-{held}-19-{first}"}
+            out.append(series)
+    return out
+
+
+async def test_a_dra_slice_reads_its_own_instance_or_unknown_never_its_neighbours():
+    """Under DRA the exporter labels a MIG GPU's every instance with every pod on it: ada's
+    busy 3g and bob's idle 1g each read their own; cy and dan, on two 1g of one GPU,
+    cannot be told apart: unknown with why (judged on their other signals), never busy."""
+    async with PrometheusDouble([
+        *dra_slices("GPU-m", 0, {1: ("3g.71gb", 0.9), 9: ("1g.18gb", 0.0)},
+                    {"jupyter-ada": ("3g.71gb", 0), "jupyter-bob": ("1g.18gb", 4)}),
+        *dra_slices("GPU-n", 1, {9: ("1g.18gb", 0.97), 10: ("1g.18gb", 0.0)},
+                    {"jupyter-cy": ("1g.18gb", 4), "jupyter-dan": ("1g.18gb", 5)}),
+    ]) as prometheus:
+        source = PrometheusDcgmSource(prometheus.url)
+        ada = await source.pod_devices(NS, "jupyter-ada")
+        bob = await source.pod_devices(NS, "jupyter-bob")
+        assert (ada, bob) == (["GPU-m/gi1"], ["GPU-m/gi9"])
+        assert combine(source, await source.read(ada), 5.0) == (pytest.approx(90.0), "dcgm")
+        assert combine(source, await source.read(bob), 5.0) == (0.0, "dcgm")
+        for pod, first in (("jupyter-cy", 4), ("jupyter-dan", 5)):
+            devices = await source.pod_devices(NS, pod)
+            assert devices == [f"GPU-n/gpu-1-mig-1g.18gb-19-{first}"]
+            assert combine(source, await source.read(devices), 5.0) == (None, (
+                f"{devices[0]}: dcgm-exporter labels 2 1g.18gb instances of GPU-n with this "
+                "pod (DRA maps MIG devices to their GPU): no way to tell which is its own"))
+
+
 def test_series_without_a_pod_are_nobodys():
     body = {"status": "success", "data": {"result": [dcgm_series("GPU-z", 1.0)]}}
     assert dcgm_pods(body) == {}
