@@ -44,10 +44,12 @@ def no_gpu_reading(namespace: str, pod: str) -> str:
     """Why a GPU pod has no reading when dcgm-exporter attributes none of its series to it.
     Under DRA (GPUKubeSpawner.gpu_allocation "dra") the exporter maps devices to pods only
     with KUBERNETES_ENABLE_DRA (its Helm value kubernetesDRA.enabled): without it every
-    DRA server's GPU is unread, and the culler judges on its other signals."""
+    DRA server's GPU is unread, and the culler judges on its other signals. Even with it,
+    the exporter (at its 2026 source) labels a DRA MIG slice's pod only on the whole GPU's
+    series, never its instance's (their ids miss its DRA map), so a slice has none."""
     return (f"no GPU reading: dcgm-exporter attributes no device to pod {namespace}/{pod} "
             "(it maps devices to pods from the kubelet; a DRA claim's only with "
-            "KUBERNETES_ENABLE_DRA)")
+            "KUBERNETES_ENABLE_DRA, and a DRA MIG slice's instance not at all)")
 
 
 def combine(source: GpuActivitySource, values: dict[str, float | None],

@@ -147,7 +147,7 @@ async def test_dra_servers_are_read_where_the_exporter_attributes_them_else_judg
         assert d["cards"].action == "keep"
         why = ("unknown: no GPU reading: dcgm-exporter attributes no device to pod "
                "jhub/jupyter-unread (it maps devices to pods from the kubelet; a DRA claim's "
-               "only with KUBERNETES_ENABLE_DRA)")
+               "only with KUBERNETES_ENABLE_DRA, and a DRA MIG slice's instance not at all)")
         assert d["unread"].signals["gpu"] == why
         assert d["unread"].action == "suspend", d["unread"]  # idle kernels, idle CPU
         assert d["unreadbusy"].action == "keep" and d["unreadbusy"].reason == "active now: cpu"
