@@ -166,7 +166,7 @@ def test_the_suite_says_what_is_missing_before_it_runs_anything(monkeypatch, cap
     monkeypatch.setattr(suite, "run_one", lambda *_: pytest.fail("ran a benchmark"))
     assert suite.main(["--quick"]) == 2
     said = capsys.readouterr().err
-    assert "billing, kube_spawn, placement_real need kwok" in said
+    assert "billing, kube_spawn, placement_real, dynamic_mig need kwok" in said
     assert "apt-get install postgresql" in said
     tiers = next(b for b in suite.BENCHMARKS if b.name == "tiers")
     assert suite.missing_parts([tiers]) == []
