@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,8 @@ def profile(slug: str, mig: str, price: str) -> dict:
             "min_run": "1s"}
 
 
-PROFILES = {"profiles": [profile("1g", "1g.18gb", "36"), profile("2g", "2g.35gb", "72"),
-                         profile("3g", "3g.71gb", "108")]}
+PROFILES = {"profiles": [{**profile("1g", "1g.18gb", "36"), "reserved_price_per_hour": "30"},
+                         profile("2g", "2g.35gb", "72"), profile("3g", "3g.71gb", "108")]}
 HEARTBEAT = 1.0
 HOMES = ("bob-home", "cy-home", "di-home")  # alice's is the fixture's
 
@@ -171,6 +172,15 @@ def test_a_mix_of_slices_fills_a_gpu_a_later_one_waits_in_the_queue_and_starts_w
         ["gpu-0", "gpu-0-mig-2g35gb-14-0", "MIG 2g.35gb", "0", "bob/(default)"],
         ["gpu-0", "gpu-0-mig-2g35gb-14-4", "MIG 2g.35gb", "4", "di/(default)"],
         ["gpu-0", "gpu-0-mig-1g18gb-19-6", "MIG 1g.18gb", "6", "cy/(default)"]]
+
+    # Reservations promise counts of one kind, which carved GPUs cannot keep (every kind
+    # is carved from the same GPU): refused, saying so.
+    start_at = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=2)
+    r = hub.service("POST", "api/reservations", admin, {
+        "account": "user:cy", "profile": "1g", "units": 1,
+        "start": start_at.strftime("%Y-%m-%dT%H:00:00Z"),
+        "end": (start_at + timedelta(hours=1)).strftime("%Y-%m-%dT%H:00:00Z")})
+    assert r.status_code == 422 and "carved on demand (DynamicMIG" in r.text, r.text
 
     # Billing as for any slice: each session at its profile's price, charged on stop.
     (alice,) = sessions_of(hub, tokens["alice"])

@@ -18,20 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from itertools import combinations
 
 from gpulease.core.capacity.cluster_fit import fit
 from gpulease.core.capacity.cluster_inventory import ClusterInventory, Hold, kinds_offered
 from gpulease.core.capacity.cluster_offer import too_old_nodes
-from gpulease.core.capacity.partitions import PartitionedNode, carve
+from gpulease.core.capacity.partitioned_fit import with_admitted
+from gpulease.core.capacity.partitions import Partition, PartitionedNode, carve, overlap
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.model.device_request import DeviceRequest
 from gpulease.core.tiers import yields_to
 
 Key = tuple[str, str]  # (user, server)
-# Victim sets tried per DynamicMIG node: a node of 8 GPUs has at most 56 slices, and the
-# first sets of one or two servers are nearly always enough.
-MAX_VICTIM_SETS = 5000
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,8 @@ def claim_victims(request: DeviceRequest, tier: str, inventory: ClusterInventory
                               key=lambda h: (h.since, h.user, h.server), reverse=True)
         if node.partitions is not None and resource in node.partitions.resources():
             found = _carving_victims(node.partitions, resource, request.count,
-                                     gone.allocated_on(node.name), newest_first)
+                                     with_admitted(gone, pending).allocated_on(node.name),
+                                     newest_first)
             if found is not None:
                 rank = (len(found), 0, node.name)
                 if best is None or rank < best[0]:
@@ -108,16 +106,30 @@ def claim_victims(request: DeviceRequest, tier: str, inventory: ClusterInventory
 def _carving_victims(partitions: PartitionedNode, resource: str, count: int,
                      allocated: set[str], newest_first: list[Hold]) -> tuple[Key, ...] | None:
     """DynamicMIG: the fewest of `newest_first` whose slices, once gone, let the allocator
-    carve `count` of `resource` (of equals, the most recently started); None if stopping
-    them all would not. Slices free only where theirs overlap, so every set is tried, the
-    smallest first, up to MAX_VICTIM_SETS per node."""
-    tried = 0
-    for size in range(1, len(newest_first) + 1):
-        for victims in combinations(newest_first, size):
-            tried += 1
-            if tried > MAX_VICTIM_SETS:
-                return None
-            freed = allocated - {d for h in victims for d in h.devices}
-            if carve(partitions, [resource] * count, freed) is not None:
-                return tuple((h.user, h.server) for h in victims)
-    return None
+    carve `count` of `resource` (of equals, the most recently started); None if no
+    placement can be freed by stopping only them. Per placement of the kind, the servers
+    in its way are those whose slices overlap it: a placement anything else overlaps
+    (an on-demand server, a start admitted) is not a choice."""
+    holder_of = {d: i for i, h in enumerate(newest_first) for d in h.devices}
+    in_place = [d for k in allocated if (d := partitions.device(k)) is not None]
+    options = []
+    for device in partitions.of_kind(resource):
+        blockers = [a.key for a in in_place if overlap(device, a, partitions)]
+        if all(b in holder_of for b in blockers):
+            victims = sorted({holder_of[b] for b in blockers})
+            options.append((len(victims), victims, device))
+    options.sort(key=lambda o: (o[0], o[1]))
+    chosen: list[Partition] = []
+    victims: set[int] = set()
+    for _n, stopped, device in options:
+        if len(chosen) == count:
+            break
+        if not any(overlap(device, c, partitions) for c in chosen):
+            chosen.append(device)
+            victims.update(stopped)
+    if len(chosen) < count:
+        return None
+    freed = allocated - {d for i in victims for d in newest_first[i].devices}
+    if carve(partitions, [resource] * count, freed) is None:
+        return None
+    return tuple((newest_first[i].user, newest_first[i].server) for i in sorted(victims))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from gpulease.core.capacity.cluster_fit import fit
 from gpulease.core.capacity.cluster_inventory import ClusterInventory, Kind, kinds_offered
 from gpulease.core.capacity.cluster_offer import nodes_for
-from gpulease.core.capacity.partitioned_fit import keep_for, with_admitted
+from gpulease.core.capacity.partitioned_fit import keep_for, placed, with_admitted
 from gpulease.core.capacity.placement import NoFit
 from gpulease.core.capacity.queue import Waiting, served_order
 from gpulease.core.capacity.reservation_rules import Reservation
@@ -62,6 +62,12 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
 
     `withholding`: what reservations keep from on-demand starts (cluster_withholding);
     a start its tier may not have waits without keeping nodes from those after it."""
+    # DynamicMIG: each start is carved into the picture where it is admitted (and pinned
+    # there), so that those after it see exactly the devices it will get; the starts
+    # admitted in earlier passes go where the allocator would put them.
+    carving = inventory.partitioned
+    if carving:
+        inventory, admitted = with_admitted(inventory, admitted), ()
     pending = list(admitted)
     reserved: dict[Kind, set[str]] = defaultdict(set)
     kept: list[str] = []  # DynamicMIG placements kept for waiting requests (partitioned_fit)
@@ -88,12 +94,16 @@ def plan_cluster(queue: Sequence[Waiting], inventory: ClusterInventory,
                 continue
             reserved[kind] |= {n for n in nodes_for(request, inventory)
                                if n not in _carving(inventory)}
-            if inventory.partitioned:
-                kept += keep_for(request, with_admitted(seen, pending), kept)
+            if carving:
+                kept += keep_for(request, seen, kept, reserved[kind])
             result.waiting.append(entry.key)
             continue
-        pending.append(request)
-        if withholding.keeps_units_together(request, entry.yields):
+        if carving:
+            inventory = placed(inventory, request, node)
+        else:
+            pending.append(request)
+        if withholding.keeps_units_together(request, entry.yields) or (
+                node in _carving(inventory)):  # DynamicMIG: admitted where it was carved
             result.pinned.add(entry.key)
         withholding = withholding.take(request, entry.reservation, entry.yields, node)
         result.start.append((entry.key, node))
@@ -146,6 +156,8 @@ def cluster_usage(inventory: ClusterInventory,
     total: Counter[tuple[Kind, str]] = Counter()
     kind_at: dict[tuple[str, str], Kind] = {}
     for node in inventory.nodes:
+        if node.partitions is not None:
+            continue  # DynamicMIG: not reserved (its kinds share each GPU); nothing withheld
         for kind, resource in kinds_offered(node):
             total[(kind, node.name)] += node.allocatable.get(resource, 0)
             kind_at[(node.name, resource)] = kind

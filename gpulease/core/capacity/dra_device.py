@@ -30,8 +30,11 @@ class DraDevice:
     def resource(self) -> str:
         """The name the inventory counts it under: the device plugin's `mixed` names
         (nvidia.com/gpu for a full card, nvidia.com/mig-<profile> for a slice), so
-        that every capacity decision reads a DRA node as it reads a device-plugin one."""
-        return f"nvidia.com/mig-{self.profile}" if self.type == TYPE_MIG else "nvidia.com/gpu"
+        that every capacity decision reads a DRA node as it reads a device-plugin one;
+        "" for a partitionable device of no kind sold (counted, never offered)."""
+        if self.type == TYPE_MIG:
+            return f"nvidia.com/mig-{self.profile}"
+        return "nvidia.com/gpu" if self.type == nv.TYPE_GPU else ""
 
 
 def attribute(device: dict, name: str) -> str:

@@ -152,7 +152,8 @@ def claim_holds(claims: Iterable[dict], pods: Iterable[dict], index: DeviceIndex
         for node, device in held:
             by_node[node].append(device)
         for node, devices in sorted(by_node.items()):
-            holds.append(Hold(name, node, dict(Counter(d.resource for d in devices)), *who,
+            holds.append(Hold(name, node, dict(Counter(d.resource for d in devices
+                                                       if d.resource)), *who,
                               devices=tuple(d.uuid for d in devices), since=since,
                               leaving=leaving))
     return holds
@@ -180,11 +181,11 @@ def _partition_index(parts: dict[str, PartitionedNode]) -> DeviceIndex:
     index: DeviceIndex = {}
     for node, partitioned in parts.items():
         for p in partitioned.devices:
-            # one of no kind sold is listed too: its claim's counters must be counted
-            pool, name = p.key.split("/", 1)
-            index[(pool, name)] = (node, DraDevice(
-                name, pool, p.key, nv.TYPE_MIG if p.profile else nv.TYPE_GPU,
-                partitioned.model, p.profile, partitioned.driver))
+            # one of no kind sold is listed too, as no kind: its claim's counters count
+            pool, name = p.key.rsplit("/", 1)  # a pool's name may hold "/", a device's not
+            kind = "" if not p.resource else nv.TYPE_MIG if p.profile else nv.TYPE_GPU
+            index[(pool, name)] = (node, DraDevice(name, pool, p.key, kind, partitioned.model,
+                                                   p.profile, partitioned.driver))
     return index
 
 

@@ -59,22 +59,58 @@ def with_admitted(inventory: ClusterInventory,
                   pending: Sequence[DeviceRequest]) -> ClusterInventory:
     """The inventory once the starts admitted but not bound yet have their devices: each
     as a Hold on the first node (by name) where it fits, in order; one that fits
-    nowhere now is left out (it will wait for the scheduler as it would)."""
-    for request in pending:
-        try:
-            old = offered_somewhere(request, inventory)
-        except NoFit:
+    nowhere now is left out (it will wait for the scheduler as it would).
+
+    Worked out once per inventory and list: the queue's pass asks for longer and longer
+    lists of the same starts, so each prefix is kept and the next start added to it."""
+    pending = tuple(pending)
+    done = len(pending)
+    while done and ("with admitted", pending[:done]) not in inventory._derived:
+        done -= 1
+    seen = inventory._derived[("with admitted", pending[:done])] if done else inventory
+    for i in range(done, len(pending)):
+        hold = _admitted_hold(pending[i], inventory, seen)
+        if hold is not None:
+            seen = ClusterInventory(seen.nodes, (*seen.holds, hold))
+        inventory._derived[("with admitted", pending[:i + 1])] = seen
+    return seen
+
+
+def placed(inventory: ClusterInventory, request: DeviceRequest, node: str) -> ClusterInventory:
+    """The inventory once `request`, admitted and pinned to `node`, has its devices there
+    (the allocator's first fit on that node)."""
+    where = next(n for n in inventory.nodes if n.name == node)
+    resource = dict(kinds_offered(where))[(request.model, request.mig_profile)]
+    devices: tuple[str, ...] = ()
+    if where.partitions is not None and resource in where.partitions.resources():
+        got = carve(where.partitions, [resource] * request.count, inventory.allocated_on(node))
+        devices = tuple(d.key for d in got or ())
+    hold = Hold(ADMITTED, node, {resource: request.count}, devices=devices)
+    return ClusterInventory(inventory.nodes, (*inventory.holds, hold))
+
+
+def _admitted_hold(request: DeviceRequest, base: ClusterInventory,
+                   seen: ClusterInventory) -> Hold | None:
+    """Where one admitted start goes once `seen`'s have theirs (`base` without them)."""
+    try:
+        old = offered_somewhere(request, base)
+    except NoFit:
+        return None
+    added = seen.holds[len(base.holds):]
+    for node in _candidates(request, base, old):
+        resource = dict(kinds_offered(node))[(request.model, request.mig_profile)]
+        if node.partitions is not None and resource in node.partitions.resources():
+            got = carve(node.partitions, [resource] * request.count,
+                        seen.allocated_on(node.name))
+            if got:
+                return Hold(ADMITTED, node.name, {resource: request.count},
+                            devices=tuple(d.key for d in got))
             continue
-        for node in _candidates(request, inventory, old):
-            got = _devices_for(node, request, inventory, inventory.allocated_on(node.name))
-            if not got:
-                continue
-            devices = tuple(d.key for d in got) if isinstance(got, list) else ()
-            resource = dict(kinds_offered(node))[(request.model, request.mig_profile)]
-            hold = Hold(ADMITTED, node.name, {resource: request.count}, devices=devices)
-            inventory = ClusterInventory(inventory.nodes, (*inventory.holds, hold))
-            break
-    return inventory
+        room = base.free()[node.name].get(resource, 0) - sum(
+            h.resources.get(resource, 0) for h in added if h.node == node.name)
+        if room >= request.count:
+            return Hold(ADMITTED, node.name, {resource: request.count})
+    return None
 
 
 def partitioned_fit(request: DeviceRequest, inventory: ClusterInventory,
@@ -117,27 +153,33 @@ def _carved_summary(inventory: ClusterInventory, request: DeviceRequest) -> str:
             if device is not None:
                 carved[device.profile or "full GPU"] += 1
     return ("carved now: " + ", ".join(f"{n} x {p}" for p, n in sorted(carved.items()))
-            if carved else "nothing carved: every GPU is kept for an earlier request")
+            if carved else "nothing carved, but no GPU a start may use has room")
 
 
 def keep_for(request: DeviceRequest, inventory: ClusterInventory,
              kept: Collection[str] = (), skip: Collection[str] = ()) -> list[str]:
-    """What a waiting `request` keeps on DynamicMIG nodes: the placement(s) of its kind
-    nearest to free (the fewest carved devices overlapping them, then the allocator's
-    order) that overlap nothing an earlier request keeps; [] where it has none."""
+    """What a waiting `request` keeps on DynamicMIG nodes (not those in `skip`, nor where
+    its image's driver is too old): the placement(s) of its kind nearest to free (the
+    fewest carved devices overlapping them) that overlap nothing an earlier request
+    keeps; of equals the LAST in the allocator's order, since later starts are carved
+    first fit from the front and so keep clear of it longest. [] where it has none."""
     kind: Kind = (request.model, request.mig_profile)
     kept_devices = _kept(inventory, kept)
-    best: tuple[int, int, list[str]] | None = None  # (blockers, order, keys)
+    try:
+        old = offered_somewhere(request, inventory)
+    except NoFit:
+        return []
+    best: tuple[int, int, list[str]] | None = None  # (blockers, -order, keys)
     order = 0
-    for node in _candidates(request, inventory, skip):
+    for node in _candidates(request, inventory, set(skip) | set(old)):
         partitions, resource = node.partitions, dict(kinds_offered(node)).get(kind)
         if partitions is None or resource not in partitions.resources():
             continue
         allocated = [d for k in inventory.allocated_on(node.name)
                      if (d := partitions.device(k)) is not None]
-        free_of_kept = [d for d in partitions.devices if d.resource == resource
-                        and not any(overlap(d, k, partitions)
-                                    for k in kept_devices.get(node.name, ()))]
+        free_of_kept = [d for d in partitions.of_kind(resource)
+                        if not any(overlap(d, k, partitions)
+                                   for k in kept_devices.get(node.name, ()))]
         for first in free_of_kept:  # each placement as the first of the request's devices
             order += 1
             chosen = [first]
@@ -149,6 +191,6 @@ def keep_for(request: DeviceRequest, inventory: ClusterInventory,
             if len(chosen) < request.count:
                 continue
             blockers = {a.key for a in allocated for c in chosen if overlap(c, a, partitions)}
-            if best is None or (len(blockers), order) < best[:2]:
-                best = (len(blockers), order, [c.key for c in chosen])
+            if best is None or (len(blockers), -order) <= best[:2]:
+                best = (len(blockers), -order, [c.key for c in chosen])
     return best[2] if best else []

@@ -4,9 +4,10 @@ A GPU in NVIDIA's DynamicMIG mode is published as a counter set and a device for
 the full GPU and for every placement of every MIG profile, each consuming
 counters of that set (gpulease/core/model/mig_geometry.py). kube-scheduler's
 allocator (k8s.io/dynamic-resource-allocation, structured/internal/incubating:
-checkAvailableCounters) allocates a device when it is not allocated already and,
-for every counter it consumes, what the allocated devices of its pool consume
-plus its own is at most the counter set's value. It takes the first such
+checkAvailableCounters) allocates a device when it is not allocated already,
+no counter of its pool is overdrawn already, and, for every counter it
+consumes, what the allocated devices of its pool consume plus its own is at
+most the counter set's value. It takes the first such
 device that matches the request, in its order: pools by name, a pool's slices
 by name, a slice's devices as listed. So a 1g lands on the lowest free memory
 slice of the first GPU with one, and the GPUs fill (and fragment) in that order.
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 Counters = Mapping[str, int]
 
@@ -40,6 +42,10 @@ class Partition:
     # allocated all the same, as the scheduler counts it
     allocatable: bool = True
 
+    @cached_property
+    def sets(self) -> frozenset[str]:
+        return frozenset(s for s, _c, _n in self.consumes)
+
 
 @dataclass(frozen=True)
 class PartitionedNode:
@@ -47,29 +53,61 @@ class PartitionedNode:
     devices: tuple[Partition, ...]  # in the allocator's order
     model: str | None = None  # gpulease's model key, from the devices' productName
     driver: str = ""  # the devices' driverVersion
-    _by_key: dict = field(default_factory=dict, compare=False, repr=False)
+    # Derived once (the node never changes): devices by key and by kind, and free counts
+    # per GPU and its allocated devices.
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def device(self, key: str) -> Partition | None:
-        if not self._by_key:
-            self._by_key.update((d.key, d) for d in self.devices)
-        return self._by_key.get(key)
+        if "by key" not in self._cache:
+            self._cache["by key"] = {d.key: d for d in self.devices}
+        return self._cache["by key"].get(key)
+
+    def of_kind(self, resource: str) -> list[Partition]:
+        """The devices handed out as `resource`, in the allocator's order."""
+        if "by kind" not in self._cache:
+            by_kind: dict[str, list[Partition]] = {}
+            for d in self.devices:
+                if d.allocatable:
+                    by_kind.setdefault(d.resource, []).append(d)
+            self._cache["by kind"] = by_kind
+        return self._cache["by kind"].get(resource, [])
 
     def resources(self) -> list[str]:
-        return sorted({d.resource for d in self.devices if d.allocatable})
+        self.of_kind("")
+        return sorted(self._cache["by kind"])
 
     def gpus(self) -> list[str]:
         return list(dict.fromkeys(d.gpu for d in self.devices))
 
+    @property
+    def gpu_local(self) -> bool:
+        """Whether every device consumes only its own GPU's set (NVIDIA's driver)."""
+        if "gpu local" not in self._cache:
+            self._cache["gpu local"] = all(d.sets <= {d.gpu} for d in self.devices)
+        return self._cache["gpu local"]
+
+
+def _pool(counter_set: str) -> str:
+    return counter_set.rsplit("/", 1)[0]
+
 
 def available(node: PartitionedNode, allocated: Iterable[str]) -> dict[str, Counter[str]]:
     """Per counter set, what is left once the `allocated` devices' consumption is taken
-    (the scheduler's availableCounters; it may go below zero, which leaves nothing)."""
+    (the scheduler's availableCounters; it may go below zero: see `overdrawn`)."""
     left = {name: Counter(values) for name, values in node.counter_sets.items()}
     for key in allocated:
         device = node.device(key)
         if device is not None:
             _take(device, left)
     return left
+
+
+def overdrawn(left: Mapping[str, Counter[str]]) -> set[str]:
+    """The pools with a counter below zero (devices allocated that together need more than
+    there is, e.g. written by hand): the allocator then allocates nothing more of that pool
+    (allocator_incubating.go checkAvailableCounters refuses while any counter is short)."""
+    return {_pool(name) for name, counters in left.items()
+            if any(v < 0 for v in counters.values())}
 
 
 def fits(device: Partition, left: Mapping[str, Counter[str]]) -> bool:
@@ -87,11 +125,13 @@ def first_fit(node: PartitionedNode, resource: str, allocated: Collection[str],
               left: dict[str, Counter[str]] | None = None,
               gpus: Collection[str] | None = None) -> Partition | None:
     """The device the allocator takes for one `resource`: the first of that kind, in its
-    order, not allocated and fitting; None when none fits. `gpus`: only on these."""
+    order, not allocated and fitting, in a pool none of whose counters is overdrawn; None
+    when none fits. `gpus`: only on these."""
     left = available(node, allocated) if left is None else left
-    for device in node.devices:
-        if (device.allocatable and device.resource == resource and device.key not in allocated
-                and (gpus is None or device.gpu in gpus) and fits(device, left)):
+    broken = overdrawn(left)
+    for device in node.of_kind(resource):
+        if (device.key not in allocated and (gpus is None or device.gpu in gpus)
+                and fits(device, left) and _pool(device.gpu) not in broken):
             return device
     return None
 
@@ -120,21 +160,48 @@ def overlap(a: Partition, b: Partition, node: PartitionedNode) -> bool:
     share a memory slice, or together need more of a counter than its set has)."""
     if a.key == b.key:
         return True
-    need: Counter[tuple[str, str]] = Counter()
-    for counter_set, counter, amount in (*a.consumes, *b.consumes):
-        need[(counter_set, counter)] += amount
-    return any((node.counter_sets.get(s) or {}).get(c, 0) < n for (s, c), n in need.items())
+    if not a.sets & b.sets:
+        return False
+    pair = ("overlap", a.key, b.key) if a.key < b.key else ("overlap", b.key, a.key)
+    if pair not in node._cache:  # asked again and again by the queue's keep rule
+        need: Counter[tuple[str, str]] = Counter()
+        for counter_set, counter, amount in (*a.consumes, *b.consumes):
+            need[(counter_set, counter)] += amount
+        node._cache[pair] = any((node.counter_sets.get(s) or {}).get(c, 0) < n
+                                for (s, c), n in need.items())
+    return node._cache[pair]
 
 
 def free_counts(node: PartitionedNode, allocated: Collection[str]) -> dict[str, int]:
-    """Per kind, how many more could be carved now, one after another (each kind alone)."""
+    """Per kind, how many more could be carved now, one after another (each kind alone).
+
+    With every device on its own GPU's counters (NVIDIA's driver) a kind fills the GPUs
+    one by one, so the count is the sum of each GPU's, worked out once per GPU and its
+    allocated devices; otherwise the whole node is carved at once."""
+    taken = [k for k in allocated if node.device(k) is not None]
+    if not node.gpu_local or overdrawn(available(node, taken)):
+        return _carve_counts(node, taken)
+    by_gpu: dict[str, list[str]] = {gpu: [] for gpu in node.gpus()}
+    for key in taken:
+        by_gpu.setdefault(node.device(key).gpu, []).append(key)
+    total: Counter[str] = Counter({r: 0 for r in node.resources()})
+    for gpu, keys in by_gpu.items():
+        cache_key = ("free", gpu, frozenset(keys))
+        if cache_key not in node._cache:
+            node._cache[cache_key] = _carve_counts(node, keys, {gpu})
+        total.update(node._cache[cache_key])
+    return dict(total)
+
+
+def _carve_counts(node: PartitionedNode, allocated: Collection[str],
+                  gpus: Collection[str] | None = None) -> dict[str, int]:
     base = available(node, allocated)
     out = {}
     for resource in node.resources():
         left = {name: Counter(c) for name, c in base.items()}
         taken = set(allocated)
         count = 0
-        while (device := first_fit(node, resource, taken, left)) is not None:
+        while (device := first_fit(node, resource, taken, left, gpus)) is not None:
             _take(device, left)
             taken.add(device.key)
             count += 1
@@ -146,8 +213,8 @@ def carved_rows(node: PartitionedNode, allocated: Collection[str],
                 holder_of: Mapping[str, dict]) -> list[dict]:
     """The inventory page's form: per GPU, the slices carved on it now (or the whole
     GPU) and who holds each, by first memory slice."""
-    return [{"gpu": gpu.split("/", 1)[-1].removesuffix("-counter-set"),
-             "carved": [{"device": d.key.split("/", 1)[-1], "profile": d.profile,
+    return [{"gpu": gpu.rsplit("/", 1)[-1].removesuffix("-counter-set"),
+             "carved": [{"device": d.key.rsplit("/", 1)[-1], "profile": d.profile,
                          "first_memory_slice": d.start, "holder": holder_of.get(d.key)}
                         for d in devices]}
             for gpu, devices in carved(node, allocated).items()]

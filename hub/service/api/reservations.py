@@ -47,7 +47,7 @@ from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.store.assignments import held_by
-from gpulease.store.reservations import ON_END, Booked, kind_words
+from gpulease.store.reservations import ON_END, Booked, kind_of, kind_words
 
 FIELDS = ("account", "profile", "units", "start", "end", "on_end", "note")
 MAX_NOTE = 500
@@ -124,10 +124,32 @@ class ReservationBase(BaseAPIHandler):
         else:
             listed = await source.listed()
             for node in source.spawner_nodes(listed.inventory).nodes:
+                if node.partitions is not None:
+                    continue  # DynamicMIG: its kinds share each GPU (carved_refusal)
                 for kind, resource in kinds_offered(node):
                     per_node.setdefault(kind, Counter())[node.name] += node.allocatable.get(
                         resource, 0)
         return {kind: list(nodes.values()) for kind, nodes in per_node.items()}
+
+    async def carved_refusal(self, profile: Profile) -> None:
+        """422 for a profile whose devices the cluster carves on demand only (DynamicMIG):
+        every kind is carved from the same GPUs there, so a count of one kind promises
+        nothing of another; only fixed devices (static MIG, full cards) are reserved."""
+        source = self.settings.get("gpulease_cluster")
+        if source is None or profile.gpu is None:
+            return
+        kind, _per_unit = kind_of(profile)
+        nodes = source.spawner_nodes((await source.listed()).inventory).nodes
+        carved = [n.name for n in nodes if n.partitions is not None
+                  and kind in dict(kinds_offered(n))]
+        fixed = [n for n in nodes if n.partitions is None and kind in dict(kinds_offered(n))]
+        if carved and not fixed:
+            raise APIError(422, f"profile: {profile.slug}'s {kind_words(kind)} are carved on "
+                                f"demand (DynamicMIG, on {', '.join(sorted(carved)[:3])}"
+                                f"{'…' if len(carved) > 3 else ''}): reservations are taken "
+                                "only for devices of a fixed layout or full cards of nodes "
+                                "without DynamicMIG (docs/cluster.md, \"MIG slices carved on "
+                                "demand\")")
 
     async def running_now(self) -> tuple[dict[tuple[DeviceKind, str], int],
                                          list[tuple[DeviceKind, str | None, HeldBy]]]:
@@ -195,6 +217,7 @@ class ReservationBase(BaseAPIHandler):
 
     async def make_reservation(self, asked: ReservationInput) -> dict[str, Any]:
         """Add it (the store's checks, its charge) by the caller, and audit it: its view."""
+        await self.carved_refusal(asked.profile)
         counts = await self.devices_of_kind()
         # Sooner than the lead time, running servers are not made to make way for it.
         lead = dt.timedelta(seconds=self.settings.get("gpulease_reservation_lead_s", 86400))
