@@ -107,8 +107,9 @@ def _carved_text(carved: dict) -> str:
     """One slice carved on a DynamicMIG GPU: `3g.71gb at memory slice 4 (ada)`."""
     h = carved["holder"] or {}
     who = _holder(h) if h.get("user") else h.get("pod", "free")
-    at = carved["first_memory_slice"] or 0
-    return f"{carved['profile'] or 'whole GPU'} at memory slice {at} ({who})"
+    if not carved["profile"]:
+        return f"whole GPU ({who})"
+    return f"{carved['profile']} at memory slice {carved['first_memory_slice'] or 0} ({who})"
 
 
 def cluster_summary(nodes: list[dict]) -> list[str]:

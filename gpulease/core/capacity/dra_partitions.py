@@ -76,7 +76,7 @@ def partitioned_nodes(current: Iterable[dict]) -> dict[str, PartitionedNode]:
                 driver = driver or device.driver_version
                 start = raw["name"].rsplit("-", 1)[-1] if device.type == nv.TYPE_MIG else ""
                 # a tainted device is never handed out, but once allocated it still consumes
-                # its counters (the driver's health check taints a device its pod holds)
+                # its counters (an admin's DeviceTaintRule may taint a device a pod holds)
                 devices.append(Partition(key, device.resource, first_set, consumes,
                                          device.profile, int(start) if start.isdigit() else None,
                                          allocatable=not _tainted(raw)))

@@ -324,3 +324,11 @@ def test_the_dynamic_mig_form_lists_each_gpus_carved_slices_on_page_cli_and_docs
     assert "    gpu-0: nothing carved\n" in out
     assert ("    gpu-1: 1g.18gb at memory slice 0 (ns/theirs); "
             "3g.71gb at memory slice 4 (ada/train)\n") in out
+
+
+def test_the_cli_names_a_whole_gpu_carved_without_a_memory_slice(capsys):
+    from gpulease.hub.cli.commands import _carved_text
+
+    assert _carved_text({"profile": None, "first_memory_slice": None,
+                         "holder": {"user": "ada", "server": "", "tier": "on-demand"}}) == (
+        "whole GPU (ada/(default))")
