@@ -1,0 +1,163 @@
+"""Right-sizing advice (issue 47, item 3): the pure rule in gpulease/core/policy/right_sizing.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpulease.core.model.gpu_models import GiB
+from gpulease.core.model.profiles import SAMPLE_PROFILES, GpuSpec, load_profiles_file
+from gpulease.core.policy.right_sizing import (
+    Offer,
+    ProfileUse,
+    SessionUse,
+    Thresholds,
+    advise,
+    offer_from,
+    profile_report,
+)
+from gpulease.images import shipped_catalog
+
+HOUR = 3_600_000
+CPU, SLICE, FULL = load_profiles_file(SAMPLE_PROFILES, shipped_catalog())
+
+
+def h200(slug: str, mig: str | None, count: int, memory_gib: int, compute: int,
+         credits_per_hour: float, usable: bool = True) -> Offer:
+    return Offer(slug=slug, model="H200", mig=mig, count=count, memory_bytes=memory_gib * GiB,
+                 compute=compute, rate_per_hour_ucr=int(credits_per_hour * 1_000_000),
+                 usable=usable)
+
+
+G1 = h200("g1", "1g.18gb", 1, 18, 1, 1.2)
+G2 = h200("g2", "2g.35gb", 1, 35, 2, 2.4)
+G3 = h200("g3", "3g.71gb", 1, 71, 3, 3.6)
+FULL1 = h200("full1", None, 1, 141, 7, 8.0)
+FULL2 = h200("full2", None, 2, 282, 14, 16.0)
+OFFERS = [G3, G2, G1, FULL1, FULL2]
+
+
+def on(profile: str, *peaks_gib: float, ms: int = HOUR, activity: float | None = 5.0):
+    return [SessionUse(profile, ms, activity, activity, int(p * GiB)) for p in peaks_gib]
+
+
+def test_offer_from_profiles():
+    assert offer_from(CPU) is None  # nothing to right-size
+    s = offer_from(SLICE)
+    assert (s.memory_bytes, s.compute, s.rate_per_hour_ucr, s.usable) == (18 * GiB, 1, 1_200_000, True)
+    two = offer_from(dataclasses.replace(FULL, gpu=GpuSpec("H200", None, 2), enabled=False))
+    assert (two.memory_bytes, two.compute, two.usable, two.label) == (282 * GiB, 14, False, "2× H200")
+    assert offer_from(FULL, usable=False).usable is False
+
+
+def test_advice_only_when_every_session_fits():
+    # 20 GiB is over 90 % of 1g.18gb: 2g.35gb is the cheapest every session fits.
+    assert advise(on("g3", 10, 10, 20), G3, OFFERS).profile == "g2"
+    # One session over 2g.35gb's 31.5 GiB: nothing smaller fits them all.
+    assert advise(on("g3", 10, 10, 32), G3, OFFERS) is None
+
+
+def test_a_session_without_a_memory_reading_makes_advice_impossible():
+    uses = [*on("g3", 5, 5), SessionUse("g3", HOUR, 5.0, 5.0, None)]
+    assert advise(uses, G3, OFFERS) is None
+
+
+def test_the_cheapest_fitting_candidate_usable_and_of_the_same_model():
+    cheaper_elsewhere = Offer("a100-1g", "A100-80GB", "1g.10gb", 1, 10 * GiB, 1, 500_000)
+    off = dataclasses.replace(G1, slug="g1-off", rate_per_hour_ucr=1_000_000, usable=False)
+    advice = advise(on("g3", 4, 4, 4), G3, [G3, G2, cheaper_elsewhere, off, G1])
+    assert advice.profile == "g1"
+
+
+def test_memory_just_over_90_percent_refuses():
+    limit = 18 * GiB * 9 // 10  # 17394617548.8 bytes: floor fits, one more byte does not
+    at = [SessionUse("g3", HOUR, 5.0, 5.0, limit)] * 3
+    over = [*at[:2], SessionUse("g3", HOUR, 5.0, 5.0, limit + 1)]
+    assert advise(at, G3, [G3, G1]).profile == "g1"
+    assert advise(over, G3, [G3, G1]) is None
+
+
+def test_savings_exact_in_ucr_each_bill_rounded_as_billed():
+    uses = [SessionUse("g3", ms, 10.0, 20.0, 2 * GiB) for ms in (3_600_001, 1_234_567, 2_000_000)]
+    advice = advise(uses, G3, OFFERS)
+    # At 3.60/h: 6_834_568 µcr; at 1.20/h, each ceil(ms / 3): 2_278_191. (One ms_cost of
+    # the rate difference would give 4_556_380.)
+    assert advice.saved_ucr == 4_556_377
+    assert (advice.sessions, advice.fitted) == (3, 3)
+    assert advice.hours == pytest.approx(6_834_568 / HOUR)
+    assert advice.text == ("Your last 3 sessions on H200 3g.71gb used at most 2.0 GiB of GPU memory"
+                           " and 10 % of its compute: H200 1g.18gb would have fitted and saved"
+                           " 4.556377 credits.")
+
+
+def test_activity_unknown_says_how_much_slower_it_may_run():
+    advice = advise(on("g3", 4, 4, 4, activity=None), G3, OFFERS)
+    assert (advice.profile, advice.slower_up_to, advice.speed_known) == ("g1", 3.0, False)
+    assert "fits in memory; may run up to 3× slower" in advice.text
+    # One session unread among quiet ones: speed still cannot be judged.
+    mixed = [*on("g3", 4, 4), *on("g3", 4, activity=None)]
+    assert advise(mixed, G3, OFFERS).slower_up_to == 3.0
+
+
+def test_activity_scaled_under_the_threshold_is_not_slower():
+    advice = advise(on("g3", 4, 4, 4, activity=25.0), G3, OFFERS)  # 25 % × 3 = 75 %
+    assert (advice.profile, advice.slower_up_to, advice.speed_known) == ("g1", None, True)
+    assert "slower" not in advice.text
+
+
+def test_activity_scaled_over_the_threshold_passes_the_candidate_over():
+    advice = advise(on("g3", 4, 4, 4, activity=30.0), G3, OFFERS)  # 90 % on 1g, 45 % on 2g
+    assert (advice.profile, advice.slower_up_to, advice.speed_known) == ("g2", None, True)
+    assert advise(on("g3", 4, 4, 4, activity=60.0), G3, OFFERS) is None  # 90 % on 2g too
+
+
+def test_too_few_sessions_or_hours():
+    assert advise(on("g3", 4, 4), G3, OFFERS) is None  # 2 sessions
+    assert advise(on("g3", 4, 4, 4, ms=HOUR // 4), G3, OFFERS) is None  # 0.75 h
+    assert advise(on("g3", 4, 4, 4, ms=HOUR // 3), G3, OFFERS).profile == "g1"  # 1 h
+    # Sessions on other profiles are not counted.
+    assert advise([*on("g3", 4, 4), *on("g2", 4, 4)], G3, OFFERS) is None
+
+
+def test_no_smaller_offer():
+    assert advise(on("g1", 1, 1, 1), G1, OFFERS) is None
+    dearer = dataclasses.replace(G1, rate_per_hour_ucr=G3.rate_per_hour_ucr)
+    assert advise(on("g3", 1, 1, 1), G3, [G3, dearer]) is None
+
+
+def test_full_cards_two_to_one():
+    advice = advise(on("full2", 100, 90, 120, activity=30.0), FULL2, OFFERS)  # 60 % on one card
+    assert (advice.profile, advice.slower_up_to, advice.speed_known) == ("full1", None, True)
+    assert advice.saved_ucr == 3 * 8_000_000
+    assert "2× H200" in advice.text and "1× H200 would have fitted" in advice.text
+    assert advise(on("full2", 100, 90, 127, activity=30.0), FULL2, OFFERS) is None  # > 126.9 GiB
+    assert advise(on("full2", 100, 90, 120, activity=45.0), FULL2, OFFERS) is None  # 90 % busy
+
+
+def test_a_lower_fit_share_counts_only_the_sessions_that_fit():
+    t = Thresholds(fit_share=0.75)
+    advice = advise(on("g3", 4, 4, 4, 40), G3, OFFERS, t)
+    assert (advice.profile, advice.fitted, advice.saved_ucr) == ("g1", 3, 3 * 2_400_000)
+    assert "would have fitted 3 of them" in advice.text
+    with pytest.raises(ValueError):
+        Thresholds(memory_headroom=1.5)
+
+
+def test_admin_report_shares():
+    uses = {
+        # Two idle (under 5 %), one busy, one unread; three fit 1g.18gb, one 32 GiB fits none.
+        "g3": [*on("g3", 4, 4, activity=1.0), *on("g3", 4, activity=90.0),
+               *on("g3", 32, activity=None)],
+        "g1": on("g1", 10, 10, 10, activity=50.0),
+        "cpu": [SessionUse("cpu", HOUR, None, None, None)],  # no offer: left out
+    }
+    report = profile_report(uses, OFFERS)
+    assert [r.profile for r in report] == ["g1", "g3"]
+    g1, g3 = report
+    assert g3 == ProfileUse(profile="g3", sessions=4, hours=4.0, mean_activity=pytest.approx(92 / 3),
+                            p95_activity=90.0, idle_share=pytest.approx(2 / 3),
+                            fits_smaller_share=0.75, advice=None)
+    assert (g1.idle_share, g1.fits_smaller_share, g1.advice) == (0.0, 0.0, None)
+    quiet = profile_report({"g3": on("g3", 4, 4, 4, activity=2.0)}, OFFERS)[0]
+    assert (quiet.idle_share, quiet.fits_smaller_share, quiet.advice) == (1.0, 1.0, "g1")
