@@ -68,6 +68,11 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument("--stale-after", type=parse_duration, default=default("stale-after", "3m"),
                    help="how long a server's pushed kernel state counts as current "
                         "(default 3m: three of gpulease.singleuser's 60 s heartbeats)")
+    p.add_argument("--readings-interval", type=float,
+                   default=float(default("readings-interval", "10")),
+                   help="seconds between the running GPU servers' activity and memory "
+                        "readings sent to the gpulease service (PUT api/gpu-readings), which "
+                        "shows them to their researchers; 0 turns them off (default 10)")
     p.add_argument("--log-level", default=default("log-level", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = p.parse_args(argv)
@@ -141,7 +146,8 @@ def make_app(culler: Culler, prefix: str, *, public_metrics: bool = False) -> we
 def build(args, env: dict[str, str]) -> Culler:
     config = CullerConfig(interval_s=args.interval, cpu_threshold=args.cpu_threshold,
                           gpu_threshold=args.gpu_threshold, concurrency=args.concurrency,
-                          stale_after_s=float(args.stale_after), warn_before_s=args.warn_before)
+                          stale_after_s=float(args.stale_after), warn_before_s=args.warn_before,
+                          readings_interval_s=args.readings_interval)
     hub = HubClient(env["JUPYTERHUB_API_URL"], args.hub_url, env["JUPYTERHUB_API_TOKEN"])
     return Culler(hub, cpu_source(args.cpu_source), gpu_source(args.gpu_source), config=config,
                   notices=ServiceNotices(hub))
@@ -169,9 +175,10 @@ def main(argv: list[str] | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         watcher = asyncio.create_task(exit_with_hub(os.getppid(), stop))
         log.info("gpulease-culler: every %ss, cpu > %g%% (%s), gpu > %g%% (%s), kernels as "
-                 "pushed to the gpulease service at %s (current for %ss)", args.interval,
-                 args.cpu_threshold, args.cpu_source, args.gpu_threshold, args.gpu_source,
-                 args.hub_url, args.stale_after)
+                 "pushed to the gpulease service at %s (current for %ss); GPU readings %s",
+                 args.interval, args.cpu_threshold, args.cpu_source, args.gpu_threshold,
+                 args.gpu_source, args.hub_url, args.stale_after,
+                 f"every {args.readings_interval}s" if args.readings_interval > 0 else "off")
         try:
             await culler.run_forever(stop)
         finally:

@@ -45,6 +45,7 @@ from gpulease.idle_culler.pushed import (
     parse_server_activity,
     view_for,
 )
+from gpulease.idle_culler.readings import ReadingsLoop
 from gpulease.idle_culler.signals import ServerSnapshot
 
 log = logging.getLogger("gpulease.culler")
@@ -63,6 +64,8 @@ class CullerConfig:
     # For a server whose profile no longer exists (deleted with force).
     default_limits: ProfileLimits = ProfileLimits(1800, 0)
     page_size: int = 200  # JupyterHub's api_page_max_limit caps pages at 200 by default
+    # Seconds between GPU readings sent to the gpulease service (readings.py); 0: none.
+    readings_interval_s: float = 10.0
 
 
 class Notices(Protocol):
@@ -120,8 +123,23 @@ class Culler:
         # What the servers pushed, as of the last read (None: it could not be read).
         self.pushed: PushedActivity | None = None
         self.pushed_error = "not read yet"
+        # The running servers as of the last full pass (less those it stopped): what the
+        # readings loop reads between passes without listing every user again.
+        self.servers: list[ServerInfo] = []
 
     async def run_forever(self, stop: asyncio.Event) -> None:
+        """Passes until `stop`, with the readings loop beside them (its own task: a slow
+        or failing gpulease service never delays a pass)."""
+        readings = None
+        if self.config.readings_interval_s > 0:
+            readings = asyncio.create_task(ReadingsLoop(self).run_forever(stop))
+        try:
+            await self._passes(stop)
+        finally:
+            if readings is not None:
+                readings.cancel()
+
+    async def _passes(self, stop: asyncio.Event) -> None:
         next_full = time.monotonic()
         while not stop.is_set():
             due = self.due_warnings()
@@ -222,6 +240,7 @@ class Culler:
 
         await asyncio.gather(*(one(s) for s in servers))
         alive = {s.key for s in servers} - set(report.stops)
+        self.servers = [s for s in servers if s.key in alive]
         for key in (set(self.memory) | set(self.deadlines)) - alive:
             self._forget(key)
         self.cpu.forget(alive)
@@ -300,14 +319,21 @@ class Culler:
         missing = range(len(found) + 1, (limits.gpus or 0) + 1)
         return [*found, *(f"GPU {i} of pod {namespace}/{name}" for i in missing)], ""
 
-    async def _snapshot(self, info: ServerInfo, view: KernelView) -> ServerSnapshot:
-        """The server with all its signals: hub, pushed kernels and terminals, CPU, GPU."""
-        limits = (self.profiles or {}).get(info.profile, self.config.default_limits)
+    def limits(self, info: ServerInfo) -> ProfileLimits:
+        return (self.profiles or {}).get(info.profile, self.config.default_limits)
+
+    async def devices_of(self, info: ServerInfo,
+                         limits: ProfileLimits) -> tuple[list[str] | None, str]:
+        """The server's GPU devices as a pass finds them ([]: none), or None and why not."""
         pod = pod_of(info.state)
         if pod is not None:  # the cluster shape: the state names a pod, not devices
-            devices, why = await self._pod_devices(pod, limits)
-        else:
-            devices, why = self._devices(info), ""
+            return await self._pod_devices(pod, limits)
+        return self._devices(info), ""
+
+    async def _snapshot(self, info: ServerInfo, view: KernelView) -> ServerSnapshot:
+        """The server with all its signals: hub, pushed kernels and terminals, CPU, GPU."""
+        limits = self.limits(info)
+        devices, why = await self.devices_of(info, limits)
         cpu = await self.cpu.read(info.key, info.state)
         if devices:
             gpu, gpu_source = combine(self.gpu, await self.gpu.read(devices),

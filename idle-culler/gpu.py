@@ -4,6 +4,9 @@ Compute utilisation only: memory merely held (a loaded model) is not
 activity. NVML gives utilisation for full cards but none for MIG devices;
 there GPM (Hopper and newer) or DCGM's DCGM_FI_PROF_GR_ENGINE_ACTIVE (through
 Prometheus) is needed. Everything here is read only: no GPU setting is changed.
+
+Memory in use (`read_memory`) is read apart from activity, for the researcher's status
+bar and the session's peak (readings.py), never for an idle decision.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ import aiohttp
 from gpulease.host.nvml import load_pynvml
 
 DCGM_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+# Framebuffer used and free, MiB (dcgm-exporter's default counters); total = used + free.
+DCGM_FB_USED, DCGM_FB_FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
+DCGM_FB_QUERY = f'{{__name__=~"{DCGM_FB_USED}|{DCGM_FB_FREE}"}}'  # both in one query
+MIB = 1 << 20
+Memory = tuple[int, int]  # bytes (used, total) of one device
 
 
 class GpuActivitySource(Protocol):
@@ -34,6 +42,17 @@ class GpuActivitySource(Protocol):
         """The devices this source sees a pod holding (the cluster shape, where the API
         server never says which device a pod got); None: it cannot tell, and
         `describe(pod_label(namespace, pod))` says why."""
+
+    async def read_memory(self, device_uuids: list[str]) -> dict[str, Memory | None]:
+        """Memory per device, bytes (used, total); None where it cannot be read, and
+        `describe_memory(uuid)` says why. Never an estimate."""
+
+    def describe_memory(self, uuid: str) -> str:
+        """Where the last memory reading of `uuid` came from, or why it is None."""
+
+    def for_readings(self) -> GpuActivitySource:
+        """The source the readings loop reads through: this one where reading does not
+        change what a pass reads next (caches shared), else a twin with its own state."""
 
 
 def pod_label(namespace: str, pod: str) -> str:
@@ -76,9 +95,11 @@ class StaticGpuSource:
     name = "static"
 
     def __init__(self, values: dict[str, float | None] | None = None,
-                 default: float | None = 0.0) -> None:
+                 default: float | None = 0.0,
+                 memory: dict[str, Memory] | None = None) -> None:
         self.values = dict(values or {})
         self.default = default
+        self.memory = dict(memory or {})  # what the test set; other devices unread
 
     async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
         return {u: self.values.get(u, self.default) for u in device_uuids}
@@ -90,6 +111,14 @@ class StaticGpuSource:
     async def pod_devices(self, namespace: str, pod: str) -> list[str] | None:
         return None
 
+    async def read_memory(self, device_uuids: list[str]) -> dict[str, Memory | None]:
+        return {u: self.memory.get(u) for u in device_uuids}
+
+    def describe_memory(self, uuid: str) -> str:
+        return "static" if uuid in self.memory else "no memory set by the test"
+
+    def for_readings(self) -> StaticGpuSource:
+        return self
 
 
 class NoGpuSource:
@@ -104,6 +133,15 @@ class NoGpuSource:
     async def pod_devices(self, namespace: str, pod: str) -> list[str] | None:
         return None
 
+    async def read_memory(self, device_uuids: list[str]) -> dict[str, Memory | None]:
+        return dict.fromkeys(device_uuids)
+
+    def describe_memory(self, uuid: str) -> str:
+        return "no GPU source configured"
+
+    def for_readings(self) -> NoGpuSource:
+        return self
+
 
 class NvmlGpuSource:
     """Embedded shape: NVML on this host. `nvml` is the pynvml module or a fake of it."""
@@ -115,6 +153,7 @@ class NvmlGpuSource:
         self._ready: bool | None = None
         self._init_error = ""
         self._why: dict[str, str] = {}
+        self._memory_why: dict[str, str] = {}
         self._gpm_prev: dict[str, Any] = {}  # MIG uuid -> the previous pass's GPM sample
         self._lock = threading.Lock()  # one pass's threads share the sample buffers
 
@@ -129,6 +168,34 @@ class NvmlGpuSource:
             "NVML cannot tell a pod's devices (the cluster shape reads dcgm-exporter "
             "through Prometheus: prometheus:URL)")
         return None
+
+    async def read_memory(self, device_uuids: list[str]) -> dict[str, Memory | None]:
+        return await asyncio.to_thread(self._read_memory_sync, list(device_uuids))
+
+    def describe_memory(self, uuid: str) -> str:
+        return self._memory_why.get(uuid, self._init_error or "not read yet")
+
+    def for_readings(self) -> NvmlGpuSource:
+        """A twin on the same NVML: GPM's utilisation is that between a source's last two
+        samples, so a loop sampling every 10 s through this one would leave a pass only
+        the last 10 s of its 30 (a burst in between missed). NVML has nothing to cache."""
+        return NvmlGpuSource(self.nvml)
+
+    def _read_memory_sync(self, uuids: list[str]) -> dict[str, Memory | None]:
+        with self._lock:
+            if not self._ensure_init():
+                self._memory_why.update(dict.fromkeys(uuids, self._init_error))
+                return dict.fromkeys(uuids)
+            out: dict[str, Memory | None] = {}
+            for u in uuids:
+                try:
+                    # A MIG device's handle gives its own instance's memory, not the card's.
+                    info = self.nvml.nvmlDeviceGetMemoryInfo(
+                        self.nvml.nvmlDeviceGetHandleByUUID(u))
+                    out[u], self._memory_why[u] = (int(info.used), int(info.total)), "nvml"
+                except self.nvml.NVMLError as e:
+                    out[u], self._memory_why[u] = None, f"NVML: {e}"
+            return out
 
     def _read_sync(self, uuids: list[str]) -> dict[str, float | None]:
         with self._lock:
@@ -222,6 +289,23 @@ def dcgm_index(body: Any) -> dict[tuple[str, str], float]:
     return out
 
 
+def dcgm_memory(body: Any) -> dict[tuple[str, str], Memory]:
+    """{(GPU UUID, GPU instance id or ''): (bytes used, bytes total)} from an answer to
+    DCGM_FB_QUERY; a device with only one of the two series has no reading (a total
+    guessed from half of it would be made up)."""
+    parts: dict[tuple[str, str], dict[str, float]] = {}
+    for item in _vector(body):
+        labels, (_ts, value) = item.get("metric", {}), item["value"]
+        name = labels.get("__name__", "")
+        if name in (DCGM_FB_USED, DCGM_FB_FREE):
+            key = (labels.get("UUID", ""), str(labels.get("GPU_I_ID", "")))
+            # A series once per pod holding the device (DRA labels a GPU's series with each
+            # of its slices' pods): the same value, kept once.
+            parts.setdefault(key, {})[name] = float(value)
+    return {key: (int(p[DCGM_FB_USED] * MIB), int((p[DCGM_FB_USED] + p[DCGM_FB_FREE]) * MIB))
+            for key, p in parts.items() if len(p) == 2}
+
+
 class PodDevice(NamedTuple):
     """A device dcgm-exporter labels with a pod: its name as `read` takes it, and why it has
     no reading of its own ('' where it has one)."""
@@ -302,7 +386,8 @@ class PrometheusDcgmSource:
     from `mig_map` {MIG uuid: (GPU uuid, GPU instance id)}. In the cluster
     shape a pod's devices are the series labelled with it (`pod_devices`,
     `dcgm_pods`); a DRA MIG device whose own series cannot be told apart from its
-    GPU's others reads None, and `describe` says why (`dra_slice`).
+    GPU's others reads None, and `describe` says why (`dra_slice`). Memory
+    (`read_memory`): DCGM_FI_DEV_FB_USED and _FREE, one query per refresh, joined alike.
     """
 
     name = "dcgm"
@@ -319,17 +404,25 @@ class PrometheusDcgmSource:
         self._error = ""
         self._why: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        # Memory: its own query and cache, read by the readings loop only (not each pass).
+        self._memory: dict[tuple[str, str], Memory] = {}
+        self._memory_fetched, self._memory_error = -1e18, ""
+        self._memory_why: dict[str, str] = {}
+        self._memory_lock = asyncio.Lock()
+
+    async def _query(self, query: str) -> Any:
+        url = f"{self.url}/api/v1/query?{urlencode({'query': query})}"
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session, \
+                session.get(url) as response:
+            return await response.json(content_type=None)
 
     async def _refresh(self) -> None:
         async with self._lock:  # concurrent reads of one pass share one query
             if time.monotonic() - self._fetched < self.cache_s:
                 return
-            url = f"{self.url}/api/v1/query?{urlencode({'query': DCGM_METRIC})}"
             try:
-                timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-                async with aiohttp.ClientSession(timeout=timeout) as session, \
-                        session.get(url) as response:
-                    body = await response.json(content_type=None)
+                body = await self._query(DCGM_METRIC)
                 self._index, self._pods, self._error = dcgm_index(body), dcgm_pods(body), ""
             except Exception as e:  # down, refusing, or garbage: all unknown
                 self._index, self._pods = {}, {}
@@ -338,19 +431,22 @@ class PrometheusDcgmSource:
                             for d in devices if d.unread}
             self._fetched = time.monotonic()
 
+    def _key(self, uuid: str) -> tuple[str, str]:
+        """A device's (GPU UUID, GPU_I_ID) in dcgm-exporter's series."""
+        if uuid in self.mig_map:
+            parent, instance = self.mig_map[uuid]
+            return (parent, str(instance))
+        if "/gi" in uuid:  # a pod's MIG device, as device_name named it
+            parent, _, gi = uuid.rpartition("/gi")
+            return (parent, gi)
+        return (uuid, "")
+
     async def read(self, device_uuids: list[str]) -> dict[str, float | None]:
         await self._refresh()
         out: dict[str, float | None] = {}
         for uuid in device_uuids:
-            key = (uuid, "")
-            if uuid in self.mig_map:
-                parent, instance = self.mig_map[uuid]
-                key = (parent, str(instance))
-            elif "/gi" in uuid:  # a pod's MIG device, as device_name named it
-                parent, _, instance = uuid.rpartition("/gi")
-                key = (parent, instance)
             unread = self._unread.get(uuid, "")  # a DRA MIG device without its own series
-            value = None if unread else self._index.get(key)
+            value = None if unread else self._index.get(self._key(uuid))
             if self._error:
                 self._why[uuid] = self._error
             elif unread:
@@ -361,6 +457,37 @@ class PrometheusDcgmSource:
                 self._why[uuid] = "dcgm"
             out[uuid] = value
         return out
+
+    async def _refresh_memory(self) -> None:
+        async with self._memory_lock:
+            if time.monotonic() - self._memory_fetched < self.cache_s:
+                return
+            try:
+                self._memory, self._memory_error = dcgm_memory(
+                    await self._query(DCGM_FB_QUERY)), ""
+            except Exception as e:  # down, refusing, or garbage: all unknown
+                self._memory = {}
+                self._memory_error = f"Prometheus at {self.url}: {type(e).__name__}: {e}"
+            self._memory_fetched = time.monotonic()
+
+    async def read_memory(self, device_uuids: list[str]) -> dict[str, Memory | None]:
+        """The devices as `read` names them, joined the same way (a DRA MIG slice the pod
+        mapping cannot tell apart is unread here too, for the same reason)."""
+        await self._refresh_memory()
+        out: dict[str, Memory | None] = {}
+        for uuid in device_uuids:
+            unread = self._unread.get(uuid, "")
+            value = None if unread else self._memory.get(self._key(uuid))
+            out[uuid], self._memory_why[uuid] = value, self._memory_error or unread or (
+                f"no {DCGM_FB_USED} and {DCGM_FB_FREE} samples for {uuid}"
+                if value is None else "dcgm")
+        return out
+
+    def describe_memory(self, uuid: str) -> str:
+        return self._memory_why.get(uuid, self._memory_error or "not read yet")
+
+    def for_readings(self) -> PrometheusDcgmSource:
+        return self  # one cached query serves the passes and the readings loop
 
     async def pod_devices(self, namespace: str, pod: str) -> list[str] | None:
         await self._refresh()

@@ -3,7 +3,7 @@
 Never a user's server: the culler's token holds far more than any user
 (custom:gpulease:admin), and a server is user code that could log it. The
 servers' kernels and terminals come from what they pushed to the gpulease
-service (idle-culler/pushed.py).
+service (idle-culler/pushed.py); their GPU readings go to it (readings.py).
 
 One pooled client with a bounded number of connections serves the whole
 pass; every request has a timeout. Nothing here decides anything.
@@ -198,6 +198,13 @@ class HubClient:
         query = "?" + urlencode([("user", u) for u in sorted(users)]) if users else ""
         return await self.request(
             "GET", f"{self.public_url}/services/gpulease/api/server-activity{query}")
+
+    async def put_gpu_readings(self, servers: list[dict[str, Any]]) -> None:
+        """The running GPU servers' latest activity and memory (`PUT api/gpu-readings`,
+        204), which the service folds into their open billing sessions and shows their
+        researchers; raises HubError or aiohttp's errors where it was not taken."""
+        await self.request("PUT", f"{self.public_url}/services/gpulease/api/gpu-readings",
+                           {"servers": servers})
 
     async def stop(self, user: str, server: str, reason: str) -> int:
         """Stop through the gpulease service, which closes the session with `reason`."""

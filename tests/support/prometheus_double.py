@@ -4,7 +4,8 @@ No Prometheus, dcgm-exporter or GPU runs in the tests: this small aiohttp
 server answers an instant query with the vector the test sets, labelled as
 dcgm-exporter labels DCGM_FI_PROF_GR_ENGINE_ACTIVE (`UUID`, `gpu`,
 `GPU_I_ID`, `GPU_I_PROFILE`, `Hostname`, and with its Kubernetes mapping
-`namespace`, `pod`, `container`). Used by tests/integration/web/test_culler_sources.py,
+`namespace`, `pod`, `container`); a query for DCGM_FI_DEV_FB_USED and _FREE (the
+culler's memory reading) gets `memory_series` instead. Used by tests/integration/web/test_culler_sources.py,
 tests/integration/web/test_culler_pass.py and tests/cluster/test_culler_cluster.py; never
 outside tests. (No tests in here.)
 """
@@ -15,7 +16,7 @@ import socket
 
 from aiohttp import web
 
-from gpulease.idle_culler.gpu import DCGM_METRIC
+from gpulease.idle_culler.gpu import DCGM_FB_FREE, DCGM_FB_USED, DCGM_METRIC
 
 
 def dcgm_series(uuid: str, ratio: float, *, gpu: int = 0, pod: str = "", namespace: str = "",
@@ -43,6 +44,18 @@ def dcgm_series(uuid: str, ratio: float, *, gpu: int = 0, pod: str = "", namespa
     return {"metric": labels, "value": [1741000000.0, repr(ratio)]}
 
 
+def dcgm_fb_series(uuid: str, used_mib: float, free_mib: float, **labels) -> list[dict]:
+    """The DCGM_FI_DEV_FB_USED and _FREE samples (MiB) of a device, labelled as
+    `dcgm_series` labels its activity (same keyword arguments)."""
+    out = []
+    for name, mib in ((DCGM_FB_USED, used_mib), (DCGM_FB_FREE, free_mib)):
+        series = dcgm_series(uuid, 0.0, **labels)
+        series["metric"]["__name__"] = name
+        series["value"] = [series["value"][0], repr(float(mib))]
+        out.append(series)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -50,10 +63,13 @@ def free_port() -> int:
 
 
 class PrometheusDouble:
-    """`series`: the vector answered; `fail`: an HTTP status to answer instead (a broken one)."""
+    """`series`: the vector answered; `memory_series`: that answered to a query naming the
+    framebuffer metrics; `fail`: an HTTP status to answer instead (a broken one)."""
 
-    def __init__(self, series: list[dict] | None = None) -> None:
+    def __init__(self, series: list[dict] | None = None,
+                 memory_series: list[dict] | None = None) -> None:
         self.series = list(series or [])
+        self.memory_series = list(memory_series or [])
         self.fail: int | None = None
         self.queries: list[str] = []
         self.url = ""
@@ -65,8 +81,10 @@ class PrometheusDouble:
             return web.json_response({"status": "error", "errorType": "internal",
                                       "error": "the test double was told to fail"},
                                      status=self.fail)
+        query = request.query.get("query", "")
+        result = self.memory_series if DCGM_FB_USED in query else self.series
         return web.json_response({"status": "success",
-                                  "data": {"resultType": "vector", "result": self.series}})
+                                  "data": {"resultType": "vector", "result": result}})
 
     async def start(self) -> PrometheusDouble:
         app = web.Application()

@@ -6,9 +6,7 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 
 import pytest
 from tornado import web
@@ -24,6 +22,7 @@ from gpulease.idle_culler.gpu import (
 )
 from gpulease.idle_culler.hubapi import parse_holders, parse_profiles, servers_from_users
 from gpulease.idle_culler.pushed import NOT_PUSHED, parse_server_activity, view_for
+from tests.support.nvml_double import NvmlDouble
 
 # --- pushed kernels and terminals ---------------------------------------------------
 
@@ -159,79 +158,10 @@ async def test_cpu_of_a_burning_tree_versus_a_sleeping_one():
     assert source.samples == {}
 
 
-# --- NVML against a fake pynvml (read only) -----------------------------------------
-
-class FakeNVMLError(Exception):
-    pass
-
-
-class FakeMetricsGet:
-    def __init__(self):
-        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)]
-
-
-class FakeNvml:
-    """The pynvml calls the GPU source makes. GPUs: uuid -> util; MIG: uuid -> (parent, gi)."""
-
-    NVMLError = FakeNVMLError
-    NVML_GPM_METRICS_GET_VERSION = 1
-    NVML_GPM_METRIC_GRAPHICS_UTIL = 1
-    c_nvmlGpmMetricsGet_t = FakeMetricsGet
-
-    def __init__(self, gpus, migs, gpm_supported=True, library=True):
-        self.gpus, self.migs, self.gpm_supported, self.library = gpus, migs, gpm_supported, library
-        self.gi_busy_time: dict[tuple[str, int], float] = {}  # cumulative busy seconds
-        self.allocated: set[int] = set()
-        self._next = 0
-        self.calls: list[str] = []
-
-    def nvmlInit(self):
-        if not self.library:
-            raise FakeNVMLError("NVML Shared Library Not Found")
-
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        if uuid not in self.gpus and uuid not in self.migs:
-            raise FakeNVMLError("Not Found")
-        return uuid
-
-    def nvmlDeviceIsMigDeviceHandle(self, h):
-        return h in self.migs
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        self.calls.append("util")
-        return SimpleNamespace(gpu=self.gpus[h], memory=40)
-
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h):
-        return self.migs[h][0]
-
-    def nvmlDeviceGetGpuInstanceId(self, h):
-        return self.migs[h][1]
-
-    def nvmlGpmQueryDeviceSupport(self, parent):
-        return SimpleNamespace(isSupportedDevice=int(self.gpm_supported))
-
-    def nvmlGpmSampleAlloc(self):
-        self._next += 1
-        self.allocated.add(self._next)
-        return SimpleNamespace(id=self._next)
-
-    def nvmlGpmSampleFree(self, sample):
-        self.allocated.discard(sample.id)
-
-    def nvmlGpmMigSampleGet(self, parent, gi, sample):
-        self.calls.append(f"gpm {parent} {gi}")
-        sample.t = time.monotonic()
-        sample.busy = self.gi_busy_time.get((parent, gi), 0.0)
-        return sample
-
-    def nvmlGpmMetricsGet(self, request):
-        s1, s2 = request.sample1, request.sample2
-        request.metrics[0].value = 100.0 * (s2.busy - s1.busy) / max(1e-9, s2.t - s1.t)
-        return request
-
+# --- NVML against a double of pynvml (read only) ------------------------------------
 
 async def test_nvml_utilisation_for_a_full_card():
-    nvml = FakeNvml({"GPU-1": 87, "GPU-2": 0}, {})
+    nvml = NvmlDouble({"GPU-1": 87, "GPU-2": 0}, {})
     source = NvmlGpuSource(nvml)
     values = await source.read(["GPU-1", "GPU-2"])
     assert values == {"GPU-1": 87.0, "GPU-2": 0.0}
@@ -241,7 +171,7 @@ async def test_nvml_utilisation_for_a_full_card():
 
 
 async def test_gpm_for_a_mig_device_needs_two_samples():
-    nvml = FakeNvml({"GPU-1": 0}, {"MIG-a": ("GPU-1", 3)})
+    nvml = NvmlDouble({"GPU-1": 0}, {"MIG-a": ("GPU-1", 3)})
     source = NvmlGpuSource(nvml)
     assert (await source.read(["MIG-a"]))["MIG-a"] is None
     assert "first sample" in source.describe("MIG-a")
@@ -257,10 +187,10 @@ async def test_gpm_for_a_mig_device_needs_two_samples():
 
 
 async def test_mig_without_gpm_is_unknown_and_no_driver_is_unknown():
-    source = NvmlGpuSource(FakeNvml({}, {"MIG-a": ("GPU-1", 1)}, gpm_supported=False))
+    source = NvmlGpuSource(NvmlDouble({}, {"MIG-a": ("GPU-1", 1)}, gpm_supported=False))
     assert await source.read(["MIG-a"]) == {"MIG-a": None}
     assert "without GPM" in source.describe("MIG-a")
-    source = NvmlGpuSource(FakeNvml({}, {}, library=False))
+    source = NvmlGpuSource(NvmlDouble({}, {}, library=False))
     assert await source.read(["GPU-1"]) == {"GPU-1": None}
     assert "Library Not Found" in source.describe("GPU-1")
 
