@@ -30,16 +30,20 @@ from gpulease.core.billing.rules import parse_account
 from gpulease.core.clock import iso_z
 from gpulease.core.units import format_credits
 from gpulease.store.db import reading, sessions
+from gpulease.store.gpu_stats import gpu_of_row
 from gpulease.store.sessions import session_from_row
 
-__all__ = ["GROUP_BY", "USAGE_COLUMNS", "UsageReport", "report", "spend_per_day",
+__all__ = ["GPU_COLUMNS", "GROUP_BY", "USAGE_COLUMNS", "UsageReport", "report", "spend_per_day",
            "to_csv", "usage"]
 
 GROUP_BY = {"user": "user_name", "account": "account", "profile": "profile_slug",
             "tier": "tier"}
-# (reservation last: scripts that read the columns before it by position keep working)
+# (reservation, then the GPU's figures, last: scripts that read the columns before
+# them by position keep working)
+GPU_COLUMNS = ["gpu_mean_activity", "gpu_peak_activity", "gpu_peak_memory_bytes", "gpu_source"]
 USAGE_COLUMNS = ["user", "server", "profile", "tier", "account", "started", "ended",
-                 "billed_seconds", "billed_ms", "cost", "end_reason", "reservation"]
+                 "billed_seconds", "billed_ms", "cost", "end_reason", "reservation",
+                 *GPU_COLUMNS]
 # Integer columns that hold µcr and are written as decimal credits in CSV.
 AMOUNT_COLUMNS = frozenset({"cost", "amount", "amount_ucr", "balance", "spent", "monthly"})
 
@@ -110,6 +114,7 @@ def usage(engine: Engine, *, user: str | None = None, account: str | None = None
             "reservation": s.reservation_id, "account": s.account,
             "started": s.started, "ended": s.ended, "billed_seconds": s.billed_seconds(),
             "billed_ms": s.billed_ms(), "cost": s.cost(), "end_reason": s.end_reason,
+            **gpu_of_row(row),  # what its GPU did (the culler's readings), kept at its close
         })
     totals = {"billed_seconds": sum(r["billed_seconds"] for r in listed),
               "billed_ms": sum(r["billed_ms"] for r in listed),

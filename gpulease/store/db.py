@@ -31,6 +31,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -212,6 +213,14 @@ sessions = Table(
     Column("preempt_why", String(500), nullable=True),
     # tier reserved: the reservation whose unit it ran on (not billed by the millisecond)
     Column("reservation_id", Integer, nullable=True),
+    # What its GPU did, from the idle culler's readings while it was open (0013,
+    # gpulease/store/gpu_stats.py): readings with an activity, their sum (mean =
+    # sum / samples), the peaks, and the latest source named (nvml, gpm, dcgm).
+    Column("gpu_activity_samples", Integer, nullable=False, server_default="0"),
+    Column("gpu_activity_sum", Float, nullable=True),
+    Column("gpu_activity_peak", Float, nullable=True),
+    Column("gpu_memory_peak_bytes", BigInteger, nullable=True),
+    Column("gpu_reading_source", String(16), nullable=True),
 )
 Index(
     "uq_sessions_open_server",

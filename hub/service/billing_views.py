@@ -127,7 +127,41 @@ def session_view(s: Mapping[str, Any]) -> dict[str, Any]:
         "billed_ms": int(s["billed_ms"]),
         "cost": money(s["cost"]),
         "end_reason": s.get("end_reason"),
+        "gpu": gpu_view(s),
     }
+
+
+def gpu_view(s: Mapping[str, Any]) -> dict[str, Any]:
+    """What the session's GPU did, from the culler's readings (None: no reading)."""
+    return {"mean_activity": s.get("gpu_mean_activity"),
+            "peak_activity": s.get("gpu_peak_activity"),
+            "peak_memory_bytes": s.get("gpu_peak_memory_bytes"),
+            "source": s.get("gpu_source")}
+
+
+def csv_rows(views: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Session views for CSV: the `gpu` object as its flat gpu_* columns (USAGE_COLUMNS)."""
+    rows = []
+    for v in views:
+        gpu = v.get("gpu") or {}
+        rows.append({**v, "gpu_mean_activity": gpu.get("mean_activity"),
+                     "gpu_peak_activity": gpu.get("peak_activity"),
+                     "gpu_peak_memory_bytes": gpu.get("peak_memory_bytes"),
+                     "gpu_source": gpu.get("source")})
+    return rows
+
+
+NO_READING = "no reading"
+
+
+def gpu_cells(gpu: Mapping[str, Any] | None) -> tuple[str, str, str]:
+    """The usage page's three GPU cells: mean activity, peak activity, peak memory."""
+    gpu = gpu or {}
+    mean, peak, memory = (gpu.get("mean_activity"), gpu.get("peak_activity"),
+                          gpu.get("peak_memory_bytes"))
+    return (NO_READING if mean is None else f"{mean:.1f} %",
+            NO_READING if peak is None else f"{peak:.1f} %",
+            NO_READING if memory is None else f"{memory / 2**30:.2f} GiB")
 
 
 def usage_view(sessions: Iterable[Mapping[str, Any]], totals: Mapping[str, int]) -> dict:

@@ -191,7 +191,7 @@ class UsageHandler(BillingHandler):
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header("Content-Disposition",
                             f'attachment; filename="gpulease-usage-{bv.safe_filename(who)}.csv"')
-            self.finish(billing_reports.to_csv(view["sessions"], bv.USAGE_COLUMNS))
+            self.finish(billing_reports.to_csv(bv.csv_rows(view["sessions"]), bv.USAGE_COLUMNS))
             return
         self.write_json(view)
 

@@ -158,6 +158,7 @@ class UsagePage(PageHandler):
             name=name,
             balance=balance,
             sessions=view["sessions"],
+            gpu_cells=bv.gpu_cells,  # each session's GPU: "no reading" where none came
             totals=view["totals"],
             since=since_arg,
             until=until_arg or "",

@@ -52,7 +52,8 @@ def test_usage_rows_and_period_bounds(sample):
     assert first == {"user": "alice", "server": "", "profile": "h200-1g", "tier": "on-demand",
                      "reservation": None, "account": "user:alice", "started": T0, "ended": at(61.2),
                      "billed_seconds": 62, "billed_ms": 61_200, "cost": 61_200,
-                     "end_reason": "user"}
+                     "end_reason": "user", "gpu_mean_activity": None, "gpu_peak_activity": None,
+                     "gpu_peak_memory_bytes": None, "gpu_source": None}
     # 1234.000001 s: the end goes down to its millisecond, the cost is rounded once.
     assert lab["billed_ms"] == 1_234_000 and lab["billed_seconds"] == 1234
     assert lab["cost"] == -(-1_234_000 * 7_000_001 // 3_600_000)
@@ -160,7 +161,7 @@ def test_csv_columns_and_formatting(sample):
     assert parsed[0] == USAGE_COLUMNS
     assert parsed[1] == ["alice", "", "h200-1g", "on-demand", "user:alice",
                          "2024-03-01T00:00:00Z", "2024-03-01T00:01:01.200Z", "62", "61200",
-                         "0.061200", "user", ""]
+                         "0.061200", "user", "", "", "", "", ""]
     assert parsed[2][6] == "" and parsed[2][8] == "299500" and parsed[2][9] == "0.099834"
     assert parsed[2][10] == ""
     assert to_csv([{"key": "x", "cost": -1_500_000, "extra": 1}], ["key", "cost", "missing"]) \

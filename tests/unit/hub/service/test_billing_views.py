@@ -50,15 +50,36 @@ def test_usage_view_totals():
 def test_usage_csv_has_the_json_columns_and_values():
     view = bv.usage_view([SESSION], {"billed_seconds": 32, "billed_ms": 31_250,
                                      "cost": 10_417})
-    rows = list(csv.reader(io.StringIO(to_csv(view["sessions"], bv.USAGE_COLUMNS))))
+    rows = list(csv.reader(io.StringIO(to_csv(bv.csv_rows(view["sessions"]),
+                                              bv.USAGE_COLUMNS))))
     assert rows[0] == ["user", "server", "profile", "tier", "account", "started", "ended",
-                       "billed_seconds", "billed_ms", "cost", "end_reason", "reservation"]
+                       "billed_seconds", "billed_ms", "cost", "end_reason", "reservation",
+                       "gpu_mean_activity", "gpu_peak_activity", "gpu_peak_memory_bytes",
+                       "gpu_source"]
     assert rows[1] == ["alice", "", "h200-1g", "spot", "user:alice", "2025-03-01T10:00:00Z",
-                       "2025-03-01T10:00:31.250Z", "32", "31250", "0.010417", "idle", ""]
+                       "2025-03-01T10:00:31.250Z", "32", "31250", "0.010417", "idle", "",
+                       "", "", "", ""]  # no GPU reading: empty cells
     reserved = bv.usage_view([{**SESSION, "tier": "reserved", "reservation": 7}], {
         "billed_seconds": 32, "billed_ms": 31_250, "cost": 0})
-    line = list(csv.reader(io.StringIO(to_csv(reserved["sessions"], bv.USAGE_COLUMNS))))[1]
-    assert line[3] == "reserved" and line[-1] == "7"
+    line = list(csv.reader(io.StringIO(to_csv(bv.csv_rows(reserved["sessions"]),
+                                              bv.USAGE_COLUMNS))))[1]
+    assert line[3] == "reserved" and line[11] == "7"
+
+
+def test_a_sessions_gpu_figures_in_json_csv_and_the_page():
+    read = {**SESSION, "gpu_mean_activity": 41.3, "gpu_peak_activity": 97.0,
+            "gpu_peak_memory_bytes": 3 * 2**30, "gpu_source": "nvml"}
+    view = bv.usage_view([read, SESSION], {"billed_seconds": 64, "billed_ms": 62_500,
+                                           "cost": 20_834})
+    assert view["sessions"][0]["gpu"] == {"mean_activity": 41.3, "peak_activity": 97.0,
+                                          "peak_memory_bytes": 3 * 2**30, "source": "nvml"}
+    assert view["sessions"][1]["gpu"] == {"mean_activity": None, "peak_activity": None,
+                                          "peak_memory_bytes": None, "source": None}
+    line = list(csv.reader(io.StringIO(to_csv(bv.csv_rows(view["sessions"]),
+                                              bv.USAGE_COLUMNS))))[1]
+    assert line[-4:] == ["41.3", "97.0", str(3 * 2**30), "nvml"]
+    assert bv.gpu_cells(view["sessions"][0]["gpu"]) == ("41.3 %", "97.0 %", "3.00 GiB")
+    assert bv.gpu_cells(view["sessions"][1]["gpu"]) == ("no reading",) * 3
 
 
 def test_report_rows_and_totals():

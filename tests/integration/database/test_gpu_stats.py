@@ -1,0 +1,147 @@
+"""The culler's GPU readings folded into open sessions (issue 47), on SQLite and PostgreSQL,
+and migration 0013 that holds them, up and down."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import inspect, select, text
+
+from gpulease.hub.service import billing_views as bv
+from gpulease.store.billing_reports import USAGE_COLUMNS, to_csv, usage
+from gpulease.store.db import MIGRATIONS_DIR, make_engine, sessions, sqlite_url, upgrade
+from gpulease.store.gpu_stats import GpuSample, fold_readings, mean_activity
+from gpulease.store.sessions import SessionLedger
+
+T0 = dt.datetime(2026, 5, 4, 9)
+GPU_COLUMNS = {"gpu_activity_samples", "gpu_activity_sum", "gpu_activity_peak",
+               "gpu_memory_peak_bytes", "gpu_reading_source"}
+
+
+def row(engine, session_id: int):
+    with engine.connect() as conn:
+        return conn.execute(select(sessions).where(sessions.c.id == session_id)).one()
+
+
+def test_two_pushes_fold_into_the_open_session_only(engine):
+    meter = SessionLedger(engine)
+    done = meter.open("ada", "old", "h200-1g", "user:ada", 3_600_000, T0)
+    fold_readings(engine, [GpuSample("ada", "old", 80.0, 5 * 2**30, "nvml")])
+    meter.close(done.id, T0 + dt.timedelta(minutes=5), "user")
+    kept = row(engine, done.id)
+    ada = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, T0)
+    bob = meter.open("bob", "gpu", "h200-1g", "user:bob", 3_600_000, T0)
+
+    fold_readings(engine, [
+        GpuSample("ada", "", 37.5, 1_000, "nvml"),
+        GpuSample("bob", "gpu", None, 2**40, "dcgm"),  # memory only: no activity sample
+        GpuSample("carol", "", 99.0, 1, "nvml"),  # no session at all: skipped
+        GpuSample("ada", "old", 100.0, 9 * 2**30, "gpm"),  # its session is closed
+    ])
+    fold_readings(engine, [
+        GpuSample("ada", "", 12.5, 500, ""),  # no source named: the last one stays
+        GpuSample("bob", "gpu", 20.0, None, "gpm"),
+    ])
+
+    a = row(engine, ada.id)
+    assert (a.gpu_activity_samples, a.gpu_activity_sum, a.gpu_activity_peak) == (2, 50.0, 37.5)
+    assert a.gpu_memory_peak_bytes == 1_000 and a.gpu_reading_source == "nvml"
+    b = row(engine, bob.id)
+    assert (b.gpu_activity_samples, b.gpu_activity_sum, b.gpu_activity_peak) == (1, 20.0, 20.0)
+    assert b.gpu_memory_peak_bytes == 2**40 and isinstance(b.gpu_memory_peak_bytes, int)
+    assert b.gpu_reading_source == "gpm"
+    # A closed session keeps what it had at its close.
+    assert row(engine, done.id) == kept
+    assert (kept.gpu_activity_samples, kept.gpu_activity_peak) == (1, 80.0)
+    with engine.connect() as conn:
+        users = set(conn.execute(select(sessions.c.user_name)).scalars())
+    assert "carol" not in users
+
+
+def test_a_push_with_nothing_read_changes_nothing(engine):
+    meter = SessionLedger(engine)
+    s = meter.open("ada", "", "cpu", "user:ada", 0, T0)
+    fold_readings(engine, [GpuSample("ada", "", None, None, "")])
+    fold_readings(engine, [])
+    r = row(engine, s.id)
+    assert r.gpu_activity_samples == 0
+    assert (r.gpu_activity_sum, r.gpu_activity_peak, r.gpu_memory_peak_bytes,
+            r.gpu_reading_source) == (None, None, None, None)
+
+
+def test_usage_and_its_csv_carry_each_sessions_gpu(engine):
+    meter = SessionLedger(engine)
+    read = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, T0)
+    unread = meter.open("ada", "b", "h200-1g", "user:ada", 3_600_000, T0 + dt.timedelta(1))
+    for activity in (10.0, 20.0, 30.5):
+        fold_readings(engine, [GpuSample("ada", "", activity, 7 * 2**30, "nvml")])
+    meter.close(read.id, T0 + dt.timedelta(hours=1), "user")
+    assert unread.id
+    report = usage(engine, user="ada", since=T0)
+    first, second = report.sessions
+    assert (first["gpu_mean_activity"], first["gpu_peak_activity"]) == (20.2, 30.5)
+    assert first["gpu_peak_memory_bytes"] == 7 * 2**30 and first["gpu_source"] == "nvml"
+    assert second["gpu_mean_activity"] is None and second["gpu_source"] is None
+    view = bv.usage_view(report.sessions, report.totals)
+    assert view["sessions"][0]["gpu"] == {"mean_activity": 20.2, "peak_activity": 30.5,
+                                          "peak_memory_bytes": 7 * 2**30, "source": "nvml"}
+    lines = list(csv.reader(io.StringIO(to_csv(bv.csv_rows(view["sessions"]), USAGE_COLUMNS))))
+    gpu_at = lines[0].index("gpu_mean_activity")
+    assert lines[1][gpu_at:gpu_at + 4] == ["20.2", "30.5", str(7 * 2**30), "nvml"]
+    assert lines[2][gpu_at:gpu_at + 4] == ["", "", "", ""]
+
+
+def test_mean_activity():
+    assert mean_activity(0, None) is None and mean_activity(3, 60.5) == 20.2
+    assert mean_activity(None, 1.0) is None
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def at_0012(request, tmp_path):
+    url = (sqlite_url(tmp_path / "gpulease.sqlite") if request.param == "sqlite"
+           else request.getfixturevalue("postgres_database"))
+    engine = make_engine(url)
+    upgrade(engine, "0012")
+    yield engine
+    engine.dispose()
+
+
+def _downgrade(engine, revision: str) -> None:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        command.downgrade(cfg, revision)
+
+
+def _columns(engine) -> set[str]:
+    return {c["name"] for c in inspect(engine).get_columns("sessions")}
+
+
+def test_migration_0013_up_and_down_keeps_the_sessions(at_0012):
+    engine = at_0012
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO sessions (user_name, server_name, profile_slug, account, "
+            "rate_per_hour_ucr, started_at, last_confirmed_at, tier) VALUES ('ada', '', "
+            "'h200-1g', 'user:ada', 1000, :t, :t, 'on-demand')"), {"t": T0})
+    assert not GPU_COLUMNS & _columns(engine)
+    upgrade(engine, "0013")
+    assert GPU_COLUMNS <= _columns(engine)
+    with engine.connect() as conn:
+        old = conn.execute(select(sessions)).one()
+    assert old.gpu_activity_samples == 0 and old.gpu_activity_peak is None
+    fold_readings(engine, [GpuSample("ada", "", 55.5, 2**35, "nvml")])
+    with engine.connect() as conn:
+        assert conn.execute(select(sessions.c.gpu_activity_peak)).scalar() == 55.5
+    _downgrade(engine, "0012")
+    assert not GPU_COLUMNS & _columns(engine)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT user_name FROM sessions")).scalars().all() == ["ada"]
+    upgrade(engine)
+    assert GPU_COLUMNS <= _columns(engine)

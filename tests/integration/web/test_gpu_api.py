@@ -1,0 +1,194 @@
+"""PUT api/gpu-readings and GET api/me/gpu (issue 47) over HTTP, in-process: the service's app,
+a FAKE hub that only says whose each token is (`GET /hub/api/user`), and a SQLite database.
+
+Who may push (the culler, a gpulease admin; a researcher's token is 403), the 400s field by
+field with nothing kept, the folding into the open session, and who may read a server's
+GPU and cost: its owner, its own token, never another user.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+from jupyterhub.services.auth import HubAuth, HubOAuth
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+
+from gpulease.core.clock import utcnow
+from gpulease.store.db import sessions
+from gpulease.store.ledger import Ledger
+from gpulease.store.sessions import SessionLedger
+
+PREFIX = "/services/gpulease/"
+ACCESS = "access:services!service=gpulease"
+TOKENS = {
+    "culler": {"kind": "service", "name": "gpulease-culler",
+               "scopes": ["custom:gpulease:admin", ACCESS]},
+    "ada": {"kind": "user", "name": "ada", "admin": False,
+            "scopes": ["access:servers!user=ada", "read:users!user=ada", ACCESS]},
+    "ada-gpu-server": {"kind": "user", "name": "ada", "admin": False,
+                       "scopes": ["access:servers!server=ada/gpu", ACCESS,
+                                  "users:activity!user=ada"]},
+    "bob": {"kind": "user", "name": "bob", "admin": False,
+            "scopes": ["access:servers!user=bob", ACCESS]},
+}
+
+
+class FakeHubUser(web.RequestHandler):
+    """The hub's answer about a token: its owner and scopes (403 for an unknown one)."""
+
+    def get(self):
+        token = self.request.headers.get("Authorization", "").removeprefix("token ").strip()
+        model = TOKENS.get(token)
+        if model is None:
+            raise web.HTTPError(403)
+        self.finish(json.dumps(model))
+
+
+@pytest.fixture
+async def service(tmp_path, monkeypatch):
+    hub_sock, hub_port = bind_unused_port()
+    hub = HTTPServer(web.Application([(r"/hub/api/user", FakeHubUser)]))
+    hub.add_sockets([hub_sock])
+    env = {
+        "GPULEASE_DB_URL": f"sqlite:///{tmp_path / 'gpulease.sqlite'}",
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
+        "JUPYTERHUB_API_TOKEN": "t" * 32,
+        "JUPYTERHUB_CLIENT_ID": "service-gpulease",
+        "JUPYTERHUB_SERVICE_NAME": "gpulease",
+        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+        "JUPYTERHUB_OAUTH_CALLBACK_URL": f"{PREFIX}oauth_callback",
+        "JUPYTERHUB_BASE_URL": "/",
+        "JUPYTERHUB_HOST": "",
+    }
+    for name, value in env.items():  # HubAuth reads its settings from the environment
+        monkeypatch.setenv(name, value)
+    # HubAuth is a process-wide singleton: one made by an earlier test knows another hub.
+    HubAuth.clear_instance()
+    HubOAuth.clear_instance()
+    from gpulease.hub.service.app import make_app
+
+    app = make_app(env)
+    sock, port = bind_unused_port()
+    server = HTTPServer(app)
+    server.add_sockets([sock])
+    yield f"http://127.0.0.1:{port}{PREFIX}", app
+    server.stop()
+    hub.stop()
+    HubAuth.clear_instance()
+    HubOAuth.clear_instance()
+
+
+async def call(base: str, method: str, path: str, token: str, body=None):
+    r = await AsyncHTTPClient().fetch(
+        base + path, method=method, raise_error=False,
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+        body=None if body is None else (body if isinstance(body, bytes) else json.dumps(body)))
+    data = json.loads(r.body) if r.body and r.code != 204 else None
+    return r.code, data
+
+
+def reading(user: str, server: str, activity, used=None, source="nvml", why="") -> dict:
+    return {"user": user, "server": server, "activity": activity, "memory_used_bytes": used,
+            "memory_total_bytes": 80 * 2**30, "source": source, "why": why}
+
+
+def gpu_row(engine, user: str, server: str):
+    from sqlalchemy import select
+
+    with engine.connect() as conn:
+        return conn.execute(select(sessions).where(sessions.c.user_name == user,
+                                                   sessions.c.server_name == server)).one()
+
+
+async def test_only_the_culler_pushes_and_a_bad_entry_keeps_nothing(service):
+    base, app = service
+    ctx_engine = app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    SessionLedger(ctx_engine).open("ada", "gpu", "h200-1g", "user:ada", 3_600_000, utcnow())
+    body = {"servers": [reading("ada", "gpu", 40.0, 2**30)]}
+
+    for token in ("ada", "ada-gpu-server"):
+        code, data = await call(base, "PUT", "api/gpu-readings", token, body)
+        assert code == 403 and "gpulease admin" in data["message"]
+    assert gpu_row(ctx_engine, "ada", "gpu").gpu_activity_samples == 0
+
+    bad = {"servers": [reading("ada", "gpu", 40.0, 2**30),
+                       reading("ada", "gpu", 140.0, -1, source="smi"),
+                       {"user": 5, "server": "", "extra": True, "why": "x" * 501}]}
+    code, data = await call(base, "PUT", "api/gpu-readings", "culler", bad)
+    assert code == 400
+    fields = {e["field"] for e in data["errors"]}
+    assert fields == {"servers[1].activity", "servers[1].memory_used_bytes",
+                      "servers[1].source", "servers[2].user", "servers[2].extra",
+                      "servers[2].why"}
+    assert gpu_row(ctx_engine, "ada", "gpu").gpu_activity_samples == 0  # nothing half-written
+    code, data = await call(base, "PUT", "api/gpu-readings", "culler", b"{nope")
+    assert code == 400 and "not valid JSON" in data["message"]
+    code, data = await call(base, "PUT", "api/gpu-readings", "culler", {"servers": {}})
+    assert code == 400 and data["errors"][0]["field"] == "servers"
+
+    assert (await call(base, "PUT", "api/gpu-readings", "culler", body))[0] == 204
+    later = {"servers": [reading("ada", "gpu", None, 3 * 2**30, why="no GPM on this GPU"),
+                         reading("nobody", "", 90.0)]}  # no session: skipped
+    assert (await call(base, "PUT", "api/gpu-readings", "culler", later))[0] == 204
+    row = gpu_row(ctx_engine, "ada", "gpu")
+    assert (row.gpu_activity_samples, row.gpu_activity_sum, row.gpu_activity_peak) == \
+        (1, 40.0, 40.0)
+    assert row.gpu_memory_peak_bytes == 3 * 2**30 and row.gpu_reading_source == "nvml"
+
+    code, data = await call(base, "GET", "api/usage", "ada")
+    assert code == 200
+    assert data["sessions"][0]["gpu"] == {"mean_activity": 40.0, "peak_activity": 40.0,
+                                          "peak_memory_bytes": 3 * 2**30, "source": "nvml"}
+    r = await AsyncHTTPClient().fetch(base + "api/usage?format=csv",
+                                      headers={"Authorization": "token ada"})
+    header, line = r.body.decode().splitlines()[:2]
+    assert header.endswith("gpu_mean_activity,gpu_peak_activity,gpu_peak_memory_bytes,"
+                           "gpu_source")
+    assert line.endswith(f",40.0,40.0,{3 * 2**30},nvml")
+
+
+async def test_a_server_and_its_owner_see_its_gpu_and_cost_nobody_else(service):
+    base, app = service
+    engine = app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    Ledger(engine).grant("user:ada", 10_000_000, note="start", actor="admin")  # 10 credits
+    started = utcnow() - dt.timedelta(minutes=30)
+    session = SessionLedger(engine).open("ada", "gpu", "h200-1g", "user:ada", 2_000_000,
+                                         started)
+    SessionLedger(engine).confirm([session.id], started + dt.timedelta(minutes=30))
+    pushed = {"servers": [reading("ada", "gpu", 12.5, 2**30), reading("ada", "", 99.0)]}
+    assert (await call(base, "PUT", "api/gpu-readings", "culler", pushed))[0] == 204
+    pushed = {"servers": [reading("ada", "gpu", 75.0, 2 * 2**30, source="gpm")]}
+    assert (await call(base, "PUT", "api/gpu-readings", "culler", pushed))[0] == 204
+
+    own_token = await call(base, "GET", "api/me/gpu", "ada-gpu-server")
+    owner = await call(base, "GET", "api/me/gpu?server=gpu", "ada")
+    assert own_token[0] == owner[0] == 200
+    assert own_token[1] == owner[1]
+    data = owner[1]
+    assert (data["user"], data["server"], data["profile"]) == ("ada", "gpu", "h200-1g")
+    assert data["rate_per_hour"] == "2.000000" and data["cost_so_far"] == "1.000000"
+    assert data["balance"] == "9.000000"  # 10 granted, 1 accrued to the last heartbeat
+    assert data["runway_s"] == 9 * 3600 // 2
+    assert data["reading"]["activity"] == 75.0 and data["reading"]["source"] == "gpm"
+    assert data["reading"]["memory_total_bytes"] == 80 * 2**30
+    assert [h["activity"] for h in data["history"]] == [12.5, 75.0]
+
+    # The default server has a reading but no session: no cost, the personal balance.
+    code, default = await call(base, "GET", "api/me/gpu", "ada")
+    assert code == 200 and default["profile"] is None and default["runway_s"] is None
+    assert default["reading"]["activity"] == 99.0
+
+    for token, path in [("bob", "api/me/gpu?server=gpu&user=ada"),  # another user's
+                        ("ada-gpu-server", "api/me/gpu?server="),  # not this token's server
+                        ("culler", "api/me/gpu?server=gpu")]:  # a service: no server of its own
+        code, refused = await call(base, "GET", path, token)
+        assert code == 403, (token, path, refused)
+    # bob asking without user= sees his own (empty) server, never ada's.
+    code, his = await call(base, "GET", "api/me/gpu?server=gpu", "bob")
+    assert code == 200 and his["user"] == "bob" and his["reading"] is None
+    assert his["history"] == [] and his["profile"] is None
