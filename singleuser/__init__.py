@@ -2,7 +2,8 @@
 
 A jupyter-server extension (enabled by the `jupyter_server_config.d/gpulease.json`
 file that installing gpulease puts in the environment) that counts only real
-use as activity (activity.py), serves `GET {base_url}gpulease/notices`, pushes
+use as activity (activity.py), serves `GET {base_url}gpulease/notices` and
+`GET {base_url}gpulease/gpu` (this server's GPU and cost: gpu_status.py), pushes
 its kernel and terminal state to the gpulease service with its own token for
 the idle culler, which never contacts a server (activity_push.py),
 accepts `?token=` on websocket handshakes from non-browser clients such as
@@ -11,7 +12,8 @@ answers a failed sign-in (`oauth_callback`) or logout with a page that says what
 do and links to the hub's home page (error_page.py),
 starts a kernel with the server for the first notebook (kernel_pool.py; its
 kernel manager, set as the extension is linked), and the prebuilt JupyterLab extension
-`gpulease-notices` that shows those notices in JupyterLab.
+`gpulease-notices` that shows those notices, and the GPU and cost in the status bar,
+in JupyterLab.
 
 Importing this package must stay cheap and must not import the hub side.
 """
@@ -45,7 +47,7 @@ def _link_jupyter_server_extension(serverapp):
 
 
 def _load_jupyter_server_extension(serverapp):
-    from . import error_page, notices, proxied_apps, ws_token
+    from . import error_page, gpu_status, notices, proxied_apps, ws_token
     from .activity import install
     from .activity_push import ActivityPusher
 
@@ -54,6 +56,7 @@ def _load_jupyter_server_extension(serverapp):
     error_page.install(serverapp)  # a failed sign-in or logout: a page, not tornado's bare text
     proxied_apps.install()  # a researcher's own web apps: forms from her origin only
     notices.setup_handlers(serverapp)
+    gpu_status.setup_handlers(serverapp)  # the status bar's GPU and cost (gpu_status.py)
     fill_pool = getattr(serverapp.kernel_manager, "fill_pool", None)
     if fill_pool is not None:  # a kernel ready before the first notebook asks (kernel_pool.py)
         fill_pool()

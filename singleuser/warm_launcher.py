@@ -51,6 +51,7 @@ WARM_MODULES = (
     "gpulease.singleuser.activity",
     "gpulease.singleuser.activity_push",
     "gpulease.singleuser.notices",
+    "gpulease.singleuser.gpu_status",
     "gpulease.singleuser.ws_token",
     "gpulease.singleuser.kernel_pool",
 )

@@ -1,10 +1,13 @@
 // gpulease-notices: show this server's gpulease notices (suspend warnings...) as
 // JupyterLab notifications. Polls {base_url}gpulease/notices, served by the
 // gpulease.singleuser server extension, every 30 s and when the window regains focus.
+// The status bar's GPU and cost are gpu.ts's.
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { Notification } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
+
+import { gpuStatusPlugin } from './gpu';
 
 interface INotice {
   server: string;
@@ -124,4 +127,5 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+// The notices, and the GPU and cost in the status bar (gpu.ts).
+export default [plugin, gpuStatusPlugin];
