@@ -45,6 +45,7 @@ def subject_for(kind: str, user: str, server: str, deadline: dt.datetime | None 
         "max_runtime_stopped": f"your {srv} was stopped (maximum runtime)",
         "credit_low": "your credit is running low",
         "queued_started": f"your {srv} has started",
+        "right_size": "a smaller profile would have fitted your recent sessions",
     }
     return f"[gpulease] {user}: {subjects.get(kind, kind.replace('_', ' '))}"
 

@@ -39,7 +39,9 @@ __all__ = [
 WARNING_KINDS = ("idle_warning", "max_runtime_warning", "preemption_warning",
                  "reservation_ending")
 STOP_KINDS = ("suspended", "max_runtime_stopped")
-KINDS = (*WARNING_KINDS, *STOP_KINDS, "credit_low", "queued_started")
+# right_size: advice, not a warning (right_sizing_views.py raises it at most once per
+# user and profile per lookback window: `post_once`).
+KINDS = (*WARNING_KINDS, *STOP_KINDS, "credit_low", "queued_started", "right_size")
 CHANNELS = ("none", "email", "webhook")
 STALE_WARNING = dt.timedelta(minutes=10)
 MAX_MESSAGE = 2000
@@ -161,6 +163,37 @@ class NoticeStore:
                 ).scalar_one()
             row = conn.execute(select(notices).where(notices.c.id == notice_id)).one()
         return _notice(row, replaced=replaced)
+
+    def post_once(self, user: str, server: str, kind: str, key: str, message: str,
+                  since: dt.datetime) -> Notice | None:
+        """Open a notice whose message starts with `key` unless one of `kind` with that key
+        was opened for `user` since `since`, open or cleared since (None then).
+
+        Unlike `post`, an open notice of the same (user, server, kind) with another key is
+        cleared, not rewritten: its row stays as the record that its key was told, so
+        two keys on one server do not replace each other back and forth."""
+        _check_notice(user, server, kind, message)
+        if not message.startswith(key):
+            raise ValueError("the message must start with its key")
+        with self.engine.begin() as conn:
+            # Per user, not per server: the key is what is told once, on whichever server.
+            advisory_lock(conn, f"notices-once:{user}\0{kind}")
+            told = conn.execute(select(notices.c.id).where(
+                notices.c.user_name == user, notices.c.kind == kind,
+                notices.c.created_at >= since,
+                notices.c.message.startswith(key, autoescape=True)).limit(1)).first()
+            if told is not None:
+                return None
+            advisory_lock(conn, f"notices:{user}\0{server}")
+            now = utcnow()
+            conn.execute(update(notices).where(self._open(user, server), notices.c.kind == kind)
+                         .values(cleared_at=now))
+            notice_id = conn.execute(
+                insert(notices).values(user_name=user, server_name=server, kind=kind,
+                                       message=message, deadline=None, created_at=now)
+                .returning(notices.c.id)).scalar_one()
+            row = conn.execute(select(notices).where(notices.c.id == notice_id)).one()
+        return _notice(row)
 
     @staticmethod
     def _open(user: str, server: str | None):

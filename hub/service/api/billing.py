@@ -22,11 +22,13 @@ from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import parse_credits
 from gpulease.hub.service import billing_views as bv
+from gpulease.hub.service import right_sizing_views as rs
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.errors import APIError
 from gpulease.store import billing_reports
 from gpulease.store.db import ledger_entries, reading
 from gpulease.store.ledger import Ledger
+from gpulease.store.notices import NoticeStore
 from gpulease.store.sessions import SessionLedger
 
 
@@ -125,6 +127,24 @@ class BillingHandler(BaseAPIHandler):
         await self.run(self.ctx.audit.record, self.caller()["name"], "cap.set", account,
                        _cap_view(account, user, before), _cap_view(account, user, monthly))
 
+    async def advice(self, user: str, me: dict[str, Any],
+                     groups: list[str] | None = None) -> list[rs.ProfileAdvice]:
+        """Right-sizing advice over `user`'s last 30 days (whatever the period asked), and
+        its notice when the researcher asks about themselves (an auditor's look tells them
+        nothing). Their groups (`groups`, else the caller's own or the hub's model) decide
+        which profiles may be suggested."""
+        own = user == me["name"] and me.get("kind", "user") == "user"
+        if groups is None:
+            model = me if own else await self.hub_user(user)
+            groups = model.get("groups") or []
+        now = utcnow()
+        # disabled ones too: sessions on them are judged, though never pointed to
+        profiles = await self.run(self.ctx.profiles.list, True)
+        advice = await self.run(rs.advice_of, self.ctx.engine, profiles, user, groups, now)
+        if own and advice:
+            await self.run(rs.raise_notices, NoticeStore(self.ctx.engine), user, advice, now)
+        return advice
+
     async def run(self, fn, *args, **kwargs) -> Any:
         """Call a ledger function in a thread (its BillingErrors are refusals as they are)."""
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -193,7 +213,8 @@ class UsageHandler(BillingHandler):
                             f'attachment; filename="gpulease-usage-{bv.safe_filename(who)}.csv"')
             self.finish(billing_reports.to_csv(bv.csv_rows(view["sessions"]), bv.USAGE_COLUMNS))
             return
-        self.write_json(view)
+        advice = await self.advice(user, me) if user is not None and account is None else []
+        self.write_json({**view, "advice": rs.advice_view(advice)})
 
 
 class _EntryHandler(BillingHandler):

@@ -19,6 +19,7 @@ from gpulease.core.refusal import Refusal
 from gpulease.core.units import seconds_text
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service import hub_static
+from gpulease.hub.service import right_sizing_views as rs
 from gpulease.hub.service.api.billing import BillingHandler, balance_of
 from gpulease.hub.web.error_text import ErrorText, error_text
 from gpulease.hub.web.site_nav import SiteNav
@@ -153,11 +154,14 @@ class UsagePage(PageHandler):
                                  since=chart_since)
         view = bv.usage_view(report.sessions, report.totals)
         series = bv.daily_series(points, first, CHART_DAYS)
+        # the hub's model of the user: their groups decide what may be suggested
+        advice = rs.advice_view(await self.advice(name, me, model.get("groups") or []))
         self.render(
             "usage.html",
             name=name,
             balance=balance,
             sessions=view["sessions"],
+            advice=advice,
             gpu_cells=bv.gpu_cells,  # each session's GPU: "no reading" where none came
             totals=view["totals"],
             since=since_arg,
@@ -184,6 +188,7 @@ class ReportPage(PageHandler):
         since, until = bv.parse_period(since_arg, until_arg)
         rows = bv.report_view(await self.run(billing_reports.report, self.ctx.engine,
                                              since=since, until=until, group_by=by), by)
+        sizing_now = utcnow()
         if self.get_argument("format", "html") == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             name = f"gpulease-report-by-{by}-{since_arg}-{until_arg}"
@@ -192,6 +197,9 @@ class ReportPage(PageHandler):
             self.finish(billing_reports.to_csv(rows, bv.REPORT_COLUMNS))
             return
         query = {"since": since_arg, "until": until_arg, "by": by}
+        # the last 30 days whatever the period: as GET api/right-sizing
+        profiles = await self.run(self.ctx.profiles.list, True)
+        sizing = await self.run(rs.report_of, self.ctx.engine, profiles, sizing_now)
         self.render(
             "report.html",
             rows=rows,
@@ -201,4 +209,6 @@ class ReportPage(PageHandler):
             by=by,
             groups=bv.REPORT_GROUPS,
             csv_url="?" + urlencode({**query, "format": "csv"}),
+            sizing=sizing,
+            sizing_days=rs.report_window(sizing_now)["days"],
         )

@@ -1,0 +1,225 @@
+"""Right-sizing advice (issue 47, item 3) over HTTP, in-process: the service's app, a FAKE hub
+that says whose each token is and each user's groups, and a SQLite database.
+
+A researcher whose last sessions on a 3g slice peaked at 2 GiB sees the 1g slice and the
+exact saving on the usage API and page, and gets one `right_size` notice however often
+they look; one whose session did not fit sees none; admins see the per-profile report,
+researchers get 403 on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import threading
+
+import pytest
+from jupyterhub.services.auth import HubAuth, HubOAuth
+from sqlalchemy import update
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+
+from gpulease.core.clock import utcnow
+from gpulease.core.model.profiles import parse_profile
+from gpulease.store.db import sessions
+from gpulease.store.notices import NoticeStore
+from gpulease.store.sessions import SessionLedger
+
+PREFIX = "/services/gpulease/"
+ACCESS = "access:services!service=gpulease"
+GiB = 2**30
+TOKENS = {
+    "admin": {"kind": "user", "name": "root", "admin": True, "groups": [],
+              "scopes": ["custom:gpulease:admin", ACCESS]},
+    "ada": {"kind": "user", "name": "ada", "admin": False, "groups": [],
+            "scopes": ["access:servers!user=ada", "read:users!user=ada", ACCESS]},
+    "bob": {"kind": "user", "name": "bob", "admin": False, "groups": [],
+            "scopes": ["access:servers!user=bob", ACCESS]},
+}
+
+
+class FakeHubUser(web.RequestHandler):
+    """The hub's answer about a token: its owner and scopes (403 for an unknown one)."""
+
+    def get(self):
+        token = self.request.headers.get("Authorization", "").removeprefix("token ").strip()
+        model = TOKENS.get(token)
+        if model is None:
+            raise web.HTTPError(403)
+        self.finish(json.dumps(model))
+
+
+class FakeHubUsers(web.RequestHandler):
+    """The hub's model of a user (the usage page asks for their groups)."""
+
+    def get(self, name: str):
+        self.finish(json.dumps({"name": name, "groups": [], "servers": {}}))
+
+
+def profile(slug: str, gpu: dict, price: str) -> dict:
+    return {"slug": slug, "display_name": slug, "gpu": gpu, "cpu": 4, "memory": "32Gi",
+            "images": ["pytorch"], "price_per_hour": price, "min_run": "10m",
+            "idle_timeout": "30m", "max_runtime": 0, "groups": [], "enabled": True}
+
+
+def start_fake_hub() -> tuple[int, asyncio.AbstractEventLoop, threading.Thread]:
+    """The fake hub on a thread of its own: the service's handlers ask the hub who a token
+    is synchronously (HubAuth waits on another loop), which a hub on the test's own loop,
+    blocked meanwhile, could never answer."""
+    hub_sock, hub_port = bind_unused_port()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        hub = HTTPServer(web.Application([(r"/hub/api/user", FakeHubUser),
+                                          (r"/hub/api/users/([^/?]+)", FakeHubUsers)]))
+        hub.add_sockets([hub_sock])
+        loop.call_soon(ready.set)
+        loop.run_forever()
+        hub.stop()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(10)
+    return hub_port, loop, thread
+
+
+@pytest.fixture
+async def service(tmp_path, monkeypatch):
+    hub_port, hub_loop, hub_thread = start_fake_hub()
+    env = {
+        "GPULEASE_DB_URL": f"sqlite:///{tmp_path / 'gpulease.sqlite'}",
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
+        "JUPYTERHUB_API_TOKEN": "t" * 32,
+        "JUPYTERHUB_CLIENT_ID": "service-gpulease",
+        "JUPYTERHUB_SERVICE_NAME": "gpulease",
+        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+        "JUPYTERHUB_OAUTH_CALLBACK_URL": f"{PREFIX}oauth_callback",
+        "JUPYTERHUB_BASE_URL": "/",
+        "JUPYTERHUB_HOST": "",
+    }
+    for name, value in env.items():  # HubAuth reads its settings from the environment
+        monkeypatch.setenv(name, value)
+    HubAuth.clear_instance()  # a process-wide singleton: an earlier test's knows another hub
+    HubOAuth.clear_instance()
+    from gpulease.hub.service.app import make_app
+
+    app = make_app(env)
+    ctx = app.wildcard_router.rules[-1].target_kwargs["ctx"]
+    for p in (profile("h200-1g", {"model": "H200", "mig": "1g.18gb"}, "1.20"),
+              profile("h200-3g", {"model": "H200", "mig": "3g.71gb"}, "3.60"),
+              profile("h200-full", {"model": "H200", "count": 1}, "8.00")):
+        ctx.profiles.upsert(parse_profile(p, ctx.catalog, slug=p["slug"]))
+    sock, port = bind_unused_port()
+    server = HTTPServer(app)
+    server.add_sockets([sock])
+    yield f"http://127.0.0.1:{port}{PREFIX}", ctx
+    server.stop()
+    hub_loop.call_soon_threadsafe(hub_loop.stop)
+    hub_thread.join(10)
+    HubAuth.clear_instance()
+    HubOAuth.clear_instance()
+
+
+async def fetch(base: str, path: str, token: str):
+    return await AsyncHTTPClient().fetch(base + path, raise_error=False,
+                                         headers={"Authorization": f"token {token}"})
+
+
+async def get_json(base: str, path: str, token: str):
+    r = await fetch(base, path, token)
+    return r.code, json.loads(r.body)
+
+
+def closed_session(ctx, user: str, server: str, profile_slug: str, rate: int, hours_ago: float,
+                   minutes: int, peak_gib: float, mean: float) -> None:
+    """A session of `minutes` on `profile_slug` that ended `hours_ago`, with its readings."""
+    # whole seconds: billed_ms exactly 40 minutes, so the saving is exact
+    ended = utcnow().replace(microsecond=0) - dt.timedelta(hours=hours_ago)
+    started = ended - dt.timedelta(minutes=minutes)
+    ledger = SessionLedger(ctx.engine)
+    s = ledger.open(user, server, profile_slug, f"user:{user}", rate, started)
+    with ctx.engine.begin() as conn:
+        conn.execute(update(sessions).where(sessions.c.id == s.id).values(
+            gpu_activity_samples=4, gpu_activity_sum=4 * mean, gpu_activity_peak=mean + 5,
+            gpu_memory_peak_bytes=int(peak_gib * GiB), gpu_reading_source="nvml"))
+    ledger.close(s.id, ended, "user")
+
+
+def three_small_sessions(ctx, user: str, last_peak_gib: float = 2.0) -> None:
+    # 40 minutes each: 2.4 credits on the 3g slice, 0.8 on the 1g one: 1.6 saved each.
+    for i, peak in enumerate((1.5, 2.0, last_peak_gib)):
+        closed_session(ctx, user, "work", "h200-3g", 3_600_000, 48 - 10 * i, 40, peak, 10.0)
+
+
+async def test_a_researcher_sees_the_smaller_profile_and_the_saving_once_noticed(service):
+    base, ctx = service
+    three_small_sessions(ctx, "ada")
+    code, data = await get_json(base, "api/usage", "ada")
+    assert code == 200
+    assert len(data["advice"]) == 1
+    advice = data["advice"][0]
+    assert {k: advice[k] for k in ("profile", "suggest", "saved", "sessions", "slower_up_to",
+                                   "speed_known")} == {
+        "profile": "h200-3g", "suggest": "h200-1g", "saved": "4.800000", "sessions": 3,
+        "slower_up_to": None, "speed_known": True}
+    assert advice["hours"] == 2.0
+    assert "H200 1g.18gb would have fitted and saved 4.8 credits" in advice["text"]
+
+    page = await fetch(base, "usage", "ada")
+    assert page.code == 200
+    html = page.body.decode()
+    assert "<h2>Advice</h2>" in html and "saved 4.8 credits" in html
+    assert html.index("<h2>Advice</h2>") < html.index("<h2>Sessions</h2>")
+
+    # Raised once: the API and the page computed it twice, a third look adds none.
+    await get_json(base, "api/usage", "ada")
+    told = [n for n in NoticeStore(ctx.engine).active("ada") if n.kind == "right_size"]
+    assert len(told) == 1 and told[0].server == "work"
+    assert "h200-3g → h200-1g" in told[0].message and "4.8 credits" in told[0].message
+    code, notices = await get_json(base, "api/notices", "ada")
+    assert [n["kind"] for n in notices["notices"]] == ["right_size"]
+    # Dismissed, it is not raised again within the lookback window.
+    NoticeStore(ctx.engine).clear("ada", None, ["right_size"])
+    await get_json(base, "api/usage", "ada")
+    assert NoticeStore(ctx.engine).active("ada") == []
+
+
+async def test_a_session_that_did_not_fit_means_no_advice_and_no_notice(service):
+    base, ctx = service
+    three_small_sessions(ctx, "bob", last_peak_gib=40.0)  # over 2g's and 1g's memory
+    code, data = await get_json(base, "api/usage", "bob")
+    assert code == 200 and data["advice"] == []
+    page = await fetch(base, "usage", "bob")
+    assert page.code == 200 and "<h2>Advice</h2>" not in page.body.decode()
+    assert NoticeStore(ctx.engine).active("bob") == []
+
+
+async def test_admins_see_the_per_profile_report_and_researchers_do_not(service):
+    base, ctx = service
+    three_small_sessions(ctx, "ada")
+    closed_session(ctx, "bob", "", "h200-full", 8_000_000, 5, 60, 100.0, 2.0)
+    code, data = await get_json(base, "api/right-sizing", "admin")
+    assert code == 200
+    rows = {r["profile"]: r for r in data["profiles"]}
+    assert set(rows) == {"h200-3g", "h200-full"}
+    assert rows["h200-3g"] == {
+        "profile": "h200-3g", "sessions": 3, "hours": 2.0, "mean_activity": 10.0,
+        "p95_activity": 10.0, "idle_percent": 0.0, "fits_smaller_percent": 100.0,
+        "advice": "h200-1g"}
+    assert rows["h200-full"]["idle_percent"] == 100.0  # 2 % mean: idle
+    assert rows["h200-full"]["advice"] is None  # one session: too few to advise
+    assert data["since"].endswith("Z") and data["until"].endswith("Z")
+
+    page = await fetch(base, "admin/report", "admin")
+    assert page.code == 200
+    html = page.body.decode()
+    assert 'id="right-sizing"' in html and "h200-3g" in html and "h200-1g" in html
+
+    code, data = await get_json(base, "api/right-sizing", "ada")
+    assert code == 403
+    assert (await fetch(base, "admin/report", "ada")).code == 403
