@@ -354,6 +354,7 @@ class GPULeaseHub(GPULeaseOptions, HostAtStart, JupyterHub):
             "cpu_source": "pod-metrics" if self.shape == "cluster" else "process",
             "warn_before": self.culler_warn_before,
             "stale_after": self.culler_stale_after,
+            "readings_interval": str(self.culler_readings_interval),
         }
 
     def init_tornado_settings(self):

@@ -310,6 +310,21 @@ class GPULeaseOptions(Configurable):
         "ActivityPusher.interval (60 s). Older pushes keep a server only until they were made.",
     )
 
+    culler_readings_interval = Float(
+        10.0, config=True,
+        help="Seconds between the idle culler's GPU readings (each running GPU server's "
+        "activity and memory in use), sent to the gpulease service for its researcher's "
+        "status and their session's mean and peak; 0 turns them off (GPU stats then "
+        "read 'no reading'). Never part of an idle decision.",
+    )
+
+    @validate("culler_readings_interval")
+    def _valid_culler_readings_interval(self, proposal):
+        # The culler takes any negative as off; on the hub it is a typo, said at start.
+        if proposal["value"] < 0:
+            raise TraitError("culler_readings_interval must be 0 (off) or more seconds")
+        return proposal["value"]
+
     @validate("culler_stale_after")
     def _valid_culler_stale_after(self, proposal):
         try:

@@ -78,6 +78,31 @@ def test_culler_stale_after_is_a_hub_option_that_reaches_the_culler(tmp_path):
         GPULeaseHub(culler_stale_after="90")
 
 
+def test_culler_readings_interval_is_a_hub_option_that_reaches_the_culler(tmp_path):
+    """Issue 47: how often the culler sends GPU readings is set on the hub (the culler, a hub
+    service, inherits no environment), 10 s by default, 0 off, never negative."""
+    import pytest
+    from traitlets import TraitError
+
+    from gpulease.hub.app import GPULeaseHub
+    from gpulease.hub.config.hub_config import CULLER_SERVICE_NAME
+    from gpulease.idle_culler.app import parse_args
+
+    def culler_args(hub: GPULeaseHub):
+        c = hub_config(replace(settings(tmp_path), culler=hub._culler_settings("declared")))
+        env = {svc["name"]: svc for svc in c.JupyterHub.services}[CULLER_SERVICE_NAME][
+            "environment"]
+        return parse_args([], {k: v for k, v in env.items() if isinstance(v, str)})
+
+    assert culler_args(GPULeaseHub()).readings_interval == 10.0
+    assert culler_args(GPULeaseHub(culler_readings_interval=2.5)).readings_interval == 2.5
+    assert culler_args(GPULeaseHub(culler_readings_interval=0)).readings_interval == 0
+    help_text = GPULeaseHub.class_get_help()
+    assert "culler_readings_interval" in help_text and "turns them off" in help_text
+    with pytest.raises(TraitError, match="0 \\(off\\) or more"):
+        GPULeaseHub(culler_readings_interval=-1)
+
+
 def test_the_cluster_shapes_culler_reads_pods_through_prometheus_and_the_metrics_api(tmp_path):
     """Cluster shape: CPU from metrics.k8s.io, GPU from culler_prometheus_url; the culler,
     a hub service that inherits nothing, gets what its Kubernetes client is configured from."""
