@@ -135,7 +135,12 @@ class BillingHandler(BaseAPIHandler):
         which profiles may be suggested."""
         own = user == me["name"] and me.get("kind", "user") == "user"
         if groups is None:
-            model = me if own else await self.hub_user(user)
+            try:
+                model = me if own else await self.hub_user(user)
+            except Refusal:
+                # a user the hub no longer knows (or a hub away): their usage is in the
+                # database and is answered as it always was; advice needs their groups
+                return []
             groups = model.get("groups") or []
         now = utcnow()
         # disabled ones too: sessions on them are judged, though never pointed to

@@ -223,3 +223,22 @@ async def test_admins_see_the_per_profile_report_and_researchers_do_not(service)
     code, data = await get_json(base, "api/right-sizing", "ada")
     assert code == 403
     assert (await fetch(base, "admin/report", "ada")).code == 403
+
+
+async def test_the_usage_of_a_user_the_hub_no_longer_knows_is_answered_without_advice(
+        service, monkeypatch):
+    """An admin's `api/usage?user=NAME` needs only the database, as before advice: a user
+    deleted from the hub is answered with their sessions and no advice, not 404."""
+    base, ctx = service
+
+    def users(self, name):
+        if name == "gone":
+            raise web.HTTPError(404)
+        self.finish(json.dumps({"name": name, "groups": [], "servers": {}}))
+    monkeypatch.setattr(FakeHubUsers, "get", users)
+    led = SessionLedger(ctx.engine)
+    s = led.open("gone", "", "h200-1g", "user:gone", 1_000_000, utcnow())
+    led.close(s.id, utcnow(), "user")
+    code, data = await get_json(base, "api/usage?user=gone", "admin")
+    assert code == 200, data
+    assert data["advice"] == [] and [x["user"] for x in data["sessions"]] == ["gone"]
