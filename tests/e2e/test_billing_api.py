@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from gpulease.core.clock import utcnow
+from gpulease.hub.service import billing_views as bv
 from gpulease.store.db import open_database, sqlite_url
 from gpulease.store.ledger import Ledger
 from gpulease.store.sessions import SessionLedger
@@ -230,7 +231,9 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
                  "account": "user:carol",
                  "started": first.started.isoformat() + "Z", "ended": s["ended"],
                  "billed_seconds": 3601, "billed_ms": 3_600_500, "cost": "1.200167",
-                 "end_reason": "idle", "reservation": None}  # ceil(3,600,500 ms × 1.2 credits/h)
+                 "end_reason": "idle", "reservation": None,  # ceil(3,600,500 ms × 1.2 credits/h)
+                 "gpu": {"mean_activity": None, "peak_activity": None,  # no culler readings here
+                         "peak_memory_bytes": None, "source": None}}
     assert data["totals"] == {"billed_seconds": 3601 + 60 + 10,
                               "billed_ms": 3_600_500 + 60_000 + 10_000, "cost": "1.224057"}
     since = second.started.isoformat() + "Z"
@@ -248,9 +251,13 @@ def test_usage_json_and_csv(hub, tokens, carol_sessions):
     assert "attachment" in r.headers["Content-Disposition"] and ".csv" in r.headers["Content-Disposition"]
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert list(rows[0]) == ["user", "server", "profile", "tier", "account", "started", "ended",
-                             "billed_seconds", "billed_ms", "cost", "end_reason", "reservation"]
+                             "billed_seconds", "billed_ms", "cost", "end_reason", "reservation",
+                             "gpu_mean_activity", "gpu_peak_activity", "gpu_peak_memory_bytes",
+                             "gpu_source"]
+    # the JSON's `gpu` object is the CSV's flat gpu_* columns
+    flat = [{k: v for k, v in s.items() if k != "gpu"} for s in bv.csv_rows(data["sessions"])]
     assert [dict(row) for row in rows] == [{k: "" if v is None else str(v) for k, v in s.items()}
-                                           for s in data["sessions"]]
+                                           for s in flat]
 
 
 def test_stop_validation_and_permissions(hub, tokens):
@@ -316,7 +323,10 @@ def test_cli_credits_and_usage(hub, tokens):
     since = (utcnow() - dt.timedelta(days=41)).date().isoformat()  # carol's three sessions
     out = hub.cli("usage", "--user", "carol", "--csv", "--since", since)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == "user,server,profile,tier,account,started,ended,billed_seconds,billed_ms,cost,end_reason,reservation"
+    assert out.stdout.splitlines()[0] == ("user,server,profile,tier,account,started,ended,"
+                                          "billed_seconds,billed_ms,cost,end_reason,reservation,"
+                                          "gpu_mean_activity,gpu_peak_activity,"
+                                          "gpu_peak_memory_bytes,gpu_source")
     assert len(out.stdout.splitlines()) == 4
     everyone = hub.cli("usage", "--csv", "--since", since).stdout  # the CLI's token: every user's
     assert {"carol", "alice"} <= {line.split(",")[0] for line in everyone.splitlines()[1:]}

@@ -238,7 +238,8 @@ def test_usage_queries_default_to_the_month_and_span_at_most_366_days(hub, admin
     assert r.status_code == 400 and "later than since" in r.json()["message"]
     assert hub.service("GET", "api/usage?since=2025-01-01&until=2026-01-01", token).status_code == 200
     assert hub.service("GET", "api/usage", token).json() == {
-        "sessions": [], "totals": {"billed_seconds": 0, "billed_ms": 0, "cost": "0.000000"}}
+        "sessions": [], "totals": {"billed_seconds": 0, "billed_ms": 0, "cost": "0.000000"},
+        "advice": []}
     page = hub.login_form("ugo", "ugo-pw-12345").get(
         f"{hub.urls.service()}usage?since=2000-01-01", timeout=30)
     assert page.status_code == 400 and re.search(r"at most 366 days", page.text)
