@@ -90,6 +90,10 @@ def render(kind: str, user: str, server: str, profile: str | None, minutes: floa
     elif kind == "queued_started":
         waited = f" after {dur} in the queue" if dur else ""
         text = f"{what} has started{waited}. Open it from the hub's home page."
+    elif kind == "right_size":
+        text = (f"A smaller profile would have fitted the recent sessions of your "
+                f"{_server(server)}" + (f" ({profile})" if profile else "") +
+                ": your usage page says which, and what it would have saved.")
     else:
         raise ValueError(f"unknown notice kind {kind!r}")
     return subject_for(kind, user, server, deadline), text
