@@ -15,22 +15,15 @@ the service for all of them) and passed through with only the documented fields
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
-from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from .notices import REQUEST_TIMEOUT, describe, service_url, ssl_options
+from .notices import CachedAnswerHandler, CachedServiceAnswer, service_url, ssl_options
 
 # Shorter than the 5 s poll, so that one tab sees each new reading (every 10 s) within
 # a poll or two; long enough that many tabs make one request.
@@ -64,17 +57,10 @@ def passed_through(payload: Any) -> dict[str, Any]:
 
 
 @dataclass
-class GpuStatusSource:
-    """Fetches and caches the service's answer; one request in flight at a time."""
+class GpuStatusSource(CachedServiceAnswer):
+    """The service's answer for this server, passed through (notices.py's cache)."""
 
-    url: str | None
-    token: str
-    server_name: str
-    ssl_options: dict[str, str] = field(default_factory=dict)
     cache_seconds: float = CACHE_SECONDS
-    _at: float = field(default=-1e9, init=False)
-    _result: dict[str, Any] = field(default_factory=dict, init=False)
-    _inflight: asyncio.Future | None = field(default=None, init=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> GpuStatusSource:
@@ -82,62 +68,15 @@ class GpuStatusSource:
                    server_name=env.get("JUPYTERHUB_SERVER_NAME", ""),
                    ssl_options=ssl_options(env))
 
-    async def get(self) -> dict[str, Any]:
-        if time.monotonic() - self._at < self.cache_seconds:
-            return self._result
-        if self._inflight is None:
-            self._inflight = asyncio.ensure_future(self._refresh())
-        inflight = self._inflight
-        try:
-            # shielded: a tab that goes away does not cancel the others' request
-            return await asyncio.shield(inflight)
-        finally:
-            if inflight.done() and self._inflight is inflight:
-                self._inflight = None
+    def shaped(self, payload: Any) -> dict[str, Any]:
+        return passed_through(payload)
 
-    async def _refresh(self) -> dict[str, Any]:
-        try:
-            result = await self._fetch()
-        except Exception as e:  # noqa: BLE001 - any failure is reported, never raised
-            # kept for the cache too: a service that is down is not asked by every tab
-            result = {"server": self.server_name, "error": describe(e, self.url)}
-        result["now"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self._result, self._at = result, time.monotonic()
-        return result
-
-    async def _fetch(self) -> dict[str, Any]:
-        if not self.url:
-            raise LookupError("no gpulease service URL (GPULEASE_SERVICE_URL is not set)")
-        if not self.token:
-            raise LookupError("no API token (JUPYTERHUB_API_TOKEN is not set)")
-        request = HTTPRequest(
-            self.url,
-            headers={"Authorization": f"token {self.token}", "Accept": "application/json"},
-            connect_timeout=REQUEST_TIMEOUT,
-            request_timeout=REQUEST_TIMEOUT,
-            follow_redirects=False,
-            **self.ssl_options,
-        )
-        response = await AsyncHTTPClient().fetch(request)
-        return passed_through(json.loads(response.body))
+    def succeeded(self, shaped: dict[str, Any]) -> dict[str, Any]:
+        return shaped
 
 
-class GpuStatusHandler(APIHandler):
-    """This server's GPU and cost, for its owner's browser.
-
-    Polling it is not activity (as notices.py): every open tab asks every 5 s, and
-    counting that would keep an idle server, and its bill, running.
-    """
-
-    _track_activity = False
-
-    def initialize(self, source: GpuStatusSource) -> None:
-        self.source = source
-
-    @web.authenticated
-    async def get(self) -> None:
-        self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(await self.source.get()))
+class GpuStatusHandler(CachedAnswerHandler):
+    """This server's GPU and cost, for its owner's browser (every open tab asks every 5 s)."""
 
 
 def setup_handlers(serverapp: Any, env: Mapping[str, str] = os.environ) -> GpuStatusSource:

@@ -75,8 +75,13 @@ def for_server(payload: Any, server_name: str) -> list[dict[str, Any]]:
 
 
 @dataclass
-class NoticesSource:
-    """Fetches and caches the notices; one request in flight at a time."""
+class CachedServiceAnswer:
+    """One answer of the gpulease service for this server, asked with the server's own
+    token and kept `cache_seconds` (every open tab polls: one request for all of them),
+    one request in flight at a time. A failure is an answer too (`failed`), cached as
+    well: a service that is down is not asked by every tab. Subclasses say how a good
+    answer is read (`shaped`, ValueError when it is not the documented shape) and shown
+    (`succeeded`)."""
 
     url: str | None
     token: str
@@ -87,10 +92,14 @@ class NoticesSource:
     _result: dict[str, Any] = field(default_factory=dict, init=False)
     _inflight: asyncio.Future | None = field(default=None, init=False)
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> NoticesSource:
-        return cls(url=notices_url(env), token=env.get("JUPYTERHUB_API_TOKEN", ""),
-                   server_name=env.get("JUPYTERHUB_SERVER_NAME", ""), ssl_options=ssl_options(env))
+    def shaped(self, payload: Any) -> Any:
+        raise NotImplementedError
+
+    def succeeded(self, shaped: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def failed(self, why: str) -> dict[str, Any]:
+        return {"server": self.server_name, "error": why}
 
     async def get(self) -> dict[str, Any]:
         if time.monotonic() - self._at < self.cache_seconds:
@@ -99,25 +108,24 @@ class NoticesSource:
             self._inflight = asyncio.ensure_future(self._refresh())
         inflight = self._inflight
         try:
+            # shielded: a tab that goes away does not cancel the others' request
             return await asyncio.shield(inflight)
         finally:
             if inflight.done() and self._inflight is inflight:
                 self._inflight = None
 
     async def _refresh(self) -> dict[str, Any]:
-        result: dict[str, Any] = {"server": self.server_name}
         try:
-            result["notices"] = await self._fetch()
+            result = self.succeeded(await self._fetch())
         except Exception as e:  # noqa: BLE001 - any failure is reported, never raised
-            result["notices"] = []
-            result["error"] = describe(e, self.url)
+            result = self.failed(describe(e, self.url))
         result["now"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self._result, self._at = result, time.monotonic()
         return result
 
-    async def _fetch(self) -> list[dict[str, Any]]:
+    async def _fetch(self) -> Any:
         if not self.url:
-            raise LookupError("no gpulease service URL (JUPYTERHUB_API_URL is not set)")
+            raise LookupError("no gpulease service URL (GPULEASE_SERVICE_URL is not set)")
         if not self.token:
             raise LookupError("no API token (JUPYTERHUB_API_TOKEN is not set)")
         request = HTTPRequest(
@@ -129,7 +137,44 @@ class NoticesSource:
             **self.ssl_options,
         )
         response = await AsyncHTTPClient().fetch(request)
-        return for_server(json.loads(response.body), self.server_name)
+        return self.shaped(json.loads(response.body))
+
+
+class CachedAnswerHandler(APIHandler):
+    """A CachedServiceAnswer for the server's own browser (or any authenticated client).
+
+    Polling it is not activity: JupyterLab asks from every open tab, and counting that
+    would keep an idle server, and its bill, running as long as a tab stays open.
+    """
+
+    _track_activity = False
+
+    def initialize(self, source: CachedServiceAnswer) -> None:
+        self.source = source
+
+    @web.authenticated
+    async def get(self) -> None:
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(await self.source.get()))
+
+
+@dataclass
+class NoticesSource(CachedServiceAnswer):
+    """The notices of this server: an empty list with the error when they cannot be had."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> NoticesSource:
+        return cls(url=notices_url(env), token=env.get("JUPYTERHUB_API_TOKEN", ""),
+                   server_name=env.get("JUPYTERHUB_SERVER_NAME", ""), ssl_options=ssl_options(env))
+
+    def shaped(self, payload: Any) -> list[dict[str, Any]]:
+        return for_server(payload, self.server_name)
+
+    def succeeded(self, shaped: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"server": self.server_name, "notices": shaped}
+
+    def failed(self, why: str) -> dict[str, Any]:
+        return {"server": self.server_name, "notices": [], "error": why}
 
 
 def describe(e: Exception, url: str | None) -> str:
@@ -142,22 +187,8 @@ def describe(e: Exception, url: str | None) -> str:
     return f"cannot reach the gpulease service ({url}): {e.__class__.__name__}: {e}"
 
 
-class NoticesHandler(APIHandler):
-    """The notices of this server, for the user's browser (or any authenticated client).
-
-    Polling it is not activity: JupyterLab asks every 30 s from every open tab, and
-    counting that would keep an idle server alive as long as a tab stays open.
-    """
-
-    _track_activity = False
-
-    def initialize(self, source: NoticesSource) -> None:
-        self.source = source
-
-    @web.authenticated
-    async def get(self) -> None:
-        self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(await self.source.get()))
+class NoticesHandler(CachedAnswerHandler):
+    """The notices of this server (JupyterLab asks every 30 s from every open tab)."""
 
 
 def setup_handlers(serverapp, env: Mapping[str, str] = os.environ) -> NoticesSource:
