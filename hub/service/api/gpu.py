@@ -23,57 +23,39 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from jupyterhub.services.auth import UserNotAllowed
 from tornado import web
 
-from gpulease.core.refusal import Refusal
-from gpulease.core.units import json_loads
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service.activity_store import PushError, iso, server_of
-from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.body_limit import MAX_BODY_BYTES
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.gpu_readings import GpuReadings, parse_readings, reading_view
 from gpulease.hub.service.push_rate import PushRate
+from gpulease.hub.service.streamed_push import StreamedPush, TokenIdentified
 from gpulease.store.gpu_stats import fold_readings
 from gpulease.store.sessions import SessionLedger
 
-# A refusal before the body is read closes the connection (see api/activity.py).
-UNREAD_BODY = {"Connection": "close"}
 # The culler pushes once a pass, in chunks of at most 5,000 servers: 200,000
 # servers are 40 pushes, which the burst takes; a runaway loop is held to 5 a second.
 PUSH_BURST = 50.0
 PUSH_PER_S = 5.0
 
 
-class GpuHandler(BaseAPIHandler):
-    """Shared: the readings held in memory, and the caller identified without blocking."""
+class GpuHandler(TokenIdentified):
+    """Shared: the readings held in memory, and the caller identified without blocking
+    (every server's status bar asks, and pushes come from the culler)."""
 
     @property
     def readings(self) -> GpuReadings:
         return self.settings.setdefault("gpulease_gpu_readings", GpuReadings())
 
-    async def identify(self) -> None:
-        # Every server's status bar asks, and pushes come from the culler: HubAuth's
-        # synchronous lookup would stop the loop while the hub answers (as in
-        # api/activity.py). A browser's cookie takes HubOAuth's usual path.
-        token = self.hub_auth.get_token(self, in_cookie=False)
-        if not token:
-            return
-        try:
-            model = await self.hub_auth.user_for_token(token, sync=False)
-        except web.HTTPError as e:
-            raise APIError(503, "The hub cannot identify this token now "
-                                f"({e.log_message or e.status_code}); try again") from None
-        try:
-            self._hub_auth_user_cache = self.check_hub_user(model) if model else None
-        except UserNotAllowed:
-            self._hub_auth_user_cache = None
-
 
 @web.stream_request_body
-class GpuReadingsHandler(GpuHandler):
+class GpuReadingsHandler(StreamedPush, GpuHandler):
     """Streamed so that who pushes, and how often, is checked before the body is read."""
+
+    max_body_bytes = MAX_BODY_BYTES
+    what = "A push of GPU readings (push fewer servers at once)"
 
     @property
     def rate(self) -> PushRate:
@@ -81,16 +63,7 @@ class GpuReadingsHandler(GpuHandler):
             "gpulease_gpu_push_rate", PushRate(server_burst=PUSH_BURST, server_per_s=PUSH_PER_S,
                                                user_burst=PUSH_BURST, user_per_s=PUSH_PER_S))
 
-    async def prepare(self) -> None:
-        self._chunks: list[bytes] = []
-        self._size = 0
-        try:
-            await self._admit()
-        except Refusal as e:
-            e.headers = {**e.headers, **UNREAD_BODY}
-            raise
-
-    async def _admit(self) -> None:
+    async def admit(self) -> None:
         await self.identify()
         self.require_admin()
         wait = self.rate.wait_s(self.caller()["name"], "gpu-readings", time.monotonic())
@@ -98,28 +71,10 @@ class GpuReadingsHandler(GpuHandler):
             raise APIError(429, f"GPU readings are pushed too often: at most {PUSH_PER_S:g} "
                                 f"a second (bursts of {PUSH_BURST:g}); try again in {wait} s",
                            headers={"Retry-After": str(wait)})
-        length = self.request.headers.get("Content-Length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            raise APIError(413, f"A push of GPU readings is at most {MAX_BODY_BYTES} bytes "
-                                f"(Content-Length {length[:20]}): push fewer servers at once")
-        self.request.connection.set_max_body_size(MAX_BODY_BYTES)
-
-    def data_received(self, chunk: bytes) -> None:
-        self._size += len(chunk)
-        if self._size <= MAX_BODY_BYTES:
-            self._chunks.append(chunk)
+        self.bound_body()
 
     async def put(self) -> None:
-        if self._size > MAX_BODY_BYTES:
-            raise APIError(413, f"A push of GPU readings is at most {MAX_BODY_BYTES} bytes")
-        body = b"".join(self._chunks)
-        if not body:
-            raise APIError(400, "A JSON body is required")
-        try:
-            data = json_loads(body.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise APIError(400, f"The body is not valid JSON: {e}") from None
-        readings = parse_readings(data, datetime.now(UTC))  # PushError: 400, nothing kept
+        readings = parse_readings(self.body_json(), datetime.now(UTC))  # PushError: 400
         # The sessions first: were the database down (503), memory keeps nothing either.
         await asyncio.to_thread(fold_readings, self.ctx.engine, [r.sample() for r in readings])
         self.readings.put(readings)
