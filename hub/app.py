@@ -274,7 +274,7 @@ class GPULeaseHub(GPULeaseOptions, HostAtStart, JupyterHub):
             queue_max_wait_s=parse_duration(self.queue_max_wait, "queue_max_wait"),
             queue_max_length=self.queue_max_length,
             queue_places_per_user=self.queue_places_per_user,
-            failed_start_limit=self.failed_start_limit,
+            failed_start_limit=self.failed_start_limit, gpu_chart_step_s=self.gpu_chart_step,
             extra_tiers=tuple(self.extra_tiers),
             failed_start_window_s=parse_duration(self.failed_start_window,
                                                  "failed_start_window"),

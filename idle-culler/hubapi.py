@@ -199,12 +199,13 @@ class HubClient:
         return await self.request(
             "GET", f"{self.public_url}/services/gpulease/api/server-activity{query}")
 
-    async def put_gpu_readings(self, servers: list[dict[str, Any]]) -> None:
+    async def put_gpu_readings(self, servers: list[dict[str, Any]], interval_s: float) -> None:
         """The running GPU servers' latest activity and memory (`PUT api/gpu-readings`,
-        204), which the service folds into their open billing sessions and shows their
-        researchers; raises HubError or aiohttp's errors where it was not taken."""
+        204), which the service folds into their open billing sessions, each reading
+        standing for `interval_s` of its session, and shows their researchers; raises
+        HubError or aiohttp's errors where it was not taken."""
         await self.request("PUT", f"{self.public_url}/services/gpulease/api/gpu-readings",
-                           {"servers": servers})
+                           {"servers": servers, "interval_s": interval_s})
 
     async def stop(self, user: str, server: str, reason: str) -> int:
         """Stop through the gpulease service, which closes the session with `reason`."""

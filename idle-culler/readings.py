@@ -5,7 +5,9 @@ Every `readings_interval_s` (10 s) it reads the servers of the culler's last ful
 through the culler's own GPU source and device lookup (`Culler.devices_of`), and sends
 one batch (of up to 5,000 servers), `PUT api/gpu-readings`, which the service folds
 into each server's open billing session (mean and peak activity, peak memory) and shows
-its researcher.
+its researcher. Each line names the server's start as the hub lists it (`started`): the
+pass's list may be a pass old, and a server stopped and started again since holds other
+devices, so the service folds a line only into the session of the start it was read for.
 
 Nothing here decides anything, and a reading never feeds a decision: a failing service
 is logged once per outage and the passes go on. A value that cannot be read is null
@@ -18,6 +20,7 @@ import asyncio
 import logging
 import time
 from dataclasses import asdict, dataclass
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from gpulease.idle_culler.gpu import GpuActivitySource, combine
@@ -39,7 +42,8 @@ class GpuReading:
 
     user: str
     server: str
-    activity: float | None  # the busiest device, 0..100 (gpu.combine)
+    started: str  # the server's start, as the hub's users API lists it (ISO 8601 UTC)
+    activity: float | None  # the mean over its devices, 0..100 (None: any device unread)
     memory_used_bytes: int | None  # summed over its devices
     memory_total_bytes: int | None
     source: str  # of the activity: nvml, gpm, dcgm; '' where none (or a test double)
@@ -49,17 +53,35 @@ class GpuReading:
         return asdict(self) | {"why": self.why[:MAX_WHY]}
 
 
+def _started(info: ServerInfo) -> str:
+    return info.started.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def mean_activity(activity: dict[str, float | None]) -> float | None:
+    """The mean over the server's devices; None unless every device was read.
+
+    Not the idleness signal (`combine`: the busiest device decides there): what a
+    session used of its GPUs is their mean, and an unread device could be anything,
+    so a mean over the devices read would be biased either way."""
+    if not activity or any(v is None for v in activity.values()):
+        return None
+    return sum(v for v in activity.values() if v is not None) / len(activity)
+
+
 def server_reading(info: ServerInfo, source: GpuActivitySource,
                    activity: dict[str, float | None],
                    memory: dict[str, tuple[int, int] | None], threshold: float) -> GpuReading:
     """A server's reading from its devices' values.
 
-    Activity is the busiest device's, as a pass takes it (`combine`: a quiet device
-    beside an unreadable one is unknown). Memory is the sum of used and of total,
-    and only where every device was read: a partial sum would understate it.
+    Activity is the mean over its devices (`mean_activity`), its source named as a
+    pass names it (`combine`). Memory is the sum of used and of total, and only where
+    every device was read: a partial sum would understate it.
     """
-    value, said = combine(source, activity, threshold)
-    whys = [] if value is not None else [said]
+    value = mean_activity(activity)
+    _, said = combine(source, activity, threshold)
+    whys = [] if value is not None else [
+        "; ".join(f"{u}: {source.describe(u)}" for u, v in activity.items() if v is None)
+        or said]
     unread = [u for u in memory if memory[u] is None]
     used = total = None
     if memory and not unread:
@@ -68,12 +90,12 @@ def server_reading(info: ServerInfo, source: GpuActivitySource,
     else:
         whys.append("memory: " + ("; ".join(f"{u}: {source.describe_memory(u)}" for u in unread)
                                   or "no devices found for this server"))
-    return GpuReading(info.user, info.server, value, used, total,
+    return GpuReading(info.user, info.server, _started(info), value, used, total,
                       said if value is not None and said in SOURCES else "", "; ".join(whys))
 
 
 def no_reading(info: ServerInfo, why: str) -> GpuReading:
-    return GpuReading(info.user, info.server, None, None, None, "", why)
+    return GpuReading(info.user, info.server, _started(info), None, None, None, "", why)
 
 
 class ReadingsLoop:
@@ -102,7 +124,8 @@ class ReadingsLoop:
         try:
             readings = [r.as_json() for r in await self.collect()]
             for i in range(0, len(readings), MAX_BATCH):
-                await self.culler.hub.put_gpu_readings(readings[i:i + MAX_BATCH])
+                await self.culler.hub.put_gpu_readings(
+                    readings[i:i + MAX_BATCH], self.culler.config.readings_interval_s)
         except Exception as e:  # the service down, refusing, or a bug: the passes go on
             error = f"{type(e).__name__}: {e}"[:200]
             if not self.failing:

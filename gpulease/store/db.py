@@ -221,6 +221,10 @@ sessions = Table(
     Column("gpu_activity_peak", Float, nullable=True),
     Column("gpu_memory_peak_bytes", BigInteger, nullable=True),
     Column("gpu_reading_source", String(16), nullable=True),
+    # How much of the session those readings covered (0014): each folded reading adds
+    # its pusher's interval, so the right-sizing rule judges only well-read sessions.
+    Column("gpu_activity_read_ms", BigInteger, nullable=False, server_default="0"),
+    Column("gpu_memory_read_ms", BigInteger, nullable=False, server_default="0"),
 )
 Index(
     "uq_sessions_open_server",

@@ -1,31 +1,41 @@
 """What each session's GPU did: the idle culler's readings folded into the open session.
 
-A push (PUT api/gpu-readings) carries one reading per server. Each is folded
-into that server's OPEN session only, all of one push in one transaction:
+A push (PUT api/gpu-readings) carries one reading per server, each naming the
+server's start as the hub listed it to the culler. `fold_readings` first decides
+which session each reading is OF (`accepted_sessions`): the server's open session,
+unless a session of that server ended at or after the reading's start. Then the
+reading is of an earlier run of the server (the culler's list is up to a pass old):
+its devices may since be another researcher's, so it is kept nowhere.
 
-- a reading with an activity counts: samples + 1, sum + activity, peak = max;
-- a memory reading raises the memory peak;
+Each accepted reading is folded into its session, all of one push in one transaction:
+
+- a reading with an activity counts: samples + 1, sum + activity, peak = max, and
+  the interval it stands for is added to `gpu_activity_read_ms`;
+- a memory reading raises the memory peak and adds to `gpu_memory_read_ms`;
 - a named source (nvml, gpm, dcgm) replaces the one kept: the latest names
   how the figures were read.
 
-A server without an open session is skipped (it stopped between the
-culler's look and its push); a closed session is never written, so what it
-had at its close is what the usage page shows for good. The mean is
-sum / samples (`mean_activity`), over the readings that had one.
+A closed session is never written, so what it had at its close is what the usage
+page shows for good. The mean is sum / samples (`mean_activity`), over the readings
+that had one; the read milliseconds say how much of the session they stood for.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, case, update
+from sqlalchemy import Engine, and_, bindparam, case, func, select, update
 
 from gpulease.store.db import sessions
 
 _c = sessions.c
+_CHUNK = 900  # user names per query: under SQLite's old limit of 999 bound parameters
+# A reading stands for at most this much of its session, whatever its pusher's interval.
+MAX_READ_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -34,14 +44,16 @@ class GpuSample:
 
     user: str
     server: str
+    started: dt.datetime  # the server's start the reading is of (naive UTC, the hub's clock)
     activity: float | None  # percent, 0..100; None: not read
     memory_used_bytes: int | None
     source: str  # "" when the reading named none
 
 
 def _statement(has_activity: bool, has_memory: bool, has_source: bool) -> Any:
-    """An UPDATE of one server's open session for readings of this shape (executemany)."""
+    """An UPDATE of one open session for readings of this shape (executemany)."""
     values: dict[str, Any] = {}
+    read_ms = bindparam("a_read_ms", type_=_c.gpu_activity_read_ms.type)
     if has_activity:
         a = bindparam("a_activity", type_=_c.gpu_activity_sum.type)
         values["gpu_activity_samples"] = _c.gpu_activity_samples + 1
@@ -51,43 +63,84 @@ def _statement(has_activity: bool, has_memory: bool, has_source: bool) -> Any:
         values["gpu_activity_peak"] = case(
             (_c.gpu_activity_peak.is_(None), a), (_c.gpu_activity_peak < a, a),
             else_=_c.gpu_activity_peak)
+        values["gpu_activity_read_ms"] = _c.gpu_activity_read_ms + read_ms
     if has_memory:
         m = bindparam("a_memory", type_=_c.gpu_memory_peak_bytes.type)
         values["gpu_memory_peak_bytes"] = case(
             (_c.gpu_memory_peak_bytes.is_(None), m), (_c.gpu_memory_peak_bytes < m, m),
             else_=_c.gpu_memory_peak_bytes)
+        values["gpu_memory_read_ms"] = _c.gpu_memory_read_ms + read_ms
     if has_source:
         values["gpu_reading_source"] = bindparam("a_source", type_=_c.gpu_reading_source.type)
     return (update(sessions)
-            .where(and_(_c.ended_at.is_(None), _c.user_name == bindparam("w_user"),
-                        _c.server_name == bindparam("w_server")))
+            .where(and_(_c.id == bindparam("w_id"), _c.ended_at.is_(None)))
             .values(**values))
 
 
-def fold_readings(engine: Engine, samples: Iterable[GpuSample]) -> None:
-    """Fold one push's readings into their servers' open sessions, in ONE transaction.
+def _chunks(items: list[str]) -> Iterator[list[str]]:
+    return (items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK))
+
+
+def accepted_sessions(conn: Any, samples: Sequence[GpuSample]) -> dict[tuple[str, str], int]:
+    """{(user, server): open session id} for the samples that are of their server's open
+    session: one is open, and no session of the server ended at or after the sample's
+    start (else the sample is of an earlier run, read on devices it no longer holds)."""
+    if not samples:
+        return {}
+    users = sorted({s.user for s in samples})
+    oldest = min(s.started for s in samples)
+    open_ids: dict[tuple[str, str], int] = {}
+    last_end: dict[tuple[str, str], dt.datetime] = {}
+    for chunk in _chunks(users):
+        for row in conn.execute(select(_c.id, _c.user_name, _c.server_name)
+                                .where(_c.ended_at.is_(None), _c.user_name.in_(chunk))):
+            open_ids[(row.user_name, row.server_name)] = row.id
+        for user, server, ended in conn.execute(
+                select(_c.user_name, _c.server_name, func.max(_c.ended_at))
+                .where(_c.user_name.in_(chunk), _c.ended_at >= oldest)
+                .group_by(_c.user_name, _c.server_name)):
+            last_end[(user, server)] = ended
+    accepted = {}
+    for s in samples:
+        key = (s.user, s.server)
+        ended = last_end.get(key)
+        if key in open_ids and (ended is None or ended < s.started):
+            accepted[key] = open_ids[key]
+    return accepted
+
+
+def fold_readings(engine: Engine, samples: Iterable[GpuSample], interval_ms: int
+                  ) -> dict[tuple[str, str], int]:
+    """Fold one push's readings into their servers' open sessions, in ONE transaction;
+    {(user, server): session id} of the readings accepted (`accepted_sessions`), those
+    with nothing read included (the service shows them as "no reading").
 
     Readings are grouped by which figures they carry, so a push of thousands of
     servers is a few executemany statements, not thousands of round trips.
     """
-    shapes: dict[tuple[bool, bool, bool], list[dict[str, Any]]] = defaultdict(list)
-    for s in samples:
-        shape = (s.activity is not None, s.memory_used_bytes is not None, bool(s.source))
-        if not any(shape):
-            continue  # nothing read: nothing to keep
-        params: dict[str, Any] = {"w_user": s.user, "w_server": s.server}
-        if s.activity is not None:
-            params["a_activity"] = float(s.activity)
-        if s.memory_used_bytes is not None:
-            params["a_memory"] = int(s.memory_used_bytes)
-        if s.source:
-            params["a_source"] = s.source
-        shapes[shape].append(params)
-    if not shapes:
-        return
+    samples = list(samples)
+    read_ms = max(0, min(int(interval_ms), MAX_READ_MS))
     with engine.begin() as conn:
+        accepted = accepted_sessions(conn, samples)
+        shapes: dict[tuple[bool, bool, bool], list[dict[str, Any]]] = defaultdict(list)
+        for s in samples:
+            session_id = accepted.get((s.user, s.server))
+            shape = (s.activity is not None, s.memory_used_bytes is not None, bool(s.source))
+            if session_id is None or not any(shape):
+                continue  # not this session's, or nothing read: nothing to keep
+            params: dict[str, Any] = {"w_id": session_id}
+            if shape[0] or shape[1]:
+                params["a_read_ms"] = read_ms
+            if s.activity is not None:
+                params["a_activity"] = float(s.activity)
+            if s.memory_used_bytes is not None:
+                params["a_memory"] = int(s.memory_used_bytes)
+            if s.source:
+                params["a_source"] = s.source
+            shapes[shape].append(params)
         for shape, params in shapes.items():
             conn.execute(_statement(*shape), params)
+    return accepted
 
 
 def mean_activity(samples: int | None, total: float | None) -> float | None:

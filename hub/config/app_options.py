@@ -318,6 +318,20 @@ class GPULeaseOptions(Configurable):
         "read 'no reading'). Never part of an idle decision.",
     )
 
+    gpu_chart_step = Integer(
+        60, config=True,
+        help="Seconds per point of the last-hour GPU chart in researchers' JupyterLab status "
+        "panel (1 to 600): each point is the step's mean activity and peak memory. The "
+        "gpulease service holds 3600/step points per running GPU server in memory, about "
+        "18 bytes each (60: some 2 KB a server).",
+    )
+
+    @validate("gpu_chart_step")
+    def _valid_gpu_chart_step(self, proposal):
+        if not 1 <= proposal["value"] <= 600:
+            raise TraitError(f"gpu_chart_step must be 1 to 600 seconds, not {proposal['value']}")
+        return proposal["value"]
+
     @validate("culler_readings_interval")
     def _valid_culler_readings_interval(self, proposal):
         # The culler takes any negative as off; on the hub it is a typo, said at start.

@@ -193,6 +193,7 @@ class HubSettings:
     # Rationing of failed starts (GPULeaseHub.failed_start_limit, failed_start_window).
     failed_start_limit: int = FAILED_START_LIMIT
     failed_start_window_s: int = FAILED_START_WINDOW_S
+    gpu_chart_step_s: int = 60  # GPULeaseHub.gpu_chart_step, for the service
     extra_tiers: tuple[dict, ...] = ()  # GPULeaseHub.extra_tiers, for the service
     cpu_only_cpu_per_user: str = CPU_ONLY_CPU_PER_USER
     cpu_only_memory_per_user: str = CPU_ONLY_MEMORY_PER_USER
@@ -330,6 +331,7 @@ def hub_config(s: HubSettings) -> Config:
                 "GPULEASE_RESERVATION_LEAD_S": str(s.reservation_lead_s),
                 "GPULEASE_FAILED_START_LIMIT": str(s.failed_start_limit),
                 "GPULEASE_FAILED_START_WINDOW_S": str(s.failed_start_window_s),
+                "GPULEASE_GPU_CHART_STEP_S": str(s.gpu_chart_step_s),
                 "GPULEASE_EXTRA_TIERS": json.dumps(list(s.extra_tiers)),
                 # where servers' own logs are (api/logs): the embedded box's state folder
                 "GPULEASE_SERVER_LOG_ROOT": "" if cluster else str(s.state.root),

@@ -15,6 +15,7 @@ from tornado import web
 from tornado.routing import Rule
 
 from gpulease.core.tiers import register_all
+from gpulease.hub.servers.notifier import backends_from_env
 from gpulease.hub.service import body_limit, hub_static, openapi
 from gpulease.hub.service.activity_store import ActivityStore
 from gpulease.hub.service.api import (
@@ -93,7 +94,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
     # First: a body declared over the bound is refused before any route reads it.
     handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]
     handlers += [(url_path_join(prefix, path), cls, args) for path, cls in routes]
-    handlers += n.notice_routes(prefix, args, env)
+    backends = backends_from_env(env)  # mail and webhook, as the admin configured them
+    handlers += n.notice_routes(prefix, args, backends)
     handlers.append((url_path_join(prefix, "oauth_callback"), pages.OAuthCallbackPage, args))
     # JupyterHub's stylesheet for the pages, as the hub serves it (hub_static.py)
     handlers.append((url_path_join(prefix, hub_static.ROUTE), hub_static.HubStaticFile))
@@ -107,6 +109,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         xsrf_cookies=False,
         template_path=str(TEMPLATES),
         gpulease_prefix=prefix,
+        # the notification backends: notices the service opens (right-sizing) are sent too
+        gpulease_notify_backends=backends,
         # the hub's, this service's and servers' URLs (links across origins)
         gpulease_urls=site_urls_from_env(env),
         # how users are kept apart on this host (gpulease.hub.config.isolation_check)
@@ -123,6 +127,8 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         # GPULeaseHub.failed_start_limit and _window: the rationing api/failed-starts shows
         # the embedded box's state folder, where servers' own logs are (api/logs)
         gpulease_server_log_root=env.get("GPULEASE_SERVER_LOG_ROOT", ""),
+        # GPULeaseHub.gpu_chart_step: seconds a point of the status panel's last hour
+        gpulease_gpu_chart_step_s=int(env.get("GPULEASE_GPU_CHART_STEP_S") or 60),
         gpulease_failed_start_rule=Rationing(
             int(env.get("GPULEASE_FAILED_START_LIMIT") or DEFAULT_LIMIT),
             int(env.get("GPULEASE_FAILED_START_WINDOW_S") or DEFAULT_WINDOW_S)),

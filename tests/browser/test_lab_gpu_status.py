@@ -5,7 +5,8 @@ whose culler pushes no GPU readings (`culler_readings_interval=0`): the status b
 shows the profile, the cost and rate, and "no reading", never a made-up figure. A
 reading then PUT to `api/gpu-readings` with an admin token (what the culler does)
 shows in it within seconds, with its source; clicking it opens the last hour's
-chart, where a reading without activity is a gap. The status bar asks the server
+chart (a point a second here: `gpu_chart_step=1`), where a step without activity is
+a gap. The status bar asks the server
 (gpulease.singleuser.gpu_status), which asks the service with the server's own
 token: another researcher's token gets 403 at the server. Any 4xx or 5xx answer
 on the way fails the test (tests/support/browser.py ALLOWED_ERRORS).
@@ -14,6 +15,7 @@ on the way fails the test (tests/support/browser.py ALLOWED_ERRORS).
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import requests
@@ -29,15 +31,17 @@ GIB = 2**30
 def hub(tmp_path_factory):
     base = tmp_path_factory.mktemp("browser_lab_gpu")
     # No culler readings: the server starts with none, and the test's PUTs are the only ones.
+    # A point a second on the chart, so that three readings a second apart are three points.
     h = HubProcess(state=base / "state", admin_password=ADMIN_PW,
-                   extra_args=["--GPULeaseHub.culler_readings_interval=0"]).start()
+                   extra_args=["--GPULeaseHub.culler_readings_interval=0",
+                               "--GPULeaseHub.gpu_chart_step=1"]).start()
     h.admin = h.token_for("admin", ADMIN_PW)
     yield h
     h.close()
 
 
-def reading(activity: float | None, used: int | None, why: str = "") -> dict:
-    return {"servers": [{"user": "dee", "server": "", "activity": activity,
+def reading(started: str, activity: float | None, used: int | None, why: str = "") -> dict:
+    return {"servers": [{"user": "dee", "server": "", "started": started, "activity": activity,
                          "memory_used_bytes": used, "memory_total_bytes": int(17.8 * GIB),
                          "source": "nvml", "why": why}]}
 
@@ -65,10 +69,14 @@ def test_status_bar_cost_then_a_reading_then_the_chart(hub, browser_context):
     assert "%" not in item.text_content() and "GiB" not in item.text_content()
 
     # the culler's readings (an admin's PUT): the bar shows the latest within seconds
-    for body in (reading(20.0, 2 * GIB), reading(None, 3 * GIB, why="no GPM on this GPU"),
-                 reading(37.0, int(4.1 * GIB))):
+    # (each for the server's start as the hub lists it, as the culler sends them)
+    started = hub.api("GET", "users/dee", hub.admin).json()["servers"][""]["started"]
+    for body in (reading(started, 20.0, 2 * GIB),
+                 reading(started, None, 3 * GIB, why="no GPM on this GPU"),
+                 reading(started, 37.0, int(4.1 * GIB))):
         r = hub.service("PUT", "api/gpu-readings", hub.admin, body)
         assert r.status_code == 204, r.text
+        time.sleep(1.1)  # the next step of the chart
     page.wait_for_function(
         "() => document.querySelector('.gpulease-gpu-status').textContent"
         ".includes('GPU 37% · 4.1/17.8 GiB (nvml)')", timeout=15_000)

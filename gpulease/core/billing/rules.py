@@ -82,3 +82,19 @@ def month_start(now: dt.datetime | None = None) -> dt.datetime:
     """Midnight UTC of the first day of `now`'s calendar month (caps are monthly)."""
     now = now or utcnow()
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def runway_s(balance_ucr: int, account_rate_ucr: int, cap_left_ucr: int | None = None,
+             own_rate_ucr: int = 0) -> int | None:
+    """Seconds until a running server is stopped for money at today's rates; None: never.
+
+    The account's balance runs down at the summed rate of every session open on it
+    (`account_rate_ucr`, this one's included); a member's cap on a group account runs
+    down at the rate of their own sessions there (`own_rate_ucr`). The earlier of the
+    two, never below 0. A lower bound: a cap renews at the month's turn."""
+    found = []
+    if account_rate_ucr > 0:
+        found.append(max(0, balance_ucr) * 3600 // account_rate_ucr)
+    if cap_left_ucr is not None and own_rate_ucr > 0:
+        found.append(max(0, cap_left_ucr) * 3600 // own_rate_ucr)
+    return min(found) if found else None

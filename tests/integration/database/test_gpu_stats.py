@@ -1,5 +1,5 @@
 """The culler's GPU readings folded into open sessions (issue 47), on SQLite and PostgreSQL,
-and migration 0013 that holds them, up and down."""
+and migrations 0013 and 0014 that hold them, up and down."""
 
 from __future__ import annotations
 
@@ -21,6 +21,18 @@ from gpulease.store.sessions import SessionLedger
 T0 = dt.datetime(2026, 5, 4, 9)
 GPU_COLUMNS = {"gpu_activity_samples", "gpu_activity_sum", "gpu_activity_peak",
                "gpu_memory_peak_bytes", "gpu_reading_source"}
+COVERAGE_COLUMNS = {"gpu_activity_read_ms", "gpu_memory_read_ms"}
+# The server's start the culler read it for: the hub lists it before its session opens.
+STARTED = T0 - dt.timedelta(seconds=5)
+
+
+def sample(user: str, server: str, activity: float | None, memory: int | None, source: str,
+           started: dt.datetime = STARTED) -> GpuSample:
+    return GpuSample(user, server, started, activity, memory, source)
+
+
+def fold(engine, samples, interval_ms: int = 10_000):
+    return fold_readings(engine, samples, interval_ms)
 
 
 def row(engine, session_id: int):
@@ -31,30 +43,33 @@ def row(engine, session_id: int):
 def test_two_pushes_fold_into_the_open_session_only(engine):
     meter = SessionLedger(engine)
     done = meter.open("ada", "old", "h200-1g", "user:ada", 3_600_000, T0)
-    fold_readings(engine, [GpuSample("ada", "old", 80.0, 5 * 2**30, "nvml")])
+    fold(engine, [sample("ada", "old", 80.0, 5 * 2**30, "nvml")])
     meter.close(done.id, T0 + dt.timedelta(minutes=5), "user")
     kept = row(engine, done.id)
     ada = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, T0)
     bob = meter.open("bob", "gpu", "h200-1g", "user:bob", 3_600_000, T0)
 
-    fold_readings(engine, [
-        GpuSample("ada", "", 37.5, 1_000, "nvml"),
-        GpuSample("bob", "gpu", None, 2**40, "dcgm"),  # memory only: no activity sample
-        GpuSample("carol", "", 99.0, 1, "nvml"),  # no session at all: skipped
-        GpuSample("ada", "old", 100.0, 9 * 2**30, "gpm"),  # its session is closed
+    accepted = fold(engine, [
+        sample("ada", "", 37.5, 1_000, "nvml"),
+        sample("bob", "gpu", None, 2**40, "dcgm"),  # memory only: no activity sample
+        sample("carol", "", 99.0, 1, "nvml"),  # no session at all: skipped
+        sample("ada", "old", 100.0, 9 * 2**30, "gpm"),  # its session is closed
     ])
-    fold_readings(engine, [
-        GpuSample("ada", "", 12.5, 500, ""),  # no source named: the last one stays
-        GpuSample("bob", "gpu", 20.0, None, "gpm"),
+    fold(engine, [
+        sample("ada", "", 12.5, 500, ""),  # no source named: the last one stays
+        sample("bob", "gpu", 20.0, None, "gpm"),
     ])
 
+    assert accepted == {("ada", ""): ada.id, ("bob", "gpu"): bob.id}
     a = row(engine, ada.id)
     assert (a.gpu_activity_samples, a.gpu_activity_sum, a.gpu_activity_peak) == (2, 50.0, 37.5)
+    assert (a.gpu_activity_read_ms, a.gpu_memory_read_ms) == (20_000, 20_000)
     assert a.gpu_memory_peak_bytes == 1_000 and a.gpu_reading_source == "nvml"
     b = row(engine, bob.id)
     assert (b.gpu_activity_samples, b.gpu_activity_sum, b.gpu_activity_peak) == (1, 20.0, 20.0)
     assert b.gpu_memory_peak_bytes == 2**40 and isinstance(b.gpu_memory_peak_bytes, int)
     assert b.gpu_reading_source == "gpm"
+    assert (b.gpu_activity_read_ms, b.gpu_memory_read_ms) == (10_000, 10_000)
     # A closed session keeps what it had at its close.
     assert row(engine, done.id) == kept
     assert (kept.gpu_activity_samples, kept.gpu_activity_peak) == (1, 80.0)
@@ -66,8 +81,8 @@ def test_two_pushes_fold_into_the_open_session_only(engine):
 def test_a_push_with_nothing_read_changes_nothing(engine):
     meter = SessionLedger(engine)
     s = meter.open("ada", "", "cpu", "user:ada", 0, T0)
-    fold_readings(engine, [GpuSample("ada", "", None, None, "")])
-    fold_readings(engine, [])
+    fold(engine, [sample("ada", "", None, None, "")])
+    fold(engine, [])
     r = row(engine, s.id)
     assert r.gpu_activity_samples == 0
     assert (r.gpu_activity_sum, r.gpu_activity_peak, r.gpu_memory_peak_bytes,
@@ -79,7 +94,7 @@ def test_usage_and_its_csv_carry_each_sessions_gpu(engine):
     read = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, T0)
     unread = meter.open("ada", "b", "h200-1g", "user:ada", 3_600_000, T0 + dt.timedelta(1))
     for activity in (10.0, 20.0, 30.5):
-        fold_readings(engine, [GpuSample("ada", "", activity, 7 * 2**30, "nvml")])
+        fold(engine, [sample("ada", "", activity, 7 * 2**30, "nvml")])
     meter.close(read.id, T0 + dt.timedelta(hours=1), "user")
     assert unread.id
     report = usage(engine, user="ada", since=T0)
@@ -123,7 +138,7 @@ def _columns(engine) -> set[str]:
     return {c["name"] for c in inspect(engine).get_columns("sessions")}
 
 
-def test_migration_0013_up_and_down_keeps_the_sessions(at_0012):
+def test_migrations_0013_and_0014_up_and_down_keep_the_sessions(at_0012):
     engine = at_0012
     with engine.begin() as conn:
         conn.execute(text(
@@ -132,16 +147,58 @@ def test_migration_0013_up_and_down_keeps_the_sessions(at_0012):
             "'h200-1g', 'user:ada', 1000, :t, :t, 'on-demand')"), {"t": T0})
     assert not GPU_COLUMNS & _columns(engine)
     upgrade(engine, "0013")
-    assert GPU_COLUMNS <= _columns(engine)
+    assert GPU_COLUMNS <= _columns(engine) and not COVERAGE_COLUMNS & _columns(engine)
+    with engine.connect() as conn:
+        old = conn.execute(text("SELECT gpu_activity_samples, gpu_activity_peak "
+                                "FROM sessions")).one()
+    assert tuple(old) == (0, None)
+    upgrade(engine, "0014")
+    assert COVERAGE_COLUMNS <= _columns(engine)
     with engine.connect() as conn:
         old = conn.execute(select(sessions)).one()
-    assert old.gpu_activity_samples == 0 and old.gpu_activity_peak is None
-    fold_readings(engine, [GpuSample("ada", "", 55.5, 2**35, "nvml")])
+    # earlier sessions were covered by no reading: the rule leaves them out
+    assert (old.gpu_activity_read_ms, old.gpu_memory_read_ms) == (0, 0)
+    fold(engine, [sample("ada", "", 55.5, 2**35, "nvml")])
     with engine.connect() as conn:
-        assert conn.execute(select(sessions.c.gpu_activity_peak)).scalar() == 55.5
+        assert conn.execute(select(sessions.c.gpu_activity_peak,
+                                   sessions.c.gpu_memory_read_ms)).one() == (55.5, 10_000)
+    _downgrade(engine, "0013")
+    assert GPU_COLUMNS <= _columns(engine) and not COVERAGE_COLUMNS & _columns(engine)
     _downgrade(engine, "0012")
     assert not GPU_COLUMNS & _columns(engine)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT user_name FROM sessions")).scalars().all() == ["ada"]
     upgrade(engine)
     assert GPU_COLUMNS <= _columns(engine)
+
+
+def test_a_reading_of_an_earlier_run_of_the_server_is_kept_nowhere(engine):
+    """The culler's list is up to a pass old: a server stopped and started again since
+    holds other devices (maybe the ones another researcher got), so a reading taken for
+    its earlier run must not count in the new session."""
+    meter = SessionLedger(engine)
+    first = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, T0)
+    meter.close(first.id, T0 + dt.timedelta(minutes=10), "user")
+    again_at = T0 + dt.timedelta(minutes=11)
+    again = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, again_at)
+    # Read for the first run (started before it), pushed once the second is open:
+    assert fold(engine, [sample("ada", "", 99.0, 2**36, "nvml", started=STARTED)]) == {}
+    # Read for a start at the very moment the first session ended: still the first run's.
+    at_end = T0 + dt.timedelta(minutes=10)
+    assert fold(engine, [sample("ada", "", 99.0, 2**36, "nvml", started=at_end)]) == {}
+    r = row(engine, again.id)
+    assert (r.gpu_activity_samples, r.gpu_memory_peak_bytes, r.gpu_memory_read_ms) == (0, None, 0)
+    # Read for the second run (the hub lists its start before its session opens): kept.
+    second = again_at - dt.timedelta(seconds=2)
+    assert fold(engine, [sample("ada", "", 40.0, 2**30, "nvml", started=second)]) == {
+        ("ada", ""): again.id}
+    assert row(engine, again.id).gpu_activity_peak == 40.0
+    # A reading with nothing read is still accepted (the status bar shows "no reading").
+    assert fold(engine, [sample("ada", "", None, None, "", started=second)]) == {
+        ("ada", ""): again.id}
+
+
+def test_a_reading_stands_for_at_most_a_minute(engine):
+    s = SessionLedger(engine).open("ada", "", "h200-1g", "user:ada", 3_600_000, T0)
+    fold(engine, [sample("ada", "", 1.0, 1, "nvml")], interval_ms=300_000)
+    assert row(engine, s.id).gpu_memory_read_ms == 60_000

@@ -20,7 +20,8 @@ from gpulease.idle_culler.gpu import (
     PrometheusDcgmSource,
     StaticGpuSource,
 )
-from gpulease.idle_culler.readings import MAX_WHY, GpuReading, ReadingsLoop
+from gpulease.idle_culler.hubapi import ServerInfo
+from gpulease.idle_culler.readings import MAX_WHY, GpuReading, ReadingsLoop, server_reading
 from tests.support.culler_fakehub import REF, Clock, FakeHandler, FakeServer, culler_for, start
 from tests.support.nvml_double import NvmlDouble
 from tests.support.prometheus_double import PrometheusDouble, dcgm_fb_series, dcgm_series
@@ -161,7 +162,7 @@ async def test_one_batch_for_the_gpu_servers_and_null_with_why_where_unread():
     hub, http, client = await start_with_readings(
         servers, clock=clock, profiles={"h200-1g": ("30m", "0"), "cpu": ("30m", "0", None)})
     culler = culler_for(client, servers, clock)
-    # ada's two slices: busy and quiet, memory summed; bob's slice unreadable
+    # ada's two slices: busy and quiet (their mean), memory summed; bob's slice unreadable
     culler.gpu = StaticGpuSource({"MIG-1": 60.0, "MIG-2": 1.0, "MIG-3": None},
                                  memory={"MIG-1": (GIB, 18 * GIB), "MIG-2": (2 * GIB, 18 * GIB)})
     try:
@@ -171,13 +172,25 @@ async def test_one_batch_for_the_gpu_servers_and_null_with_why_where_unread():
     finally:
         http.stop()
         await client.close()
-    assert hub.readings == [{"servers": [
-        {"user": "ada", "server": "", "activity": 60.0, "memory_used_bytes": 3 * GIB,
-         "memory_total_bytes": 36 * GIB, "source": "", "why": ""},  # 'static' is no source
-        {"user": "bob", "server": "train", "activity": None, "memory_used_bytes": None,
-         "memory_total_bytes": None, "source": "",
+    started = "2025-03-03T07:00:00Z"  # each server's start, as the hub listed it
+    assert hub.readings == [{"interval_s": 10.0, "servers": [
+        {"user": "ada", "server": "", "started": started, "activity": 30.5,
+         "memory_used_bytes": 3 * GIB, "memory_total_bytes": 36 * GIB, "source": "",
+         "why": ""},  # 'static' is no source
+        {"user": "bob", "server": "train", "started": started, "activity": None,
+         "memory_used_bytes": None, "memory_total_bytes": None, "source": "",
          "why": "MIG-3: set unknown by the test; memory: MIG-3: no memory set by the test"},
     ]}]  # cy holds no GPU: no line
+
+
+def test_a_server_with_one_device_unread_has_no_mean():
+    """A busy device beside an unread one: the mean could be anything from half its value
+    up, so none is sent (the culler's idleness still counts the busy one as busy)."""
+    ada = fleet()[0]
+    info = ServerInfo(ada.user, ada.name, ada.url, ada.started, None, ada.profile, None)
+    source = StaticGpuSource({"MIG-1": 90.0, "MIG-2": None})
+    line = server_reading(info, source, {"MIG-1": 90.0, "MIG-2": None}, {}, 5.0)
+    assert line.activity is None and "MIG-2: set unknown by the test" in line.why
 
 
 async def test_a_failing_put_never_stops_the_passes_and_is_logged_once(caplog):
@@ -233,5 +246,5 @@ async def test_readings_off_sends_nothing():
 
 
 def test_a_long_why_is_cut_to_what_the_service_takes():
-    reading = GpuReading("ada", "", None, None, None, "", "x" * 2000)
+    reading = GpuReading("ada", "", "2025-03-03T07:00:00Z", None, None, None, "", "x" * 2000)
     assert reading.as_json()["why"] == "x" * MAX_WHY

@@ -92,9 +92,15 @@ async def call(base: str, method: str, path: str, token: str, body=None):
     return r.code, data
 
 
-def reading(user: str, server: str, activity, used=None, source="nvml", why="") -> dict:
-    return {"user": user, "server": server, "activity": activity, "memory_used_bytes": used,
-            "memory_total_bytes": 80 * 2**30, "source": source, "why": why}
+# The servers' start as the hub lists it to the culler (before their sessions open).
+STARTED = (utcnow() - dt.timedelta(hours=2)).isoformat() + "Z"
+
+
+def reading(user: str, server: str, activity, used=None, source="nvml", why="",
+            started: str = STARTED) -> dict:
+    return {"user": user, "server": server, "started": started, "activity": activity,
+            "memory_used_bytes": used, "memory_total_bytes": 80 * 2**30, "source": source,
+            "why": why}
 
 
 def gpu_row(engine, user: str, server: str):
@@ -124,7 +130,7 @@ async def test_only_the_culler_pushes_and_a_bad_entry_keeps_nothing(service):
     fields = {e["field"] for e in data["errors"]}
     assert fields == {"servers[1].activity", "servers[1].memory_used_bytes",
                       "servers[1].source", "servers[2].user", "servers[2].extra",
-                      "servers[2].why"}
+                      "servers[2].why", "servers[2].started"}
     assert gpu_row(ctx_engine, "ada", "gpu").gpu_activity_samples == 0  # nothing half-written
     code, data = await call(base, "PUT", "api/gpu-readings", "culler", b"{nope")
     assert code == 400 and "not valid JSON" in data["message"]
@@ -176,12 +182,14 @@ async def test_a_server_and_its_owner_see_its_gpu_and_cost_nobody_else(service):
     assert data["runway_s"] == 9 * 3600 // 2
     assert data["reading"]["activity"] == 75.0 and data["reading"]["source"] == "gpm"
     assert data["reading"]["memory_total_bytes"] == 80 * 2**30
-    assert [h["activity"] for h in data["history"]] == [12.5, 75.0]
+    # a point a minute: both readings in one minute (their mean), or one each
+    assert [h["activity"] for h in data["history"]] in ([43.8], [12.5, 75.0])
 
-    # The default server has a reading but no session: no cost, the personal balance.
+    # The default server was read but has no open session: nothing of it is kept, no cost,
+    # the personal balance.
     code, default = await call(base, "GET", "api/me/gpu", "ada")
     assert code == 200 and default["profile"] is None and default["runway_s"] is None
-    assert default["reading"]["activity"] == 99.0
+    assert default["reading"] is None and default["history"] == []
 
     for token, path in [("bob", "api/me/gpu?server=gpu&user=ada"),  # another user's
                         ("ada-gpu-server", "api/me/gpu?server="),  # not this token's server
@@ -192,3 +200,59 @@ async def test_a_server_and_its_owner_see_its_gpu_and_cost_nobody_else(service):
     code, his = await call(base, "GET", "api/me/gpu?server=gpu", "bob")
     assert code == 200 and his["user"] == "bob" and his["reading"] is None
     assert his["history"] == [] and his["profile"] is None
+
+
+async def test_a_restarted_server_shows_and_keeps_nothing_read_for_its_earlier_run(service):
+    """The culler reads the servers of its last pass: a server stopped and started again
+    since may be read on its earlier run's devices, another researcher's by then."""
+    base, app = service
+    engine = app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    meter = SessionLedger(engine)
+    first_start = utcnow() - dt.timedelta(minutes=20)
+    first = meter.open("ada", "gpu", "h200-1g", "user:ada", 1_000_000, first_start)
+    read_for_first = (first_start - dt.timedelta(seconds=3)).isoformat() + "Z"
+    pushed = {"servers": [reading("ada", "gpu", 10.0, 2**30, started=read_for_first)]}
+    assert (await call(base, "PUT", "api/gpu-readings", "culler", pushed))[0] == 204
+    meter.close(first.id, utcnow() - dt.timedelta(minutes=1), "user")
+    second = meter.open("ada", "gpu", "h200-1g", "user:ada", 1_000_000, utcnow())
+
+    # Nothing of the first run shows on the second...
+    code, data = await call(base, "GET", "api/me/gpu?server=gpu", "ada")
+    assert code == 200 and data["reading"] is None and data["history"] == []
+    # ...nor does a reading taken for the first run, pushed after the restart.
+    stale = {"servers": [reading("ada", "gpu", 99.0, 70 * 2**30, started=read_for_first)]}
+    assert (await call(base, "PUT", "api/gpu-readings", "culler", stale))[0] == 204
+    code, data = await call(base, "GET", "api/me/gpu?server=gpu", "ada")
+    assert data["reading"] is None and data["history"] == []
+    row = gpu_row_of(engine, second.id)
+    assert (row.gpu_activity_samples, row.gpu_memory_peak_bytes) == (0, None)
+    # The second run's own reading is shown and kept.
+    own = (utcnow() - dt.timedelta(seconds=2)).isoformat() + "Z"
+    fresh = {"servers": [reading("ada", "gpu", 33.0, 2**31, started=own)]}
+    assert (await call(base, "PUT", "api/gpu-readings", "culler", fresh))[0] == 204
+    code, data = await call(base, "GET", "api/me/gpu?server=gpu", "ada")
+    assert data["reading"]["activity"] == 33.0
+    assert gpu_row_of(engine, second.id).gpu_memory_peak_bytes == 2**31
+
+
+def gpu_row_of(engine, session_id: int):
+    from sqlalchemy import select
+
+    with engine.connect() as conn:
+        return conn.execute(select(sessions).where(sessions.c.id == session_id)).one()
+
+
+async def test_the_runway_counts_the_lab_s_other_sessions_and_the_member_s_cap(service):
+    base, app = service
+    engine = app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    ledger, meter = Ledger(engine), SessionLedger(engine)
+    ledger.grant("group:lab", 12_000_000, note="lab credits", actor="admin")  # 12 credits
+    now = utcnow()
+    meter.open("ada", "gpu", "h200-1g", "group:lab", 1_000_000, now)  # 1/h
+    meter.open("bob", "", "h200-1g", "group:lab", 2_000_000, now)  # 2/h, same account
+    code, data = await call(base, "GET", "api/me/gpu?server=gpu", "ada")
+    # 12 credits at 3/h: 4 hours, not the 12 ada's own rate alone would say
+    assert code == 200 and (data["runway_s"], data["runway_by"]) == (4 * 3600, "balance")
+    ledger.set_cap("group:lab", "ada", 500_000)  # half a credit this month, at 1/h
+    code, data = await call(base, "GET", "api/me/gpu?server=gpu", "ada")
+    assert (data["runway_s"], data["runway_by"]) == (1800, "cap")
