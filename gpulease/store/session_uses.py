@@ -36,7 +36,8 @@ def recent_uses(engine: Engine, *, since: dt.datetime, user: str | None = None
     oldest first."""
     query = (select(_c.server_name, _c.profile_slug, _c.billed_ms, _c.started_at, _c.ended_at,
                     _c.gpu_activity_samples, _c.gpu_activity_sum, _c.gpu_activity_peak,
-                    _c.gpu_memory_peak_bytes)
+                    _c.gpu_memory_peak_bytes, _c.gpu_activity_read_ms, _c.gpu_memory_read_ms,
+                    _c.tier, _c.rate_per_hour_ucr)
              .where(_c.ended_at.is_not(None), _c.ended_at >= since)
              .order_by(_c.ended_at, _c.id))
     if user is not None:
@@ -58,7 +59,10 @@ def _use(row) -> SessionUse:
         profile=row.profile_slug, billed_ms=int(billed), mean_activity=mean,
         peak_activity=None if row.gpu_activity_peak is None else float(row.gpu_activity_peak),
         peak_memory_bytes=(None if row.gpu_memory_peak_bytes is None
-                           else int(row.gpu_memory_peak_bytes)))
+                           else int(row.gpu_memory_peak_bytes)),
+        activity_read_ms=int(row.gpu_activity_read_ms or 0),
+        memory_read_ms=int(row.gpu_memory_read_ms or 0),
+        tier=row.tier, rate_per_hour_ucr=int(row.rate_per_hour_ucr))
 
 
 def uses_by_profile(uses: list[ServerUse]) -> dict[str, list[SessionUse]]:

@@ -38,8 +38,16 @@ FULL2 = h200("full2", None, 2, 282, 14, 16.0)
 OFFERS = [G3, G2, G1, FULL1, FULL2]
 
 
-def on(profile: str, *peaks_gib: float, ms: int = HOUR, activity: float | None = 5.0):
-    return [SessionUse(profile, ms, activity, activity, int(p * GiB)) for p in peaks_gib]
+def use(profile: str, ms: int, mean: float | None, peak: float | None, memory: int | None,
+        read: float = 1.0, **more) -> SessionUse:
+    """A session whose readings stood for `read` of it (1.0: all of it)."""
+    return SessionUse(profile, ms, mean, peak, memory, activity_read_ms=int(ms * read),
+                      memory_read_ms=int(ms * read), **more)
+
+
+def on(profile: str, *peaks_gib: float, ms: int = HOUR, activity: float | None = 5.0,
+       **more):
+    return [use(profile, ms, activity, activity, int(p * GiB), **more) for p in peaks_gib]
 
 
 def test_offer_from_profiles():
@@ -59,7 +67,7 @@ def test_advice_only_when_every_session_fits():
 
 
 def test_a_session_without_a_memory_reading_makes_advice_impossible():
-    uses = [*on("g3", 5, 5), SessionUse("g3", HOUR, 5.0, 5.0, None)]
+    uses = [*on("g3", 5, 5), use("g3", HOUR, 5.0, 5.0, None)]
     assert advise(uses, G3, OFFERS) is None
 
 
@@ -72,23 +80,23 @@ def test_the_cheapest_fitting_candidate_usable_and_of_the_same_model():
 
 def test_memory_just_over_90_percent_refuses():
     limit = 18 * GiB * 9 // 10  # 17394617548.8 bytes: floor fits, one more byte does not
-    at = [SessionUse("g3", HOUR, 5.0, 5.0, limit)] * 3
-    over = [*at[:2], SessionUse("g3", HOUR, 5.0, 5.0, limit + 1)]
+    at = [use("g3", HOUR, 5.0, 5.0, limit)] * 3
+    over = [*at[:2], use("g3", HOUR, 5.0, 5.0, limit + 1)]
     assert advise(at, G3, [G3, G1]).profile == "g1"
     assert advise(over, G3, [G3, G1]) is None
 
 
 def test_savings_exact_in_ucr_each_bill_rounded_as_billed():
-    uses = [SessionUse("g3", ms, 10.0, 20.0, 2 * GiB) for ms in (3_600_001, 1_234_567, 2_000_000)]
+    uses = [use("g3", ms, 10.0, 20.0, 2 * GiB) for ms in (3_600_001, 1_234_567, 2_000_000)]
     advice = advise(uses, G3, OFFERS)
     # At 3.60/h: 6_834_568 µcr; at 1.20/h, each ceil(ms / 3): 2_278_191. (One ms_cost of
     # the rate difference would give 4_556_380.)
     assert advice.saved_ucr == 4_556_377
     assert (advice.sessions, advice.fitted) == (3, 3)
     assert advice.hours == pytest.approx(6_834_568 / HOUR)
-    assert advice.text == ("Your last 3 sessions on H200 3g.71gb used at most 2.0 GiB of GPU memory"
-                           " and 10 % of its compute: H200 1g.18gb would have fitted and saved"
-                           " 4.556377 credits.")
+    assert advice.text == ("Your last 3 sessions on H200 3g.71gb peaked at 2.0 GiB of GPU memory,"
+                           " and averaged at most 10 % of its compute: H200 1g.18gb would have"
+                           " fitted and saved 4.556377 credits.")
 
 
 def test_activity_unknown_says_how_much_slower_it_may_run():
@@ -150,7 +158,7 @@ def test_admin_report_shares():
         "g3": [*on("g3", 4, 4, activity=1.0), *on("g3", 4, activity=90.0),
                *on("g3", 32, activity=None)],
         "g1": on("g1", 10, 10, 10, activity=50.0),
-        "cpu": [SessionUse("cpu", HOUR, None, None, None)],  # no offer: left out
+        "cpu": [use("cpu", HOUR, None, None, None)],  # no offer: left out
     }
     report = profile_report(uses, OFFERS)
     assert [r.profile for r in report] == ["g1", "g3"]
@@ -161,3 +169,61 @@ def test_admin_report_shares():
     assert (g1.idle_share, g1.fits_smaller_share, g1.advice) == (0.0, 0.0, None)
     quiet = profile_report({"g3": on("g3", 4, 4, 4, activity=2.0)}, OFFERS)[0]
     assert (quiet.idle_share, quiet.fits_smaller_share, quiet.advice) == (1.0, 1.0, "g1")
+
+
+def test_only_sessions_the_readings_covered_are_counted():
+    # One reading of a long session says little: under half of it read, it is not counted.
+    assert advise(on("g3", 4, 4, 4, read=0.49), G3, OFFERS) is None
+    assert advise(on("g3", 4, 4, 4, read=0.5), G3, OFFERS).profile == "g1"
+    # Three well read, one barely: advice counts the three and says so.
+    advice = advise([*on("g3", 4, 4, 4), *on("g3", 4, read=0.1)], G3, OFFERS)
+    assert (advice.profile, advice.sessions, advice.saved_ucr) == ("g1", 3, 3 * 2_400_000)
+    assert advice.text.startswith("3 of your last 4 sessions on H200 3g.71gb (those the GPU "
+                                  "readings covered) peaked at 4.0 GiB")
+    # ...but a barely read session whose reading already shows it would not fit 1g.18gb
+    # (17 GiB > 16.2) speaks against 1g: 2g.35gb is the advice.
+    advice = advise([*on("g3", 4, 4, 4), *on("g3", 17, read=0.1)], G3, OFFERS)
+    assert advice.profile == "g2"
+    # Activity read too little: the speed is not known, whatever its mean.
+    thin = [SessionUse("g3", HOUR, 90.0, 90.0, 4 * GiB, activity_read_ms=0,
+                       memory_read_ms=HOUR)] * 3
+    slow = advise(thin, G3, OFFERS)
+    assert (slow.profile, slow.speed_known, slow.slower_up_to) == ("g1", False, 3.0)
+
+
+def test_a_busy_peak_says_its_busiest_moments_may_be_slower():
+    # Mean 20 % × 3 = 60 %: keeps up on average; a peak of 50 % × 3 = 150 % does not.
+    uses = [use("g3", HOUR, 20.0, 50.0, 4 * GiB)] * 3
+    advice = advise(uses, G3, OFFERS)
+    assert (advice.profile, advice.speed_known, advice.slower_up_to) == ("g1", True, 3.0)
+    assert "(its busiest moments may run up to 3× slower)" in advice.text
+    assert "averaged at most 20 % of its compute" in advice.text
+
+
+def test_the_saving_is_of_what_each_session_was_billed_on_its_tier():
+    spot_g3 = dataclasses.replace(G3, tier_rates=(("spot", 1_800_000),))
+    spot_g1 = dataclasses.replace(G1, tier_rates=(("spot", 600_000),))
+    offers = [spot_g3, G2, spot_g1]
+    spot = on("g3", 4, 4, 4, tier="spot", rate_per_hour_ucr=1_800_000)
+    # Billed 1.80/h on spot; 1g.18gb on spot is 0.60/h: 1.20 saved an hour, not 2.40.
+    assert advise(spot, spot_g3, offers).saved_ucr == 3 * 1_200_000
+    # A rate fixed at start is what was billed, whatever the offer says today.
+    old = on("g3", 4, 4, 4, rate_per_hour_ucr=3_000_000)
+    assert advise(old, G3, OFFERS).saved_ucr == 3 * (3_000_000 - 1_200_000)
+    # Reserved units are paid for by their reservation: nothing saved by the millisecond.
+    assert advise(on("g3", 4, 4, 4, tier="reserved", rate_per_hour_ucr=0), G3, OFFERS) is None
+    # A candidate without a spot price: its on-demand price is what it would have cost.
+    advice = advise(spot, spot_g3, [spot_g3, G1])
+    assert advice.saved_ucr == 3 * (1_800_000 - 1_200_000)
+
+
+def test_offer_from_a_profile_carries_its_other_tiers_prices():
+    spot = dataclasses.replace(SLICE, spot_price_per_hour_ucr=400_000)
+    offer = offer_from(spot)
+    assert offer.tier_rates == (("spot", 400_000),)
+    assert (offer.rate_on("spot"), offer.rate_on("on-demand")) == (400_000, 1_200_000)
+
+
+def test_admin_report_says_nothing_of_fit_where_nothing_was_read():
+    report = profile_report({"g3": [use("g3", HOUR, None, None, None)] * 2}, OFFERS)[0]
+    assert (report.fits_smaller_share, report.mean_activity, report.idle_share) == (None, None, None)
