@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, and_, delete, insert, or_, select, update
 
@@ -164,25 +165,41 @@ class NoticeStore:
             row = conn.execute(select(notices).where(notices.c.id == notice_id)).one()
         return _notice(row, replaced=replaced)
 
-    def post_once(self, user: str, server: str, kind: str, key: str, message: str,
-                  since: dt.datetime) -> Notice | None:
-        """Open a notice whose message starts with `key` unless one of `kind` with that key
-        was opened for `user` since `since`, open or cleared since (None then).
+    def told(self, user: str, kind: str, keys: Sequence[str], since: dt.datetime) -> set[str]:
+        """The `keys` a notice of `kind` told `user` since `since` (open or cleared since)."""
+        with reading(self.engine) as conn:
+            return self._told(conn, user, kind, keys, since)
 
-        Unlike `post`, an open notice of the same (user, server, kind) with another key is
-        cleared, not rewritten: its row stays as the record that its key was told, so
-        two keys on one server do not replace each other back and forth."""
+    @staticmethod
+    def _told(conn: Any, user: str, kind: str, keys: Sequence[str],
+              since: dt.datetime) -> set[str]:
+        found = set()
+        for key in keys:
+            hit = conn.execute(select(notices.c.id).where(
+                notices.c.user_name == user, notices.c.kind == kind,
+                notices.c.created_at >= since,
+                notices.c.message.contains(key, autoescape=True)).limit(1)).first()
+            if hit is not None:
+                found.add(key)
+        return found
+
+    def post_once(self, user: str, server: str, kind: str, keys: Sequence[str], message: str,
+                  since: dt.datetime) -> Notice | None:
+        """Open a notice telling each of `keys` (the message holds them all), unless a notice
+        of `kind` told any of them to `user` since `since`, open or cleared since (None then:
+        ask `told` and tell the rest).
+
+        Unlike `post`, an open notice of the same (user, server, kind) is cleared, not
+        rewritten: its row stays as the record of what it told. So the caller tells every
+        key due on one server in ONE notice: one after another would clear the first
+        before its researcher saw it."""
         _check_notice(user, server, kind, message)
-        if not message.startswith(key):
-            raise ValueError("the message must start with its key")
+        if not keys or any(key not in message for key in keys):
+            raise ValueError("the message must hold each of its keys")
         with self.engine.begin() as conn:
             # Per user, not per server: the key is what is told once, on whichever server.
             advisory_lock(conn, f"notices-once:{user}\0{kind}")
-            told = conn.execute(select(notices.c.id).where(
-                notices.c.user_name == user, notices.c.kind == kind,
-                notices.c.created_at >= since,
-                notices.c.message.startswith(key, autoescape=True)).limit(1)).first()
-            if told is not None:
+            if self._told(conn, user, kind, keys, since):
                 return None
             advisory_lock(conn, f"notices:{user}\0{server}")
             now = utcnow()

@@ -28,12 +28,12 @@ from urllib.parse import urlsplit
 
 from traitlets import TraitError, Unicode
 
-from gpulease.core.notices import render
-from gpulease.store.notices import NoticeStore, Prefs
+from gpulease.core.notices import render, subject_for
+from gpulease.store.notices import Notice, NoticeStore, Prefs
 
 __all__ = [
     "Notifier", "SmtpNotifier", "WebhookNotifier", "WebhookURL", "announce", "backends_from_env",
-    "check_webhook_url", "dispatch",
+    "check_webhook_url", "dispatch", "tell",
 ]
 
 log = logging.getLogger("gpulease.notifier")
@@ -211,6 +211,25 @@ async def announce(store: NoticeStore, backends: Mapping[str, Notifier], kind: s
             await dispatch(prefs, user, subject, text, backends)
         except Exception as e:
             log.warning("could not notify %s of %s: %s", user, kind, e)
+
+    task = asyncio.ensure_future(send())
+    _sending.add(task)
+    task.add_done_callback(_sending.discard)
+
+
+def tell(store: NoticeStore, backends: Mapping[str, Notifier], notice: Notice) -> None:
+    """Send a notice just opened to its user by their channel, in the background (the
+    request that opened it does not wait for a mail server). Never raises."""
+    if not backends:
+        return
+
+    async def send() -> None:
+        try:
+            prefs = await asyncio.to_thread(store.get_prefs, notice.user)
+            subject = subject_for(notice.kind, notice.user, notice.server, notice.deadline)
+            await dispatch(prefs, notice.user, subject, notice.message, backends)
+        except Exception as e:
+            log.warning("could not notify %s of %s: %s", notice.user, notice.kind, e)
 
     task = asyncio.ensure_future(send())
     _sending.add(task)

@@ -9,7 +9,8 @@ for one user), not when a session closes: the advice needs the profiles the rese
 may start, and their hub groups are known to the service only when a request asks (the
 metering loop that closes sessions has no groups at hand). A session closed since the
 last look is counted at the next one; `NoticeStore.post_once` keeps it to one notice per
-user and profile per lookback window, however often the page is opened.
+user and pair of profiles per lookback window, however often the page is opened, and the
+researcher is told by mail or webhook as they chose (hub/service/api/billing.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gpulease.core.policy.right_sizing import (
     profile_report,
 )
 from gpulease.core.units import format_credits
-from gpulease.store.notices import NoticeStore
+from gpulease.store.notices import Notice, NoticeStore
 from gpulease.store.session_uses import ServerUse, recent_uses, uses_by_profile
 
 NOTICE_KIND = "right_size"
@@ -95,22 +96,34 @@ def advice_view(items: Iterable[ProfileAdvice]) -> list[dict[str, Any]]:
 
 
 def notice_key(current: str, suggest: str) -> str:
-    """The start of the notice's message, which `post_once` looks for: the pair, so a later
-    advice for another smaller profile is told too."""
+    """What the notice's message holds for one advice, which `post_once` looks for: the
+    pair, so a later advice for another smaller profile is told too."""
     return f"Right-sizing ({current} → {suggest}): "
 
 
 def raise_notices(store: NoticeStore, user: str, items: Iterable[ProfileAdvice],
-                  now: dt.datetime, t: Thresholds = DEFAULT_THRESHOLDS) -> int:
-    """One `right_size` notice per advice not told in the lookback window; how many new."""
-    raised = 0
+                  now: dt.datetime, t: Thresholds = DEFAULT_THRESHOLDS) -> list[Notice]:
+    """The `right_size` notices opened for the advice not told in the lookback window:
+    one per server, telling every advice due there (one after another would clear the
+    first before its researcher saw it)."""
+    since = now - t.lookback
+    by_server: dict[str, list[ProfileAdvice]] = {}
     for a in items:
-        key = notice_key(a.current, a.advice.profile)
-        text = (f"{key}{a.advice.text} Choose {a.advice.profile} when you next start a "
-                "server for this work; see your usage page.")
-        if store.post_once(user, a.server, NOTICE_KIND, key, text, now - t.lookback):
-            raised += 1
-    return raised
+        by_server.setdefault(a.server, []).append(a)
+    opened = []
+    for server, advice in sorted(by_server.items()):
+        keys = {notice_key(a.current, a.advice.profile): a for a in advice}
+        told = store.told(user, NOTICE_KIND, list(keys), since)
+        due = {key: a for key, a in keys.items() if key not in told}
+        if not due:
+            continue
+        text = " ".join(f"{key}{a.advice.text} Choose {a.advice.profile} when you next "
+                        "start a server for this work." for key, a in due.items())
+        notice = store.post_once(user, server, NOTICE_KIND, list(due),
+                                 f"{text} See your usage page.", since)
+        if notice is not None:
+            opened.append(notice)
+    return opened
 
 
 def report_of(engine: Any, profiles: Iterable[Profile], now: dt.datetime,

@@ -21,6 +21,7 @@ from gpulease.core.model.profiles import usable_by
 from gpulease.core.refusal import Refusal
 from gpulease.core.shown import shown
 from gpulease.core.units import parse_credits
+from gpulease.hub.servers.notifier import tell
 from gpulease.hub.service import billing_views as bv
 from gpulease.hub.service import right_sizing_views as rs
 from gpulease.hub.service.base import BaseAPIHandler
@@ -147,7 +148,9 @@ class BillingHandler(BaseAPIHandler):
         profiles = await self.run(self.ctx.profiles.list, True)
         advice = await self.run(rs.advice_of, self.ctx.engine, profiles, user, groups, now)
         if own and advice:
-            await self.run(rs.raise_notices, NoticeStore(self.ctx.engine), user, advice, now)
+            store = NoticeStore(self.ctx.engine)
+            for notice in await self.run(rs.raise_notices, store, user, advice, now):
+                tell(store, self.settings.get("gpulease_notify_backends") or {}, notice)
         return advice
 
     async def run(self, fn, *args, **kwargs) -> Any:

@@ -18,9 +18,8 @@ from typing import Any
 
 from jupyterhub.utils import url_path_join
 
-from gpulease.core.notices import subject_for
 from gpulease.core.refusal import Refusal
-from gpulease.hub.servers.notifier import Notifier, backends_from_env, dispatch
+from gpulease.hub.servers.notifier import Notifier, tell
 from gpulease.hub.service.base import BaseAPIHandler
 from gpulease.hub.service.billing_views import iso, parse_time
 from gpulease.hub.service.errors import APIError
@@ -86,18 +85,8 @@ class NoticesHandler(NoticeHandler):
                                 body.get("kind"), body.get("message"), deadline)
         notify = not notice.replaced  # told already when this replaced an open notice
         if notify:
-            task = asyncio.ensure_future(self._notify(notice))
-            _background.add(task)
-            task.add_done_callback(_background.discard)
+            tell(self.store, self.backends, notice)
         self.write_json({**notice_view(notice), "notified": notify}, 201)
-
-    async def _notify(self, notice: Notice) -> None:
-        try:
-            prefs = await asyncio.to_thread(self.store.get_prefs, notice.user)
-            subject = subject_for(notice.kind, notice.user, notice.server, notice.deadline)
-            await dispatch(prefs, notice.user, subject, notice.message, self.backends)
-        except Exception:
-            log.exception("notifying %s of %s failed", notice.user, notice.kind)
 
     async def delete(self):
         user = self.get_argument("user", None)
@@ -140,9 +129,9 @@ class MyNotificationsHandler(NoticeHandler):
 
 
 def notice_routes(prefix: str, args: dict[str, Any],
-                  env: Mapping[str, str]) -> list[tuple[str, type, dict[str, Any]]]:
-    """The notices routes, with the notification backends configured in `env`."""
-    kwargs = {**args, "backends": backends_from_env(env)}
+                  backends: Mapping[str, Notifier]) -> list[tuple[str, type, dict[str, Any]]]:
+    """The notices routes, with the notification backends configured (backends_from_env)."""
+    kwargs = {**args, "backends": backends}
     return [
         (url_path_join(prefix, "api/notices"), NoticesHandler, kwargs),
         (url_path_join(prefix, "api/me/notifications"), MyNotificationsHandler, kwargs),

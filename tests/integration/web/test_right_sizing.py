@@ -27,6 +27,7 @@ from gpulease.core.model.profiles import parse_profile
 from gpulease.store.db import sessions
 from gpulease.store.notices import NoticeStore
 from gpulease.store.sessions import SessionLedger
+from tests.support.sinks import WebhookSink
 
 PREFIX = "/services/gpulease/"
 ACCESS = "access:services!service=gpulease"
@@ -89,9 +90,17 @@ def start_fake_hub() -> tuple[int, asyncio.AbstractEventLoop, threading.Thread]:
 
 
 @pytest.fixture
-async def service(tmp_path, monkeypatch):
+def hook():
+    """Where the service sends webhook notifications (a local receiver)."""
+    with WebhookSink() as sink:
+        yield sink
+
+
+@pytest.fixture
+async def service(tmp_path, monkeypatch, hook):
     hub_port, hub_loop, hub_thread = start_fake_hub()
     env = {
+        "GPULEASE_NOTIFY_WEBHOOK_URL": hook.url,
         "GPULEASE_DB_URL": f"sqlite:///{tmp_path / 'gpulease.sqlite'}",
         "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
         "JUPYTERHUB_API_TOKEN": "t" * 32,
@@ -146,7 +155,9 @@ def closed_session(ctx, user: str, server: str, profile_slug: str, rate: int, ho
     with ctx.engine.begin() as conn:
         conn.execute(update(sessions).where(sessions.c.id == s.id).values(
             gpu_activity_samples=4, gpu_activity_sum=4 * mean, gpu_activity_peak=mean + 5,
-            gpu_memory_peak_bytes=int(peak_gib * GiB), gpu_reading_source="nvml"))
+            gpu_memory_peak_bytes=int(peak_gib * GiB), gpu_reading_source="nvml",
+            # read all along: the rule counts it
+            gpu_activity_read_ms=minutes * 60_000, gpu_memory_read_ms=minutes * 60_000))
     ledger.close(s.id, ended, "user")
 
 
@@ -242,3 +253,40 @@ async def test_the_usage_of_a_user_the_hub_no_longer_knows_is_answered_without_a
     code, data = await get_json(base, "api/usage?user=gone", "admin")
     assert code == 200, data
     assert data["advice"] == [] and [x["user"] for x in data["sessions"]] == ["gone"]
+
+
+async def test_two_advices_on_one_server_are_one_notice_sent_by_the_researcher_s_channel(
+        service, hook):
+    """Both advices due on the server "work" are told together: a second notice there would
+    clear the first before ada saw it. She chose webhook notifications: it is sent once."""
+    base, ctx = service
+    NoticeStore(ctx.engine).set_prefs("ada", "webhook", "")
+    three_small_sessions(ctx, "ada")
+    for i in range(3):  # a full card that peaked at 50 GiB, 20 % busy: the 3g slice fits
+        closed_session(ctx, "ada", "work", "h200-full", 8_000_000, 30 - 5 * i, 40, 50.0, 20.0)
+    code, data = await get_json(base, "api/usage", "ada")
+    assert code == 200
+    assert {(a["profile"], a["suggest"]) for a in data["advice"]} == {
+        ("h200-3g", "h200-1g"), ("h200-full", "h200-3g")}
+    (notice,) = NoticeStore(ctx.engine).active("ada")
+    assert notice.kind == "right_size" and notice.server == "work"
+    assert "h200-3g → h200-1g" in notice.message and "h200-full → h200-3g" in notice.message
+    (sent,) = await asyncio.to_thread(hook.wait, 1)
+    assert "h200-3g → h200-1g" in json.dumps(sent, ensure_ascii=False)
+    # Looked at again: nothing new, nothing sent again.
+    await get_json(base, "api/usage", "ada")
+    await asyncio.sleep(0.5)
+    assert len(hook.bodies) == 1 and len(NoticeStore(ctx.engine).active("ada")) == 1
+
+
+async def test_a_session_the_readings_barely_covered_is_not_counted(service):
+    base, ctx = service
+    three_small_sessions(ctx, "ada")
+    with ctx.engine.begin() as conn:  # read for a tenth of each: too little to count
+        conn.execute(update(sessions).where(sessions.c.user_name == "ada").values(
+            gpu_memory_read_ms=sessions.c.billed_ms / 10))
+    code, data = await get_json(base, "api/usage", "ada")
+    assert code == 200 and data["advice"] == []
+    code, report = await get_json(base, "api/right-sizing", "admin")
+    (row,) = report["profiles"]
+    assert row["fits_smaller_percent"] is None  # nothing read well enough to say
