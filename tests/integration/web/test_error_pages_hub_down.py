@@ -18,7 +18,8 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-PREFIX = "/services/gpulease/"
+from tests.support.service_app import PREFIX, service_env
+
 HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 
 
@@ -32,17 +33,8 @@ def closed_port() -> int:
 @pytest.fixture
 async def service(tmp_path, monkeypatch):
     """The service's app, its hub's API on a port nothing listens on; (base URL, app)."""
-    env = {
-        "GPULEASE_DB_URL": f"sqlite:///{tmp_path / 'gpulease.sqlite'}",
-        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{closed_port()}/hub/api",
-        "JUPYTERHUB_API_TOKEN": "t" * 32,
-        "JUPYTERHUB_CLIENT_ID": "service-gpulease",
-        "JUPYTERHUB_SERVICE_NAME": "gpulease",
-        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
-        "JUPYTERHUB_OAUTH_CALLBACK_URL": f"{PREFIX}oauth_callback",
-        "JUPYTERHUB_BASE_URL": "/",
-        "JUPYTERHUB_HOST": "",
-    }
+    env = service_env(tmp_path / "gpulease.sqlite",
+                      f"http://127.0.0.1:{closed_port()}/hub/api")
     for name, value in env.items():  # HubOAuth reads its settings from the environment
         monkeypatch.setenv(name, value)
     from gpulease.hub.service.app import make_app

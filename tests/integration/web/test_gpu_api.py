@@ -1,5 +1,6 @@
 """PUT api/gpu-readings and GET api/me/gpu (issue 47) over HTTP, in-process: the service's app,
-a FAKE hub that only says whose each token is (`GET /hub/api/user`), and a SQLite database.
+a FAKE hub that only says whose each token is (tests/support/service_app.py), and a SQLite
+database.
 
 Who may push (the culler, a gpulease admin; a researcher's token is 403), the 400s field by
 field with nothing kept, the folding into the open session, and who may read a server's
@@ -12,19 +13,14 @@ import datetime as dt
 import json
 
 import pytest
-from jupyterhub.services.auth import HubAuth, HubOAuth
-from tornado import web
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
 
 from gpulease.core.clock import utcnow
 from gpulease.store.db import sessions
 from gpulease.store.ledger import Ledger
 from gpulease.store.sessions import SessionLedger
+from tests.support.service_app import ACCESS, ctx_of, running_service
 
-PREFIX = "/services/gpulease/"
-ACCESS = "access:services!service=gpulease"
 TOKENS = {
     "culler": {"kind": "service", "name": "gpulease-culler",
                "scopes": ["custom:gpulease:admin", ACCESS]},
@@ -38,49 +34,10 @@ TOKENS = {
 }
 
 
-class FakeHubUser(web.RequestHandler):
-    """The hub's answer about a token: its owner and scopes (403 for an unknown one)."""
-
-    def get(self):
-        token = self.request.headers.get("Authorization", "").removeprefix("token ").strip()
-        model = TOKENS.get(token)
-        if model is None:
-            raise web.HTTPError(403)
-        self.finish(json.dumps(model))
-
-
 @pytest.fixture
 async def service(tmp_path, monkeypatch):
-    hub_sock, hub_port = bind_unused_port()
-    hub = HTTPServer(web.Application([(r"/hub/api/user", FakeHubUser)]))
-    hub.add_sockets([hub_sock])
-    env = {
-        "GPULEASE_DB_URL": f"sqlite:///{tmp_path / 'gpulease.sqlite'}",
-        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
-        "JUPYTERHUB_API_TOKEN": "t" * 32,
-        "JUPYTERHUB_CLIENT_ID": "service-gpulease",
-        "JUPYTERHUB_SERVICE_NAME": "gpulease",
-        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
-        "JUPYTERHUB_OAUTH_CALLBACK_URL": f"{PREFIX}oauth_callback",
-        "JUPYTERHUB_BASE_URL": "/",
-        "JUPYTERHUB_HOST": "",
-    }
-    for name, value in env.items():  # HubAuth reads its settings from the environment
-        monkeypatch.setenv(name, value)
-    # HubAuth is a process-wide singleton: one made by an earlier test knows another hub.
-    HubAuth.clear_instance()
-    HubOAuth.clear_instance()
-    from gpulease.hub.service.app import make_app
-
-    app = make_app(env)
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
-    yield f"http://127.0.0.1:{port}{PREFIX}", app
-    server.stop()
-    hub.stop()
-    HubAuth.clear_instance()
-    HubOAuth.clear_instance()
+    async with running_service(tmp_path, monkeypatch, TOKENS) as (base, app):
+        yield base, app
 
 
 async def call(base: str, method: str, path: str, token: str, body=None):
@@ -113,7 +70,7 @@ def gpu_row(engine, user: str, server: str):
 
 async def test_only_the_culler_pushes_and_a_bad_entry_keeps_nothing(service):
     base, app = service
-    ctx_engine = app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    ctx_engine = ctx_of(app).engine
     SessionLedger(ctx_engine).open("ada", "gpu", "h200-1g", "user:ada", 3_600_000, utcnow())
     body = {"servers": [reading("ada", "gpu", 40.0, 2**30)]}
 
@@ -160,7 +117,7 @@ async def test_only_the_culler_pushes_and_a_bad_entry_keeps_nothing(service):
 
 async def test_a_server_and_its_owner_see_its_gpu_and_cost_nobody_else(service):
     base, app = service
-    engine = app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    engine = ctx_of(app).engine
     Ledger(engine).grant("user:ada", 10_000_000, note="start", actor="admin")  # 10 credits
     started = utcnow() - dt.timedelta(minutes=30)
     session = SessionLedger(engine).open("ada", "gpu", "h200-1g", "user:ada", 2_000_000,
@@ -206,7 +163,7 @@ async def test_a_restarted_server_shows_and_keeps_nothing_read_for_its_earlier_r
     """The culler reads the servers of its last pass: a server stopped and started again
     since may be read on its earlier run's devices, another researcher's by then."""
     base, app = service
-    engine = app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    engine = ctx_of(app).engine
     meter = SessionLedger(engine)
     first_start = utcnow() - dt.timedelta(minutes=20)
     first = meter.open("ada", "gpu", "h200-1g", "user:ada", 1_000_000, first_start)
@@ -244,7 +201,7 @@ def gpu_row_of(engine, session_id: int):
 
 async def test_the_runway_counts_the_lab_s_other_sessions_and_the_member_s_cap(service):
     base, app = service
-    engine = app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    engine = ctx_of(app).engine
     ledger, meter = Ledger(engine), SessionLedger(engine)
     ledger.grant("group:lab", 12_000_000, note="lab credits", actor="admin")  # 12 credits
     now = utcnow()

@@ -17,21 +17,17 @@ never 0.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import re
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from jupyterhub.services.auth import HubAuth, HubOAuth
+from jupyterhub.services.auth import HubOAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
 
 from gpulease.core.clock import utcnow
 from gpulease.core.units import seconds_text
@@ -42,8 +38,8 @@ from gpulease.store.sessions import SessionLedger
 from tests.support.culler_fakehub import REF, TOKEN, Clock, FakeHandler, FakeServer, culler_for
 from tests.support.culler_fakehub import start as start_culler_hub
 from tests.support.nvml_double import NvmlDouble, NVMLErrorDouble
+from tests.support.service_app import ctx_of, running_service
 
-PREFIX = "/services/gpulease/"
 GIB = 1 << 30
 HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 # Whose each token is, as the hub would say: the culler (a gpulease admin) and two researchers.
@@ -76,93 +72,22 @@ class LostGpuNvml(NvmlDouble):
         return super().nvmlDeviceGetMemoryInfo(h)
 
 
-class FakeHubUser(web.RequestHandler):
-    """The hub's `GET /hub/api/user`: the token's owner and scopes; 403 for an unknown one."""
-
-    def get(self) -> None:
-        token = self.request.headers.get("Authorization", "").removeprefix("token ").strip()
-        model = TOKENS.get(token)
-        if model is None:
-            raise web.HTTPError(403)
-        self.finish(json.dumps(model))
-
-
-class FakeHubUserModel(web.RequestHandler):
-    """The hub's `GET /hub/api/users/NAME`, which the usage page asks for the user's groups."""
-
-    def get(self, name: str) -> None:
-        if f"{name}-token" not in TOKENS:
-            raise web.HTTPError(404)
-        self.finish(json.dumps({"kind": "user", "name": name, "admin": False, "groups": [],
-                                "servers": {}}))
-
-
-def serve_in_thread(app: web.Application) -> tuple[int, Callable[[], None]]:
-    """Serve `app` from its own thread and event loop; (port, stop). A page asks the hub
-    who its cookie's token is synchronously (HubOAuth's first lookup of a token), which
-    would wait forever on a fake hub served by the very loop it blocks."""
-    sock, port = bind_unused_port()
-    ready = threading.Event()
-    held: dict[str, Any] = {}
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        server = HTTPServer(app)
-        server.add_sockets([sock])
-        held["loop"] = loop
-        ready.set()
-        loop.run_forever()
-        server.stop()
-        loop.close()
-
-    thread = threading.Thread(target=run, name="fake-hub", daemon=True)
-    thread.start()
-    ready.wait(10)
-
-    def stop() -> None:
-        held["loop"].call_soon_threadsafe(held["loop"].stop)
-        thread.join(10)
-
-    return port, stop
+def user_model(name: str) -> dict[str, Any] | None:
+    """The hub's model of a user, which the usage page asks for their groups."""
+    if f"{name}-token" not in TOKENS:
+        return None
+    return {"kind": "user", "name": name, "admin": False, "groups": [], "servers": {}}
 
 
 @pytest.fixture
 async def service(tmp_path, monkeypatch) -> AsyncIterator[tuple[str, web.Application]]:
     """The real gpulease service app and its fake hub API; (base URL, app)."""
-    hub_port, stop_hub = serve_in_thread(web.Application([
-        (r"/hub/api/user", FakeHubUser), (r"/hub/api/users/([^/]+)", FakeHubUserModel)]))
-    env = {
-        "GPULEASE_DB_URL": f"sqlite:///{tmp_path / 'gpulease.sqlite'}",
-        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
-        "JUPYTERHUB_API_TOKEN": "t" * 32,
-        "JUPYTERHUB_CLIENT_ID": "service-gpulease",
-        "JUPYTERHUB_SERVICE_NAME": "gpulease",
-        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
-        "JUPYTERHUB_OAUTH_CALLBACK_URL": f"{PREFIX}oauth_callback",
-        "JUPYTERHUB_BASE_URL": "/",
-        "JUPYTERHUB_HOST": "",
-    }
-    for name, value in env.items():  # HubAuth reads its settings from the environment
-        monkeypatch.setenv(name, value)
-    # HubAuth is a process-wide singleton: one made by an earlier test knows another hub.
-    HubAuth.clear_instance()
-    HubOAuth.clear_instance()
-    from gpulease.hub.service.app import make_app
-
-    app = make_app(env)
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
-    yield f"http://127.0.0.1:{port}{PREFIX}", app
-    server.stop()
-    stop_hub()
-    HubAuth.clear_instance()
-    HubOAuth.clear_instance()
+    async with running_service(tmp_path, monkeypatch, TOKENS, user_model) as (base, app):
+        yield base, app
 
 
 def engine_of(app: web.Application) -> Any:
-    return app.wildcard_router.rules[-1].target_kwargs["ctx"].engine
+    return ctx_of(app).engine
 
 
 async def call(base: str, path: str, token: str) -> tuple[int, Any]:

@@ -12,25 +12,19 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import threading
 
 import pytest
-from jupyterhub.services.auth import HubAuth, HubOAuth
 from sqlalchemy import update
-from tornado import web
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
 
 from gpulease.core.clock import utcnow
 from gpulease.core.model.profiles import parse_profile
 from gpulease.store.db import sessions
 from gpulease.store.notices import NoticeStore
 from gpulease.store.sessions import SessionLedger
+from tests.support.service_app import ACCESS, ctx_of, running_service
 from tests.support.sinks import WebhookSink
 
-PREFIX = "/services/gpulease/"
-ACCESS = "access:services!service=gpulease"
 GiB = 2**30
 TOKENS = {
     "admin": {"kind": "user", "name": "root", "admin": True, "groups": [],
@@ -42,51 +36,10 @@ TOKENS = {
 }
 
 
-class FakeHubUser(web.RequestHandler):
-    """The hub's answer about a token: its owner and scopes (403 for an unknown one)."""
-
-    def get(self):
-        token = self.request.headers.get("Authorization", "").removeprefix("token ").strip()
-        model = TOKENS.get(token)
-        if model is None:
-            raise web.HTTPError(403)
-        self.finish(json.dumps(model))
-
-
-class FakeHubUsers(web.RequestHandler):
-    """The hub's model of a user (the usage page asks for their groups)."""
-
-    def get(self, name: str):
-        self.finish(json.dumps({"name": name, "groups": [], "servers": {}}))
-
-
 def profile(slug: str, gpu: dict, price: str) -> dict:
     return {"slug": slug, "display_name": slug, "gpu": gpu, "cpu": 4, "memory": "32Gi",
             "images": ["pytorch"], "price_per_hour": price, "min_run": "10m",
             "idle_timeout": "30m", "max_runtime": 0, "groups": [], "enabled": True}
-
-
-def start_fake_hub() -> tuple[int, asyncio.AbstractEventLoop, threading.Thread]:
-    """The fake hub on a thread of its own: the service's handlers ask the hub who a token
-    is synchronously (HubAuth waits on another loop), which a hub on the test's own loop,
-    blocked meanwhile, could never answer."""
-    hub_sock, hub_port = bind_unused_port()
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        hub = HTTPServer(web.Application([(r"/hub/api/user", FakeHubUser),
-                                          (r"/hub/api/users/([^/?]+)", FakeHubUsers)]))
-        hub.add_sockets([hub_sock])
-        loop.call_soon(ready.set)
-        loop.run_forever()
-        hub.stop()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(10)
-    return hub_port, loop, thread
 
 
 @pytest.fixture
@@ -96,42 +49,24 @@ def hook():
         yield sink
 
 
+def user_model(name: str) -> dict | None:
+    """The hub's model of a user (the usage page asks for their groups); "gone" is a user
+    the hub no longer knows (404)."""
+    if name == "gone":
+        return None
+    return {"name": name, "groups": [], "servers": {}}
+
+
 @pytest.fixture
 async def service(tmp_path, monkeypatch, hook):
-    hub_port, hub_loop, hub_thread = start_fake_hub()
-    env = {
-        "GPULEASE_NOTIFY_WEBHOOK_URL": hook.url,
-        "GPULEASE_DB_URL": f"sqlite:///{tmp_path / 'gpulease.sqlite'}",
-        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
-        "JUPYTERHUB_API_TOKEN": "t" * 32,
-        "JUPYTERHUB_CLIENT_ID": "service-gpulease",
-        "JUPYTERHUB_SERVICE_NAME": "gpulease",
-        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
-        "JUPYTERHUB_OAUTH_CALLBACK_URL": f"{PREFIX}oauth_callback",
-        "JUPYTERHUB_BASE_URL": "/",
-        "JUPYTERHUB_HOST": "",
-    }
-    for name, value in env.items():  # HubAuth reads its settings from the environment
-        monkeypatch.setenv(name, value)
-    HubAuth.clear_instance()  # a process-wide singleton: an earlier test's knows another hub
-    HubOAuth.clear_instance()
-    from gpulease.hub.service.app import make_app
-
-    app = make_app(env)
-    ctx = app.wildcard_router.rules[-1].target_kwargs["ctx"]
-    for p in (profile("h200-1g", {"model": "H200", "mig": "1g.18gb"}, "1.20"),
-              profile("h200-3g", {"model": "H200", "mig": "3g.71gb"}, "3.60"),
-              profile("h200-full", {"model": "H200", "count": 1}, "8.00")):
-        ctx.profiles.upsert(parse_profile(p, ctx.catalog, slug=p["slug"]))
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
-    yield f"http://127.0.0.1:{port}{PREFIX}", ctx
-    server.stop()
-    hub_loop.call_soon_threadsafe(hub_loop.stop)
-    hub_thread.join(10)
-    HubAuth.clear_instance()
-    HubOAuth.clear_instance()
+    async with running_service(tmp_path, monkeypatch, TOKENS, user_model,
+                               GPULEASE_NOTIFY_WEBHOOK_URL=hook.url) as (base, app):
+        ctx = ctx_of(app)
+        for p in (profile("h200-1g", {"model": "H200", "mig": "1g.18gb"}, "1.20"),
+                  profile("h200-3g", {"model": "H200", "mig": "3g.71gb"}, "3.60"),
+                  profile("h200-full", {"model": "H200", "count": 1}, "8.00")):
+            ctx.profiles.upsert(parse_profile(p, ctx.catalog, slug=p["slug"]))
+        yield base, ctx
 
 
 async def fetch(base: str, path: str, token: str):
@@ -236,17 +171,10 @@ async def test_admins_see_the_per_profile_report_and_researchers_do_not(service)
     assert (await fetch(base, "admin/report", "ada")).code == 403
 
 
-async def test_the_usage_of_a_user_the_hub_no_longer_knows_is_answered_without_advice(
-        service, monkeypatch):
+async def test_the_usage_of_a_user_the_hub_no_longer_knows_is_answered_without_advice(service):
     """An admin's `api/usage?user=NAME` needs only the database, as before advice: a user
     deleted from the hub is answered with their sessions and no advice, not 404."""
     base, ctx = service
-
-    def users(self, name):
-        if name == "gone":
-            raise web.HTTPError(404)
-        self.finish(json.dumps({"name": name, "groups": [], "servers": {}}))
-    monkeypatch.setattr(FakeHubUsers, "get", users)
     led = SessionLedger(ctx.engine)
     s = led.open("gone", "", "h200-1g", "user:gone", 1_000_000, utcnow())
     led.close(s.id, utcnow(), "user")
