@@ -33,6 +33,7 @@ export interface IGpuStatus {
   cost_so_far?: string | null;
   balance?: string;
   runway_s?: number | null;
+  runway_by?: string | null;
   account?: string;
   as_of?: string | null;
   reading?: IReading | null;
@@ -96,7 +97,11 @@ export function describe(s: IGpuStatus): { text: string; title: string } {
                `to ${s.as_of ?? 'the last heartbeat'}`);
     const left = runway(s.runway_s);
     if (left) {
-      parts.push(left);
+      // what runs out first: the account's balance, or your monthly cap on it
+      parts.push(s.runway_by === 'cap' ? `${left} (cap)` : left);
+      title.push(s.runway_by === 'cap'
+        ? `Your monthly cap on ${s.account} runs out first, at today's rates`
+        : `The balance of ${s.account} lasts that long at the rates of all its running servers`);
     }
   }
   title.push(`Balance of ${s.account ?? 'your account'}: ${s.balance ?? '?'} cr`);
