@@ -225,6 +225,9 @@ sessions = Table(
     # its pusher's interval, so the right-sizing rule judges only well-read sessions.
     Column("gpu_activity_read_ms", BigInteger, nullable=False, server_default="0"),
     Column("gpu_memory_read_ms", BigInteger, nullable=False, server_default="0"),
+    # The hub's start of the run it bills (JupyterHub's `started`; 0014), the same across
+    # the sessions of one run (a reservation's end, a repair): what a GPU reading names.
+    Column("run_started_at", DateTime, nullable=True),
 )
 Index(
     "uq_sessions_open_server",

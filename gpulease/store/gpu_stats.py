@@ -1,11 +1,11 @@
 """What each session's GPU did: the idle culler's readings folded into the open session.
 
 A push (PUT api/gpu-readings) carries one reading per server, each naming the
-server's start as the hub listed it to the culler. `fold_readings` first decides
-which session each reading is OF (`accepted_sessions`): the server's open session,
-unless a session of that server ended at or after the reading's start. Then the
-reading is of an earlier run of the server (the culler's list is up to a pass old):
-its devices may since be another researcher's, so it is kept nowhere.
+server's start as the hub listed it to the culler: the run it was read for.
+`fold_readings` first decides which session each reading is OF (`accepted_sessions`):
+the server's open session where it bills that run (`run_started_at`). A reading of
+an earlier run (the culler's list is up to a pass old) was read on devices that may
+be another researcher's by now, so it is kept nowhere.
 
 Each accepted reading is folded into its session, all of one push in one transaction:
 
@@ -81,39 +81,55 @@ def _chunks(items: list[str]) -> Iterator[list[str]]:
     return (items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK))
 
 
-def accepted_sessions(conn: Any, samples: Sequence[GpuSample]) -> dict[tuple[str, str], int]:
-    """{(user, server): open session id} for the samples that are of their server's open
-    session: one is open, and no session of the server ended at or after the sample's
-    start (else the sample is of an earlier run, read on devices it no longer holds)."""
+# The hub lists a run's start to the microsecond; stored, a session keeps what its
+# database keeps (SQLite and PostgreSQL: microseconds). A second covers any rounding.
+SAME_RUN = dt.timedelta(seconds=1)
+
+
+def accepted_sessions(conn: Any, samples: Sequence[GpuSample]) -> list[int | None]:
+    """Per sample, the id of the open session it is of, or None.
+
+    A sample is of its server's open session where that session bills the run the
+    sample names: its `run_started_at` is the sample's start. A session that does not
+    know its run (opened before 0014, or by a caller that did not say) takes the
+    sample unless a session of that server ended at or after the sample's start: the
+    sample is then of an earlier run, read on devices it no longer holds."""
     if not samples:
-        return {}
+        return []
     users = sorted({s.user for s in samples})
     oldest = min(s.started for s in samples)
-    open_ids: dict[tuple[str, str], int] = {}
+    open_runs: dict[tuple[str, str], tuple[int, dt.datetime | None]] = {}
     last_end: dict[tuple[str, str], dt.datetime] = {}
     for chunk in _chunks(users):
-        for row in conn.execute(select(_c.id, _c.user_name, _c.server_name)
+        for row in conn.execute(select(_c.id, _c.user_name, _c.server_name, _c.run_started_at)
                                 .where(_c.ended_at.is_(None), _c.user_name.in_(chunk))):
-            open_ids[(row.user_name, row.server_name)] = row.id
+            open_runs[(row.user_name, row.server_name)] = (row.id, row.run_started_at)
         for user, server, ended in conn.execute(
                 select(_c.user_name, _c.server_name, func.max(_c.ended_at))
                 .where(_c.user_name.in_(chunk), _c.ended_at >= oldest)
                 .group_by(_c.user_name, _c.server_name)):
             last_end[(user, server)] = ended
-    accepted = {}
+    accepted: list[int | None] = []
     for s in samples:
-        key = (s.user, s.server)
-        ended = last_end.get(key)
-        if key in open_ids and (ended is None or ended < s.started):
-            accepted[key] = open_ids[key]
+        found = open_runs.get((s.user, s.server))
+        if found is None:
+            accepted.append(None)
+            continue
+        session_id, run = found
+        if run is not None:
+            same = abs(run - s.started) <= SAME_RUN
+        else:
+            ended = last_end.get((s.user, s.server))
+            same = ended is None or ended < s.started
+        accepted.append(session_id if same else None)
     return accepted
 
 
 def fold_readings(engine: Engine, samples: Iterable[GpuSample], interval_ms: int
-                  ) -> dict[tuple[str, str], int]:
+                  ) -> list[int | None]:
     """Fold one push's readings into their servers' open sessions, in ONE transaction;
-    {(user, server): session id} of the readings accepted (`accepted_sessions`), those
-    with nothing read included (the service shows them as "no reading").
+    per reading, the id of the session it was accepted for (`accepted_sessions`; those
+    with nothing read included: the service shows them as "no reading"), or None.
 
     Readings are grouped by which figures they carry, so a push of thousands of
     servers is a few executemany statements, not thousands of round trips.
@@ -123,8 +139,7 @@ def fold_readings(engine: Engine, samples: Iterable[GpuSample], interval_ms: int
     with engine.begin() as conn:
         accepted = accepted_sessions(conn, samples)
         shapes: dict[tuple[bool, bool, bool], list[dict[str, Any]]] = defaultdict(list)
-        for s in samples:
-            session_id = accepted.get((s.user, s.server))
+        for s, session_id in zip(samples, accepted, strict=True):
             shape = (s.activity is not None, s.memory_used_bytes is not None, bool(s.source))
             if session_id is None or not any(shape):
                 continue  # not this session's, or nothing read: nothing to keep

@@ -91,8 +91,11 @@ class SessionLedger:
     # --- writing ------------------------------------------------------------------
     def open(self, user: str, server: str, profile: str, account: str,
              rate_per_hour_ucr: int, started: dt.datetime, tier: str = ON_DEMAND,
-             reservation_id: int | None = None) -> Session:
-        """Open a session; a session of the same server left open (a crash) closes first."""
+             reservation_id: int | None = None,
+             run_started: dt.datetime | None = None) -> Session:
+        """Open a session; a session of the same server left open (a crash) closes first.
+        `run_started`: the hub's start of the run it bills (JupyterHub's `started`, naive
+        UTC), which the GPU readings name (gpulease/store/gpu_stats.py)."""
         if tier not in ALL_TIERS:
             raise BillingError(400, f"tier: {tier!r} is not one of {', '.join(ALL_TIERS)}", "tier")
         if (isinstance(rate_per_hour_ucr, bool) or not isinstance(rate_per_hour_ucr, int)
@@ -120,6 +123,7 @@ class SessionLedger:
                 user_name=user, server_name=server, profile_slug=profile, account=account,
                 rate_per_hour_ucr=rate_per_hour_ucr, started_at=started,
                 last_confirmed_at=started, tier=tier, reservation_id=reservation_id,
+                run_started_at=run_started,
             )).inserted_primary_key[0]
             row = conn.execute(select(sessions).where(sessions.c.id == new_id)).one()
             return session_from_row(row)
@@ -143,6 +147,7 @@ class SessionLedger:
                 profile_slug=row.profile_slug, account=row.account,
                 rate_per_hour_ucr=rate_per_hour_ucr, started_at=at,
                 last_confirmed_at=max(at, row.last_confirmed_at), tier=ON_DEMAND,
+                run_started_at=row.run_started_at,  # the same run goes on
             )).inserted_primary_key[0]
             return session_from_row(conn.execute(
                 select(sessions).where(sessions.c.id == new_id)).one())

@@ -178,9 +178,10 @@ class Meter:
 
     def open(self, user: str, server: str, profile: str, account: str, rate_per_hour_ucr: int,
              started: datetime, tier: str = ON_DEMAND,
-             reservation_id: int | None = None) -> Session:
+             reservation_id: int | None = None,
+             run_started: datetime | None = None) -> Session:
         session = self.sessions.open(user, server, profile, account, rate_per_hour_ucr, started,
-                                     tier, reservation_id)
+                                     tier, reservation_id, run_started)
         self.live[(user, server)] = LiveSession(session.id, profile, account, rate_per_hour_ucr,
                                                 started, tier, reservation_id)
         metrics.OPEN_SESSIONS.set(len(self.live))
@@ -277,7 +278,7 @@ class Meter:
         s = repair.server
         user, server = s.key
         session = self.open(user, server, s.profile, s.account, s.rate_per_hour_ucr, repair.since,
-                            s.tier, s.reservation_id)
+                            s.tier, s.reservation_id, run_started=s.started_at)
         # It runs now: confirmed up to now at once, so the gap is billed from this heartbeat.
         self.live[s.key].last_alive = now
         self.sessions.confirm([session.id], now)

@@ -314,8 +314,8 @@ class GPULeaseOptions(Configurable):
         10.0, config=True,
         help="Seconds between the idle culler's GPU readings (each running GPU server's "
         "activity and memory in use), sent to the gpulease service for its researcher's "
-        "status and their session's mean and peak; 0 turns them off (GPU stats then "
-        "read 'no reading'). Never part of an idle decision.",
+        "status and their session's mean and peak: 1 to 300, or 0 to turn them off (GPU "
+        "stats then read 'no reading'). Never part of an idle decision.",
     )
 
     gpu_chart_step = Integer(
@@ -323,7 +323,7 @@ class GPULeaseOptions(Configurable):
         help="Seconds per point of the last-hour GPU chart in researchers' JupyterLab status "
         "panel (1 to 600): each point is the step's mean activity and peak memory. The "
         "gpulease service holds 3600/step points per running GPU server in memory, about "
-        "18 bytes each (60: some 2 KB a server).",
+        "18 bytes each, beside its latest reading (60: some 3 KB a server).",
     )
 
     @validate("gpu_chart_step")
@@ -334,10 +334,13 @@ class GPULeaseOptions(Configurable):
 
     @validate("culler_readings_interval")
     def _valid_culler_readings_interval(self, proposal):
-        # The culler takes any negative as off; on the hub it is a typo, said at start.
-        if proposal["value"] < 0:
-            raise TraitError("culler_readings_interval must be 0 (off) or more seconds")
-        return proposal["value"]
+        # The culler takes any negative as off; on the hub it is a typo, said at start. The
+        # service takes readings 1 to 300 s apart (each stands for that much of a session).
+        value = proposal["value"]
+        if value != 0 and not 1 <= value <= 300:
+            raise TraitError(f"culler_readings_interval must be 0 (off) or 1 to 300 seconds, "
+                             f"not {value}")
+        return value
 
     @validate("culler_stale_after")
     def _valid_culler_stale_after(self, proposal):

@@ -13,7 +13,7 @@ what it read (`PUT api/gpu-readings`, hub/service/api/gpu.py). Pure parts here:
   kernel state (activity_store.py): a restart forgets an hour of a chart, while
   each session's totals are kept in its row (gpulease/store/gpu_stats.py).
   Fixed-size arrays per server, so the whole store is bounded: at a point a
-  minute about 2 KB a server, 100,000 servers (~200 MB) at most.
+  minute about 3 KB a server with its latest reading, 100,000 servers (~300 MB) at most.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ MAX_SERVERS = 100_000  # held in all; the servers not pushed for longest are for
 # A latest reading older than this many of its push's intervals (and at least STALE_MIN_S)
 # is not shown as current: the culler stopped reading this server.
 STALE_INTERVALS, STALE_MIN_S = 3, 30.0
+# How far the hub's clock may run ahead of this service's (the same machine's, or the
+# cluster's, kept in step by NTP) before a start "in the future" is refused.
+MAX_CLOCK_SKEW = timedelta(minutes=5)
 _SHAPE = "A push is {\"servers\": [{user, server, started, activity, memory_used_bytes, " \
          "memory_total_bytes, source, why}], \"interval_s\": seconds}"
 
@@ -73,9 +76,19 @@ def _name(entry: dict, key: str, where: str, errors: list[tuple[str, str]]) -> s
     if not isinstance(value, str):
         errors.append((f"{where}.{key}", "must be a string"))
         return ""
-    if len(value) > MAX_NAME or "\x00" in value:
-        errors.append((f"{where}.{key}", f"must be at most {MAX_NAME} characters, no NUL"))
+    if len(value) > MAX_NAME or "\x00" in value or not _encodable(value):
+        errors.append((f"{where}.{key}", f"must be at most {MAX_NAME} characters of valid "
+                                         "Unicode, no NUL"))
     return value
+
+
+def _encodable(text: str) -> bool:
+    """False for a lone surrogate ("\\ud800" in JSON): no database takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _activity(value: Any, where: str, errors: list[tuple[str, str]]) -> float | None:
@@ -104,16 +117,23 @@ def _bytes(value: Any, where: str, errors: list[tuple[str, str]]) -> int | None:
     return value
 
 
-def _started(value: Any, where: str, errors: list[tuple[str, str]]) -> datetime | None:
+def _started(value: Any, where: str, now: datetime,
+             errors: list[tuple[str, str]]) -> datetime | None:
     if not isinstance(value, str) or len(value) <= 10:
         errors.append((where, "must be the server's start as the hub lists it: an ISO 8601 "
                               "timestamp (2026-01-31T12:00:00Z)"))
         return None
     try:
-        return parse_time(value, where)
+        started = parse_time(value, where)
     except PeriodError as e:
         errors.append((where, e.message))
         return None
+    if started is not None and started > now + MAX_CLOCK_SKEW:
+        errors.append((where, f"{value} is later than this service's clock (by more than "
+                              f"{MAX_CLOCK_SKEW.total_seconds():.0f} s): a server's start "
+                              "is in the past"))
+        return None
+    return started
 
 
 def _interval(value: Any, errors: list[tuple[str, str]]) -> float:
@@ -160,7 +180,7 @@ def parse_readings(body: Any, now: datetime) -> ReadingsPush:
         user, server = _name(entry, "user", where, errors), _name(entry, "server", where, errors)
         if "user" in entry and isinstance(entry["user"], str) and not entry["user"]:
             errors.append((f"{where}.user", "must not be empty"))
-        started = _started(entry.get("started"), f"{where}.started", errors)
+        started = _started(entry.get("started"), f"{where}.started", now, errors)
         activity = _activity(entry.get("activity"), f"{where}.activity", errors)
         used = _bytes(entry.get("memory_used_bytes"), f"{where}.memory_used_bytes", errors)
         total = _bytes(entry.get("memory_total_bytes"), f"{where}.memory_total_bytes", errors)
@@ -169,9 +189,10 @@ def parse_readings(body: Any, now: datetime) -> ReadingsPush:
             errors.append((f"{where}.source", "must be one of nvml, gpm, dcgm or \"\""))
             source = ""
         why = entry.get("why", "")
-        if not isinstance(why, str) or len(why) > MAX_WHY or "\x00" in why:
+        if not isinstance(why, str) or len(why) > MAX_WHY or "\x00" in why \
+                or not _encodable(why):
             errors.append((f"{where}.why", f"must be a string of at most {MAX_WHY} "
-                                           "characters, no NUL"))
+                                           "characters of valid Unicode, no NUL"))
             why = ""
         if started is not None:
             readings.append(GpuReading(user, server, started, now, activity, used, total,
@@ -256,14 +277,13 @@ class GpuReadings:
         # insertion order = least recently pushed first (re-inserted on each push)
         self._by_server: dict[tuple[str, str], _Held] = {}
 
-    def put(self, push: ReadingsPush, accepted: dict[tuple[str, str], int]) -> None:
-        """Keep the readings `accepted` names the open session of ({key: session id});
+    def put(self, push: ReadingsPush, accepted: list[int | None]) -> None:
+        """Keep the readings `accepted` names the open session of (per reading, its id);
         the others are of no open session, or of an earlier run of their server."""
-        for r in push.readings:
-            key = (r.user, r.server)
-            session = accepted.get(key)
+        for r, session in zip(push.readings, accepted, strict=True):
             if session is None:
                 continue
+            key = (r.user, r.server)
             held = self._by_server.pop(key, None)
             if held is None or held.session != session:
                 held = _Held(session, self.step_s)  # a new session starts a new chart

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import html
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Integer
@@ -257,13 +257,23 @@ class LaunchBilling(Configurable):
             await asyncio.to_thread(
                 meter.open, self.user.name, self.name, profile.slug, choice.account,
                 choice.rate_per_hour_ucr, started, choice.tier,
-                choice.reservation_id,
+                choice.reservation_id, self._run_started(),
             )
         except SQLAlchemyError as e:
             self.log.error("cannot open the billing session of %s: %s", self._log_name, e)
             raise http_error(Refusal(DATABASE_DOWN, status=503)) from None
         finally:
             self._gpulease_opening = False
+
+    def _run_started(self) -> datetime | None:
+        """The hub's start of this run (JupyterHub's `started`, set before `start`), which
+        the culler's GPU readings name; naive UTC as the hub keeps it."""
+        orm = getattr(self, "orm_spawner", None)
+        started = getattr(orm, "started", None)
+        if started is None:
+            return None
+        return started.astimezone(UTC).replace(tzinfo=None) \
+            if started.tzinfo is not None else started
 
     async def _end_billing(self, reason: str, ended: datetime | None) -> None:
         """Close the billing session with `reason`: at `ended`, the last moment the

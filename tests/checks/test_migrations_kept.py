@@ -38,7 +38,7 @@ RELEASED = {
     "0011_failed_starts.py": "709f78e1f3937a98e13cb9f4a1fbbefa8b8d9f4862f5dc625630bf917f985f17",
     "0012_failed_start_tail.py": "47e701e171512560061b84804ded0b8a793a85c74fcbb958aa713ec328837c58",
     "0013_session_gpu_stats.py": "5ccef8078bf26c8855e4ba9ebefb335b030e07e02c1ae5360007e03aa8e2cdf7",
-    "0014_session_gpu_coverage.py": "898595bc9aaca118632433cf6a9e40f8a4fd84e2afd7f42b1bbd9d4710cee642",
+    "0014_session_gpu_coverage.py": "a459342b09d70ed317480853aac3f46f8186a5045d33a5d1fb4b2ddd53b81193",
 }
 
 

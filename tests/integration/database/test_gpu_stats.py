@@ -21,7 +21,7 @@ from gpulease.store.sessions import SessionLedger
 T0 = dt.datetime(2026, 5, 4, 9)
 GPU_COLUMNS = {"gpu_activity_samples", "gpu_activity_sum", "gpu_activity_peak",
                "gpu_memory_peak_bytes", "gpu_reading_source"}
-COVERAGE_COLUMNS = {"gpu_activity_read_ms", "gpu_memory_read_ms"}
+COVERAGE_COLUMNS = {"gpu_activity_read_ms", "gpu_memory_read_ms", "run_started_at"}
 # The server's start the culler read it for: the hub lists it before its session opens.
 STARTED = T0 - dt.timedelta(seconds=5)
 
@@ -60,7 +60,7 @@ def test_two_pushes_fold_into_the_open_session_only(engine):
         sample("bob", "gpu", 20.0, None, "gpm"),
     ])
 
-    assert accepted == {("ada", ""): ada.id, ("bob", "gpu"): bob.id}
+    assert accepted == [ada.id, bob.id, None, None]
     a = row(engine, ada.id)
     assert (a.gpu_activity_samples, a.gpu_activity_sum, a.gpu_activity_peak) == (2, 50.0, 37.5)
     assert (a.gpu_activity_read_ms, a.gpu_memory_read_ms) == (20_000, 20_000)
@@ -182,23 +182,50 @@ def test_a_reading_of_an_earlier_run_of_the_server_is_kept_nowhere(engine):
     again_at = T0 + dt.timedelta(minutes=11)
     again = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, again_at)
     # Read for the first run (started before it), pushed once the second is open:
-    assert fold(engine, [sample("ada", "", 99.0, 2**36, "nvml", started=STARTED)]) == {}
+    assert fold(engine, [sample("ada", "", 99.0, 2**36, "nvml", started=STARTED)]) == [None]
     # Read for a start at the very moment the first session ended: still the first run's.
     at_end = T0 + dt.timedelta(minutes=10)
-    assert fold(engine, [sample("ada", "", 99.0, 2**36, "nvml", started=at_end)]) == {}
+    assert fold(engine, [sample("ada", "", 99.0, 2**36, "nvml", started=at_end)]) == [None]
     r = row(engine, again.id)
     assert (r.gpu_activity_samples, r.gpu_memory_peak_bytes, r.gpu_memory_read_ms) == (0, None, 0)
     # Read for the second run (the hub lists its start before its session opens): kept.
     second = again_at - dt.timedelta(seconds=2)
-    assert fold(engine, [sample("ada", "", 40.0, 2**30, "nvml", started=second)]) == {
-        ("ada", ""): again.id}
+    assert fold(engine, [sample("ada", "", 40.0, 2**30, "nvml", started=second)]) == [again.id]
     assert row(engine, again.id).gpu_activity_peak == 40.0
     # A reading with nothing read is still accepted (the status bar shows "no reading").
-    assert fold(engine, [sample("ada", "", None, None, "", started=second)]) == {
-        ("ada", ""): again.id}
+    assert fold(engine, [sample("ada", "", None, None, "", started=second)]) == [again.id]
 
 
 def test_a_reading_stands_for_at_most_a_minute(engine):
     s = SessionLedger(engine).open("ada", "", "h200-1g", "user:ada", 3_600_000, T0)
     fold(engine, [sample("ada", "", 1.0, 1, "nvml")], interval_ms=300_000)
     assert row(engine, s.id).gpu_memory_read_ms == 60_000
+
+
+def test_a_session_that_knows_its_run_takes_that_run_s_readings_only(engine):
+    """A session opened by a start names the hub's start of its run; a reservation's end
+    that carries the run on in an on-demand session keeps it, and so do its readings."""
+    meter = SessionLedger(engine)
+    run = T0 - dt.timedelta(seconds=3)  # the hub's `started` of this run
+    reserved = meter.open("ada", "", "h200-1g", "user:ada", 0, T0, "reserved", None,
+                          run_started=run)
+    assert fold(engine, [sample("ada", "", 10.0, 2**30, "nvml", started=run)]) == [reserved.id]
+    on_demand = meter.continue_on_demand(reserved.id, T0 + dt.timedelta(hours=1), 3_600_000)
+    # The same run goes on: its readings count in the new session...
+    assert fold(engine, [sample("ada", "", 20.0, 2**31, "nvml", started=run)]) == [on_demand.id]
+    assert row(engine, on_demand.id).gpu_memory_peak_bytes == 2**31
+    # ...and a reading that names another start is of another run, whatever the ends say.
+    other = run - dt.timedelta(minutes=5)
+    assert fold(engine, [sample("ada", "", 99.0, 2**36, "nvml", started=other)]) == [None]
+
+
+def test_two_lines_for_one_server_in_one_push_are_judged_each(engine):
+    meter = SessionLedger(engine)
+    first = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, T0, run_started=STARTED)
+    meter.close(first.id, T0 + dt.timedelta(minutes=10), "user")
+    run = T0 + dt.timedelta(minutes=11)
+    now = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, run, run_started=run)
+    accepted = fold(engine, [sample("ada", "", 99.0, 140 * 2**30, "nvml", started=STARTED),
+                             sample("ada", "", 10.0, 2**30, "nvml", started=run)])
+    assert accepted == [None, now.id]
+    assert row(engine, now.id).gpu_memory_peak_bytes == 2**30

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client import REGISTRY
+from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from gpulease.core.billing.enforcement import (
@@ -27,6 +28,7 @@ from gpulease.core.billing.rules import month_start, to_ms
 from gpulease.core.billing.sessions import MeterConflict
 from gpulease.core.clock import utcnow
 from gpulease.hub.billing.metering import Meter
+from gpulease.store.db import sessions
 from gpulease.store.member_caps import capped_spends
 
 RATE = 3_600_000_000  # 1 credit a second
@@ -250,11 +252,17 @@ def test_a_running_server_without_a_session_gets_one_from_its_first_answer(meter
     meter.ledger.grant("user:g", 100_000_000, note="t", actor="test")
     answered = to_ms(utcnow()) - dt.timedelta(seconds=20)
     hub = always_running(("g", "slow"))
-    hub.ready = [RunningServer(("g", "slow"), "pricey", "user:g", RATE, launched_at=answered)]
+    hub_started = answered - dt.timedelta(seconds=3)  # JupyterHub's `started` of the run
+    hub.ready = [RunningServer(("g", "slow"), "pricey", "user:g", RATE, launched_at=answered,
+                               started_at=hub_started)]
     with caplog.at_level(logging.WARNING, logger="gpulease.metering"):
         run(meter.heartbeat(hub))
     session = meter.sessions.open_for("g", "slow")
     assert session is not None and session.started == answered
+    # the run it bills, which the culler's GPU readings name (gpulease/store/gpu_stats.py)
+    with meter.engine.connect() as conn:
+        assert conn.execute(select(sessions.c.run_started_at).where(
+            sessions.c.id == session.id)).scalar() == hub_started
     assert ("g", "slow") in meter.live and session.billed_seconds() >= 20
     assert "no open billing session" in caplog.text and "gap of 2" in caplog.text
     # the next heartbeat finds no gap: one session, not a second

@@ -98,9 +98,15 @@ def test_culler_readings_interval_is_a_hub_option_that_reaches_the_culler(tmp_pa
     assert culler_args(GPULeaseHub(culler_readings_interval=2.5)).readings_interval == 2.5
     assert culler_args(GPULeaseHub(culler_readings_interval=0)).readings_interval == 0
     help_text = GPULeaseHub.class_get_help()
-    assert "culler_readings_interval" in help_text and "turns them off" in help_text
-    with pytest.raises(TraitError, match="0 \\(off\\) or more"):
-        GPULeaseHub(culler_readings_interval=-1)
+    assert "culler_readings_interval" in help_text and "turn them off" in help_text
+    # what the service takes (1 to 300 s): anything else would lose every reading
+    for bad in (-1, 0.5, 301):
+        with pytest.raises(TraitError, match="0 \\(off\\) or 1 to 300 seconds"):
+            GPULeaseHub(culler_readings_interval=bad)
+    assert "gpu_chart_step" in help_text
+    for bad in (0, 601):
+        with pytest.raises(TraitError, match="gpu_chart_step must be 1 to 600"):
+            GPULeaseHub(gpu_chart_step=bad)
 
 
 def test_the_cluster_shapes_culler_reads_pods_through_prometheus_and_the_metrics_api(tmp_path):

@@ -36,6 +36,9 @@ def test_a_reading_is_kept_as_given():
     assert r.activity is None and r.why == "no GPU" and r.sample().source == ""
     assert parse_readings({"servers": []}, NOW).readings == []
     assert parse_readings({"servers": [], "interval_s": 2.5}, NOW).interval_s == 2.5
+    # the hub's clock a little ahead of this service's is no error
+    (r,) = parse_readings({"servers": [entry(started="2030-01-01T12:04:59Z")]}, NOW).readings
+    assert r.started == datetime(2030, 1, 1, 12, 4, 59)
 
 
 @pytest.mark.parametrize(("bad", "field"), [
@@ -47,6 +50,11 @@ def test_a_reading_is_kept_as_given():
     ({"why": "x" * 501}, "why"), ({"user": ""}, "user"), ({"server": None}, "server"),
     ({"user": "a" * 256}, "user"), ({"pid": 1}, "pid"), ({"started": None}, "started"),
     ({"started": "2030-01-01"}, "started"), ({"started": "yesterday"}, "started"),
+    # a start later than this service's clock by more than 5 minutes: no server's start
+    ({"started": "2030-01-01T12:05:01Z"}, "started"), ({"started": "9999-12-31T00:00:00Z"},
+                                                       "started"),
+    # a lone surrogate: valid JSON, no valid text (no database takes it)
+    ({"user": "ada\ud800"}, "user"), ({"server": "\udfff"}, "server"), ({"why": "\ud800"}, "why"),
 ])
 def test_each_bad_field_is_named_and_nothing_is_kept(bad, field):
     with pytest.raises(PushError) as e:
@@ -73,7 +81,7 @@ def push_at(at: datetime, *entries: dict, interval_s: float = 10.0):
 
 def test_the_last_hour_is_a_point_a_minute_of_the_session_it_was_accepted_for():
     store = GpuReadings()
-    ada = {("ada", ""): 7}
+    ada = [7]  # the session each reading was accepted for
     # two readings in minute 0 (mean 20, memory peak 300), one in 30, 50, 70, 80
     for minutes, activity, memory in ((0, 10, 300), (0.5, 30, 100), (30, 30, 1), (50, 50, 1),
                                       (70, 70, 1), (80, None, None)):
@@ -88,17 +96,17 @@ def test_the_last_hour_is_a_point_a_minute_of_the_session_it_was_accepted_for():
     # Another session of the same server (a restart) sees none of it, nor does "no session".
     assert store.of_session("ada", "", 8) is None and store.of_session("ada", "", None) is None
     # A reading the store was not told is of the open session is kept nowhere.
-    store.put(push_at(later, entry(user="eve")), {})
+    store.put(push_at(later, entry(user="eve")), [None])
     assert store.of_session("eve", "", 1) is None
     # A new session starts a new chart.
-    store.put(push_at(later, entry(activity=1)), {("ada", ""): 8})
+    store.put(push_at(later, entry(activity=1)), [8])
     assert [p["activity"] for p in store.of_session("ada", "", 8).points(later)] == [1.0]
 
 
 def test_the_store_is_bounded_in_servers():
     store = GpuReadings(max_servers=2)
     for user in ("ada", "bob", "carl"):
-        store.put(push_at(NOW, entry(user=user)), {(user, ""): 1})
+        store.put(push_at(NOW, entry(user=user)), [1])
     assert store.of_session("ada", "", 1) is None  # the least recently pushed is forgotten
     assert store.of_session("carl", "", 1) is not None
     # Fixed-size arrays a server: an hour of a reading a second takes no more room.
