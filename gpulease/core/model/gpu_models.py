@@ -133,6 +133,28 @@ def mig_memory_bytes(profile: str) -> int:
     return _profile_parts(profile)[1] * GiB
 
 
+# What a MIG device really holds, where it has been published: `nvidia-smi mig -lgip`'s
+# "Memory GiB" column. H100 80GB: jbarrow.ai/field_notes/nvidia-mig (driver listing,
+# 2026-06-11). The name rounds up, by as much as 1g.18gb's 18 for 16.00 GiB on an H200.
+MIG_USABLE_GIB: dict[str, dict[str, float]] = {
+    "H100-80GB": {"1g.10gb": 9.75, "1g.20gb": 19.62, "2g.20gb": 19.62, "3g.40gb": 39.50,
+                  "4g.40gb": 39.50, "7g.80gb": 79.25},
+}
+# Elsewhere, this share of the name's memory: below every published listing's ratio
+# (the lowest known, an H200 1g.18gb's 16.00 / 18, is 0.889).
+MIG_USABLE_SHARE = 0.875
+
+
+def mig_usable_bytes(model: str, profile: str) -> int:
+    """Memory a program can count on in a `model` MIG device of `profile`: the published
+    listing's, else `MIG_USABLE_SHARE` of the name's (never more than it really has)."""
+    base = profile.split("+", 1)[0]
+    listed = MIG_USABLE_GIB.get(model, {}).get(base)
+    if listed is not None:
+        return int(listed * GiB)
+    return int(mig_memory_bytes(profile) * MIG_USABLE_SHARE)
+
+
 def valid_mig_profiles(model: str) -> list[str] | None:
     """MIG profile names of `model`; None if it has no MIG or is unknown."""
     profiles = MIG_PROFILES.get(model)

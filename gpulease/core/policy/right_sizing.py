@@ -35,7 +35,7 @@ from gpulease.core.model.gpu_models import (
     GPU_MEMORY,
     MIG_COMPUTE_SLICES_PER_GPU,
     mig_compute_slices,
-    mig_memory_bytes,
+    mig_usable_bytes,
 )
 from gpulease.core.model.profiles import Profile
 from gpulease.core.tiers import ON_DEMAND, registered
@@ -68,7 +68,7 @@ class Offer:
     model: str
     mig: str | None
     count: int
-    memory_bytes: int  # the slices' or count × the card's
+    memory_bytes: int  # what its slices really hold (mig_usable_bytes), or count × the card's
     compute: int  # compute slices: a MIG profile's N of 7 (× count), a full card 7 × count
     rate_per_hour_ucr: int  # on demand
     usable: bool = True  # enabled and usable by whom the advice is for
@@ -92,7 +92,8 @@ def offer_from(profile: Profile, *, usable: bool | None = None) -> Offer | None:
     if gpu is None:
         return None
     if gpu.mig:
-        memory = mig_memory_bytes(gpu.mig) * gpu.count
+        # what the slice really holds, not its name's round figure
+        memory = mig_usable_bytes(gpu.model, gpu.mig) * gpu.count
         compute = mig_compute_slices(gpu.mig) * gpu.count
     else:
         memory = GPU_MEMORY[gpu.model] * gpu.count
@@ -108,9 +109,9 @@ def offer_from(profile: Profile, *, usable: bool | None = None) -> Offer | None:
 
 @dataclass(frozen=True)
 class Thresholds:
-    # Peak memory must be at most this share of the smaller profile's memory: a MIG
-    # profile's name rounds its memory up (1g.18gb has somewhat less), the CUDA context
-    # takes some, and a reading sampled at close can miss a short spike above the peak.
+    # Peak memory must be at most this share of the smaller profile's memory (what its
+    # slice really holds: gpu_models.mig_usable_bytes, not the name's round figure): the
+    # CUDA context takes some, and readings every few seconds can miss a short spike.
     memory_headroom: float = 0.90
     # "Would not be slower" when every session's mean activity scaled to the smaller
     # compute (mean × current compute / candidate compute) stays at most this: below it
@@ -213,25 +214,27 @@ def _smaller(current: Offer, offers: Iterable[Offer]) -> list[Offer]:
     return sorted(found, key=lambda o: (o.rate_per_hour_ucr, -o.memory_bytes, o.slug))
 
 
-def _speed(uses: Sequence[SessionUse], current: Offer, candidate: Offer,
-           t: Thresholds) -> tuple[bool, float | None] | None:
+def _speed(uses: Sequence[SessionUse], every: Sequence[SessionUse], current: Offer,
+           candidate: Offer, t: Thresholds) -> tuple[bool, float | None] | None:
     """(speed known, slower up to) for the candidate; None where a reading shows it would
     be slower (the saving, reckoned at the same length, would not be real).
 
-    Known and not slower: every session's mean activity was read and, scaled to the
-    candidate's compute, stays under `busy_activity`, and no peak scaled passes 100 %.
-    A scaled peak over 100 %: known, but its busiest moments run up to the compute
-    ratio slower. A mean not read: not known; it may run up to the ratio slower."""
+    `uses`: the sessions counted; `every`: all on the profile, whose well-read activity
+    speaks against a candidate even where their memory was read too little to count them.
+    Known and not slower: every counted session's mean activity was read and, scaled to
+    the candidate's compute, stays under `busy_activity`, and no peak scaled passes
+    100 %. A scaled peak over 100 %: known, but its busiest moments run up to the
+    compute ratio slower. A mean not read: not known; it may run up to the ratio slower."""
     ratio = current.compute / candidate.compute
     if ratio <= 1:
         return True, None  # as many slices: no slower whatever the activity
-    means = [_mean(u, t) for u in uses]
-    read = [a for a in means if a is not None]
-    if any(a / 100 * ratio > t.busy_activity for a in read):
+    if any(a is not None and a / 100 * ratio > t.busy_activity
+           for a in (_mean(u, t) for u in every)):
         return None
-    if len(read) < len(uses):
+    if any(_mean(u, t) is None for u in uses):
         return False, ratio
-    peaks = [u.peak_activity for u in uses if u.peak_activity is not None]
+    peaks = [u.peak_activity for u in every
+             if u.peak_activity is not None and _mean(u, t) is not None]
     if any(p / 100 * ratio > 1 for p in peaks):
         return True, ratio
     return True, None
@@ -290,7 +293,7 @@ def advise(uses: Iterable[SessionUse], current: Offer, offers: Iterable[Offer],
         fitted = [u for u in mine if _fits(u, candidate, t)]
         if not fitted or len(fitted) < t.fit_share * len(mine):
             continue
-        speed = _speed(mine, current, candidate, t)
+        speed = _speed(mine, on_current, current, candidate, t)
         if speed is None:
             continue
         saved = sum(_saving(u, current, candidate) for u in fitted)

@@ -53,7 +53,9 @@ def on(profile: str, *peaks_gib: float, ms: int = HOUR, activity: float | None =
 def test_offer_from_profiles():
     assert offer_from(CPU) is None  # nothing to right-size
     s = offer_from(SLICE)
-    assert (s.memory_bytes, s.compute, s.rate_per_hour_ucr, s.usable) == (18 * GiB, 1, 1_200_000, True)
+    # What the slice really holds, not its name's 18: at most 7/8 of it where unlisted
+    assert (s.memory_bytes, s.compute, s.rate_per_hour_ucr, s.usable) == (
+        int(18 * GiB * 0.875), 1, 1_200_000, True)
     two = offer_from(dataclasses.replace(FULL, gpu=GpuSpec("H200", None, 2), enabled=False))
     assert (two.memory_bytes, two.compute, two.usable, two.label) == (282 * GiB, 14, False, "2× H200")
     assert offer_from(FULL, usable=False).usable is False
@@ -227,3 +229,28 @@ def test_offer_from_a_profile_carries_its_other_tiers_prices():
 def test_admin_report_says_nothing_of_fit_where_nothing_was_read():
     report = profile_report({"g3": [use("g3", HOUR, None, None, None)] * 2}, OFFERS)[0]
     assert (report.fits_smaller_share, report.mean_activity, report.idle_share) == (None, None, None)
+
+
+def test_a_slice_is_judged_by_what_it_really_holds_not_its_name():
+    """An H200 1g.18gb holds 16.00 GiB (nvidia-smi mig -lgip): 90 % of its name's 18 GiB
+    (16.2) would let a 16.1 GiB peak be told it fits."""
+    one_g = offer_from(SLICE)  # the sample profiles' H200 1g.18gb
+    two_g = dataclasses.replace(one_g, slug="g2", mig="2g.35gb", compute=2,
+                                memory_bytes=offer_from(dataclasses.replace(
+                                    SLICE, gpu=GpuSpec("H200", "2g.35gb", 1))).memory_bytes,
+                                rate_per_hour_ucr=2_400_000)
+    assert one_g.memory_bytes < 16 * GiB
+    uses = [use("g2", HOUR, 5.0, 5.0, int(16.1 * GiB))] * 3
+    assert advise(uses, two_g, [two_g, one_g]) is None
+    # Where the listing is published (H100 80GB), its figure: 1g.10gb holds 9.75 GiB.
+    h100 = offer_from(dataclasses.replace(SLICE, gpu=GpuSpec("H100-80GB", "1g.10gb", 1)))
+    assert h100.memory_bytes == int(9.75 * GiB)
+
+
+def test_a_busy_session_whose_memory_was_not_read_still_rules_out_a_slower_slice():
+    """Activity read throughout at 95 % (say, DCGM without its memory series): that
+    session is not counted, but 7× fewer slices would plainly have been slower."""
+    counted = on("full1", 4, 4, 4, activity=5.0)
+    busy = SessionUse("full1", HOUR, 95.0, 99.0, None, activity_read_ms=HOUR, memory_read_ms=0)
+    assert advise(counted, FULL1, OFFERS).profile == "g1"
+    assert advise([*counted, busy], FULL1, OFFERS) is None
