@@ -33,7 +33,7 @@ from gpulease.store.db import notices, notification_prefs, reading
 from gpulease.store.ledger import advisory_lock
 
 __all__ = [
-    "CHANNELS", "KINDS", "STOP_KINDS", "WARNING_KINDS", "Notice", "NoticeError",
+    "CHANNELS", "KINDS", "MAX_MESSAGE", "STOP_KINDS", "WARNING_KINDS", "Notice", "NoticeError",
     "NoticeStore", "Prefs", "banner_text", "validate_prefs",
 ]
 
@@ -189,10 +189,11 @@ class NoticeStore:
         of `kind` told any of them to `user` since `since`, open or cleared since (None then:
         ask `told` and tell the rest).
 
-        Unlike `post`, an open notice of the same (user, server, kind) is cleared, not
-        rewritten: its row stays as the record of what it told. So the caller tells every
-        key due on one server in ONE notice: one after another would clear the first
-        before its researcher saw it."""
+        Unlike `post`, an open notice of the same (user, server, kind) is not rewritten:
+        it is cleared, its row kept as the record of what it told, and the new notice
+        carries its message on before this one's (where both fit in MAX_MESSAGE), so that
+        a researcher who has not looked yet loses nothing. The caller tells every key due
+        on one server in one call."""
         _check_notice(user, server, kind, message)
         if not keys or any(key not in message for key in keys):
             raise ValueError("the message must hold each of its keys")
@@ -203,6 +204,11 @@ class NoticeStore:
                 return None
             advisory_lock(conn, f"notices:{user}\0{server}")
             now = utcnow()
+            still_open = conn.execute(select(notices.c.message).where(
+                self._open(user, server), notices.c.kind == kind)).scalars().all()
+            carried = " ".join([*still_open, message])
+            if len(carried) <= MAX_MESSAGE:
+                message = carried
             conn.execute(update(notices).where(self._open(user, server), notices.c.kind == kind)
                          .values(cleared_at=now))
             notice_id = conn.execute(

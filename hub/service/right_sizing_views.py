@@ -30,8 +30,8 @@ from gpulease.core.policy.right_sizing import (
     offer_from,
     profile_report,
 )
-from gpulease.core.units import format_credits
-from gpulease.store.notices import Notice, NoticeStore
+from gpulease.core.units import credits_text, format_credits
+from gpulease.store.notices import MAX_MESSAGE, Notice, NoticeStore
 from gpulease.store.session_uses import ServerUse, recent_uses, uses_by_profile
 
 NOTICE_KIND = "right_size"
@@ -101,11 +101,24 @@ def notice_key(current: str, suggest: str) -> str:
     return f"Right-sizing ({current} → {suggest}): "
 
 
+def _notice_text(due: dict[str, ProfileAdvice]) -> str:
+    """One notice's message for the advice due on a server, within MAX_MESSAGE: each in
+    full where all fit, else each in short (the usage page has the rest)."""
+    end = " See your usage page."
+    full = " ".join(f"{key}{a.advice.text} Choose {a.advice.profile} when you next start "
+                    "a server for this work." for key, a in due.items()) + end
+    if len(full) <= MAX_MESSAGE:
+        return full
+    return " ".join(f"{key}{a.advice.profile} would have saved "
+                    f"{credits_text(a.advice.saved_ucr)} credits." for key, a in due.items()) + end
+
+
 def raise_notices(store: NoticeStore, user: str, items: Iterable[ProfileAdvice],
                   now: dt.datetime, t: Thresholds = DEFAULT_THRESHOLDS) -> list[Notice]:
     """The `right_size` notices opened for the advice not told in the lookback window:
     one per server, telling every advice due there (one after another would clear the
-    first before its researcher saw it)."""
+    first before its researcher saw it). Advice that does not fit one notice, even in
+    short, waits for the next look."""
     since = now - t.lookback
     by_server: dict[str, list[ProfileAdvice]] = {}
     for a in items:
@@ -115,12 +128,12 @@ def raise_notices(store: NoticeStore, user: str, items: Iterable[ProfileAdvice],
         keys = {notice_key(a.current, a.advice.profile): a for a in advice}
         told = store.told(user, NOTICE_KIND, list(keys), since)
         due = {key: a for key, a in keys.items() if key not in told}
+        while due and len(_notice_text(due)) > MAX_MESSAGE:
+            due.pop(next(reversed(due)))
         if not due:
             continue
-        text = " ".join(f"{key}{a.advice.text} Choose {a.advice.profile} when you next "
-                        "start a server for this work." for key, a in due.items())
-        notice = store.post_once(user, server, NOTICE_KIND, list(due),
-                                 f"{text} See your usage page.", since)
+        notice = store.post_once(user, server, NOTICE_KIND, list(due), _notice_text(due),
+                                 since)
         if notice is not None:
             opened.append(notice)
     return opened

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -31,6 +32,8 @@ from gpulease.store.db import ledger_entries, reading
 from gpulease.store.ledger import Ledger
 from gpulease.store.notices import NoticeStore
 from gpulease.store.sessions import SessionLedger
+
+log = logging.getLogger("gpulease.service")
 
 
 def parse_entry_account(text: Any, field: str = "account") -> str:
@@ -149,7 +152,12 @@ class BillingHandler(BaseAPIHandler):
         advice = await self.run(rs.advice_of, self.ctx.engine, profiles, user, groups, now)
         if own and advice:
             store = NoticeStore(self.ctx.engine)
-            for notice in await self.run(rs.raise_notices, store, user, advice, now):
+            try:
+                opened = await self.run(rs.raise_notices, store, user, advice, now)
+            except Exception:  # telling is a courtesy: the usage asked for is answered
+                log.exception("could not raise the right-sizing notices of %s", user)
+                opened = []
+            for notice in opened:
                 tell(store, self.settings.get("gpulease_notify_backends") or {}, notice)
         return advice
 
