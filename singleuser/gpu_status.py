@@ -29,7 +29,7 @@ from .notices import CachedAnswerHandler, CachedServiceAnswer, service_url, ssl_
 # a poll or two; long enough that many tabs make one request.
 CACHE_SECONDS = 3.0
 TOP_FIELDS = ("user", "server", "account", "profile", "rate_per_hour", "cost_so_far",
-              "balance", "runway_s", "as_of")
+              "balance", "runway_s", "runway_by", "as_of", "history_step_s")
 READING_FIELDS = ("activity", "memory_used_bytes", "memory_total_bytes", "source", "why", "at")
 HISTORY_FIELDS = ("at", "activity", "memory_used_bytes")
 
@@ -53,6 +53,8 @@ def passed_through(payload: Any) -> dict[str, Any]:
                       if isinstance(reading, dict) else None)
     out["history"] = [{k: r.get(k) for k in HISTORY_FIELDS}
                       for r in payload["history"] if isinstance(r, dict)]
+    if isinstance(payload.get("now"), str):  # the service's clock, which the history is on
+        out["now"] = payload["now"]
     return out
 
 

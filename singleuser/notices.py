@@ -119,7 +119,8 @@ class CachedServiceAnswer:
             result = self.succeeded(await self._fetch())
         except Exception as e:  # noqa: BLE001 - any failure is reported, never raised
             result = self.failed(describe(e, self.url))
-        result["now"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # The service's clock where it said (the times it answered are on it), else ours.
+        result.setdefault("now", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         self._result, self._at = result, time.monotonic()
         return result
 

@@ -50,7 +50,9 @@ def cost_view(ctx: Any, user: str, server: str) -> tuple[dict[str, Any], int | N
         if session.account.startswith("group:") else None
     cap_left = None if cap is None else cap - ctx.ledger.member_spend(
         session.account, user, month_start(utcnow()))
-    runway = runway_s(balance, account_rate, cap_left, own_rate)
+    # A free session (rate 0: a free profile, a reserved unit) is never stopped for money.
+    runway = None if session.rate_per_hour_ucr == 0 else runway_s(balance, account_rate,
+                                                                   cap_left, own_rate)
     by_cap = cap_left is not None and runway is not None and own_rate > 0 \
         and runway == max(0, cap_left) * 3600 // own_rate
     return {"profile": session.profile, "rate_per_hour": bv.money(session.rate_per_hour_ucr),

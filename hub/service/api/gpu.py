@@ -26,12 +26,14 @@ from datetime import UTC, datetime
 
 from tornado import web
 
+from gpulease.core.refusal import Refusal
 from gpulease.hub.service.activity_store import PushError, server_of
 from gpulease.hub.service.billing_views import iso
 from gpulease.hub.service.body_limit import MAX_BODY_BYTES
 from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.gpu_readings import (
     CHART_STEP_S,
+    MAX_NAME,
     GpuReadings,
     parse_readings,
     reading_view,
@@ -109,6 +111,9 @@ class MyGpuHandler(GpuHandler):
             raise APIError(403, "A researcher sees only their own servers' GPU and cost here, "
                                 "never another user's")
         asked = self.get_argument("server", None)
+        if asked is not None and len(asked) > MAX_NAME:
+            raise Refusal.of_field("server", f"server must be a server name of at most "
+                                             f"{MAX_NAME} characters")
         try:
             owner, own = server_of(me)
         except PushError:
@@ -127,7 +132,9 @@ class MyGpuHandler(GpuHandler):
             held.latest, iso, now, held.interval_s)
         history = [] if held is None else [{**p, "at": iso(p["at"])} for p in held.points(now)]
         self.write_json({"user": user, "server": server, **view, "reading": latest,
-                         "history": history})
+                         "history": history, "history_step_s": self.readings.step_s,
+                         # the service's clock, which the chart's points are on
+                         "now": iso(now)})
 
 
 ROUTES = [(r"api/gpu-readings", GpuReadingsHandler), (r"api/me/gpu", MyGpuHandler)]

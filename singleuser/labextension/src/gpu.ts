@@ -38,14 +38,19 @@ export interface IGpuStatus {
   as_of?: string | null;
   reading?: IReading | null;
   history?: IPoint[];
+  history_step_s?: number;
   error?: string;
   now?: string;
 }
 
 const POLL_MS = 5000;
 const HOUR_MS = 3600 * 1000;
-// Readings come every 10 s: a wider gap between two is time with no reading, drawn as a gap.
-const GAP_MS = 35 * 1000;
+// The history is a point a step (GPULeaseHub.gpu_chart_step, 60 s by default): two
+// points further apart than a step and a half have a step with no reading between them,
+// drawn as a gap.
+function gapMs(s: IGpuStatus): number {
+  return 1.5 * 1000 * (s.history_step_s ?? 60);
+}
 const COMMAND = 'gpulease:gpu-panel';
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
@@ -138,12 +143,13 @@ function svg(tag: string, attrs: Record<string, string | number>): SVGElement {
 
 /** Runs of consecutive points with a value, split where a value is missing or the
  * readings stopped for a while: each run is one polyline, never bridged with zeros. */
-function runs(points: { t: number; v: number | null }[]): { t: number; v: number }[][] {
+function runs(points: { t: number; v: number | null }[],
+              gap: number): { t: number; v: number }[][] {
   const out: { t: number; v: number }[][] = [];
   let run: { t: number; v: number }[] = [];
   let last = -Infinity;
   for (const p of points) {
-    if (p.v === null || p.t - last > GAP_MS) {
+    if (p.v === null || p.t - last > gap) {
       if (run.length) {
         out.push(run);
       }
@@ -204,7 +210,7 @@ export function chart(s: IGpuStatus, nowMs: number): SVGElement {
   ];
   for (const [cls, colour, value] of series) {
     const points = history.map(p => ({ t: Date.parse(p.at), v: value(p) }));
-    for (const run of runs(points)) {
+    for (const run of runs(points, gapMs(s))) {
       if (run.length === 1) {
         root.appendChild(svg('circle', { class: cls, cx: x(run[0].t), cy: y(run[0].v), r: 2,
                                          fill: colour }));

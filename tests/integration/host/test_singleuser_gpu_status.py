@@ -32,7 +32,8 @@ from tests.integration.host.test_singleuser_notices import (
 MY_GPU: dict[str, Any] = {
     "user": "alice", "server": "gpu2", "account": "user:alice", "profile": "h200-1g",
     "rate_per_hour": "36.000000", "cost_so_far": "1.230000", "balance": "1476.000000",
-    "runway_s": 147600, "as_of": "2030-01-01T00:02:03Z",
+    "runway_s": 147600, "runway_by": "cap", "as_of": "2030-01-01T00:02:03Z",
+    "history_step_s": 60, "now": "2030-01-01T00:02:05Z",
     "reading": {"activity": 37.0, "memory_used_bytes": 4402341478,
                 "memory_total_bytes": 19112493056, "source": "nvml", "why": "",
                 "at": "2030-01-01T00:02:00Z", "extra": "not passed on"},
@@ -115,7 +116,8 @@ def test_the_answer_is_passed_through_with_the_documented_fields_only(fresh, ser
     expected["reading"] = {k: v for k, v in MY_GPU["reading"].items() if k != "extra"}
     expected["history"] = [{k: v for k, v in h.items() if k != "extra"}
                            for h in MY_GPU["history"]]
-    assert {k: v for k, v in body.items() if k != "now"} == expected
+    # all of it, the service's clock ("now") included: the chart's points are on it
+    assert body == expected
     # its own server, with its own token, at the service's URL the spawner gave
     assert service.gpu_requests()[-1] == ("/services/gpulease/api/me/gpu?server=gpu2",
                                           f"token {SERVER_TOKEN}")

@@ -218,3 +218,61 @@ async def test_a_session_the_readings_barely_covered_is_not_counted(service):
     code, report = await get_json(base, "api/right-sizing", "admin")
     (row,) = report["profiles"]
     assert row["fits_smaller_percent"] is None  # nothing read well enough to say
+
+
+async def test_advice_too_long_for_one_notice_never_fails_the_usage_page(service):
+    """Seven advices due on one server do not fit one notice in full (2,000 characters):
+    they are told in short, and the usage API and page answer as ever."""
+    base, ctx = service
+    for i in range(7):
+        slug = f"h200-full-interactive-{i}"
+        ctx.profiles.upsert(parse_profile(profile(slug, {"model": "H200", "count": 1}, "8.00"),
+                                          ctx.catalog, slug=slug))
+        for j in range(3):
+            # a session of "work" every 3 hours: never two at once
+            closed_session(ctx, "ada", "work", slug, 8_000_000, 100 - 10 * i - 3 * j, 40,
+                           2.0, 5.0)
+    code, data = await get_json(base, "api/usage", "ada")
+    assert code == 200 and len(data["advice"]) == 7
+    assert (await fetch(base, "usage", "ada")).code == 200
+    (notice,) = NoticeStore(ctx.engine).active("ada")
+    assert len(notice.message) <= 2000
+    assert all(f"h200-full-interactive-{i} →" in notice.message for i in range(7))
+
+
+async def test_a_later_advice_on_the_same_server_carries_the_unseen_one_on(service):
+    base, ctx = service
+    three_small_sessions(ctx, "ada")
+    await get_json(base, "api/usage", "ada")
+    (first,) = NoticeStore(ctx.engine).active("ada")
+    for i in range(3):  # later, a full card's sessions are due advice too, on "work"
+        closed_session(ctx, "ada", "work", "h200-full", 8_000_000, 6 - 1.5 * i, 40, 50.0, 20.0)
+    await get_json(base, "api/usage", "ada")
+    (now,) = NoticeStore(ctx.engine).active("ada")
+    assert now.id != first.id and now.message.startswith(first.message)
+    assert "h200-full → h200-3g" in now.message
+
+
+async def test_pages_say_no_reading_and_what_may_be_slower(service):
+    base, ctx = service
+    closed_session(ctx, "bob", "", "h200-full", 8_000_000, 5, 60, 100.0, 2.0)
+    with ctx.engine.begin() as conn:  # a profile whose sessions' memory was never read
+        conn.execute(update(sessions).values(gpu_memory_read_ms=0, gpu_memory_peak_bytes=None))
+    page = await fetch(base, "admin/report", "admin")
+    assert page.code == 200
+    html = page.body.decode()
+    row = html[html.index('id="right-sizing"'):]
+    assert "no reading" in row[:row.index("</table>")]
+    # Mean activity keeps up on the 1g slice; the peaks (scaled past 100 %) would not.
+    for i in range(3):
+        closed_session(ctx, "ada", "work", "h200-3g", 3_600_000, 48 - 10 * i, 40, 2.0, 20.0)
+    with ctx.engine.begin() as conn:
+        conn.execute(update(sessions).where(sessions.c.user_name == "ada")
+                     .values(gpu_activity_peak=60.0))
+    code, data = await get_json(base, "api/usage", "ada")
+    (advice,) = data["advice"]
+    assert (advice["suggest"], advice["speed_known"], advice["slower_up_to"]) == (
+        "h200-1g", True, 3.0)
+    html = (await fetch(base, "usage", "ada")).body.decode()
+    assert "busiest moments may run up to 3× slower" in html
+    assert "was not\n      read throughout" not in html and "not read throughout" not in html
