@@ -25,6 +25,7 @@ from gpulease.hub.service.api import (
     gpu,
     inventory,
     limits,
+    recommend,
     reservations,
     right_sizing,
     server_logs,
@@ -89,7 +90,7 @@ def make_app(env: dict[str, str] | None = None) -> web.Application:
         (r"admin/report", pages.ReportPage),
     ]
     for module in (audit, failed_starts, limits, servers, admin_pages, activity, inventory,
-                   reservations, server_logs, gpu, right_sizing, openapi):
+                   reservations, server_logs, gpu, right_sizing, recommend, openapi):
         routes += module.ROUTES
     # First: a body declared over the bound is refused before any route reads it.
     handlers: list = [Rule(body_limit.DeclaresTooMuch(), body_limit.BodyTooLargeHandler, args)]

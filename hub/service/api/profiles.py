@@ -27,19 +27,8 @@ from gpulease.hub.service.errors import APIError
 from gpulease.hub.service.views import profile_view
 
 
-class ProfilesHandler(BaseAPIHandler):
-    async def get(self):
-        model = self.caller()
-        admin = self.is_admin()
-        profiles = await asyncio.to_thread(self.ctx.profiles.list, admin)
-        if not admin:
-            groups = set(model.get("groups") or [])
-            profiles = [p for p in profiles if p.enabled and usable_by(p, groups)]
-        waiting = await asyncio.to_thread(self.ctx.queue.waiting_by_profile)
-        availability_of = await self._availability()
-        views = [profile_view(p, availability_of(p.gpu.device_request()) if p.gpu else None,
-                              admin=admin, queued=waiting.get(p.slug, 0)) for p in profiles]
-        self.write_json({"profiles": views})
+class ProfileAvailability(BaseAPIHandler):
+    """What is free of each profile's GPUs, as api/profiles and api/recommend show it."""
 
     async def _availability(self) -> Callable[[DeviceRequest], Availability]:
         """What is free per GPU request: this host's devices, or in the cluster shape the
@@ -62,6 +51,21 @@ class ProfilesHandler(BaseAPIHandler):
                         if q.profile in by_slug and by_slug[q.profile].gpu)
         inventory = source.spawner_nodes(listed.inventory)
         return lambda request: cluster_availability(request, inventory, (), waiting)
+
+
+class ProfilesHandler(ProfileAvailability):
+    async def get(self):
+        model = self.caller()
+        admin = self.is_admin()
+        profiles = await asyncio.to_thread(self.ctx.profiles.list, admin)
+        if not admin:
+            groups = set(model.get("groups") or [])
+            profiles = [p for p in profiles if p.enabled and usable_by(p, groups)]
+        waiting = await asyncio.to_thread(self.ctx.queue.waiting_by_profile)
+        availability_of = await self._availability()
+        views = [profile_view(p, availability_of(p.gpu.device_request()) if p.gpu else None,
+                              admin=admin, queued=waiting.get(p.slug, 0)) for p in profiles]
+        self.write_json({"profiles": views})
 
     async def put(self):
         """Apply a whole profiles document at once: upsert, and with prune delete the rest."""

@@ -1,0 +1,150 @@
+"""Which profiles a piece of work fits, cheapest first: the answer of `GET api/recommend`.
+
+Given the memory estimate of the work (`policy/memory_estimate.py`) and the GPU
+profiles the caller may use, each with what is free of it now, a profile fits
+when its GPU memory holds the estimate with headroom: HEADROOM x the estimate.
+The headroom is 1.25 because the estimate is checked to within 25 % of
+published measurements: the worst under-estimate among the check rows is
+-19.7 %, a run that needed 1.245 x the estimate. A device's memory is what a
+program can count on: a MIG slice's as `gpu_models.mig_usable_bytes` gives it
+(the driver's listing, below the name's round figure), a card's its nominal
+size (`gpu_models.GPU_MEMORY`).
+
+A profile of one device (a MIG slice or one card) fits when that device holds
+the need. A profile of N cards fits when one card does (the work runs on one of
+them: it is listed, after the one-card profiles of the same price); or when the
+N cards together do, and then only if the work is split across them (sharded
+weights, `device_map="auto"`, FSDP, tensor parallelism): it is marked `split`,
+and the estimate does not count what splitting costs.
+
+Fitting profiles are listed cheapest first (on-demand price per hour), then
+those needing no split, then the smaller device. The one recommended is the
+cheapest fitting profile with a device free now; if none is free, the cheapest
+fitting one (a start waits in the queue). Pure functions over dataclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpulease.core.capacity.cluster_availability import FREE, Availability
+from gpulease.core.model.gpu_models import GPU_MEMORY, mig_usable_bytes
+from gpulease.core.model.profiles import Profile
+
+HEADROOM = 1.25
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A GPU profile as the recommendation sees it."""
+
+    profile: Profile
+    device_bytes: int | None  # one device's memory (None: a GPU model not in the table)
+    availability: Availability | None
+
+    @property
+    def count(self) -> int:
+        gpu = self.profile.gpu
+        return 1 if gpu is None or gpu.mig else gpu.count
+
+
+def device_memory(profile: Profile) -> int | None:
+    """The memory of one of the profile's devices: what its MIG slice holds, or its card."""
+    if profile.gpu is None:
+        return None
+    if profile.gpu.mig:
+        return mig_usable_bytes(profile.gpu.model, profile.gpu.mig)
+    return GPU_MEMORY.get(profile.gpu.model)
+
+
+def offer_of(profile: Profile, availability: Availability | None) -> Offer:
+    return Offer(profile, device_memory(profile), availability)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    offer: Offer
+    fits: bool
+    split: bool          # fits only with the work split across the profile's cards
+    why: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    estimate_bytes: int
+    needed_bytes: int                   # HEADROOM x the estimate
+    fitting: tuple[Verdict, ...]        # cheapest first
+    too_small: tuple[Verdict, ...]      # GPU profiles that do not fit, largest first
+    recommended: str | None             # a fitting profile's slug
+    reason: str
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _device(offer: Offer) -> str:
+    gpu = offer.profile.gpu
+    assert gpu is not None
+    return f"a {gpu.model} {gpu.mig} slice" if gpu.mig else f"one {gpu.model}"
+
+
+def verdict(offer: Offer, needed: int) -> Verdict:
+    """Whether `offer` holds `needed` bytes, and why (or why not)."""
+    device = offer.device_bytes
+    if device is None:
+        model = offer.profile.gpu.model if offer.profile.gpu else "?"
+        return Verdict(offer, False, False,
+                       f"the memory of a {model} is not known to gpulease")
+    if device >= needed:
+        return Verdict(offer, True, False,
+                       f"{_device(offer)} has {_gb(device)}, {_gb(needed)} needed")
+    count = offer.count
+    if count > 1 and device * count >= needed:
+        return Verdict(offer, True, True,
+                       f"{count} cards have {_gb(device * count)} together, {_gb(needed)} "
+                       f"needed: only with the work split across them (one has {_gb(device)})")
+    held = device * count
+    what = f"{count} cards have {_gb(held)}" if count > 1 else f"{_device(offer)} has {_gb(held)}"
+    return Verdict(offer, False, False, f"{what}, {_gb(needed)} needed")
+
+
+def _free_now(offer: Offer) -> bool:
+    shown = offer.availability
+    return shown is not None and shown.state == FREE and shown.free > 0
+
+
+def recommend(estimate_bytes: int, offers: Sequence[Offer],
+              headroom: float = HEADROOM) -> Recommendation:
+    """The GPU profiles among `offers` that hold `estimate_bytes` with headroom, cheapest
+    first, and the one to start (module docstring). CPU-only profiles are left out."""
+    needed = int(estimate_bytes * headroom + 0.5)
+    verdicts = [verdict(offer, needed) for offer in offers if offer.profile.gpu is not None]
+    fitting = sorted((v for v in verdicts if v.fits),
+                     key=lambda v: (v.offer.profile.price_per_hour_ucr, v.split,
+                                    v.offer.device_bytes or 0, v.offer.profile.slug))
+    too_small = sorted((v for v in verdicts if not v.fits),
+                       key=lambda v: (-(v.offer.device_bytes or 0) * v.offer.count,
+                                      v.offer.profile.slug))
+    head = (f"the work needs about {_gb(estimate_bytes)}; with {headroom:g}x headroom "
+            f"{_gb(needed)}")
+    if not fitting:
+        return Recommendation(estimate_bytes, needed, (), tuple(too_small), None,
+                              f"No profile you may use fits: {head}. Try a lower precision "
+                              "(int8, int4), LoRA or QLoRA, a smaller batch or sequence, or "
+                              "activation checkpointing.")
+    free = [v for v in fitting if _free_now(v.offer)]
+    chosen = free[0] if free else fitting[0]
+    profile = chosen.offer.profile
+    if free and chosen is fitting[0]:
+        now = "and it has a device free now"
+    elif free:
+        now = (f"and it has a device free now (the cheaper {fitting[0].offer.profile.slug} "
+               "would wait in the queue)")
+    else:
+        now = "but nothing that fits is free now: a start waits in the queue"
+    reason = (f"{profile.display_name} ({profile.slug}) is the cheapest profile that fits: "
+              f"{head}; {chosen.why}, {now}.")
+    return Recommendation(estimate_bytes, needed, tuple(fitting), tuple(too_small),
+                          profile.slug, reason)
