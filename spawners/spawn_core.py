@@ -23,8 +23,10 @@ no spawner.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
+from jupyterhub.utils import url_path_join
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from traitlets import Unicode, default
@@ -107,7 +109,9 @@ class GPULeaseSpawnCore(LaunchBilling, AdmissionOptions):
         availability = await spawner._form_availability()
         data = await asyncio.to_thread(spawn_form_data, spawner.gpulease, spawner.user.name,
                                        groups, saved, availability)
-        return render_options_form(data)
+        # the "Which profile does my work need?" panel asks the hub (hub/web/recommend.py)
+        recommend_url = url_path_join(spawner.hub.base_url, "gpulease/recommend")
+        return render_options_form(dataclasses.replace(data, recommend_url=recommend_url))
 
     async def _form_availability(self) -> AvailabilityOf | None:
         """What the start form shows free per GPU request; None: this host's devices

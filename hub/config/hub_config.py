@@ -108,13 +108,17 @@ def hub_page_handlers(s: HubSettings) -> list[tuple]:
     """Handlers gpulease adds to the hub itself, under its prefix (GPULeaseHub.init_handlers).
 
     The home page's default-profile form posts here with the hub's own cookie
-    and _xsrf: a hub page has no OAuth cookie of the gpulease service.
+    and _xsrf, and the spawn page's recommendation panel asks here: a hub page has
+    no OAuth cookie of the gpulease service.
     """
     from gpulease.hub.web.home_page import DefaultProfileFormHandler
+    from gpulease.hub.web.recommend import RecommendHandler
     from gpulease.hub.web.site_handler import SiteHandler
 
     return [(r"/gpulease/default-profile", DefaultProfileFormHandler,
              {"get_ctx": _context_of(s)}),
+            # the spawn page's "Which profile does my work need?" panel
+            (r"/gpulease/recommend", RecommendHandler, {"get_ctx": _context_of(s)}),
             (r"/gpulease/site", SiteHandler, {"urls": s.urls})]
 
 

@@ -18,6 +18,7 @@ from gpulease.core.billing.rules import LOW_BALANCE_MINUTES, minutes_left
 from gpulease.core.capacity.cluster_availability import FREE, NEVER, UNKNOWN, Availability
 from gpulease.core.model.catalog import Image
 from gpulease.core.model.gpu_models import GPU_MEMORY, mig_memory_bytes
+from gpulease.core.model.llm_shapes import MODELS
 from gpulease.core.model.profiles import Profile
 from gpulease.core.policy.options import price_text
 from gpulease.core.refusal import Refusal
@@ -44,6 +45,9 @@ class FormData:
     # By profile slug: the requestable tiers beside on demand the user may start it on
     # (spot's, and any registered one's); a profile left out offers those of `spot`.
     tiers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Where the "Which profile does my work need?" panel asks (the hub's
+    # gpulease/recommend, hub/web/recommend.py); "": no panel.
+    recommend_url: str = ""
 
 
 STYLE = """
@@ -67,6 +71,18 @@ STYLE = """
   .gpulease-form .gl-image { display: flex; gap: .5rem; align-items: center; margin-top: .3rem; }
   .gpulease-form .gl-image select { max-width: 100%; }
   .gpulease-form .gl-balance { padding: .5rem .9rem; background: #f6f7fa; border-radius: 8px; }
+  .gpulease-form .gl-recommend { border: 1px solid #d9dee7; border-radius: 8px;
+    padding: .5rem .9rem; background: #fbfcfe; }
+  .gpulease-form .gl-recommend summary { cursor: pointer; font-weight: 600; }
+  .gpulease-form .gl-rec-fields { display: flex; flex-wrap: wrap; gap: .4rem 1rem;
+    align-items: end; margin: .5rem 0; }
+  .gpulease-form .gl-rec-fields label { display: flex; flex-direction: column; font-size: .9rem; }
+  .gpulease-form .gl-rec-fields input[type=number] { width: 7rem; }
+  .gpulease-form .gl-rec-result table { font-size: .88rem; margin: .4rem 0; }
+  .gpulease-form .gl-rec-result td { padding: .1rem .6rem .1rem 0; vertical-align: top; }
+  .gpulease-form .gl-rec-result .gl-rec-bytes { text-align: right;
+    font-variant-numeric: tabular-nums; white-space: nowrap; }
+  .gpulease-form .gl-rec-error { color: #a11; }
 </style>"""
 
 
@@ -229,6 +245,153 @@ def _accounts(data: FormData) -> str:
             "</select></label>")
 
 
+_TASKS = (("inference", "inference (with a KV cache)"), ("lora", "LoRA fine-tune"),
+          ("qlora", "QLoRA fine-tune (4-bit base)"), ("full", "full fine-tune"))
+_PRECISIONS = ("bf16", "fp16", "fp32", "int8", "int4")
+
+# The panel's script: reads the fields, asks the hub's gpulease/recommend, and shows the
+# answer. Every text from the answer goes in as text (textContent), never as HTML.
+RECOMMEND_SCRIPT = """
+<script>
+(function () {
+  var panel = document.querySelector(".gpulease-recommend");
+  if (!panel) { return; }
+  var out = panel.querySelector(".gl-rec-result");
+  function field(name) { return panel.querySelector('[data-field="' + name + '"]'); }
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) { e.className = cls; }
+    if (text !== undefined) { e.textContent = text; }
+    return e;
+  }
+  function gb(n) { return (n / 1e9).toFixed(2) + " GB"; }
+  field("task").addEventListener("change", function () {
+    if (field("task").value === "qlora") { field("precision").value = "int4"; }
+    else if (field("precision").value === "int4" && field("task").value === "full") {
+      field("precision").value = "bf16";
+    }
+    field("checkpointing").disabled = field("task").value === "inference";
+  });
+  function query() {
+    var q = new URLSearchParams();
+    var model = field("model").value;
+    if (model) { q.set("model", model); } else { q.set("parameters", field("parameters").value); }
+    var task = field("task").value;
+    q.set("task", task);
+    q.set("precision", field("precision").value);
+    q.set("batch", field("batch").value);
+    q.set("sequence", field("sequence").value);
+    if (task !== "inference") { q.set("checkpointing", field("checkpointing").checked); }
+    return q.toString();
+  }
+  function choose(slug) {
+    var radio = document.querySelector('input[name="profile"][value="' + CSS.escape(slug) + '"]');
+    if (radio) {
+      radio.checked = true;
+      radio.closest(".gpulease-profile").scrollIntoView({block: "center"});
+    }
+  }
+  function show(a) {
+    out.textContent = "";
+    out.appendChild(el("p", "gl-rec-total", "Estimated GPU memory: " + gb(a.estimate.bytes) +
+      "; a profile must hold " + gb(a.needed_bytes) + " (" + a.headroom +
+      "x, for the estimate's error)."));
+    if (a.workload.model.assumed) {
+      out.appendChild(el("p", "gl-muted", "Shape assumed from the parameter count: " +
+        a.workload.model.layers + " layers, width " + a.workload.model.hidden + "."));
+    }
+    var table = el("table", "gl-rec-parts");
+    a.estimate.parts.forEach(function (p) {
+      var row = el("tr", "gl-rec-part");
+      row.dataset.part = p.name;
+      row.appendChild(el("td", "", p.name.replace("_", " ")));
+      row.appendChild(el("td", "gl-rec-bytes", gb(p.bytes)));
+      row.appendChild(el("td", "gl-muted", p.how));
+      table.appendChild(row);
+    });
+    out.appendChild(table);
+    out.appendChild(el("p", "gl-rec-reason", a.reason));
+    if (a.recommended) {
+      var best = a.profiles.filter(function (p) { return p.slug === a.recommended; })[0];
+      var button = el("button", "btn btn-sm btn-primary gl-rec-choose",
+        "Choose " + best.display_name);
+      button.type = "button";
+      button.addEventListener("click", function () { choose(best.slug); });
+      out.appendChild(button);
+    }
+    if (a.profiles.length) {
+      var list = el("ul", "gl-rec-fits");
+      a.profiles.forEach(function (p) {
+        var free = p.availability ? p.availability.free + " of " + p.availability.total +
+          " free" : "";
+        var item = el("li", "gl-rec-fit", p.display_name + ": " + p.price_per_hour +
+          " credits/h" + (free ? ", " + free : "") + (p.split ? " (work split across its " +
+          "cards)" : ""));
+        item.dataset.profile = p.slug;
+        list.appendChild(item);
+      });
+      out.appendChild(el("p", "", "Profiles that fit, cheapest first:"));
+      out.appendChild(list);
+    }
+  }
+  function refused(e) {
+    out.textContent = "";
+    out.appendChild(el("p", "gl-rec-error", e.message || "The estimate failed."));
+  }
+  // Enter in a field estimates; it must not submit the spawn form (which starts a server).
+  panel.addEventListener("keydown", function (e) {
+    if (e.key === "Enter" && e.target.tagName === "INPUT") {
+      e.preventDefault();
+      panel.querySelector(".gl-rec-go").click();
+    }
+  });
+  panel.querySelector(".gl-rec-go").addEventListener("click", function () {
+    out.textContent = "Estimating…";
+    fetch(panel.dataset.url + "?" + query(), {credentials: "same-origin",
+                                              headers: {"Accept": "application/json"}})
+      .then(function (r) { return r.json().then(function (body) {
+        if (r.ok) { show(body); } else { refused(body); }
+      }); })
+      .catch(function (err) { refused({message: String(err)}); });
+  });
+})();
+</script>"""
+
+
+def _recommend_panel(data: FormData) -> str:
+    """The "Which profile does my work need?" panel: a description of the work, and the
+    answer of the hub's gpulease/recommend. Its fields have no `name`: the form's Start
+    never sends them."""
+    if not data.recommend_url:
+        return ""
+    models = "".join(f'<option value="{escape(key)}">{escape(shape.name)}</option>'
+                     for key, shape in MODELS.items())
+    tasks = "".join(f'<option value="{value}">{escape(label)}</option>'
+                    for value, label in _TASKS)
+    precisions = "".join(f'<option value="{p}">{p}</option>' for p in _PRECISIONS)
+    return f"""
+<details class="gl-recommend gpulease-recommend" data-url="{escape(data.recommend_url)}">
+  <summary>Which profile does my work need?</summary>
+  <div class="gl-muted">Describe the model and the work: gpulease estimates the GPU memory
+    it needs, shows how, and lists the profiles that fit, cheapest first.</div>
+  <div class="gl-rec-fields">
+    <label>Model <select data-field="model">{models}
+      <option value="">another: give its parameters</option></select></label>
+    <label>Parameters (if another) <input data-field="parameters" placeholder="7B"
+      size="8"></label>
+    <label>Task <select data-field="task">{tasks}</select></label>
+    <label>Precision <select data-field="precision">{precisions}</select></label>
+    <label>Batch <input type="number" data-field="batch" value="1" min="1"></label>
+    <label>Sequence length <input type="number" data-field="sequence" value="2048"
+      min="1"></label>
+    <label><span><input type="checkbox" data-field="checkpointing" disabled>
+      activation checkpointing</span></label>
+    <button type="button" class="btn btn-sm btn-secondary gl-rec-go">Estimate</button>
+  </div>
+  <div class="gl-rec-result" aria-live="polite"></div>
+</details>{RECOMMEND_SCRIPT}"""
+
+
 def render_options_form(data: FormData) -> str:
     """The spawn page's form: one radio card per profile the user may use."""
     if not data.profiles:
@@ -243,7 +406,8 @@ def render_options_form(data: FormData) -> str:
                    "Billing is by the millisecond while the server runs; an idle server is "
                    "suspended and stops costing.</div>")
     cards = "".join(_card(p, data, p.slug == selected) for p in data.profiles)
-    return f'{STYLE}\n<div class="gpulease-form">{balance}{cards}{_accounts(data)}</div>'
+    return (f'{STYLE}\n<div class="gpulease-form">{balance}{_recommend_panel(data)}{cards}'
+            f'{_accounts(data)}</div>')
 
 
 # JupyterHub starts a server from a GET of the spawn page with query arguments

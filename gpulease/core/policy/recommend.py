@@ -25,12 +25,15 @@ fitting one (a start waits in the queue). Pure functions over dataclasses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpulease.core.capacity.cluster_availability import FREE, Availability
 from gpulease.core.model.gpu_models import GPU_MEMORY, mig_usable_bytes
-from gpulease.core.model.profiles import Profile
+from gpulease.core.model.profiles import Profile, spot_usable_by
+from gpulease.core.policy.memory_estimate import Estimate, Workload
+from gpulease.core.units import format_credits
 
 HEADROOM = 1.25
 
@@ -148,3 +151,56 @@ def recommend(estimate_bytes: int, offers: Sequence[Offer],
               f"{head}; {chosen.why}, {now}.")
     return Recommendation(estimate_bytes, needed, tuple(fitting), tuple(too_small),
                           profile.slug, reason)
+
+
+# --- the answer as JSON (api/recommend, and the hub's gpulease/recommend for the spawn page) --
+
+def _workload_json(w: Workload) -> dict[str, Any]:
+    shape = w.shape
+    model = {"name": shape.name, "key": shape.key or None, "parameters": shape.parameters,
+             "layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,
+             "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "vocab": shape.vocab,
+             "source": shape.source, "assumed": shape.assumed}
+    view: dict[str, Any] = {"model": model, "task": w.task, "precision": w.precision,
+                            "batch": w.batch, "sequence": w.sequence}
+    if w.task != "inference":
+        view.update(checkpointing=w.checkpointing, optimizer=w.optimizer)
+    if w.task in ("lora", "qlora"):
+        view["lora_rank"] = w.lora_rank
+    return view
+
+
+def _profile_json(v: Verdict, groups: set[str], queued: Mapping[str, int]) -> dict[str, Any]:
+    profile = v.offer.profile
+    gpu = profile.gpu
+    assert gpu is not None
+    view: dict[str, Any] = {
+        "slug": profile.slug, "display_name": profile.display_name,
+        "gpu": {"model": gpu.model, **({"mig": gpu.mig} if gpu.mig else {"count": gpu.count})},
+        "device_bytes": v.offer.device_bytes, "fits": v.fits, "split": v.split, "why": v.why,
+        "price_per_hour": format_credits(profile.price_per_hour_ucr)}
+    if profile.offers_spot and spot_usable_by(profile, groups):
+        view["spot_price_per_hour"] = format_credits(profile.spot_price_per_hour_ucr or 0)
+    shown = v.offer.availability
+    if shown is not None:
+        view["availability"] = {"free": shown.free, "total": shown.total,
+                                "queued": queued.get(profile.slug, 0), "state": shown.state,
+                                **({"why": shown.why} if shown.why else {})}
+    return view
+
+
+def recommendation_json(w: Workload, result: Estimate, rec: Recommendation, groups: set[str],
+                        queued: Mapping[str, int]) -> dict[str, Any]:
+    """The answer of api/recommend (docs/rest-api.yml, Recommendation)."""
+    return {
+        "workload": _workload_json(w),
+        "estimate": {"bytes": result.total,
+                     "parts": [{"name": p.name, "bytes": p.bytes, "how": p.how}
+                               for p in result.parts]},
+        "headroom": HEADROOM,
+        "needed_bytes": rec.needed_bytes,
+        "profiles": [_profile_json(v, groups, queued) for v in rec.fitting],
+        "too_small": [_profile_json(v, groups, queued) for v in rec.too_small],
+        "recommended": rec.recommended,
+        "reason": rec.reason,
+    }
