@@ -7,8 +7,8 @@ LitGPT's `litgpt/config.py` also records them; `parameters` is the sum of the
 weight shapes those dimensions give (embeddings, attention, MLP, norms, the
 output head unless it is tied to the embeddings), which is the figure each
 model card states (Llama 2 7B 6,738,415,616; Llama 3.1 8B 8,030,261,248;
-Mistral 7B 7,241,732,096; Falcon 7B 6.92 B). StarCoder/OctoCoder's 15.5 B and
-BERT-large's 335 M are their model cards' own figures.
+Mistral 7B 7,241,732,096; Falcon 7B 6.92 B; BERT large 335,141,888, which its
+card rounds to 336M). StarCoder/OctoCoder's 15.5 B is its model card's figure.
 
 Fields:
 
@@ -129,7 +129,7 @@ _MODELS: tuple[ModelShape, ...] = (
                parameters=15_500_000_000, layers=40, hidden=6144, heads=48, kv_heads=1,
                head_dim=128, ffn=24576, gated_mlp=False, vocab=49152, tied=True,
                source=f"{HF}/bigcode/octocoder/blob/main/config.json"),
-    ModelShape(key="bert-large-uncased", name="BERT large (uncased)", parameters=335_000_000,
+    ModelShape(key="bert-large-uncased", name="BERT large (uncased)", parameters=335_141_888,
                layers=24, hidden=1024, heads=16, kv_heads=16, head_dim=64, ffn=4096,
                gated_mlp=False, vocab=30522, tied=True,
                source=f"{HF}/google-bert/bert-large-uncased/blob/main/config.json"),

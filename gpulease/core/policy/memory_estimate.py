@@ -94,7 +94,7 @@ INT4_SCALE_BYTES = 4
 
 # Fitted (see the module docstring): never edited by hand; the test refits them.
 C_ACT = 3.7703           # activations kept per token per layer, per unit of h + F
-C_CUDA = 2_458_463_374   # bytes a process holds beyond its tensors (NVML's count)
+C_CUDA = 2_456_346_937   # bytes a process holds beyond its tensors (NVML's count)
 C_Q4 = 0.2330            # bytes per 4-bit weight beyond the 4 bits and their scales
 
 DEFAULT_LORA_RANK = 16
