@@ -72,10 +72,15 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
                    default=float(default("readings-interval", "10")),
                    help="seconds between the running GPU servers' activity and memory "
                         "readings sent to the gpulease service (PUT api/gpu-readings), which "
-                        "shows them to their researchers; 0 turns them off (default 10)")
+                        "shows them to their researchers: 1 to 300, or 0 to turn them off "
+                        "(default 10)")
     p.add_argument("--log-level", default=default("log-level", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = p.parse_args(argv)
+    if args.readings_interval != 0 and not 1 <= args.readings_interval <= 300:
+        # what the service takes: outside it, every push would be refused
+        p.error(f"--readings-interval must be 0 (off) or 1 to 300 seconds, not "
+                f"{args.readings_interval:g}")
     if not args.hub_url:
         p.error("--hub-url (or GPULEASE_CULLER_HUB_URL) is required: where /services/gpulease/ is")
     for name in ("warn_before", "stale_after"):  # defaults are not parsed by argparse

@@ -28,14 +28,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, case, func, select, update
+from sqlalchemy import Engine, and_, bindparam, case, select, update
 
 from gpulease.store.db import sessions
 
 _c = sessions.c
 _CHUNK = 900  # user names per query: under SQLite's old limit of 999 bound parameters
-# A reading stands for at most this much of its session, whatever its pusher's interval.
-MAX_READ_MS = 60_000
+# A reading stands for at most this much of its session: the longest interval the
+# service takes (api/gpu-readings' interval_s), what the hub lets the culler read at.
+MAX_READ_MS = 300_000
 
 
 @dataclass(frozen=True)
@@ -92,35 +93,37 @@ def accepted_sessions(conn: Any, samples: Sequence[GpuSample]) -> list[int | Non
     A sample is of its server's open session where that session bills the run the
     sample names: its `run_started_at` is the sample's start. A session that does not
     know its run (opened before 0014, or by a caller that did not say) takes the
-    sample unless a session of that server ended at or after the sample's start: the
-    sample is then of an earlier run, read on devices it no longer holds."""
+    sample unless an earlier session of that server, one that ended before the open
+    session began, ended at or after the sample's start: the sample is then of an
+    earlier run, read on devices it no longer holds. (A session that ended just as the
+    open one began is the same run going on: a reservation's end, a repair.)"""
     if not samples:
         return []
     users = sorted({s.user for s in samples})
     oldest = min(s.started for s in samples)
-    open_runs: dict[tuple[str, str], tuple[int, dt.datetime | None]] = {}
-    last_end: dict[tuple[str, str], dt.datetime] = {}
+    open_runs: dict[tuple[str, str], tuple[int, dt.datetime, dt.datetime | None]] = {}
+    ends: dict[tuple[str, str], list[dt.datetime]] = defaultdict(list)
     for chunk in _chunks(users):
-        for row in conn.execute(select(_c.id, _c.user_name, _c.server_name, _c.run_started_at)
+        for row in conn.execute(select(_c.id, _c.user_name, _c.server_name, _c.started_at,
+                                       _c.run_started_at)
                                 .where(_c.ended_at.is_(None), _c.user_name.in_(chunk))):
-            open_runs[(row.user_name, row.server_name)] = (row.id, row.run_started_at)
+            open_runs[(row.user_name, row.server_name)] = (row.id, row.started_at,
+                                                           row.run_started_at)
         for user, server, ended in conn.execute(
-                select(_c.user_name, _c.server_name, func.max(_c.ended_at))
-                .where(_c.user_name.in_(chunk), _c.ended_at >= oldest)
-                .group_by(_c.user_name, _c.server_name)):
-            last_end[(user, server)] = ended
+                select(_c.user_name, _c.server_name, _c.ended_at)
+                .where(_c.user_name.in_(chunk), _c.ended_at >= oldest)):
+            ends[(user, server)].append(ended)
     accepted: list[int | None] = []
     for s in samples:
         found = open_runs.get((s.user, s.server))
         if found is None:
             accepted.append(None)
             continue
-        session_id, run = found
+        session_id, began, run = found
         if run is not None:
             same = abs(run - s.started) <= SAME_RUN
         else:
-            ended = last_end.get((s.user, s.server))
-            same = ended is None or ended < s.started
+            same = not any(s.started <= ended < began for ended in ends[(s.user, s.server)])
         accepted.append(session_id if same else None)
     return accepted
 

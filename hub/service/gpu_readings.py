@@ -98,8 +98,8 @@ def _activity(value: Any, where: str, errors: list[tuple[str, str]]) -> float | 
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
         errors.append((where, "must be a number of percent (0 to 100) or null"))
         return None
-    number = float(value)
-    if not math.isfinite(number) or not 0 <= number <= 100:
+    number = _float(value)
+    if number is None or not 0 <= number <= 100:
         errors.append((where, f"{value} is not between 0 and 100 (percent)"))
         return None
     return number
@@ -136,15 +136,26 @@ def _started(value: Any, where: str, now: datetime,
     return started
 
 
+def _float(value: int | float | Decimal) -> float | None:
+    """`value` as a finite float; None for one too large for a float (a 400-digit integer)
+    or not finite."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _interval(value: Any, errors: list[tuple[str, str]]) -> float:
     if value is None:
         return DEFAULT_INTERVAL_S
-    if isinstance(value, bool) or not isinstance(value, int | float | Decimal) \
-            or not MIN_INTERVAL_S <= float(value) <= MAX_INTERVAL_S:
+    number = None if isinstance(value, bool) or not isinstance(value, int | float | Decimal) \
+        else _float(value)
+    if number is None or not MIN_INTERVAL_S <= number <= MAX_INTERVAL_S:
         errors.append(("interval_s", f"must be the seconds between readings, "
                                      f"{MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g}"))
         return DEFAULT_INTERVAL_S
-    return float(value)
+    return number
 
 
 @dataclass(frozen=True)
@@ -225,12 +236,12 @@ class _Held:
     """One server's readings of one session: the latest, and a ring of the last hour's
     steps (mean activity, peak memory), in fixed-size arrays."""
 
-    __slots__ = ("session", "step_s", "interval_s", "latest", "step", "activity_sum",
+    __slots__ = ("session", "run", "step_s", "interval_s", "latest", "step", "activity_sum",
                  "activity_n", "memory")
 
-    def __init__(self, session: int, step_s: int) -> None:
+    def __init__(self, session: int, run: datetime, step_s: int) -> None:
         slots = HOUR_S // step_s
-        self.session, self.step_s = session, step_s
+        self.session, self.run, self.step_s = session, run, step_s
         self.interval_s = DEFAULT_INTERVAL_S
         self.latest: GpuReading | None = None
         self.step = array("i", [-1] * slots)  # which step each slot holds
@@ -285,8 +296,10 @@ class GpuReadings:
                 continue
             key = (r.user, r.server)
             held = self._by_server.pop(key, None)
+            if held is not None and held.session != session and held.run == r.started:
+                held.session = session  # the same run goes on in a new session: one chart
             if held is None or held.session != session:
-                held = _Held(session, self.step_s)  # a new session starts a new chart
+                held = _Held(session, r.started, self.step_s)  # a new run, a new chart
                 while len(self._by_server) >= self.max_servers:
                     self._by_server.pop(next(iter(self._by_server)))
             held.add(r, push.interval_s)

@@ -15,7 +15,9 @@ on the way fails the test (tests/support/browser.py ALLOWED_ERRORS).
 from __future__ import annotations
 
 import re
+import sqlite3
 import time
+from datetime import datetime
 
 import pytest
 import requests
@@ -71,6 +73,12 @@ def test_status_bar_cost_then_a_reading_then_the_chart(hub, browser_context):
     # the culler's readings (an admin's PUT): the bar shows the latest within seconds
     # (each for the server's start as the hub lists it, as the culler sends them)
     started = hub.api("GET", "users/dee", hub.admin).json()["servers"][""]["started"]
+    # the session the spawner opened names that very run (what the readings are matched to)
+    with sqlite3.connect(hub.state / "private" / "gpulease.sqlite") as db:
+        (run,) = db.execute("SELECT run_started_at FROM sessions WHERE user_name = 'dee' "
+                            "AND ended_at IS NULL").fetchone()
+    assert datetime.fromisoformat(run) == datetime.fromisoformat(
+        started.replace("Z", "+00:00")).replace(tzinfo=None), (run, started)
     for body in (reading(started, 20.0, 2 * GIB),
                  reading(started, None, 3 * GIB, why="no GPM on this GPU"),
                  reading(started, 37.0, int(4.1 * GIB))):

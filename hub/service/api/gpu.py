@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
+from math import ceil
 
 from tornado import web
 
@@ -132,7 +133,11 @@ class MyGpuHandler(GpuHandler):
             held.latest, iso, now, held.interval_s)
         history = [] if held is None else [{**p, "at": iso(p["at"])} for p in held.points(now)]
         self.write_json({"user": user, "server": server, **view, "reading": latest,
-                         "history": history, "history_step_s": self.readings.step_s,
+                         "history": history,
+                         # the points' spacing: the chart's step, or the culler's interval
+                         # where longer (the chart draws a gap only past it)
+                         "history_step_s": max(self.readings.step_s,
+                                               0 if held is None else ceil(held.interval_s)),
                          # the service's clock, which the chart's points are on
                          "now": iso(now)})
 

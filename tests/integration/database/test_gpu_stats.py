@@ -196,10 +196,29 @@ def test_a_reading_of_an_earlier_run_of_the_server_is_kept_nowhere(engine):
     assert fold(engine, [sample("ada", "", None, None, "", started=second)]) == [again.id]
 
 
-def test_a_reading_stands_for_at_most_a_minute(engine):
+def test_a_reading_stands_for_its_interval_up_to_the_longest_the_service_takes(engine):
     s = SessionLedger(engine).open("ada", "", "h200-1g", "user:ada", 3_600_000, T0)
     fold(engine, [sample("ada", "", 1.0, 1, "nvml")], interval_ms=300_000)
-    assert row(engine, s.id).gpu_memory_read_ms == 60_000
+    assert row(engine, s.id).gpu_memory_read_ms == 300_000  # readings every 5 minutes
+    fold(engine, [sample("ada", "", 1.0, 1, "nvml")], interval_ms=900_000)
+    assert row(engine, s.id).gpu_memory_read_ms == 600_000
+
+
+def test_a_run_from_before_runs_were_kept_goes_on_across_a_reservation_s_end(engine):
+    """A session opened before 0014 knows no run (NULL); a reservation's end carries the
+    NULL on. The reserved session ended just as the on-demand one began: the same run,
+    not an earlier one, so its readings still count."""
+    meter = SessionLedger(engine)
+    reserved = meter.open("ada", "", "h200-1g", "user:ada", 0, T0, "reserved", None)
+    on_demand = meter.continue_on_demand(reserved.id, T0 + dt.timedelta(hours=1), 3_600_000)
+    assert fold(engine, [sample("ada", "", 20.0, 2**31, "nvml")]) == [on_demand.id]
+    # a reading of a run before the reserved one is still kept nowhere
+    meter.close(on_demand.id, T0 + dt.timedelta(hours=2), "user")
+    again = meter.open("ada", "", "h200-1g", "user:ada", 3_600_000, T0 + dt.timedelta(hours=3))
+    assert fold(engine, [sample("ada", "", 99.0, 2**36, "nvml")]) == [None]
+    assert fold(engine, [sample("ada", "", 1.0, 1, "nvml",
+                                started=T0 + dt.timedelta(hours=3) - dt.timedelta(seconds=2))]
+                ) == [again.id]
 
 
 def test_a_session_that_knows_its_run_takes_that_run_s_readings_only(engine):

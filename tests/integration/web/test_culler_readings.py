@@ -10,6 +10,7 @@ import json
 import logging
 from datetime import timedelta
 
+import pytest
 from tornado import web
 
 from gpulease.idle_culler.gpu import (
@@ -226,6 +227,9 @@ def test_the_option_and_its_environment_default():
     assert parse_args(base, env={}).readings_interval == 10.0
     assert parse_args(base, env={"GPULEASE_CULLER_READINGS_INTERVAL": "0"}).readings_interval == 0
     assert parse_args([*base, "--readings-interval", "2.5"], env={}).readings_interval == 2.5
+    for bad in ("0.5", "301", "-1"):  # what the service would refuse every push of
+        with pytest.raises(SystemExit):
+            parse_args([*base, "--readings-interval", bad], env={})
 
 
 async def test_readings_off_sends_nothing():

@@ -227,5 +227,10 @@ async def test_a_free_server_never_runs_out_and_a_long_server_name_is_refused(se
     # the lab's balance runs down for bob's server, but ada's is never stopped for money
     assert code == 200 and (data["runway_s"], data["runway_by"]) == (None, None)
     assert data["history_step_s"] == 60 and data["now"].endswith("Z")
+    # readings sparser than the chart's step: the points are that far apart
+    slow = {"servers": [reading("ada", "gpu", 5.0, 2**30)], "interval_s": 120}
+    assert (await call(base, "PUT", "api/gpu-readings", "culler", slow))[0] == 204
+    code, data = await call(base, "GET", "api/me/gpu?server=gpu", "ada")
+    assert data["history_step_s"] == 120
     code, data = await call(base, "GET", "api/me/gpu?server=" + "x" * 256, "ada")
     assert code == 400 and data["errors"][0]["field"] == "server"

@@ -55,6 +55,8 @@ def test_a_reading_is_kept_as_given():
                                                        "started"),
     # a lone surrogate: valid JSON, no valid text (no database takes it)
     ({"user": "ada\ud800"}, "user"), ({"server": "\udfff"}, "server"), ({"why": "\ud800"}, "why"),
+    # an integer too large for a float (JSON has no bound): refused, never a 500
+    ({"activity": 10**400}, "activity"),
 ])
 def test_each_bad_field_is_named_and_nothing_is_kept(bad, field):
     with pytest.raises(PushError) as e:
@@ -69,7 +71,8 @@ def test_the_push_itself_is_checked():
                         ({"servers": [entry()] * (MAX_SERVERS_PER_PUSH + 1)}, "servers"),
                         ({"servers": [], "interval_s": 0.5}, "interval_s"),
                         ({"servers": [], "interval_s": True}, "interval_s"),
-                        ({"servers": [], "interval_s": 301}, "interval_s")]:
+                        ({"servers": [], "interval_s": 301}, "interval_s"),
+                        ({"servers": [], "interval_s": 10**400}, "interval_s")]:
         with pytest.raises(PushError) as e:
             parse_readings(body, NOW)
         assert e.value.errors[0][0] == field
@@ -98,9 +101,13 @@ def test_the_last_hour_is_a_point_a_minute_of_the_session_it_was_accepted_for():
     # A reading the store was not told is of the open session is kept nowhere.
     store.put(push_at(later, entry(user="eve")), [None])
     assert store.of_session("eve", "", 1) is None
-    # A new session starts a new chart.
+    # The same run going on in a new session (a reservation's end) keeps its chart...
     store.put(push_at(later, entry(activity=1)), [8])
-    assert [p["activity"] for p in store.of_session("ada", "", 8).points(later)] == [1.0]
+    assert [p["activity"] for p in store.of_session("ada", "", 8).points(later)] == [
+        70.0, None, 1.0]
+    # ...a new run starts a new one.
+    store.put(push_at(later, entry(activity=2, started="2030-01-01T13:00:00Z")), [9])
+    assert [p["activity"] for p in store.of_session("ada", "", 9).points(later)] == [2.0]
 
 
 def test_the_store_is_bounded_in_servers():
