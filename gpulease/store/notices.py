@@ -189,11 +189,10 @@ class NoticeStore:
         of `kind` told any of them to `user` since `since`, open or cleared since (None then:
         ask `told` and tell the rest).
 
-        Unlike `post`, an open notice of the same (user, server, kind) is not rewritten:
-        it is cleared, its row kept as the record of what it told, and the new notice
-        carries its message on before this one's (where both fit in MAX_MESSAGE), so that
-        a researcher who has not looked yet loses nothing. The caller tells every key due
-        on one server in one call."""
+        Unlike `post`, an open notice of the same (user, server, kind) is cleared, not
+        rewritten: its row stays as the record of what it told. So the caller tells every
+        key due on one server in one call, and waits while one is open and recent (as
+        right_sizing_views.raise_notices does): a later call would clear it unseen."""
         _check_notice(user, server, kind, message)
         if not keys or any(key not in message for key in keys):
             raise ValueError("the message must hold each of its keys")
@@ -204,11 +203,6 @@ class NoticeStore:
                 return None
             advisory_lock(conn, f"notices:{user}\0{server}")
             now = utcnow()
-            still_open = conn.execute(select(notices.c.message).where(
-                self._open(user, server), notices.c.kind == kind)).scalars().all()
-            carried = " ".join([*still_open, message])
-            if len(carried) <= MAX_MESSAGE:
-                message = carried
             conn.execute(update(notices).where(self._open(user, server), notices.c.kind == kind)
                          .values(cleared_at=now))
             notice_id = conn.execute(

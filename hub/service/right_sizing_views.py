@@ -113,12 +113,19 @@ def _notice_text(due: dict[str, ProfileAdvice]) -> str:
                     f"{credits_text(a.advice.saved_ucr)} credits." for key, a in due.items()) + end
 
 
+# A right-sizing notice still open on a server is left this long before advice due
+# since replaces it: a notice is cleared only by dismissing it on the hub's pages, and
+# one replaced sooner could go unseen.
+NOTICE_SHOWN_FOR = dt.timedelta(days=7)
+
+
 def raise_notices(store: NoticeStore, user: str, items: Iterable[ProfileAdvice],
                   now: dt.datetime, t: Thresholds = DEFAULT_THRESHOLDS) -> list[Notice]:
     """The `right_size` notices opened for the advice not told in the lookback window:
-    one per server, telling every advice due there (one after another would clear the
-    first before its researcher saw it). Advice that does not fit one notice, even in
-    short, waits for the next look."""
+    one per server, telling every advice due there at once. Where a right-sizing notice
+    is open on the server and younger than NOTICE_SHOWN_FOR, the advice waits (it is not
+    told, so a later look tells it); so does advice that does not fit one notice even in
+    short."""
     since = now - t.lookback
     by_server: dict[str, list[ProfileAdvice]] = {}
     for a in items:
@@ -130,7 +137,8 @@ def raise_notices(store: NoticeStore, user: str, items: Iterable[ProfileAdvice],
         due = {key: a for key, a in keys.items() if key not in told}
         while due and len(_notice_text(due)) > MAX_MESSAGE:
             due.pop(next(reversed(due)))
-        if not due:
+        if not due or any(n.kind == NOTICE_KIND and n.created > now - NOTICE_SHOWN_FOR
+                          for n in store.active(user, server)):
             continue
         notice = store.post_once(user, server, NOTICE_KIND, list(due), _notice_text(due),
                                  since)
