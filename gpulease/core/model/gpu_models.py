@@ -155,6 +155,28 @@ def mig_usable_bytes(model: str, profile: str) -> int:
     return int(mig_memory_bytes(profile) * MIG_USABLE_SHARE)
 
 
+# A whole card's memory as nvidia-smi totals it, where published (MiB): A10G and L40S
+# (public `nvidia-smi` listings). A program gets somewhat less than the box says.
+CARD_TOTAL_MIB: dict[str, int] = {"A10G": 23028, "L40S": 46068}
+# Elsewhere, this share of the nominal size: below the listed ratios (A10G's 23028 MiB of
+# 24 GiB is 0.937; an H100 in MIG mode gives its 7g.80gb 79.25 of 80 GiB).
+CARD_USABLE_SHARE = 0.93
+
+
+def card_usable_bytes(model: str) -> int | None:
+    """Memory a program can count on in one whole card of `model`: a whole H100 80GB as
+    its 7g.80gb instance, else nvidia-smi's published total, else CARD_USABLE_SHARE of the
+    nominal size (never more than it really has); None for a model gpulease does not know."""
+    listed = MIG_USABLE_GIB.get(model, {}).get(f"{MIG_COMPUTE_SLICES_PER_GPU}g."
+                                               f"{GPU_MEMORY.get(model, 0) // GiB}gb")
+    if listed is not None:
+        return int(listed * GiB)
+    if model in CARD_TOTAL_MIB:
+        return CARD_TOTAL_MIB[model] * 1024**2
+    nominal = GPU_MEMORY.get(model)
+    return None if nominal is None else int(nominal * CARD_USABLE_SHARE)
+
+
 def valid_mig_profiles(model: str) -> list[str] | None:
     """MIG profile names of `model`; None if it has no MIG or is unknown."""
     profiles = MIG_PROFILES.get(model)

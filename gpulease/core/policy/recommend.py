@@ -7,8 +7,9 @@ The headroom is 1.25 because the estimate is checked to within 25 % of
 published measurements: the worst under-estimate among the check rows is
 -19.7 %, a run that needed 1.245 x the estimate. A device's memory is what a
 program can count on: a MIG slice's as `gpu_models.mig_usable_bytes` gives it
-(the driver's listing, below the name's round figure), a card's its nominal
-size (`gpu_models.GPU_MEMORY`).
+(the driver's listing, below the name's round figure), a card's as
+`gpu_models.card_usable_bytes` gives it (nvidia-smi's total where published, else
+93 % of the nominal size).
 
 A profile of one device (a MIG slice or one card) fits when that device holds
 the need. A profile of N cards fits when one card does (the work runs on one of
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpulease.core.capacity.cluster_availability import FREE, Availability
-from gpulease.core.model.gpu_models import GPU_MEMORY, mig_usable_bytes
+from gpulease.core.model.gpu_models import card_usable_bytes, mig_usable_bytes
 from gpulease.core.model.profiles import Profile, spot_usable_by
 from gpulease.core.policy.memory_estimate import Estimate, Workload
 from gpulease.core.units import format_credits
@@ -58,7 +59,7 @@ def device_memory(profile: Profile) -> int | None:
         return None
     if profile.gpu.mig:
         return mig_usable_bytes(profile.gpu.model, profile.gpu.mig)
-    return GPU_MEMORY.get(profile.gpu.model)
+    return card_usable_bytes(profile.gpu.model)
 
 
 def offer_of(profile: Profile, availability: Availability | None) -> Offer:

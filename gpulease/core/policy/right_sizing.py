@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from gpulease.core.model.gpu_models import (
-    GPU_MEMORY,
     MIG_COMPUTE_SLICES_PER_GPU,
+    card_usable_bytes,
     mig_compute_slices,
     mig_usable_bytes,
 )
@@ -68,7 +68,7 @@ class Offer:
     model: str
     mig: str | None
     count: int
-    memory_bytes: int  # what its slices really hold (mig_usable_bytes), or count × the card's
+    memory_bytes: int  # what its slices or cards really hold (mig_usable_bytes, card_usable_bytes)
     compute: int  # compute slices: a MIG profile's N of 7 (× count), a full card 7 × count
     rate_per_hour_ucr: int  # on demand
     usable: bool = True  # enabled and usable by whom the advice is for
@@ -96,7 +96,7 @@ def offer_from(profile: Profile, *, usable: bool | None = None) -> Offer | None:
         memory = mig_usable_bytes(gpu.model, gpu.mig) * gpu.count
         compute = mig_compute_slices(gpu.mig) * gpu.count
     else:
-        memory = GPU_MEMORY[gpu.model] * gpu.count
+        memory = (card_usable_bytes(gpu.model) or 0) * gpu.count
         compute = MIG_COMPUTE_SLICES_PER_GPU * gpu.count
     rates = tuple((t.name, price) for t in registered()
                   if t.metered and t.name != ON_DEMAND

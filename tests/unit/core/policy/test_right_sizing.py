@@ -57,7 +57,8 @@ def test_offer_from_profiles():
     assert (s.memory_bytes, s.compute, s.rate_per_hour_ucr, s.usable) == (
         int(18 * GiB * 0.875), 1, 1_200_000, True)
     two = offer_from(dataclasses.replace(FULL, gpu=GpuSpec("H200", None, 2), enabled=False))
-    assert (two.memory_bytes, two.compute, two.usable, two.label) == (282 * GiB, 14, False, "2× H200")
+    assert (two.memory_bytes, two.compute, two.usable, two.label) == (
+        2 * int(141 * GiB * 0.93), 14, False, "2× H200")
     assert offer_from(FULL, usable=False).usable is False
 
 
@@ -254,3 +255,14 @@ def test_a_busy_session_whose_memory_was_not_read_still_rules_out_a_slower_slice
     busy = SessionUse("full1", HOUR, 95.0, 99.0, None, activity_read_ms=HOUR, memory_read_ms=0)
     assert advise(counted, FULL1, OFFERS).profile == "g1"
     assert advise([*counted, busy], FULL1, OFFERS) is None
+
+
+def test_a_whole_card_counts_for_what_a_program_gets():
+    """nvidia-smi's total where published (an A10G's 23028 MiB of its 24 GiB), an H100 as
+    its 7g.80gb instance (79.25 GiB), else 93 % of the nominal size."""
+    from gpulease.core.model.gpu_models import card_usable_bytes
+
+    assert card_usable_bytes("A10G") == 23028 * 2**20
+    assert card_usable_bytes("H100-80GB") == int(79.25 * GiB)
+    assert card_usable_bytes("H200") == int(141 * GiB * 0.93)
+    assert card_usable_bytes("no-such-card") is None
