@@ -17,8 +17,24 @@ from there, never filled in by guess. A run was taken when its source states
 every input the estimate takes (model, task, precision, batch, sequence length,
 optimizer, checkpointing), and left out when it used a memory technique the
 estimate has no input for (torch.compile, fused losses, activation or optimizer
-offloading, the optimizer step fused into the backward pass, paged optimizers,
-Adafactor, tensor/pipeline parallelism, DeepSpeed). Seen and left out:
+offloading, the optimizer step fused into the backward pass, Adafactor,
+tensor/pipeline parallelism, DeepSpeed).
+
+A paged optimizer is kept, as what it is (`optimizer="paged-adamw"`): LitGPT's
+QLoRA runs (litgpt/finetune/lora.py at 5895df10, lines 180-185) use bitsandbytes'
+`bnb.optim.PagedAdamW` whenever bitsandbytes quantisation is on. It is not
+offloading: it keeps two 32-bit moments per trained parameter, allocated for
+every tensor of 100,000 elements or more in CUDA managed (unified) memory
+(`bitsandbytes.functional.get_paged`, cudaMallocManaged), which stays on the GPU
+and is paged out to the CPU only under memory pressure. That memory is outside
+PyTorch's caching allocator, so the runs' `torch.cuda.max_memory_allocated` does
+not count it: every adapter tensor of those runs has 100,000 elements or more
+(rank 32 on the query and value projections: lora_A 64 x the model width, lora_B
+(query + value widths) x 32, the smallest Falcon 7B's 4608 x 32), and their
+moments, 2 x 4 bytes x 13.6-16.8 M adapter parameters (0.11-0.13 GB, 0.6-1.2 %
+of each figure), are in no figure. The comparison (`policy/memory_fit.py`) leaves
+the optimizer's part out of such a row's estimate; a researcher's estimate
+counts it, as the GPU holds it. Seen and left out:
 
 - torchtune's README tables (Llama 3.1 8B and 70B, "Memory and training speed";
   every "Optimization flags" row after "+ Packed Dataset"): torch.compile,
@@ -61,6 +77,10 @@ MiB = 1024**2
 UNITS = {"GB": GB, "GiB": GiB, "MiB": MiB}
 MEASURES = ("allocated", "active", "reserved", "nvml")
 KINDS = ("inference", "lora", "qlora", "full")
+# The estimate's optimizers, and bitsandbytes' PagedAdamW (32-bit moments in CUDA managed
+# memory, which PyTorch's allocator does not count: see the module docstring).
+OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "paged-adamw")
+PAGED_OPTIMIZERS = ("paged-adamw",)
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,7 @@ class Measurement:
     batch: int
     sequence: int        # tokens per sequence at the peak (inference: tokens the KV cache holds)
     checkpointing: bool
-    optimizer: str       # adamw, adamw-bf16, adamw-8bit; "" for inference
+    optimizer: str       # one of OPTIMIZERS; "" for inference
     framework: str
     gpu: str
     measure: str         # allocated, active, reserved (PyTorch allocator) or nvml (whole card)
@@ -108,6 +128,16 @@ _LITGPT_RUN = ("litgpt finetune with the named config at commit 5895df10: bf16-t
                "tokens; the model computes its logits in chunks of 128 positions and the loss is "
                "litgpt's chunked_cross_entropy (lm_head_chunk_size=128); the figure is the "
                "script's 'Memory used' (torch.cuda.max_memory_allocated / 1e9)")
+_LITGPT_QLORA_RUN = ("litgpt finetune with the named config at commit 5895df10: the base model "
+                     "quantised by bitsandbytes (quantize bnb.nf4) with bf16 compute, the LoRA "
+                     "adapters and their gradients in bf16, and, because bitsandbytes "
+                     "quantisation is on, bnb.optim.PagedAdamW (litgpt/finetune/lora.py lines "
+                     "180-185: 32-bit moments in CUDA managed memory, which the figure does not "
+                     "count), no activation checkpointing on one device, Alpaca2k batches padded "
+                     "to their longest sample, at most 512 tokens; the model computes its logits "
+                     "in chunks of 128 positions and the loss is litgpt's chunked_cross_entropy "
+                     "(lm_head_chunk_size=128); the figure is the script's 'Memory used' "
+                     "(torch.cuda.max_memory_allocated / 1e9)")
 _LITGPT_GEN = ("https://github.com/Lightning-AI/litgpt/blob/982abcbc/tutorials/quantize.md",
                "tutorials/quantize.md at commit 982abcbc (2023-10-05): 'All the examples below "
                "were run on an A100 40GB GPU'")
@@ -244,12 +274,12 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         unknown="the longest padded batch's length (at most 512)"),
     Measurement(
         id="qlora-llama2-7b-litgpt", kind="qlora", model="llama-2-7b", precision="int4", batch=2,
-        sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
+        sequence=512, checkpointing=False, optimizer="paged-adamw", lora_rank=32,
         lora_targets="qv", loss="chunked",
         framework="LitGPT (litgpt finetune lora, quantize bnb.nf4)",
         gpu="A10G (1x)", measure="allocated", published="13.68", unit="GB",
         url=_LITGPT_TABLE[0], where=_LITGPT_TABLE[1] + ", llama-2-7b/qlora.yaml, 1xA10G",
-        note=_LITGPT_RUN, unknown="the longest padded batch's length (at most 512)"),
+        note=_LITGPT_QLORA_RUN, unknown="the longest padded batch's length (at most 512)"),
     Measurement(
         id="lora-mistral-7b-litgpt", kind="lora", model="mistral-7b", precision="bf16", batch=2,
         sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
@@ -260,12 +290,12 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         unknown="the longest padded batch's length (at most 512)"),
     Measurement(
         id="qlora-mistral-7b-litgpt", kind="qlora", model="mistral-7b", precision="int4",
-        batch=2, sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
+        batch=2, sequence=512, checkpointing=False, optimizer="paged-adamw", lora_rank=32,
         lora_targets="qv", loss="chunked",
         framework="LitGPT (litgpt finetune lora, quantize bnb.nf4)",
         gpu="A10G (1x)", measure="allocated", published="14.29", unit="GB",
         url=_LITGPT_TABLE[0], where=_LITGPT_TABLE[1] + ", mistral-7b/qlora.yaml, 1xA10G",
-        note=_LITGPT_RUN, unknown="the longest padded batch's length (at most 512)"),
+        note=_LITGPT_QLORA_RUN, unknown="the longest padded batch's length (at most 512)"),
     Measurement(
         id="lora-llama3-8b-litgpt", kind="lora", model="llama-3-8b", precision="bf16", batch=1,
         sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
@@ -276,12 +306,12 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         unknown="the longest padded batch's length (at most 512)"),
     Measurement(
         id="qlora-llama3-8b-litgpt", kind="qlora", model="llama-3-8b", precision="int4",
-        batch=2, sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
+        batch=2, sequence=512, checkpointing=False, optimizer="paged-adamw", lora_rank=32,
         lora_targets="qv", loss="chunked",
         framework="LitGPT (litgpt finetune lora, quantize bnb.nf4)",
         gpu="A10G (1x)", measure="allocated", published="17.41", unit="GB",
         url=_LITGPT_TABLE[0], where=_LITGPT_TABLE[1] + ", llama-3-8b/qlora.yaml, 1xA10G",
-        note=_LITGPT_RUN, unknown="the longest padded batch's length (at most 512)"),
+        note=_LITGPT_QLORA_RUN, unknown="the longest padded batch's length (at most 512)"),
     Measurement(
         id="lora-falcon-7b-litgpt", kind="lora", model="falcon-7b", precision="bf16", batch=1,
         sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
@@ -292,12 +322,12 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         unknown="the longest padded batch's length (at most 512)"),
     Measurement(
         id="qlora-falcon-7b-litgpt", kind="qlora", model="falcon-7b", precision="int4",
-        batch=1, sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
+        batch=1, sequence=512, checkpointing=False, optimizer="paged-adamw", lora_rank=32,
         lora_targets="qv", loss="chunked",
         framework="LitGPT (litgpt finetune lora, quantize bnb.nf4)",
         gpu="A10G (1x)", measure="allocated", published="9.44", unit="GB",
         url=_LITGPT_TABLE[0], where=_LITGPT_TABLE[1] + ", falcon-7b/qlora.yaml, 1xA10G",
-        note=_LITGPT_RUN, unknown="the longest padded batch's length (at most 512)"),
+        note=_LITGPT_QLORA_RUN, unknown="the longest padded batch's length (at most 512)"),
     Measurement(
         id="lora-llama2-7b-torchtune", kind="lora", model="llama-2-7b", precision="bf16",
         batch=2, sequence=512, checkpointing=True, optimizer="adamw-bf16", lora_rank=8,

@@ -4,7 +4,10 @@ A measurement's run is turned into the estimate's `Workload` (`workload_of`),
 and the estimate is compared with what was measured (`comparable_bytes`): the
 whole estimate for NVML's "memory used" (it holds the CUDA context), the
 estimate without the CUDA context for PyTorch allocator figures (allocated,
-active, reserved), which never hold it.
+active, reserved), which never hold it. A run with a paged optimizer (bitsandbytes'
+PagedAdamW: 32-bit moments in CUDA managed memory, outside PyTorch's allocator;
+memory_measurements.py says why) is estimated with AdamW's states, and an allocator
+figure of it is compared with the estimate without them.
 
 `fit` finds the constants C_ACT, C_LOGITS and C_CUDA of
 `gpulease.core.policy.memory_estimate` that minimise the sum of squared relative
@@ -19,8 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpulease.core.model.llm_shapes import MODELS
-from gpulease.core.model.memory_measurements import Measurement
+from gpulease.core.model.memory_measurements import PAGED_OPTIMIZERS, Measurement
 from gpulease.core.policy.memory_estimate import Constants, Workload, estimate
+
+
+def _optimizer(row: Measurement) -> str:
+    """The estimate's optimizer for a row's: a paged AdamW keeps AdamW's two moments."""
+    if not row.optimizer or row.optimizer in PAGED_OPTIMIZERS:
+        return "adamw"
+    return row.optimizer
 
 
 def workload_of(row: Measurement) -> Workload:
@@ -28,7 +38,7 @@ def workload_of(row: Measurement) -> Workload:
     return Workload(
         shape=MODELS[row.model], task=row.kind, precision=row.precision, batch=row.batch,
         sequence=row.sequence, checkpointing=row.checkpointing,
-        optimizer=row.optimizer or "adamw", lora_rank=row.lora_rank or 16,
+        optimizer=_optimizer(row), lora_rank=row.lora_rank or 16,
         lora_targets=row.lora_targets or "all", attention=row.attention, prompt=row.prompt,
         outputs=row.outputs, loss=row.loss)
 
@@ -36,7 +46,11 @@ def workload_of(row: Measurement) -> Workload:
 def comparable_bytes(row: Measurement, constants: Constants) -> int:
     """The estimate of `row`'s run, counted as its measurement counts."""
     result = estimate(workload_of(row), constants)
-    return result.total if row.holds_cuda_context else result.allocated
+    if row.holds_cuda_context:
+        return result.total
+    if row.optimizer in PAGED_OPTIMIZERS:
+        return result.allocated - result.part("optimizer")
+    return result.allocated
 
 
 def relative_error(row: Measurement, constants: Constants) -> float:

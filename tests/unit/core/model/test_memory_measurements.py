@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 
 from gpulease.core.model.llm_shapes import MODELS, known_model, shape_for_parameters
-from gpulease.core.model.memory_measurements import BY_ID, KINDS, MEASUREMENTS, UNITS
+from gpulease.core.model.memory_measurements import (
+    BY_ID,
+    KINDS,
+    MEASUREMENTS,
+    OPTIMIZERS,
+    UNITS,
+)
 
 
 def test_the_table_has_twelve_rows_or_more_four_of_each_kind():
@@ -42,7 +48,7 @@ def test_every_row_states_its_conditions_and_source(row):
     if row.kind == "inference":
         assert row.optimizer == "" and row.prompt is not None
     else:
-        assert row.optimizer in ("adamw", "adamw-bf16", "adamw-8bit")
+        assert row.optimizer in OPTIMIZERS
     if row.kind in ("lora", "qlora"):
         assert row.lora_rank >= 1 and row.lora_targets in ("qv", "all")
     if row.outside:
@@ -80,3 +86,14 @@ def test_a_bare_parameter_count_gets_a_llama_like_shape():
         shape_for_parameters(0)
 
 
+
+
+def test_litgpts_qlora_runs_name_the_paged_adamw_they_used():
+    # litgpt/finetune/lora.py at 5895df10: bnb.optim.PagedAdamW whenever bitsandbytes
+    # quantises the model; torch.optim.AdamW only without it.
+    litgpt = [row for row in MEASUREMENTS if row.framework.startswith("LitGPT")]
+    assert {row.optimizer for row in litgpt if row.kind == "qlora"} == {"paged-adamw"}
+    assert {row.optimizer for row in litgpt if row.kind == "lora"} == {"adamw-bf16"}
+    for row in litgpt:
+        assert ("PagedAdamW" in row.note) == (row.kind == "qlora")
+        assert ("torch.optim.AdamW" in row.note) == (row.kind == "lora")
