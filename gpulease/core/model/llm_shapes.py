@@ -10,6 +10,14 @@ model card states (Llama 2 7B 6,738,415,616; Llama 3.1 8B 8,030,261,248;
 Mistral 7B 7,241,732,096; Falcon 7B 6.92 B; BERT large 335,141,888, which its
 card rounds to 336M). StarCoder/OctoCoder's 15.5 B is its model card's figure.
 
+These are the models as Hugging Face's code builds them (transformers; torchtune
+and gpt-fast build the same). LitGPT builds some differently: its GPT
+(lit_gpt/model.py at 982abcbc, litgpt/model.py at 5895df10) has an output head
+`lm_head` of its own beside the embedding table `transformer.wte`, and its
+fine-tuning scripts refuse `tie_embeddings`, so a model whose Hub checkpoint ties
+the two is one vocabulary x width matrix larger there (`litgpt_shape`): Falcon 7B
+has 7,217,189,760 parameters in LitGPT, 6,921,720,704 on the Hub.
+
 Fields:
 
 - `layers`, `hidden`: transformer blocks and the model (residual) width.
@@ -29,7 +37,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 HF = "https://huggingface.co"
 
@@ -136,6 +144,14 @@ _MODELS: tuple[ModelShape, ...] = (
 )
 
 MODELS: dict[str, ModelShape] = {shape.key: shape for shape in _MODELS}
+
+
+def litgpt_shape(shape: ModelShape) -> ModelShape:
+    """`shape` as LitGPT builds it: the output head never tied to the embeddings (module
+    docstring); a model untied already is the same."""
+    if not shape.tied:
+        return shape
+    return replace(shape, parameters=shape.parameters + shape.vocab * shape.hidden, tied=False)
 
 _ALIASES = {
     "octocoder": "starcoder-15b",

@@ -8,7 +8,10 @@ row keeps the figure as published (`published`, `unit`) and what was measured
 (`measure`): PyTorch's caching allocator's peak of allocated, active or reserved
 bytes, which hold no CUDA context, or NVML's "memory used" of the whole card
 (nvidia-smi), which does. `unknown` names each condition the source does not
-state; `note` says how a stated condition was read.
+state; `note` says how a stated condition was read. `implementation` says whose
+code built the model: LitGPT's differs from the Hub's config (its output head is
+never tied to the embeddings, and its bitsandbytes plugin quantises that head too),
+and its rows are estimated with the model it builds.
 
 How rows were chosen. Sources were read for runs whose conditions are stated
 in the source itself or fixed by the config or script it names (the config at
@@ -77,6 +80,7 @@ MiB = 1024**2
 UNITS = {"GB": GB, "GiB": GiB, "MiB": MiB}
 MEASURES = ("allocated", "active", "reserved", "nvml")
 KINDS = ("inference", "lora", "qlora", "full")
+IMPLEMENTATIONS = ("hf", "litgpt")
 # The estimate's optimizers, and bitsandbytes' PagedAdamW (32-bit moments in CUDA managed
 # memory, which PyTorch's allocator does not count: see the module docstring).
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "paged-adamw")
@@ -106,6 +110,11 @@ class Measurement:
     attention: str = "sdpa"     # eager: attention scores materialised (no fused kernel)
     outputs: int = 0            # width of the output layer when not the vocabulary
     loss: str = "standard"      # chunked: the logits' loss computed a chunk at a time
+    # Whose code built the model: "hf", as its Hub config and Hugging Face's code build it
+    # (transformers, torchtune, gpt-fast alike), or "litgpt": LitGPT's GPT, whose output
+    # head is never tied to the embeddings (llm_shapes.litgpt_shape) and whose
+    # bitsandbytes plugin quantises every linear layer, the head included.
+    implementation: str = "hf"
     unknown: str = ""
     note: str = ""
     outside: str = ""
@@ -122,15 +131,20 @@ class Measurement:
 _LITGPT = "https://github.com/Lightning-AI/litgpt/blob/5895df10"
 _LITGPT_TABLE = (f"{_LITGPT}/config_hub/finetune/README.md", "config_hub/finetune/README.md, "
                  "the config table (rows as of commit 5895df10, 2024-04-26)")
-_LITGPT_RUN = ("litgpt finetune with the named config at commit 5895df10: bf16-true (weights, "
-               "gradients and torch.optim.AdamW's moments in bf16), no activation checkpointing "
+_LITGPT_RUN = ("litgpt finetune with the named config at commit 5895df10 (LitGPT's GPT: its "
+               "lm_head a Linear of its own beside transformer.wte, never tied): bf16-true "
+               "(weights, gradients and torch.optim.AdamW's moments in bf16), no activation "
+               "checkpointing "
                "on one device, Alpaca2k batches padded to their longest sample, at most 512 "
                "tokens; the model computes its logits in chunks of 128 positions and the loss is "
                "litgpt's chunked_cross_entropy (lm_head_chunk_size=128); the figure is the "
                "script's 'Memory used' (torch.cuda.max_memory_allocated / 1e9)")
-_LITGPT_QLORA_RUN = ("litgpt finetune with the named config at commit 5895df10: the base model "
-                     "quantised by bitsandbytes (quantize bnb.nf4) with bf16 compute, the LoRA "
-                     "adapters and their gradients in bf16, and, because bitsandbytes "
+_LITGPT_QLORA_RUN = ("litgpt finetune with the named config at commit 5895df10 (LitGPT's GPT: its "
+                     "lm_head a Linear of its own beside transformer.wte, never tied): the base "
+                     "model quantised by bitsandbytes (quantize bnb.nf4: Lightning's "
+                     "BitsandbytesPrecision with no ignore_modules converts every Linear, lm_head "
+                     "included) with bf16 compute, the LoRA adapters and their gradients in "
+                     "bf16, and, because bitsandbytes "
                      "quantisation is on, bnb.optim.PagedAdamW (litgpt/finetune/lora.py lines "
                      "180-185: 32-bit moments in CUDA managed memory, which the figure does not "
                      "count), no activation checkpointing on one device, Alpaca2k batches padded "
@@ -141,9 +155,12 @@ _LITGPT_QLORA_RUN = ("litgpt finetune with the named config at commit 5895df10: 
 _LITGPT_GEN = ("https://github.com/Lightning-AI/litgpt/blob/982abcbc/tutorials/quantize.md",
                "tutorials/quantize.md at commit 982abcbc (2023-10-05): 'All the examples below "
                "were run on an A100 40GB GPU'")
-_LITGPT_GEN_NOTE = ("generate/base.py at 982abcbc: batch 1, the default prompt 'Hello, my "
-                    "name is', KV cache sized for prompt + max_new_tokens 256; 'Memory used' is "
-                    "torch.cuda.max_memory_allocated / 1e9")
+_LITGPT_GEN_NOTE = ("generate/base.py at 982abcbc, LitGPT's GPT (lit_gpt/model.py: lm_head a "
+                    "Linear of its own beside transformer.wte, so Falcon 7B has 7,217,189,760 "
+                    "parameters; --quantize is Lightning's BitsandbytesPrecision with no "
+                    "ignore_modules, which converts every Linear, lm_head included): batch 1, "
+                    "the default prompt 'Hello, my name is', KV cache sized for prompt + "
+                    "max_new_tokens 256; 'Memory used' is torch.cuda.max_memory_allocated / 1e9")
 _HF_OPT = ("https://github.com/huggingface/transformers/blob/main/docs/source/en/"
            "llm_tutorial_optimization.md")
 _HF_OPT_NOTE = ("pipeline(...)(prompt, max_new_tokens=60) with the KV cache on (generate's "
@@ -238,6 +255,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="inf-falcon-7b-fp32", kind="inference", model="falcon-7b", precision="fp32",
         batch=1, sequence=262, prompt=6, checkpointing=False, optimizer="",
+        implementation="litgpt",
         framework="lit-gpt generate/base.py --precision 32-true", gpu="A100 40GB",
         measure="allocated", published="28.95", unit="GB", url=_LITGPT_GEN[0],
         where=_LITGPT_GEN[1] + ", 'Baseline', --precision 32-true", note=_LITGPT_GEN_NOTE,
@@ -245,6 +263,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="inf-falcon-7b-bf16", kind="inference", model="falcon-7b", precision="bf16",
         batch=1, sequence=262, prompt=6, checkpointing=False, optimizer="",
+        implementation="litgpt",
         framework="lit-gpt generate/base.py --precision bf16-true", gpu="A100 40GB",
         measure="allocated", published="14.50", unit="GB", url=_LITGPT_GEN[0],
         where=_LITGPT_GEN[1] + ", 'Baseline', --precision bf16-true", note=_LITGPT_GEN_NOTE,
@@ -252,6 +271,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="inf-falcon-7b-nf4", kind="inference", model="falcon-7b", precision="int4",
         batch=1, sequence=262, prompt=6, checkpointing=False, optimizer="",
+        implementation="litgpt",
         framework="lit-gpt generate/base.py --quantize bnb.nf4 --precision bf16-true",
         gpu="A100 40GB", measure="allocated", published="5.72", unit="GB", url=_LITGPT_GEN[0],
         where=_LITGPT_GEN[1] + ", 'bnb.nf4'", note=_LITGPT_GEN_NOTE,
@@ -259,6 +279,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="inf-falcon-7b-int8", kind="inference", model="falcon-7b", precision="int8",
         batch=1, sequence=262, prompt=6, checkpointing=False, optimizer="",
+        implementation="litgpt",
         framework="lit-gpt generate/base.py --quantize bnb.int8 --precision 16-true",
         gpu="A100 40GB", measure="allocated", published="8.70", unit="GB", url=_LITGPT_GEN[0],
         where=_LITGPT_GEN[1] + ", 'bnb.int8'", note=_LITGPT_GEN_NOTE,
@@ -267,7 +288,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="lora-llama2-7b-litgpt", kind="lora", model="llama-2-7b", precision="bf16", batch=2,
         sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
-        lora_targets="qv", loss="chunked",
+        lora_targets="qv", loss="chunked", implementation="litgpt",
         framework="LitGPT (litgpt finetune lora)", gpu="A10G (1x)",
         measure="allocated", published="19.77", unit="GB", url=_LITGPT_TABLE[0],
         where=_LITGPT_TABLE[1] + ", llama-2-7b/lora.yaml, 1xA10G", note=_LITGPT_RUN,
@@ -275,7 +296,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="qlora-llama2-7b-litgpt", kind="qlora", model="llama-2-7b", precision="int4", batch=2,
         sequence=512, checkpointing=False, optimizer="paged-adamw", lora_rank=32,
-        lora_targets="qv", loss="chunked",
+        lora_targets="qv", loss="chunked", implementation="litgpt",
         framework="LitGPT (litgpt finetune lora, quantize bnb.nf4)",
         gpu="A10G (1x)", measure="allocated", published="13.68", unit="GB",
         url=_LITGPT_TABLE[0], where=_LITGPT_TABLE[1] + ", llama-2-7b/qlora.yaml, 1xA10G",
@@ -283,7 +304,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="lora-mistral-7b-litgpt", kind="lora", model="mistral-7b", precision="bf16", batch=2,
         sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
-        lora_targets="qv", loss="chunked",
+        lora_targets="qv", loss="chunked", implementation="litgpt",
         framework="LitGPT (litgpt finetune lora)", gpu="A10G (1x)",
         measure="allocated", published="20.66", unit="GB", url=_LITGPT_TABLE[0],
         where=_LITGPT_TABLE[1] + ", mistral-7b/lora.yaml, 1xA10G", note=_LITGPT_RUN,
@@ -291,7 +312,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="qlora-mistral-7b-litgpt", kind="qlora", model="mistral-7b", precision="int4",
         batch=2, sequence=512, checkpointing=False, optimizer="paged-adamw", lora_rank=32,
-        lora_targets="qv", loss="chunked",
+        lora_targets="qv", loss="chunked", implementation="litgpt",
         framework="LitGPT (litgpt finetune lora, quantize bnb.nf4)",
         gpu="A10G (1x)", measure="allocated", published="14.29", unit="GB",
         url=_LITGPT_TABLE[0], where=_LITGPT_TABLE[1] + ", mistral-7b/qlora.yaml, 1xA10G",
@@ -299,7 +320,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="lora-llama3-8b-litgpt", kind="lora", model="llama-3-8b", precision="bf16", batch=1,
         sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
-        lora_targets="qv", loss="chunked",
+        lora_targets="qv", loss="chunked", implementation="litgpt",
         framework="LitGPT (litgpt finetune lora)", gpu="A10G (1x)",
         measure="allocated", published="19.73", unit="GB", url=_LITGPT_TABLE[0],
         where=_LITGPT_TABLE[1] + ", llama-3-8b/lora.yaml, 1xA10G", note=_LITGPT_RUN,
@@ -307,7 +328,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="qlora-llama3-8b-litgpt", kind="qlora", model="llama-3-8b", precision="int4",
         batch=2, sequence=512, checkpointing=False, optimizer="paged-adamw", lora_rank=32,
-        lora_targets="qv", loss="chunked",
+        lora_targets="qv", loss="chunked", implementation="litgpt",
         framework="LitGPT (litgpt finetune lora, quantize bnb.nf4)",
         gpu="A10G (1x)", measure="allocated", published="17.41", unit="GB",
         url=_LITGPT_TABLE[0], where=_LITGPT_TABLE[1] + ", llama-3-8b/qlora.yaml, 1xA10G",
@@ -315,7 +336,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="lora-falcon-7b-litgpt", kind="lora", model="falcon-7b", precision="bf16", batch=1,
         sequence=512, checkpointing=False, optimizer="adamw-bf16", lora_rank=32,
-        lora_targets="qv", loss="chunked",
+        lora_targets="qv", loss="chunked", implementation="litgpt",
         framework="LitGPT (litgpt finetune lora)", gpu="A10G (1x)",
         measure="allocated", published="16.69", unit="GB", url=_LITGPT_TABLE[0],
         where=_LITGPT_TABLE[1] + ", falcon-7b/lora.yaml, 1xA10G", note=_LITGPT_RUN,
@@ -323,7 +344,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         id="qlora-falcon-7b-litgpt", kind="qlora", model="falcon-7b", precision="int4",
         batch=1, sequence=512, checkpointing=False, optimizer="paged-adamw", lora_rank=32,
-        lora_targets="qv", loss="chunked",
+        lora_targets="qv", loss="chunked", implementation="litgpt",
         framework="LitGPT (litgpt finetune lora, quantize bnb.nf4)",
         gpu="A10G (1x)", measure="allocated", published="9.44", unit="GB",
         url=_LITGPT_TABLE[0], where=_LITGPT_TABLE[1] + ", falcon-7b/qlora.yaml, 1xA10G",

@@ -16,8 +16,11 @@ weights
     layers only: (P - E) x 1 (int8) or (P - E) x (0.5 + 4/64 + C_Q4) (int4: 4
     bits, an fp32 scale for every block of 64 as bitsandbytes' NF4/FP4 and
     torchao's NF4 keep, and what 4-bit runs were measured to hold beyond that),
-    plus E x 2 for the embeddings and output head, which stay 16-bit. QLoRA is
-    LoRA over an int4 base.
+    plus E x 2 for the embeddings and output head, which stay 16-bit (as
+    transformers' bitsandbytes loaders and torchtune keep them). A quantiser that
+    converts every linear layer, the output head included (LitGPT's bitsandbytes
+    plugin: `quantized_head`), keeps only the embedding table, vocabulary x h, in
+    16 bits. QLoRA is LoRA over an int4 base.
 gradients
     Full fine-tune: one gradient per parameter, in the weights' dtype (4 bytes in
     fp32, 2 in bf16/fp16). LoRA/QLoRA: only the adapters', r x L x (the in + out
@@ -60,12 +63,14 @@ check them, and 3 rows hold memory of a kind the formula does not describe
 (their `outside`). tests/unit/core/policy/test_memory_estimate.py names the two
 halves, refits the constants from the fit rows alone (they must come out as
 shipped), and fails if any check row is off by more than 25 %. The fit gives
-C_ACT = 3.78: a layer keeps about 3.8 activations per token for every unit of
-h + F (for Llama 2 7B, 3.78 x (4096 + 2 x 11008) x 2 bytes = 198 KB a token
-a layer); C_CUDA = 2.45 GB, fitted on BERT-large runs on a V100 where the same
+C_ACT = 3.88: a layer keeps about 3.9 activations per token for every unit of
+h + F (for Llama 2 7B, 3.88 x (4096 + 2 x 11008) x 2 bytes = 203 KB a token
+a layer); C_CUDA = 2.42 GB, fitted on BERT-large runs on a V100 where the same
 page measures the bare CUDA context at 1.34 GB, the rest being the allocator's
-reserve; C_Q4 = 0.23 bytes per 4-bit weight (LitGPT's nf4 runs hold that much
-beyond the packed weights and their scales).
+reserve; C_Q4 = 0.21 bytes per 4-bit weight (LitGPT's nf4 runs hold that much
+beyond the packed weights and their scales). The LitGPT rows are estimated with
+the model LitGPT builds (its output head never tied to the embeddings, and
+quantised with the other linear layers: `memory_fit.workload_of`).
 
 What is not modelled: torch.compile, fused losses, offloading, Adafactor,
 several GPUs, an implementation's own allocations (such as gpt-fast's square
@@ -94,9 +99,9 @@ INT4_BLOCK = 64          # weights per fp32 scale (bitsandbytes NF4/FP4, torchao
 INT4_SCALE_BYTES = 4
 
 # Fitted (see the module docstring): never edited by hand; the test refits them.
-C_ACT = 3.7819           # activations kept per token per layer, per unit of h + F
-C_CUDA = 2_452_192_337   # bytes a process holds beyond its tensors (NVML's count)
-C_Q4 = 0.2339            # bytes per 4-bit weight beyond the 4 bits and their scales
+C_ACT = 3.8824           # activations kept per token per layer, per unit of h + F
+C_CUDA = 2_416_122_758   # bytes a process holds beyond its tensors (NVML's count)
+C_Q4 = 0.2126            # bytes per 4-bit weight beyond the 4 bits and their scales
 
 DEFAULT_LORA_RANK = 16
 
@@ -116,6 +121,7 @@ class Workload:
     prompt: int | None = None    # inference: tokens prefilled at once (None: the whole sequence)
     outputs: int = 0             # width of the output layer, if not the shape's
     loss: str = "standard"       # standard: fp32 cross-entropy over all logits; chunked
+    quantized_head: bool = False  # int8/int4: the output head quantised too (else 16-bit)
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,8 @@ def _weights(w: Workload, c: Constants) -> Part:
         per = WEIGHT_BYTES[base]
         return Part("weights", round(p * per),
                     f"{_count(p)} parameters x {per:g} bytes ({base})")
-    embeddings = min(shape.embedding_parameters, p)
+    kept = shape.vocab * shape.hidden if w.quantized_head else shape.embedding_parameters
+    embeddings = min(kept, p)
     linear = p - embeddings
     if base == "int8":
         per = 1.0
@@ -196,9 +203,10 @@ def _weights(w: Workload, c: Constants) -> Part:
         what = (f"{per:.3g} bytes (4 bits, an fp32 scale per {INT4_BLOCK}, and {c.q4:.3g} "
                 "seen beyond them in 4-bit runs, fitted)")
     total = linear * per + embeddings * 2
+    kept_what = "embedding" if w.quantized_head or shape.tied else "embedding/head"
     return Part("weights", round(total),
                 f"{_count(linear)} quantised linear parameters x {what} + {_count(embeddings)} "
-                "embedding/head parameters x 2 bytes (kept 16-bit)")
+                f"{kept_what} parameters x 2 bytes (kept 16-bit)")
 
 
 def _compute_bytes(w: Workload) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpulease.core.model.llm_shapes import MODELS
+from gpulease.core.model.llm_shapes import MODELS, litgpt_shape
 from gpulease.core.model.memory_measurements import PAGED_OPTIMIZERS, Measurement
 from gpulease.core.policy.memory_estimate import Constants, Workload, estimate
 
@@ -34,13 +34,17 @@ def _optimizer(row: Measurement) -> str:
 
 
 def workload_of(row: Measurement) -> Workload:
-    """The estimate's description of a measured run."""
+    """The estimate's description of a measured run, with the model its code built: LitGPT's
+    has an output head of its own (`litgpt_shape`), which its bitsandbytes plugin quantises
+    with every other linear layer."""
+    litgpt = row.implementation == "litgpt"
+    shape = litgpt_shape(MODELS[row.model]) if litgpt else MODELS[row.model]
     return Workload(
-        shape=MODELS[row.model], task=row.kind, precision=row.precision, batch=row.batch,
+        shape=shape, task=row.kind, precision=row.precision, batch=row.batch,
         sequence=row.sequence, checkpointing=row.checkpointing,
         optimizer=_optimizer(row), lora_rank=row.lora_rank or 16,
         lora_targets=row.lora_targets or "all", attention=row.attention, prompt=row.prompt,
-        outputs=row.outputs, loss=row.loss)
+        outputs=row.outputs, loss=row.loss, quantized_head=litgpt)
 
 
 def comparable_bytes(row: Measurement, constants: Constants) -> int:

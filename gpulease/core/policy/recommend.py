@@ -5,7 +5,7 @@ profiles the caller may use, each with what is free of it now, a profile fits
 when its GPU memory holds the estimate with headroom: HEADROOM x the estimate.
 The headroom is 1.25 because the estimate is checked to within 25 % of
 published measurements: the worst under-estimate among the check rows is
--19.7 %, a run that needed 1.245 x the estimate. A device's memory is what a
+-19.6 %, a run that needed 1.244 x the estimate. A device's memory is what a
 program can count on: a MIG slice's as `gpu_models.mig_usable_bytes` gives it
 (the driver's listing, below the name's round figure), a card's as
 `gpu_models.card_usable_bytes` gives it (nvidia-smi's total where published, else

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpulease.core.model.llm_shapes import MODELS, known_model, shape_for_parameters
+from gpulease.core.model.llm_shapes import (
+    MODELS,
+    known_model,
+    litgpt_shape,
+    shape_for_parameters,
+)
 from gpulease.core.model.memory_measurements import (
     BY_ID,
+    IMPLEMENTATIONS,
     KINDS,
     MEASUREMENTS,
     OPTIMIZERS,
@@ -53,6 +59,9 @@ def test_every_row_states_its_conditions_and_source(row):
         assert row.lora_rank >= 1 and row.lora_targets in ("qv", "all")
     if row.outside:
         assert "GB" in row.outside
+    assert row.implementation in IMPLEMENTATIONS
+    assert (row.implementation == "litgpt") == ("litgpt" in row.framework.lower()
+                                                 or "lit-gpt" in row.framework.lower())
 
 
 def test_the_model_table_matches_the_model_cards():
@@ -97,3 +106,13 @@ def test_litgpts_qlora_runs_name_the_paged_adamw_they_used():
     for row in litgpt:
         assert ("PagedAdamW" in row.note) == (row.kind == "qlora")
         assert ("torch.optim.AdamW" in row.note) == (row.kind == "lora")
+
+
+def test_litgpt_builds_falcon_with_an_output_head_of_its_own():
+    # LitGPT's GPT: lm_head beside transformer.wte, never tied (the Hub's Falcon ties them).
+    hub = MODELS["falcon-7b"]
+    assert hub.tied and hub.parameters == 6_921_720_704
+    lit = litgpt_shape(hub)
+    assert not lit.tied and lit.parameters == 7_217_189_760
+    assert lit.embedding_parameters == 2 * 65024 * 4544
+    assert litgpt_shape(MODELS["llama-2-7b"]) is MODELS["llama-2-7b"]  # untied already

@@ -113,6 +113,35 @@ def test_a_paged_optimizers_states_are_not_in_an_allocator_figure():
     assert comparable_bytes(plain, FITTED) == estimate(workload_of(plain)).allocated
 
 
+def test_litgpt_runs_are_estimated_with_the_model_litgpt_builds():
+    # LitGPT's Falcon 7B keeps its output head apart (7,217,189,760 parameters), and its
+    # bitsandbytes plugin quantises that head with every other linear layer: only the
+    # embedding table stays 16-bit.
+    vocab_by_width = 65024 * 4544
+    for name in ("inf-falcon-7b-nf4", "inf-falcon-7b-int8", "qlora-falcon-7b-litgpt",
+                 "lora-falcon-7b-litgpt", "inf-falcon-7b-bf16"):
+        work = workload_of(BY_ID[name])
+        assert work.shape.parameters == 7_217_189_760 and not work.shape.tied
+        assert work.quantized_head
+    nf4 = estimate(workload_of(BY_ID["inf-falcon-7b-nf4"])).part("weights")
+    per = 0.5 + 4 / 64 + C_Q4
+    assert nf4 == round((7_217_189_760 - vocab_by_width) * per + vocab_by_width * 2)
+    int8 = estimate(workload_of(BY_ID["inf-falcon-7b-int8"])).part("weights")
+    assert int8 == (7_217_189_760 - vocab_by_width) * 1 + vocab_by_width * 2
+    # transformers' loaders keep the head 16-bit: the other rows are the Hub's models
+    octo = workload_of(BY_ID["inf-octocoder-int4"])
+    assert octo.shape is MODELS["starcoder-15b"] and not octo.quantized_head
+
+
+def test_a_quantised_head_leaves_only_the_embedding_table_in_sixteen_bits():
+    shape = MODELS["llama-3.1-8b"]
+    kept = estimate(_llama(precision="int8")).part("weights")
+    quantised = estimate(_llama(precision="int8", quantized_head=True)).part("weights")
+    head = shape.vocab * shape.hidden
+    assert kept - quantised == head * (2 - 1)
+    assert estimate(_llama(quantized_head=True)).part("weights") == shape.parameters * 2
+
+
 def _llama(**kw) -> Workload:
     defaults = dict(shape=MODELS["llama-3.1-8b"], task="inference", precision="bf16", batch=1,
                     sequence=4096)
