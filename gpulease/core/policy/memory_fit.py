@@ -9,7 +9,7 @@ PagedAdamW: 32-bit moments in CUDA managed memory, outside PyTorch's allocator;
 memory_measurements.py says why) is estimated with AdamW's states, and an allocator
 figure of it is compared with the estimate without them.
 
-`fit` finds the constants C_ACT, C_LOGITS and C_CUDA of
+`fit` finds the constants C_ACT, C_CUDA and C_Q4 of
 `gpulease.core.policy.memory_estimate` that minimise the sum of squared relative
 errors over the given rows. The estimate is linear in each constant, so this is
 ordinary least squares on rows scaled by the measured bytes, solved exactly.
