@@ -161,8 +161,10 @@ _LITGPT_GEN_NOTE = ("generate/base.py at 982abcbc, LitGPT's GPT (lit_gpt/model.p
                     "ignore_modules, which converts every Linear, lm_head included): batch 1, "
                     "the default prompt 'Hello, my name is', KV cache sized for prompt + "
                     "max_new_tokens 256; 'Memory used' is torch.cuda.max_memory_allocated / 1e9")
-_HF_OPT = ("https://github.com/huggingface/transformers/blob/main/docs/source/en/"
-           "llm_tutorial_optimization.md")
+# Pinned to a commit whose text holds the three figures below (read there; the guide's
+# page on main may change).
+_HF_OPT = ("https://github.com/huggingface/transformers/blob/"
+           "008f5c8c29be84d4721dc6d1e0fcd72300580be4/docs/source/en/llm_tutorial_optimization.md")
 _HF_OPT_NOTE = ("pipeline(...)(prompt, max_new_tokens=60) with the KV cache on (generate's "
                 "default); the guide's own output shows the prompt is 20 tokens; the figure is "
                 "torch.cuda.max_memory_allocated / 1024**3")
@@ -357,8 +359,9 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         url=("https://github.com/pytorch/torchtune/blob/0914d5cf/docs/source/tutorials/"
              "qlora_finetune.rst"),
         where=("docs/source/tutorials/qlora_finetune.rst at commit 0914d5cf (2024-04-15), the "
-               "table 'Peak memory reserved, training', LoRA (also lora_finetune.rst's "
-               "'Q and V only, rank 8' row)"),
+               "table 'Peak memory reserved, training', LoRA; the same figure is "
+               "lora_finetune.rst's 'Q and V only', rank 8 row from commit ff594c23 (later the "
+               "same day), not at 0914d5cf"),
         note=("config llama2/7B_lora_single_device at 0914d5cf: bf16 weights, torch.optim.AdamW "
               "(moments in bf16 with the parameters), batch 2, alpaca_cleaned truncated to 512 "
               "tokens and padded to each batch's longest, activation checkpointing on, no "
@@ -394,10 +397,14 @@ MEASUREMENTS: tuple[Measurement, ...] = (
               "len 4096, bf16, A100; '+ Packed Dataset' packs the dataset to 4096-token "
               "sequences; compile, chunked cross-entropy, activation checkpointing, the fused "
               "optimizer step and 8-bit AdamW are added only in the rows after it, so this run "
-              "has none of them and uses torch.optim.AdamW over bf16 parameters (moments in "
-              "bf16); peak_memory_active is memory_stats()['active_bytes.all.peak'] / 1024**3"),
-        unknown="the A100's memory size; the optimizer is implied by the table's order (8-bit "
-                "AdamW is added later), not printed as a config"),
+              "is read as having none of them. Its optimizer is not published: the table names "
+              "none, and the recipe's config at this commit (llama3_2/3B_full_single_device."
+              "yaml) defaults to bitsandbytes' PagedAdamW8bit with optimizer_in_bwd, both of "
+              "which the table adds only in later rows; the row assumes torch.optim.AdamW over "
+              "bf16 parameters (moments in bf16, 4 bytes a parameter). peak_memory_active is "
+              "memory_stats()['active_bytes.all.peak'] / 1024**3"),
+        unknown="the A100's memory size; the optimizer, not published (torch.optim.AdamW with "
+                "bf16 moments is assumed from the table's order, not read from a config)"),
     Measurement(
         id="full-bert-large-bs4-fp32", kind="full", model="bert-large-uncased", precision="fp32",
         batch=4, sequence=512, checkpointing=False, optimizer="adamw", attention="eager",

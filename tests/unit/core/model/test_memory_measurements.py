@@ -6,6 +6,8 @@ parameter counts are the model cards' figures.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpulease.core.model.llm_shapes import (
@@ -116,3 +118,19 @@ def test_litgpt_builds_falcon_with_an_output_head_of_its_own():
     assert not lit.tied and lit.parameters == 7_217_189_760
     assert lit.embedding_parameters == 2 * 65024 * 4544
     assert litgpt_shape(MODELS["llama-2-7b"]) is MODELS["llama-2-7b"]  # untied already
+
+
+def test_every_github_source_is_pinned_to_a_commit():
+    # A page on main changes; the figures are cited where they were read.
+    for row in MEASUREMENTS:
+        if "github.com" in row.url:
+            assert re.search(r"github\.com/[^/]+/[^/]+/blob/[0-9a-f]{7,40}/", row.url), row.id
+
+
+def test_what_a_source_does_not_publish_is_said_to_be_assumed():
+    packed = BY_ID["full-llama32-3b-torchtune-packed"]
+    assert "optimizer, not published" in packed.unknown
+    assert "not published" in packed.note and "assumes" in packed.note
+    # lora_finetune.rst's 15.57 GB row is at ff594c23, not at the cited 0914d5cf
+    lora = BY_ID["lora-llama2-7b-torchtune"]
+    assert "0914d5cf" in lora.url and "ff594c23" in lora.where

@@ -33,6 +33,10 @@ from gpulease.core.policy.memory_fit import (
 # The fit half: one 4-bit inference run (C_Q4 needs one), four BERT-large runs and
 # torchtune's packed Llama 3.2 3B (full fine-tunes: C_ACT, and C_CUDA from NVML's
 # counts), four LitGPT runs (two LoRA, two QLoRA). 9 of the table's 30 rows.
+# torchtune's packed run's optimizer is not published: the row assumes torch.optim.AdamW
+# with bf16 moments (4 bytes a parameter, 12.9 GB of its 64.4 GB) from the order of the
+# README's table, whose later rows add 8-bit AdamW and the fused optimizer step; the fit
+# leans on that assumption for C_ACT (see the row's note and unknown).
 FIT = (
     "inf-falcon-7b-nf4",
     "full-bert-large-bs4-fp32",
