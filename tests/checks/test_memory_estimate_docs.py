@@ -40,6 +40,7 @@ def test_the_docs_give_the_shipped_constants():
     assert f"plus {C_Q4:.2f} byte measured" in _row("weights")
     assert _row("CUDA context").startswith(f"| CUDA context | {C_CUDA / 1e9:.2f} GB:")
     assert f"constants ({C_ACT:.2f}, {C_Q4:.2f} and {C_CUDA / 1e9:.2f} GB)" in USER
+    assert f"a CUDA context ({C_CUDA / 1e9:.2f} GB) for each\ncard beyond the first" in USER
 
 
 def test_the_docstrings_name_only_constants_that_exist():

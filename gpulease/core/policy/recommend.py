@@ -15,8 +15,11 @@ A profile of one device (a MIG slice or one card) fits when that device holds
 the need. A profile of N cards fits when one card does (the work runs on one of
 them: it is listed, after the one-card profiles of the same price); or when the
 N cards together do, and then only if the work is split across them (sharded
-weights, `device_map="auto"`, FSDP, tensor parallelism): it is marked `split`,
-and the estimate does not count what splitting costs.
+weights, `device_map="auto"`, FSDP, tensor parallelism): it is marked `split`.
+The estimate holds one CUDA context, and a split needs one on every card, so the
+N cards must hold HEADROOM x (the estimate + (N - 1) x C_CUDA); beyond that the
+estimate does not count what splitting costs (communication buffers, a layer
+that does not divide evenly).
 
 Fitting profiles are listed cheapest first (on-demand price per hour), then
 those needing no split, then the smaller device. The one recommended is the
@@ -33,7 +36,7 @@ from typing import Any
 from gpulease.core.capacity.cluster_availability import FREE, Availability
 from gpulease.core.model.gpu_models import card_usable_bytes, mig_usable_bytes
 from gpulease.core.model.profiles import Profile, spot_usable_by
-from gpulease.core.policy.memory_estimate import Estimate, Workload
+from gpulease.core.policy.memory_estimate import C_CUDA, Estimate, Workload
 from gpulease.core.units import format_credits
 
 HEADROOM = 1.25
@@ -94,7 +97,13 @@ def _device(offer: Offer) -> str:
     return f"a {gpu.model} {gpu.mig} slice" if gpu.mig else f"one {gpu.model}"
 
 
-def verdict(offer: Offer, needed: int) -> Verdict:
+def split_needed(needed: int, count: int, headroom: float = HEADROOM) -> int:
+    """What `count` cards must hold together to run work that needs `needed` bytes on one
+    (its headroom included) split across them: one more CUDA context on each other card."""
+    return needed + int((count - 1) * C_CUDA * headroom + 0.5)
+
+
+def verdict(offer: Offer, needed: int, headroom: float = HEADROOM) -> Verdict:
     """Whether `offer` holds `needed` bytes, and why (or why not)."""
     device = offer.device_bytes
     if device is None:
@@ -105,13 +114,20 @@ def verdict(offer: Offer, needed: int) -> Verdict:
         return Verdict(offer, True, False,
                        f"{_device(offer)} has {_gb(device)}, {_gb(needed)} needed")
     count = offer.count
-    if count > 1 and device * count >= needed:
+    if count == 1:
+        return Verdict(offer, False, False,
+                       f"{_device(offer)} has {_gb(device)}, {_gb(needed)} needed")
+    split = split_needed(needed, count, headroom)
+    contexts = (f"{count - 1} more CUDA context{'s' if count > 2 else ''} of "
+                f"{_gb(C_CUDA)}, one on each card")
+    if device * count >= split:
         return Verdict(offer, True, True,
-                       f"{count} cards have {_gb(device * count)} together, {_gb(needed)} "
-                       f"needed: only with the work split across them (one has {_gb(device)})")
-    held = device * count
-    what = f"{count} cards have {_gb(held)}" if count > 1 else f"{_device(offer)} has {_gb(held)}"
-    return Verdict(offer, False, False, f"{what}, {_gb(needed)} needed")
+                       f"{count} cards have {_gb(device * count)} together, {_gb(split)} "
+                       f"needed split across them ({contexts}): only with the work split "
+                       f"(one has {_gb(device)}, {_gb(needed)} needed on one)")
+    return Verdict(offer, False, False,
+                   f"{count} cards have {_gb(device * count)}, {_gb(split)} needed split "
+                   f"across them ({contexts}); one has {_gb(device)}")
 
 
 def _free_now(offer: Offer) -> bool:
@@ -124,7 +140,8 @@ def recommend(estimate_bytes: int, offers: Sequence[Offer],
     """The GPU profiles among `offers` that hold `estimate_bytes` with headroom, cheapest
     first, and the one to start (module docstring). CPU-only profiles are left out."""
     needed = int(estimate_bytes * headroom + 0.5)
-    verdicts = [verdict(offer, needed) for offer in offers if offer.profile.gpu is not None]
+    verdicts = [verdict(offer, needed, headroom) for offer in offers
+                if offer.profile.gpu is not None]
     fitting = sorted((v for v in verdicts if v.fits),
                      key=lambda v: (v.offer.profile.price_per_hour_ucr, v.split,
                                     v.offer.device_bytes or 0, v.offer.profile.slug))

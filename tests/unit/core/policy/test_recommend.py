@@ -7,6 +7,7 @@ import dataclasses
 from gpulease.core.capacity.cluster_availability import FREE, QUEUE, Availability
 from gpulease.core.model.gpu_models import GiB, mig_usable_bytes
 from gpulease.core.model.profiles import SAMPLE_PROFILES, GpuSpec, load_profiles_file
+from gpulease.core.policy.memory_estimate import C_CUDA
 from gpulease.core.policy.recommend import HEADROOM, device_memory, offer_of, recommend
 from gpulease.images import shipped_catalog
 
@@ -61,6 +62,27 @@ def test_several_cards_fit_only_with_the_work_split_across_them():
     assert fit.offer.profile.slug == "h200-x2" and fit.split
     assert "split" in fit.why
     assert [v.offer.profile.slug for v in result.too_small] == ["h200-full"]
+
+
+def test_a_split_counts_a_cuda_context_on_every_card():
+    # The estimate holds one CUDA context; split across N cards, each holds its own.
+    card = device_memory(TWO)
+    just_fits_two = int(2 * card / HEADROOM) - 10**6   # fits, were one context enough
+    result = recommend(just_fits_two, offers((TWO, FREE_NOW)))
+    assert result.fitting == ()
+    (small,) = result.too_small
+    needed = int((just_fits_two + C_CUDA) * HEADROOM + 0.5)
+    assert f"{needed / 1e9:.1f} GB needed split" in small.why
+    assert "1 more CUDA context" in small.why
+    room = int(2 * card / HEADROOM) - C_CUDA - 10**6
+    (fit,) = recommend(room, offers((TWO, FREE_NOW))).fitting
+    assert fit.split and "1 more CUDA context" in fit.why and "one on each card" in fit.why
+    four = dataclasses.replace(TWO, slug="h200-x4", gpu=GpuSpec("H200", None, 4))
+    assert recommend(int(4 * card / HEADROOM) - 2 * C_CUDA,
+                     offers((four, FREE_NOW))).fitting == ()
+    (fit,) = recommend(int(4 * card / HEADROOM) - 3 * C_CUDA - 10**6,
+                       offers((four, FREE_NOW))).fitting
+    assert "3 more CUDA contexts" in fit.why
 
 
 def test_when_nothing_fits_the_answer_says_what_to_try():
