@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import time
 
-from jupyterhub.utils import url_path_join
+from jupyterhub.utils import url_escape_path, url_path_join
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from traitlets import Unicode, default
@@ -110,7 +110,9 @@ class GPULeaseSpawnCore(LaunchBilling, AdmissionOptions):
         data = await asyncio.to_thread(spawn_form_data, spawner.gpulease, spawner.user.name,
                                        groups, saved, availability)
         # the "Which profile does my work need?" panel asks the hub (hub/web/recommend.py)
-        recommend_url = url_path_join(spawner.hub.base_url, "gpulease/recommend")
+        # for the user whose spawn page this is (an admin may be on another user's)
+        recommend_url = url_path_join(spawner.hub.base_url, "gpulease/recommend",
+                                      url_escape_path(spawner.user.name))
         return render_options_form(dataclasses.replace(data, recommend_url=recommend_url))
 
     async def _form_availability(self) -> AvailabilityOf | None:

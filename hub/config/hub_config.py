@@ -119,6 +119,8 @@ def hub_page_handlers(s: HubSettings) -> list[tuple]:
              {"get_ctx": _context_of(s)}),
             # the spawn page's "Which profile does my work need?" panel
             (r"/gpulease/recommend", RecommendHandler, {"get_ctx": _context_of(s)}),
+            # ... for the user whose spawn page it is (an admin's /hub/spawn/ada)
+            (r"/gpulease/recommend/([^/]+)", RecommendHandler, {"get_ctx": _context_of(s)}),
             (r"/gpulease/site", SiteHandler, {"urls": s.urls})]
 
 

@@ -3,9 +3,17 @@
 The same answer as the gpulease service's `GET api/recommend` (docs/rest-api.yml), from the
 hub itself: the spawn page is a hub page, which has the hub's cookie and no OAuth cookie of
 the service. The profiles and what is free of them are the spawn page's own: those the
-user may start (enabled, in a group the profile allows) and what the user's default
-server's spawner counts free (this host's devices, or the cluster's). A description that
-cannot be estimated is a 400 in the service's error shape, naming each field.
+user whose spawn page it is may start (enabled, in a group the profile allows) and what
+that user's default server's spawner counts free (this host's devices, or the cluster's).
+A description that cannot be estimated is a 400 in the service's error shape, naming each
+field.
+
+The spawn page asks `/hub/gpulease/recommend/<user>` for the user whose page it is: an
+admin on /hub/spawn/ada gets ada's profiles, not the admin's own. Only a caller that may
+open that user's spawn page may ask for them: JupyterHub's SpawnHandler requires the
+`servers` scope on the user (`@needs_scope("servers")`, filtered by `user_name`), and so
+does this; a caller without it gets JupyterHub's 404 (or 403). `/hub/gpulease/recommend`
+answers for the caller.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import json
 from functools import partial
 
 from jupyterhub.handlers import BaseHandler
+from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulease.core.capacity.cluster_availability import host_availability
@@ -36,9 +45,20 @@ class RecommendHandler(BaseHandler):
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(data))
 
+    @needs_scope("servers")
+    def _spawn_page_user(self, user_name: str):
+        """`user_name`'s User, for a caller who may open their spawn page (as JupyterHub's
+        SpawnHandler decides: the `servers` scope on that user)."""
+        user = self.find_user(user_name)
+        if user is None:
+            raise web.HTTPError(404, f"No such user: {user_name}")
+        return user
+
     @web.authenticated
-    async def get(self) -> None:
+    async def get(self, user_name: str | None = None) -> None:
         user = self.current_user
+        if user_name is not None and user_name != user.name:
+            user = self._spawn_page_user(user_name)
         query = {name: self.get_argument(name) for name in self.request.query_arguments}
         try:
             workload = workload_from_query(query)

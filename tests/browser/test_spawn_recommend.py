@@ -30,8 +30,34 @@ def hub(tmp_path_factory):
     admin = h.token_for("admin", ADMIN_PW)
     r = h.service("POST", "api/users", admin, {"name": "ada", "password": ADA_PW})
     assert r.status_code == 201, r.text
+    # a cheap profile only the staff group may start: the admin is in it, ada is not
+    r = h.service("PUT", "api/profiles/staff-h200", admin, {
+        "display_name": "Staff H200", "description": "staff only", "cpu": 1,
+        "memory": "1Gi", "images": ["pytorch"], "price_per_hour": "0.50",
+        "groups": ["staff"], "gpu": {"model": "H200", "count": 1}})
+    assert r.status_code == 201, r.text
+    h.join_group(admin, "staff", ["admin"])
     yield h
     h.close()
+
+
+def _login(page, hub, name: str, password: str) -> None:
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", name)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r".*/hub/(home|spawn|admin).*"))
+
+
+def _estimate_fits(page, model: str, task: str) -> list[str]:
+    """Open the panel, estimate `model` for `task`, and read the profiles it lists."""
+    panel = page.locator(".gpulease-recommend")
+    panel.get_by_text("Which profile does my work need?").click()
+    panel.get_by_label("Model").select_option(model)
+    panel.get_by_label("Task").select_option(task)
+    panel.get_by_role("button", name="Estimate").click()
+    panel.locator(".gl-rec-reason").wait_for()
+    return panel.locator(".gl-rec-fit").evaluate_all("els => els.map(e => e.dataset.profile)")
 
 
 def test_the_panel_recommends_a_profile_and_chooses_it(hub, browser_context):
@@ -81,4 +107,33 @@ def test_the_panel_recommends_a_profile_and_chooses_it(hub, browser_context):
     panel.get_by_role("button", name="Estimate").click()
     page.locator(".gl-rec-error").get_by_text("parameters:").wait_for()
     assert [a[:2] for a in browser_context.http_errors.answers] == [(400, "GET")]
-    assert browser_context.http_errors.answers[0][2].endswith("/hub/gpulease/recommend")
+    assert browser_context.http_errors.answers[0][2].endswith("/hub/gpulease/recommend/ada")
+
+
+def test_an_admin_on_another_users_spawn_page_is_shown_that_users_profiles(hub, browser_context):
+    page = browser_context.new_page()
+    _login(page, hub, "admin", ADMIN_PW)
+    # the admin's own page: the staff profile is theirs to start, and the panel lists it
+    page.goto(f"{hub.url}/hub/spawn")
+    assert page.locator('input[name="profile"][value="staff-h200"]').count() == 1
+    assert "staff-h200" in _estimate_fits(page, "llama-3.2-1b", "inference")
+
+    # ada's page, opened by the admin: ada's cards, and the panel answers for ada
+    page.goto(f"{hub.url}/hub/spawn/ada")
+    assert page.locator('input[name="profile"][value="staff-h200"]').count() == 0
+    fits = _estimate_fits(page, "llama-3.2-1b", "inference")
+    assert fits and "staff-h200" not in fits
+    assert fits[0] == "h200-1g"
+    browser_context.http_errors.check()
+
+
+def test_a_user_cannot_ask_for_another_users_profiles(hub, browser_context):
+    page = browser_context.new_page()
+    _login(page, hub, "ada", ADA_PW)
+    asked = page.request.get(
+        f"{hub.url}/hub/gpulease/recommend/admin?model=llama-3.2-1b&task=inference",
+        max_redirects=0)
+    assert asked.status in (403, 404), asked.status
+    own = page.request.get(
+        f"{hub.url}/hub/gpulease/recommend/ada?model=llama-3.2-1b&task=inference")
+    assert own.status == 200 and "staff-h200" not in own.text()
