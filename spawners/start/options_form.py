@@ -265,6 +265,14 @@ RECOMMEND_SCRIPT = """
     return e;
   }
   function gb(n) { return (n / 1e9).toFixed(2) + " GB"; }
+  // One model at a time: typing a parameter count chooses "another model", and choosing a
+  // known model clears the count, so what is estimated is always what the fields show.
+  field("parameters").addEventListener("input", function () {
+    if (field("parameters").value.trim()) { field("model").value = ""; }
+  });
+  field("model").addEventListener("change", function () {
+    if (field("model").value) { field("parameters").value = ""; }
+  });
   field("task").addEventListener("change", function () {
     if (field("task").value === "qlora") { field("precision").value = "int4"; }
     else if (field("precision").value === "int4" && field("task").value === "full") {
@@ -274,8 +282,10 @@ RECOMMEND_SCRIPT = """
   });
   function query() {
     var q = new URLSearchParams();
-    var model = field("model").value;
-    if (model) { q.set("model", model); } else { q.set("parameters", field("parameters").value); }
+    // Both, if both were ever filled, are refused by the hub (never one read for the other).
+    var model = field("model").value, parameters = field("parameters").value.trim();
+    if (model) { q.set("model", model); }
+    if (parameters || !model) { q.set("parameters", parameters); }
     var task = field("task").value;
     q.set("task", task);
     q.set("precision", field("precision").value);
@@ -293,9 +303,9 @@ RECOMMEND_SCRIPT = """
   }
   function show(a) {
     out.textContent = "";
-    out.appendChild(el("p", "gl-rec-total", "Estimated GPU memory: " + gb(a.estimate.bytes) +
-      "; a profile must hold " + gb(a.needed_bytes) + " (" + a.headroom +
-      "x, for the estimate's error)."));
+    out.appendChild(el("p", "gl-rec-total", "Estimated GPU memory for " + a.estimated_for +
+      ": " + gb(a.estimate.bytes) + "; a profile must hold " + gb(a.needed_bytes) + " (" +
+      a.headroom + "x, for the estimate's error)."));
     if (a.workload.model.assumed) {
       out.appendChild(el("p", "gl-muted", "Shape assumed from the parameter count: " +
         a.workload.model.layers + " layers, width " + a.workload.model.hidden + "."));
@@ -364,8 +374,10 @@ def _recommend_panel(data: FormData) -> str:
     never sends them."""
     if not data.recommend_url:
         return ""
-    models = "".join(f'<option value="{escape(key)}">{escape(shape.name)}</option>'
-                     for key, shape in MODELS.items())
+    # "another model" first: nothing is estimated for a model the researcher did not choose
+    models = '<option value="" selected>another model (give its parameters)</option>' + "".join(
+        f'<option value="{escape(key)}">{escape(shape.name)}</option>'
+        for key, shape in MODELS.items())
     tasks = "".join(f'<option value="{value}">{escape(label)}</option>'
                     for value, label in _TASKS)
     precisions = "".join(f'<option value="{p}">{p}</option>' for p in _PRECISIONS)
@@ -375,8 +387,7 @@ def _recommend_panel(data: FormData) -> str:
   <div class="gl-muted">Describe the model and the work: gpulease estimates the GPU memory
     it needs, shows how, and lists the profiles that fit, cheapest first.</div>
   <div class="gl-rec-fields">
-    <label>Model <select data-field="model">{models}
-      <option value="">another: give its parameters</option></select></label>
+    <label>Model <select data-field="model">{models}</select></label>
     <label>Parameters (if another) <input data-field="parameters" placeholder="7B"
       size="8"></label>
     <label>Task <select data-field="task">{tasks}</select></label>

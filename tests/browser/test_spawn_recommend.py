@@ -1,6 +1,9 @@
 """Issue 48 in a real headless Chromium on a real hub: the spawn page's "Which profile does
 my work need?" panel.
 
+A parameter count typed with the Model select left alone is what is estimated, and the
+answer names it; an admin on another user's spawn page is shown that user's profiles.
+
 A researcher opens the panel, describes an inference run of Llama 3.2 1B, and reads the
 estimate part by part with how each was computed, the profiles it fits cheapest first
 with their price and what is free, and the one to start; "Choose" checks that profile's
@@ -80,7 +83,8 @@ def test_the_panel_recommends_a_profile_and_chooses_it(hub, browser_context):
     reason.wait_for()
     assert "H200 slice (1g.18gb) (h200-1g) is the cheapest profile that fits" in \
         reason.inner_text()
-    assert re.search(r"Estimated GPU memory: \d+\.\d\d GB", panel.inner_text())
+    assert re.search(r"Estimated GPU memory for Llama 3.2 1B, 1.24 B parameters: \d+\.\d\d GB",
+                     panel.inner_text())
     kv = panel.locator('.gl-rec-part[data-part="kv_cache"]')
     assert "16 layers x 8 KV heads x 64" in kv.inner_text()
     fits = panel.locator(".gl-rec-fit")
@@ -108,6 +112,39 @@ def test_the_panel_recommends_a_profile_and_chooses_it(hub, browser_context):
     page.locator(".gl-rec-error").get_by_text("parameters:").wait_for()
     assert [a[:2] for a in browser_context.http_errors.answers] == [(400, "GET")]
     assert browser_context.http_errors.answers[0][2].endswith("/hub/gpulease/recommend/ada")
+
+
+def test_the_parameter_count_typed_is_the_model_estimated(hub, browser_context):
+    page = browser_context.new_page()
+    _login(page, hub, "ada", ADA_PW)
+    page.goto(f"{hub.url}/hub/spawn")
+    panel = page.locator(".gpulease-recommend")
+    panel.get_by_text("Which profile does my work need?").click()
+    model = panel.get_by_label("Model")
+    count = panel.get_by_label("Parameters (if another)")
+    result = panel.locator(".gl-rec-result")
+
+    # The researcher types their model's size and leaves the Model select as it is.
+    count.fill("70B")
+    panel.get_by_label("Task").select_option("inference")
+    panel.get_by_role("button", name="Estimate").click()
+    result.get_by_text("Estimated GPU memory for a 70 B-parameter model").wait_for()
+    assert "70.00 B parameters" in panel.locator('.gl-rec-part[data-part="weights"]').inner_text()
+    assert "Llama 3.2 1B" not in result.inner_text() and "1.24 B" not in result.inner_text()
+
+    # Choosing a known model clears the count, and the answer names that model.
+    model.select_option("llama-3.2-1b")
+    assert count.input_value() == ""
+    panel.get_by_role("button", name="Estimate").click()
+    result.get_by_text("Estimated GPU memory for Llama 3.2 1B, 1.24 B parameters").wait_for()
+    assert "70" not in panel.locator('.gl-rec-part[data-part="weights"]').inner_text()
+
+    # Typing a count again chooses "another model": the count is what is estimated.
+    count.fill("13B")
+    assert model.input_value() == ""
+    panel.get_by_role("button", name="Estimate").click()
+    result.get_by_text("Estimated GPU memory for a 13 B-parameter model").wait_for()
+    browser_context.http_errors.check()
 
 
 def test_an_admin_on_another_users_spawn_page_is_shown_that_users_profiles(hub, browser_context):

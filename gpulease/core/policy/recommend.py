@@ -173,6 +173,25 @@ def recommend(estimate_bytes: int, offers: Sequence[Offer],
 
 # --- the answer as JSON (api/recommend, and the hub's gpulease/recommend for the spawn page) --
 
+def _parameters_text(count: int) -> str:
+    """1,235,814,400 -> "1.24 B"; 70,000,000,000 -> "70 B"; 350,000,000 -> "350 M"."""
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6)):
+        if count >= size:
+            text = f"{count / size:.3g}"
+            return f"{text if 'e' not in text else f'{count / size:.0f}'} {unit}"
+    return f"{count:,}"
+
+
+def estimated_for(w: Workload) -> str:
+    """What was estimated, in words a person checks at a glance: "Llama 3.2 1B, 1.24 B
+    parameters", or "a 70 B-parameter model (a Llama-like shape assumed)"."""
+    shape = w.shape
+    count = _parameters_text(shape.parameters)
+    if shape.assumed:
+        return f"a {count}-parameter model (a Llama-like shape assumed)"
+    return f"{shape.name}, {count} parameters"
+
+
 def _workload_json(w: Workload) -> dict[str, Any]:
     shape = w.shape
     model = {"name": shape.name, "key": shape.key or None, "parameters": shape.parameters,
@@ -211,6 +230,7 @@ def recommendation_json(w: Workload, result: Estimate, rec: Recommendation, grou
                         queued: Mapping[str, int]) -> dict[str, Any]:
     """The answer of api/recommend (docs/rest-api.yml, Recommendation)."""
     return {
+        "estimated_for": estimated_for(w),
         "workload": _workload_json(w),
         "estimate": {"bytes": result.total,
                      "parts": [{"name": p.name, "bytes": p.bytes, "how": p.how}

@@ -88,6 +88,14 @@ async def test_a_lora_fine_tune_gets_its_estimate_and_the_profiles_it_fits(servi
     assert "cheapest profile that fits" in body["reason"]
 
 
+async def test_the_answer_names_what_it_estimated(service):
+    _, known = await recommend(service, model="llama-3.2-1b", task="inference")
+    assert known["estimated_for"] == "Llama 3.2 1B, 1.24 B parameters"
+    _, bare = await recommend(service, parameters="70B", task="inference")
+    assert bare["estimated_for"] == "a 70 B-parameter model (a Llama-like shape assumed)"
+    assert bare["workload"]["model"]["parameters"] == 70 * 10**9
+
+
 async def test_small_work_fits_a_slice_and_the_slice_comes_first(service):
     code, body = await recommend(service, model="llama-3.2-1b", task="inference",
                                  precision="bf16", sequence=4096, batch=4)

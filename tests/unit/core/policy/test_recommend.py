@@ -6,9 +6,16 @@ import dataclasses
 
 from gpulease.core.capacity.cluster_availability import FREE, QUEUE, Availability
 from gpulease.core.model.gpu_models import GiB, mig_usable_bytes
+from gpulease.core.model.llm_shapes import MODELS, shape_for_parameters
 from gpulease.core.model.profiles import SAMPLE_PROFILES, GpuSpec, load_profiles_file
-from gpulease.core.policy.memory_estimate import C_CUDA
-from gpulease.core.policy.recommend import HEADROOM, device_memory, offer_of, recommend
+from gpulease.core.policy.memory_estimate import C_CUDA, Workload
+from gpulease.core.policy.recommend import (
+    HEADROOM,
+    device_memory,
+    estimated_for,
+    offer_of,
+    recommend,
+)
 from gpulease.images import shipped_catalog
 
 CPU, SLICE, FULL = load_profiles_file(SAMPLE_PROFILES, shipped_catalog())
@@ -97,3 +104,17 @@ def test_a_gpu_model_of_unknown_memory_is_never_said_to_fit():
     result = recommend(10**9, offers((odd, FREE_NOW)))
     assert result.fitting == ()
     assert "not known" in result.too_small[0].why
+
+
+def test_the_answer_says_which_model_it_estimated():
+    def said(shape) -> str:
+        return estimated_for(Workload(shape=shape, task="inference", precision="bf16",
+                                      batch=1, sequence=1024))
+
+    assert said(MODELS["llama-3.2-1b"]) == "Llama 3.2 1B, 1.24 B parameters"
+    assert said(MODELS["bert-large-uncased"]) == "BERT large (uncased), 335 M parameters"
+    assert said(shape_for_parameters(70 * 10**9)) == (
+        "a 70 B-parameter model (a Llama-like shape assumed)")
+    assert said(shape_for_parameters(350 * 10**6)).startswith("a 350 M-parameter model")
+    assert said(shape_for_parameters(999_700_000_000)).startswith("a 1000 B-parameter")
+    assert said(shape_for_parameters(10**13)).startswith("a 10 T-parameter model")

@@ -29,6 +29,19 @@ def test_the_panel_asks_the_hub_and_lists_every_known_model():
     assert "innerHTML" not in html and "textContent" in html
 
 
+def test_no_model_is_chosen_for_the_researcher():
+    # "another model" is the first option and chosen: a count typed with the select left
+    # alone is never estimated as the first known model
+    html = render_options_form(FormData(profiles=[CPU, SLICE, FULL],
+                                        recommend_url="/hub/gpulease/recommend/ada"))
+    select = re.search(r'<select data-field="model">(.*?)</select>', html, re.S).group(1)
+    options = re.findall(r'<option value="([^"]*)"( selected)?>([^<]*)</option>', select)
+    assert options[0] == ("", " selected", "another model (give its parameters)")
+    assert [value for value, chosen, _ in options if chosen] == [""]
+    # the answer's first line names what was estimated
+    assert '"Estimated GPU memory for " + a.estimated_for' in html
+
+
 def test_no_panel_without_a_url_and_its_fields_never_reach_the_options():
     assert "gpulease-recommend" not in render_options_form(FormData(profiles=[CPU]))
     assert options_from_form({"profile": ["h200-1g"], "model": ["llama-2-7b"]}) == {
