@@ -64,6 +64,7 @@ BENCHMARKS = (
     Benchmark("placement_real", cluster=True),
     Benchmark("tiers"),
     Benchmark("dynamic_mig", cluster=True),
+    Benchmark("misuse"),
 )
 # Scripts that also run alone but are parts of a benchmark above (bench/billing.py
 # --only cluster runs bench/billing_cluster.py's measurement).
