@@ -60,8 +60,10 @@ class Meter(Protocol):
 
     def open(self, user: str, server: str, profile: str, account: str, rate_per_hour_ucr: int,
              started: dt.datetime, tier: str = ON_DEMAND,
-             reservation_id: int | None = None) -> Session:
-        """Open the server's session, billed from `started`."""
+             reservation_id: int | None = None,
+             run_started: dt.datetime | None = None) -> Session:
+        """Open the server's session, billed from `started`; `run_started`: the hub's start
+        of the run it bills (JupyterHub's `started`), which GPU readings name."""
 
     def close(self, user: str, server: str, reason: str,
               ended: dt.datetime | None = None) -> None:

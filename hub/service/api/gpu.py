@@ -111,7 +111,8 @@ class MyGpuHandler(GpuHandler):
         if asked_user not in (None, name):
             raise APIError(403, "A researcher sees only their own servers' GPU and cost here, "
                                 "never another user's")
-        asked = self.get_argument("server", None)
+        # not stripped: a name of control characters counts as the characters it is
+        asked = self.get_argument("server", None, strip=False)
         if asked is not None and len(asked) > MAX_NAME:
             raise Refusal.of_field("server", f"server must be a server name of at most "
                                              f"{MAX_NAME} characters")

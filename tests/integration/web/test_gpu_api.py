@@ -234,3 +234,6 @@ async def test_a_free_server_never_runs_out_and_a_long_server_name_is_refused(se
     assert data["history_step_s"] == 120
     code, data = await call(base, "GET", "api/me/gpu?server=" + "x" * 256, "ada")
     assert code == 400 and data["errors"][0]["field"] == "server"
+    # control characters count too (they are not whitespace to trim)
+    code, data = await call(base, "GET", "api/me/gpu?server=%3E" + "%1E" * 255, "ada")
+    assert code == 400 and data["errors"][0]["field"] == "server"
