@@ -9,7 +9,9 @@ the GPU's readings). The server it is about is the decision's (`decision.Decisio
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 # The kinds of signal, by the issue's letters: (a) processes, (b) network, (c) GPU.
 PROCESS_HASH = "process_hash"  # (a) an executable whose SHA-256 is on the deny list
@@ -29,6 +31,46 @@ ENTRY_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # The id a Stratum signal carries: a built-in rule, not an admin's entry.
 STRATUM_RULE_ID = "stratum-v1"
 GPU_RULE_ID = "gpu-unattended"
+
+
+class _Entry(Protocol):
+    id: str
+    description: str
+
+
+E = TypeVar("E", bound=_Entry)
+
+
+def entries_from_spec(items: Iterable[Any], make: Callable[..., E], known: set[str],
+                      what: str) -> tuple[E, ...]:
+    """A deny list's entries from plain values (an admin's file or API body): every
+    problem in one ValueError, each naming its entry (`what`: "process deny-list")."""
+    entries, problems = [], []
+    for n, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            problems.append(f"{what} entry #{n + 1}: must be a mapping")
+            continue
+        name = item.get("id", f"#{n + 1}")
+        unknown = sorted(set(item) - known)
+        if unknown:
+            problems.append(f"{what} entry {name!r}: unknown keys {', '.join(unknown)} "
+                            f"(allowed: {', '.join(sorted(known))})")
+            continue
+        try:
+            entries.append(make(**item))
+        except (TypeError, ValueError) as e:
+            problems.append(str(e))
+    if problems:
+        raise ValueError("; ".join(problems))
+    return tuple(entries)
+
+
+def description_of(entries: Iterable[_Entry], entry_id: str) -> str:
+    """An entry's description, for the admins' incident page (KeyError: no such id)."""
+    for e in entries:
+        if e.id == entry_id:
+            return e.description
+    raise KeyError(entry_id)
 
 
 def check_entry_id(entry_id: object, what: str) -> str:

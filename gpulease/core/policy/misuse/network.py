@@ -36,6 +36,8 @@ from gpulease.core.policy.misuse.evidence import (
     STRATUM_RULE_ID,
     Signal,
     check_entry_id,
+    description_of,
+    entries_from_spec,
 )
 from gpulease.core.policy.misuse.stratum import StratumRules, stratum_handshake
 
@@ -143,29 +145,11 @@ class NetworkDenyList:
         """A list from plain values (an admin's file or API body): every problem in one
         ValueError, each naming its entry."""
         known = {"id", "networks", "ports", "protocol", "description"}
-        entries, problems = [], []
-        for n, item in enumerate(items):
-            if not isinstance(item, Mapping):
-                problems.append(f"network list entry #{n + 1}: must be a mapping")
-                continue
-            unknown = sorted(set(item) - known)
-            if unknown:
-                problems.append(f"network list entry {item.get('id', f'#{n + 1}')!r}: unknown "
-                                f"keys {', '.join(unknown)} (allowed: {', '.join(sorted(known))})")
-                continue
-            try:
-                entries.append(NetworkEntry(**item))  # type: ignore[arg-type]
-            except (TypeError, ValueError) as e:
-                problems.append(str(e))
-        if problems:
-            raise ValueError("; ".join(problems))
-        return cls(tuple(entries), **options)
+        return cls(entries_from_spec(items, NetworkEntry, known, "network list"), **options)
 
     def description_of(self, entry_id: str) -> str:
-        for e in self.entries:
-            if e.id == entry_id:
-                return e.description
-        raise KeyError(entry_id)
+        """An entry's description, for the admins' incident page."""
+        return description_of(self.entries, entry_id)
 
 
 def _address(text: str) -> IPAddress | None:

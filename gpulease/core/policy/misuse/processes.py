@@ -30,6 +30,8 @@ from gpulease.core.policy.misuse.evidence import (
     PROCESS_PATTERN,
     Signal,
     check_entry_id,
+    description_of,
+    entries_from_spec,
 )
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -125,31 +127,12 @@ class ProcessDenyList:
         """A list from plain values (an admin's file or API body): every problem in one
         ValueError, each naming its entry."""
         known = {"id", "sha256", "pattern", "target", "ignore_case", "description"}
-        entries, problems = [], []
-        for n, item in enumerate(items):
-            name = item.get("id", f"#{n + 1}") if isinstance(item, Mapping) else f"#{n + 1}"
-            if not isinstance(item, Mapping):
-                problems.append(f"process deny-list entry {name}: must be a mapping")
-                continue
-            unknown = sorted(set(item) - known)
-            if unknown:
-                problems.append(f"process deny-list entry {name!r}: unknown keys "
-                                f"{', '.join(unknown)} (allowed: {', '.join(sorted(known))})")
-                continue
-            try:
-                entries.append(ProcessEntry(**item))  # type: ignore[arg-type]
-            except (TypeError, ValueError) as e:
-                problems.append(str(e))
-        if problems:
-            raise ValueError("; ".join(problems))
-        return cls(tuple(entries), **options)
+        return cls(entries_from_spec(items, ProcessEntry, known, "process deny-list"),
+                   **options)
 
     def description_of(self, entry_id: str) -> str:
         """An entry's description, for the admins' incident page."""
-        for e in self.entries:
-            if e.id == entry_id:
-                return e.description
-        raise KeyError(entry_id)
+        return description_of(self.entries, entry_id)
 
 
 def _detail(record: ProcessRecord, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
