@@ -18,6 +18,7 @@ import re
 
 import pytest
 
+from tests.support.browser import sign_in
 from tests.support.hubproc import HubProcess
 
 ADMIN_PW = "admin-secret-pw"
@@ -44,14 +45,6 @@ def hub(tmp_path_factory):
     h.close()
 
 
-def _login(page, hub, name: str, password: str) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", name)
-    page.fill("#password_input", password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r".*/hub/(home|spawn|admin).*"))
-
-
 def _estimate_fits(page, model: str, task: str) -> list[str]:
     """Open the panel, estimate `model` for `task`, and read the profiles it lists."""
     panel = page.locator(".gpulease-recommend")
@@ -65,11 +58,7 @@ def _estimate_fits(page, model: str, task: str) -> list[str]:
 
 def test_the_panel_recommends_a_profile_and_chooses_it(hub, browser_context):
     page = browser_context.new_page()
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", "ada")
-    page.fill("#password_input", ADA_PW)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
+    sign_in(page, hub.url, "ada", ADA_PW)
     page.goto(f"{hub.url}/hub/spawn")
 
     panel = page.locator(".gpulease-recommend")
@@ -116,7 +105,7 @@ def test_the_panel_recommends_a_profile_and_chooses_it(hub, browser_context):
 
 def test_the_parameter_count_typed_is_the_model_estimated(hub, browser_context):
     page = browser_context.new_page()
-    _login(page, hub, "ada", ADA_PW)
+    sign_in(page, hub.url, "ada", ADA_PW)
     page.goto(f"{hub.url}/hub/spawn")
     panel = page.locator(".gpulease-recommend")
     panel.get_by_text("Which profile does my work need?").click()
@@ -149,7 +138,7 @@ def test_the_parameter_count_typed_is_the_model_estimated(hub, browser_context):
 
 def test_an_admin_on_another_users_spawn_page_is_shown_that_users_profiles(hub, browser_context):
     page = browser_context.new_page()
-    _login(page, hub, "admin", ADMIN_PW)
+    sign_in(page, hub.url, "admin", ADMIN_PW)
     # the admin's own page: the staff profile is theirs to start, and the panel lists it
     page.goto(f"{hub.url}/hub/spawn")
     assert page.locator('input[name="profile"][value="staff-h200"]').count() == 1
@@ -166,7 +155,7 @@ def test_an_admin_on_another_users_spawn_page_is_shown_that_users_profiles(hub, 
 
 def test_a_user_cannot_ask_for_another_users_profiles(hub, browser_context):
     page = browser_context.new_page()
-    _login(page, hub, "ada", ADA_PW)
+    sign_in(page, hub.url, "ada", ADA_PW)
     asked = page.request.get(
         f"{hub.url}/hub/gpulease/recommend/admin?model=llama-3.2-1b&task=inference",
         max_redirects=0)

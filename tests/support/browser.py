@@ -211,6 +211,16 @@ def save_screenshots(item) -> list[Path]:
 LAB_TIMEOUT_MS = 120_000  # a cold JupyterLab on two busy cores
 
 
+def sign_in(page, hub_url: str, name: str, password: str) -> None:
+    """Sign in at the hub's login form and wait for what a person then sees: their home
+    page's servers or the spawn form (never a URL: an error page has one too)."""
+    page.goto(f"{hub_url}/hub/login")
+    page.fill("#username_input", name)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+    page.locator("tr.gpulease-server, form#spawn_form").first.wait_for()
+
+
 def wait_for_jupyterlab(page) -> None:
     """JupyterLab's own shell on screen: its main area and its file browser."""
     page.locator("#jp-main-dock-panel").wait_for(state="visible", timeout=LAB_TIMEOUT_MS)
