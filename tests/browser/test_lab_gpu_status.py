@@ -22,7 +22,7 @@ from datetime import datetime
 import pytest
 import requests
 
-from tests.support.browser import wait_for_jupyterlab
+from tests.support.browser import sign_in, wait_for_jupyterlab
 from tests.support.hubproc import ADMIN_PW, HubProcess
 
 pytestmark = pytest.mark.e2e
@@ -52,11 +52,7 @@ def test_status_bar_cost_then_a_reading_then_the_chart(hub, browser_context):
     token = hub.add_user(hub.admin, "dee")
     other = hub.add_user(hub.admin, "eve")
     page = browser_context.new_page()
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", "dee")
-    page.fill("#password_input", "dee-pw-12345")
-    page.click("#login_submit")
-    page.locator("tr.gpulease-server, form#spawn_form").first.wait_for()
+    sign_in(page, hub.url, "dee", "dee-pw-12345")
     page.goto(f"{hub.url}/hub/spawn")
     page.locator('input[name="profile"][value="h200-1g"]').check()
     page.locator('form#spawn_form [type="submit"]').click()
