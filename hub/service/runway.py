@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from gpulease.core.billing.rules import month_start, runway_s
+from gpulease.core.billing.rules import month_start, runway
 from gpulease.core.clock import utcnow
 from gpulease.hub.service import billing_views as bv
 from gpulease.store.db import reading, sessions
@@ -51,13 +51,10 @@ def cost_view(ctx: Any, user: str, server: str) -> tuple[dict[str, Any], int | N
     cap_left = None if cap is None else cap - ctx.ledger.member_spend(
         session.account, user, month_start(utcnow()))
     # A free session (rate 0: a free profile, a reserved unit) is never stopped for money.
-    runway = None if session.rate_per_hour_ucr == 0 else runway_s(balance, account_rate,
-                                                                   cap_left, own_rate)
-    by_cap = cap_left is not None and runway is not None and own_rate > 0 \
-        and runway == max(0, cap_left) * 3600 // own_rate
+    seconds, by = (None, None) if session.rate_per_hour_ucr == 0 else runway(
+        balance, account_rate, cap_left, own_rate)
     return {"profile": session.profile, "rate_per_hour": bv.money(session.rate_per_hour_ucr),
             "cost_so_far": bv.money(session.cost()), "balance": bv.money(balance),
-            "runway_s": runway,
-            # what runs out first: the account's balance or the member's monthly cap
-            "runway_by": None if runway is None else ("cap" if by_cap else "balance"),
+            # and what runs out first: the account's balance or the member's monthly cap
+            "runway_s": seconds, "runway_by": by,
             "account": session.account, "as_of": bv.iso(session.last_confirmed)}, session.id

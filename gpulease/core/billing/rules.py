@@ -84,17 +84,27 @@ def month_start(now: dt.datetime | None = None) -> dt.datetime:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
-def runway_s(balance_ucr: int, account_rate_ucr: int, cap_left_ucr: int | None = None,
-             own_rate_ucr: int = 0) -> int | None:
-    """Seconds until a running server is stopped for money at today's rates; None: never.
+def runway(balance_ucr: int, account_rate_ucr: int, cap_left_ucr: int | None = None,
+           own_rate_ucr: int = 0) -> tuple[int | None, str | None]:
+    """(seconds until a running server is stopped for money at today's rates, what runs
+    out first: "balance" or "cap"); (None, None): never.
 
     The account's balance runs down at the summed rate of every session open on it
     (`account_rate_ucr`, this one's included); a member's cap on a group account runs
     down at the rate of their own sessions there (`own_rate_ucr`). The earlier of the
     two, never below 0. A lower bound: a cap renews at the month's turn."""
-    found = []
+    found: list[tuple[int, str]] = []
     if account_rate_ucr > 0:
-        found.append(max(0, balance_ucr) * 3600 // account_rate_ucr)
+        found.append((max(0, balance_ucr) * 3600 // account_rate_ucr, "balance"))
     if cap_left_ucr is not None and own_rate_ucr > 0:
-        found.append(max(0, cap_left_ucr) * 3600 // own_rate_ucr)
-    return min(found) if found else None
+        found.append((max(0, cap_left_ucr) * 3600 // own_rate_ucr, "cap"))
+    if not found:
+        return None, None
+    seconds, by = min(found, key=lambda f: f[0])
+    return seconds, by
+
+
+def runway_s(balance_ucr: int, account_rate_ucr: int, cap_left_ucr: int | None = None,
+             own_rate_ucr: int = 0) -> int | None:
+    """`runway`'s seconds alone."""
+    return runway(balance_ucr, account_rate_ucr, cap_left_ucr, own_rate_ucr)[0]
